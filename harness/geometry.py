@@ -1,0 +1,172 @@
+"""Model KV geometry: presets, Hugging Face ``config.json`` files, and KV arithmetic.
+
+Everything kvbench knows about a model is what sizes its KV cache (layers,
+KV heads, head dim) plus what a time model and the torch runner need (hidden
+size, MLP width, vocabulary, parameter count for weight bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from harness.errors import KvbenchError
+
+# Bytes per element of each supported KV cache dtype. fp8 means e4m3, the
+# format vLLM's "fp8" cache dtype resolves to.
+KV_DTYPE_BYTES: dict[str, int] = {
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "int8": 1,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelGeometry:
+    """The shape of a decoder-only transformer, as far as its KV cache and cost go."""
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    num_params: int  # for weight bytes in the roofline time model
+
+    def __post_init__(self) -> None:
+        for field in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
+                      "hidden_size", "intermediate_size", "vocab_size", "num_params"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise KvbenchError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise KvbenchError(
+                f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) is not a multiple "
+                f"of num_kv_heads ({self.num_kv_heads})"
+            )
+
+    def kv_bytes_per_token(self, kv_dtype: str) -> int:
+        """2 (K and V) × layers × KV heads × head dim × bytes per element."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes(kv_dtype)
+
+    def weight_bytes(self, dtype_bytes: int = 2) -> int:
+        return self.num_params * dtype_bytes
+
+    def replace(self, **changes: object) -> "ModelGeometry":
+        return dataclasses.replace(self, **changes)
+
+
+def kv_dtype_bytes(kv_dtype: str) -> int:
+    try:
+        return KV_DTYPE_BYTES[kv_dtype]
+    except KeyError:
+        raise KvbenchError(
+            f"unknown kv_dtype {kv_dtype!r} (known: {', '.join(KV_DTYPE_BYTES)})"
+        ) from None
+
+
+def llama_param_count(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
+                      intermediate: int, vocab: int, tied: bool = False) -> int:
+    """Parameters of a Llama-style decoder (q/k/v/o, SwiGLU MLP, two norms a layer)."""
+    attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
+    mlp = 3 * hidden * intermediate
+    per_layer = attn + mlp + 2 * hidden
+    embed = vocab * hidden * (1 if tied else 2)
+    return layers * per_layer + embed + hidden
+
+
+def _preset(name: str, layers: int, heads: int, kv_heads: int, hidden: int, intermediate: int,
+            vocab: int, params: int | None = None, head_dim: int | None = None) -> ModelGeometry:
+    hd = head_dim or hidden // heads
+    return ModelGeometry(
+        name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
+        head_dim=hd, hidden_size=hidden, intermediate_size=intermediate, vocab_size=vocab,
+        num_params=params or llama_param_count(layers, hidden, heads, kv_heads, hd, intermediate, vocab),
+    )
+
+
+# Published architectures; parameter counts are the published totals.
+PRESETS: dict[str, ModelGeometry] = {
+    g.name: g
+    for g in (
+        _preset("opt-13b", 40, 40, 40, 5120, 20480, 50272, 12_853_000_000),
+        _preset("opt-66b", 64, 72, 72, 9216, 36864, 50272, 65_700_000_000),
+        _preset("llama-2-7b", 32, 32, 32, 4096, 11008, 32000, 6_738_000_000),
+        _preset("llama-2-13b", 40, 40, 40, 5120, 13824, 32000, 13_016_000_000),
+        _preset("llama-3-8b", 32, 32, 8, 4096, 14336, 128256, 8_030_000_000),
+        _preset("llama-3-70b", 80, 64, 8, 8192, 28672, 128256, 70_554_000_000),
+        _preset("mistral-7b", 32, 32, 8, 4096, 14336, 32000, 7_242_000_000),
+        _preset("qwen2.5-7b", 28, 28, 4, 3584, 18944, 152064, 7_616_000_000),
+        # Small enough for the torch runner on two CPU cores.
+        _preset("tiny", 2, 4, 2, 64, 128, 256),
+    )
+}
+
+
+def preset(name: str) -> ModelGeometry:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KvbenchError(f"unknown model preset {name!r} (known: {', '.join(PRESETS)})") from None
+
+
+def from_config_json(path: str | Path) -> ModelGeometry:
+    """Read a Hugging Face ``config.json`` (Llama/Mistral/Qwen/OPT-style keys)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        cfg = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise KvbenchError(f"{p}: no such config.json") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvbenchError(f"{p}: cannot read config.json ({exc.__class__.__name__})") from None
+    except json.JSONDecodeError as exc:
+        raise KvbenchError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(cfg, dict):
+        raise KvbenchError(f"{p}: config.json must hold a JSON object")
+    cfg = dict(cfg.get("text_config") or {}, **{k: v for k, v in cfg.items() if k != "text_config"})
+
+    def get(*keys: str, default: object = None) -> object:
+        for key in keys:
+            if key in cfg and cfg[key] is not None:
+                return cfg[key]
+        if default is None:
+            raise KvbenchError(f"{p}: missing key {keys[0]!r} (also tried: {', '.join(keys[1:]) or 'none'})")
+        return default
+
+    def integer(value: object, key: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise KvbenchError(f"{p}: {key} must be an integer, got {value!r}")
+        return value
+
+    layers = integer(get("num_hidden_layers", "n_layer", "num_layers"), "num_hidden_layers")
+    heads = integer(get("num_attention_heads", "n_head"), "num_attention_heads")
+    hidden = integer(get("hidden_size", "n_embd", "d_model"), "hidden_size")
+    kv_heads = integer(get("num_key_value_heads", default=heads), "num_key_value_heads")
+    if heads <= 0 or hidden <= 0:
+        raise KvbenchError(f"{p}: num_attention_heads and hidden_size must be positive")
+    head_dim = integer(get("head_dim", default=hidden // heads), "head_dim")
+    intermediate = integer(get("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden), "intermediate_size")
+    vocab = integer(get("vocab_size", default=32000), "vocab_size")
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    name = str(cfg.get("_name_or_path") or p.parent.name or "config")
+    return ModelGeometry(
+        name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, hidden_size=hidden, intermediate_size=intermediate, vocab_size=vocab,
+        num_params=llama_param_count(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied),
+    )
+
+
+def resolve_model(preset_name: str | None = None, config: str | Path | None = None) -> ModelGeometry:
+    """A geometry from exactly one of a preset name or a ``config.json`` path."""
+    if (preset_name is None) == (config is None):
+        raise KvbenchError("model: give exactly one of 'preset' or 'config'")
+    return preset(preset_name) if preset_name is not None else from_config_json(config)  # type: ignore[arg-type]

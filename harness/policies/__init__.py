@@ -1,0 +1,43 @@
+"""Allocation policies, by name (a plain dict registry checked against ``Policy``)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from harness.errors import KvbenchError
+from harness.policies.base import Policy
+from harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
+from harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from harness.specs import RunSpec
+
+
+def page_tokens(spec: RunSpec) -> int:
+    """Token positions in one vAttention page: pages are per layer and per K/V tensor."""
+    g = spec.geometry
+    per_layer_tensor = spec.kv_bytes_per_token // (2 * g.num_layers)
+    tokens = spec.page_bytes // per_layer_tensor
+    if tokens < 1:
+        raise KvbenchError(
+            f"page_bytes {spec.page_bytes} holds no token position ({per_layer_tensor} bytes per token per layer tensor)"
+        )
+    return tokens
+
+
+POLICIES: dict[str, Callable[[RunSpec], Policy]] = {
+    "contiguous-max": lambda s: ContiguousMax(s.budget_positions, s.memory.max_model_len),
+    "contiguous-pow2": lambda s: ContiguousPow2(s.budget_positions, s.memory.max_model_len),
+    "contiguous-oracle": lambda s: ContiguousOracle(s.budget_positions, s.memory.max_model_len),
+    "paged": lambda s: PagedPolicy(s.budget_positions, s.block_size),
+    "paged-prefix": lambda s: PagedPrefixPolicy(s.budget_positions, s.block_size),
+    "virtual-contiguous": lambda s: VirtualContiguousPolicy(s.budget_positions, page_tokens(s)),
+}
+
+
+def make_policy(spec: RunSpec) -> Policy:
+    try:
+        factory = POLICIES[spec.policy]
+    except KeyError:
+        raise KvbenchError(f"unknown policy {spec.policy!r} (known: {', '.join(POLICIES)})") from None
+    policy = factory(spec)
+    assert isinstance(policy, Policy)
+    return policy

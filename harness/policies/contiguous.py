@@ -1,0 +1,102 @@
+"""Contiguous policies: one reservation per request, placed in a first-fit arena.
+
+The reservation is made once, at admission, for the request's whole life, as
+FasterTransformer/Orca-style systems do; growth within it never fails, so
+these policies never preempt. They differ only in how much they reserve.
+"""
+
+from __future__ import annotations
+
+from harness.policies.arena import Arena
+from harness.policies.base import internal_of
+from harness.sequence import Seq
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+class ContiguousPolicy:
+    name = "contiguous"
+    block_size = 1
+
+    def __init__(self, budget_positions: int, max_model_len: int) -> None:
+        self.budget_positions = budget_positions
+        self.max_model_len = max_model_len
+        self.arena = Arena(budget_positions)
+        self.allocated_positions = 0
+        self.internal_positions = 0
+        self.shared_excess_positions = 0
+        self.evictions = 0
+        self._live = 0
+
+    def reservation(self, seq: Seq) -> int:
+        raise NotImplementedError
+
+    def needs_positions(self, seq: Seq) -> int:
+        return self.reservation(seq)
+
+    def prefix_hit(self, seq: Seq) -> int:
+        return 0
+
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        if seq.allocated:
+            # Growth inside the reservation: always fits by construction.
+            assert num_tokens <= seq.allocated, (seq, num_tokens)
+            return True
+        need = self.reservation(seq)
+        start = self.arena.allocate(need)
+        if start < 0:
+            return False
+        seq.alloc_start = start
+        seq.allocated = need
+        seq.peak_allocated = max(seq.peak_allocated, need)
+        self.allocated_positions += need
+        self.internal_positions += internal_of(need, seq.final_len)
+        self._live += 1
+        return True
+
+    def free(self, seq: Seq) -> None:
+        if not seq.allocated:
+            return
+        self.arena.free(seq.alloc_start, seq.allocated)
+        self.allocated_positions -= seq.allocated
+        self.internal_positions -= internal_of(seq.allocated, seq.final_len)
+        seq.allocated = 0
+        seq.alloc_start = -1
+        self._live -= 1
+
+    def allocated_blocks(self) -> int:
+        return self._live
+
+    def external_frag(self, head_of_line: Seq | None) -> int:
+        if head_of_line is None:
+            return 0
+        return self.arena.free_smaller_than(self.reservation(head_of_line))
+
+
+class ContiguousMax(ContiguousPolicy):
+    """Reserve ``max_model_len`` positions (FasterTransformer, Orca-Max, HF static cache)."""
+
+    name = "contiguous-max"
+
+    def reservation(self, seq: Seq) -> int:
+        return self.max_model_len
+
+
+class ContiguousPow2(ContiguousPolicy):
+    """Reserve prompt + the next power of two ≥ output (Orca-Pow2: at most 2× over)."""
+
+    name = "contiguous-pow2"
+
+    def reservation(self, seq: Seq) -> int:
+        return min(seq.prompt_len + next_pow2(seq.output_len), self.max_model_len)
+
+
+class ContiguousOracle(ContiguousPolicy):
+    """Reserve exactly prompt + output (Orca-Oracle: knows the future)."""
+
+    name = "contiguous-oracle"
+
+    def reservation(self, seq: Seq) -> int:
+        return seq.final_len

@@ -1,0 +1,201 @@
+"""Paged policies: fixed-size blocks on demand, optionally with prefix caching.
+
+``paged`` is vLLM's PagedAttention allocator; ``paged-prefix`` adds vLLM's
+automatic prefix caching, modelled on vLLM v1's ``BlockPool`` and
+``KVCacheManager``:
+
+- a block becomes cached (keyed by its token content and everything before
+  it) once the tokens filling it are scheduled; only full blocks are cached;
+- at admission the longest run of cached full blocks is reused, never the
+  whole prompt (at least one token is always computed);
+- freed blocks go to the tail of an LRU free queue, the sequence's last
+  block first, and stay cached until a new allocation pops and evicts them;
+- reference counts say how many live sequences hold a block.
+
+Copy-on-write: a block another sequence references is never written. Only
+full blocks are shared, and a full block is immutable, so when parallel
+samples of one prompt diverge each gets its own copy of the partially filled
+tail block (recomputed, as vLLM v1 does) instead of writing into a shared one.
+``writable`` states the rule and the property tests check it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from harness.policies.base import internal_of
+from harness.sequence import Seq
+
+BlockKey = tuple[str, int, int]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PagedPolicy:
+    name = "paged"
+
+    def __init__(self, budget_positions: int, block_size: int, enable_caching: bool = False) -> None:
+        self.budget_positions = budget_positions
+        self.block_size = block_size
+        self.num_blocks = budget_positions // block_size
+        self.enable_caching = enable_caching
+        # LRU free queue: allocation pops from the front, frees append at the back.
+        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
+        self.ref = [0] * self.num_blocks
+        self.block_key: list[BlockKey | None] = [None] * self.num_blocks
+        self.cache: dict[BlockKey, list[int]] = {}
+        self.internal_positions = 0
+        self.shared_excess_positions = 0
+        self.evictions = 0
+
+    # -- accounting ----------------------------------------------------------
+    @property
+    def allocated_positions(self) -> int:
+        return (self.num_blocks - len(self.free_queue)) * self.block_size
+
+    def allocated_blocks(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    def free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def external_frag(self, head_of_line: Seq | None) -> int:
+        if head_of_line is None:
+            return 0
+        return self.budget_positions - self.num_blocks * self.block_size
+
+    def needs_positions(self, seq: Seq) -> int:
+        # The last sampled token's K/V is never computed, so a finished
+        # sequence holds prompt + output − 1 positions at most.
+        return cdiv(seq.final_len - 1, self.block_size) * self.block_size
+
+    # -- prefix caching --------------------------------------------------------
+    def key_of(self, seq: Seq, i: int) -> BlockKey:
+        """Content identity of block ``i`` of ``seq`` (equal keys = equal tokens and prefix)."""
+        end = (i + 1) * self.block_size
+        if seq.prefix_group >= 0 and end <= seq.prefix_len:
+            return ("g", seq.prefix_group, i)
+        if end <= seq.prompt_len:
+            return ("p", seq.request_id, i)  # samples of one request share the prompt
+        return ("s", seq.index, i)
+
+    def prefix_hit(self, seq: Seq) -> int:
+        seq.pending_hits = []
+        if not self.enable_caching or seq.num_computed:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        hits = seq.pending_hits
+        for i in range(max_blocks):
+            cached = self.cache.get(self.key_of(seq, i))
+            if not cached:
+                break
+            hits.append(cached[0])
+        return len(hits) * self.block_size
+
+    # -- allocation ----------------------------------------------------------
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        bs = self.block_size
+        hits = seq.pending_hits
+        held = len(seq.blocks)
+        evictable = sum(1 for b in hits if self.ref[b] == 0) if hits else 0
+        free = len(self.free_queue)
+        if must_fit and max(cdiv(must_fit, bs) - held - len(hits), 0) + evictable > free:
+            return False
+        new = cdiv(num_tokens, bs) - held - len(hits)
+        if new < 0:
+            new = 0
+        if new + evictable > free:
+            return False
+        old_internal = internal_of(held * bs, seq.final_len)
+        if hits:
+            for b in hits:
+                if self.ref[b] == 0:
+                    del self.free_queue[b]
+                else:
+                    self.shared_excess_positions += bs
+                self.ref[b] += 1
+            seq.blocks.extend(hits)
+            seq.num_cached_blocks = len(seq.blocks)
+            seq.pending_hits = []
+        for _ in range(new):
+            b, _ = self.free_queue.popitem(last=False)
+            key = self.block_key[b]
+            if key is not None:
+                self._uncache(b, key)
+            self.ref[b] = 1
+            seq.blocks.append(b)
+        seq.allocated = len(seq.blocks) * bs
+        if seq.allocated > seq.peak_allocated:
+            seq.peak_allocated = seq.allocated
+        self.internal_positions += internal_of(seq.allocated, seq.final_len) - old_internal
+        if self.enable_caching:
+            self._cache_full_blocks(seq, min(num_tokens, seq.num_tokens))
+        return True
+
+    def _cache_full_blocks(self, seq: Seq, num_tokens: int) -> None:
+        full = num_tokens // self.block_size
+        for i in range(seq.num_cached_blocks, full):
+            b = seq.blocks[i]
+            key = self.key_of(seq, i)
+            self.block_key[b] = key
+            self.cache.setdefault(key, []).append(b)
+        if full > seq.num_cached_blocks:
+            seq.num_cached_blocks = full
+
+    def _uncache(self, b: int, key: BlockKey) -> None:
+        holders = self.cache.get(key)
+        if holders is not None:
+            holders.remove(b)
+            if not holders:
+                del self.cache[key]
+        self.block_key[b] = None
+        self.evictions += 1
+
+    def writable(self, seq: Seq, position: int) -> bool:
+        """True when ``seq`` may write K/V at ``position``: its block is referenced by it alone."""
+        return self.ref[seq.blocks[position // self.block_size]] == 1
+
+    def free(self, seq: Seq) -> None:
+        if not seq.blocks:
+            seq.pending_hits = []
+            return
+        bs = self.block_size
+        self.internal_positions -= internal_of(len(seq.blocks) * bs, seq.final_len)
+        # Last block first, so the tail of a sequence is evicted before its prefix.
+        for b in reversed(seq.blocks):
+            r = self.ref[b] - 1
+            if r < 0:
+                raise AssertionError(f"block {b} freed while unreferenced")
+            self.ref[b] = r
+            if r == 0:
+                self.free_queue[b] = None
+            else:
+                self.shared_excess_positions -= bs
+        seq.blocks = []
+        seq.allocated = 0
+        seq.num_cached_blocks = 0
+        seq.pending_hits = []
+
+
+class PagedPrefixPolicy(PagedPolicy):
+    name = "paged-prefix"
+
+    def __init__(self, budget_positions: int, block_size: int) -> None:
+        super().__init__(budget_positions, block_size, enable_caching=True)
+
+
+class VirtualContiguousPolicy(PagedPolicy):
+    """vAttention: a contiguous virtual range per request, physical pages mapped on demand.
+
+    Physical memory is committed in pages of ``page_bytes`` per layer and per
+    K/V tensor, so one page holds ``page_bytes / (kv_heads × head_dim × dtype
+    bytes)`` token positions; allocation granularity is that many positions.
+    Pages can sit anywhere physically, so, like ``paged``, it leaves no holes.
+    """
+
+    name = "virtual-contiguous"
+
+    def __init__(self, budget_positions: int, page_tokens: int) -> None:
+        super().__init__(budget_positions, page_tokens, enable_caching=False)

@@ -1,0 +1,45 @@
+"""Provenance collected automatically into every run row."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+from harness import __version__
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def provenance() -> dict[str, object]:
+    """Host and software versions; cheap (no torch or vLLM import)."""
+    sha = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if sha else None
+    return {
+        "git_sha": sha,
+        "git_dirty": bool(status) if status is not None else None,
+        "host": socket.gethostname(),
+        "python_version": platform.python_version(),
+        "torch_version": _version("torch"),
+        "vllm_version": _version("vllm"),
+        "kvbench_version": __version__,
+    }

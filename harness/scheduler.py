@@ -1,0 +1,215 @@
+"""Iteration-level continuous batching, mirroring vLLM v1's ``Scheduler``.
+
+The rules, as in ``vllm/v1/core/sched/scheduler.py`` (0.33):
+
+1. Running requests first, in admission order. Each asks for the tokens it
+   lacks (1 when decoding, the rest of its prompt when prefilling), capped
+   by the step's token budget (chunked prefill).
+2. When a running request cannot grow, the most recently admitted running
+   request is preempted (recompute: its memory is freed, its computed tokens
+   are forgotten, it goes to the front of the waiting queue) until the
+   request fits or preempts itself.
+3. Waiting requests are admitted, first come first served, only in a step
+   that preempted nothing, while the token budget and ``max_num_seqs``
+   allow and the head of the queue fits (an admission must fit its whole
+   current sequence, vLLM's ``scheduler_reserve_full_isl``). The first that
+   does not fit stops admission (head-of-line blocking).
+4. After the step, every request whose prefill is complete samples one
+   token; a request with all its output tokens finishes and is freed.
+
+``swap`` preemption keeps a preempted request's computed tokens (its K/V is
+assumed copied to host memory) so resuming re-allocates but does not recompute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from typing import Iterable
+
+from harness.clock import Clock, StepWork
+from harness.policies.base import Policy
+from harness.sequence import FINISHED, RUNNING, WAITING, Seq
+from harness.specs import SchedulerSpec
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """What one step computes: the scheduler's output, before execution."""
+
+    step: int
+    t_s: float
+    scheduled: list[tuple[Seq, int]]  # (sequence, new tokens computed this step)
+    admitted: int
+    preempted: list[Seq]
+    prefix_hit_tokens: int
+    work: StepWork
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMeasure:
+    """Allocation state while the step computes (after scheduling, before frees)."""
+
+    running: int
+    waiting: int
+    allocated_blocks: int
+    allocated_positions: int
+    used_positions: int
+    reserved_positions: int
+    internal_frag_positions: int
+    external_frag_positions: int
+    free_positions: int
+    evicted_blocks: int
+
+
+class Scheduler:
+    def __init__(self, seqs: Iterable[Seq], policy: Policy, config: SchedulerSpec,
+                 max_model_len: int, clock: Clock) -> None:
+        self.pending: deque[Seq] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
+        self.num_seqs = len(self.pending)
+        self.waiting: deque[Seq] = deque()
+        self.running: list[Seq] = []
+        self.policy = policy
+        self.config = config
+        self.max_model_len = max_model_len
+        self.clock = clock
+        self.swap = config.preemption == "swap"
+        self.now = 0.0
+        self.step_index = 0
+        self.finished = 0
+        self.used_positions = 0  # Σ computed positions over sequences holding memory
+        self._evictions_seen = 0
+
+    def has_work(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    # -- arrivals ------------------------------------------------------------
+    def _release_arrivals(self) -> None:
+        pending = self.pending
+        if pending and not self.running and not self.waiting and pending[0].arrival_s > self.now:
+            self.now = pending[0].arrival_s  # idle: jump to the next arrival
+        while pending and pending[0].arrival_s <= self.now:
+            self.waiting.append(pending.popleft())
+
+    # -- scheduling ----------------------------------------------------------
+    def _preempt(self, seq: Seq) -> None:
+        self.policy.free(seq)
+        self.used_positions -= seq.num_computed
+        if not self.swap:
+            seq.num_computed = 0
+        seq.num_preemptions += 1
+        seq.status = WAITING
+        self.waiting.appendleft(seq)
+
+    def schedule(self) -> StepPlan:
+        self._release_arrivals()
+        policy = self.policy
+        budget = self.config.max_num_batched_tokens
+        # vLLM keeps input positions below max_model_len − 1 (one sampled token per step).
+        limit = self.max_model_len - 1
+        scheduled: list[tuple[Seq, int]] = []
+        preempted: list[Seq] = []
+        running = self.running
+
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_new = min(seq.num_tokens - seq.num_computed, budget, limit - seq.num_computed)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not policy.allocate(seq, seq.num_computed + num_new):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != RUNNING:
+                break
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            i += 1
+
+        admitted = 0
+        hit_tokens = 0
+        if not preempted:
+            waiting = self.waiting
+            max_seqs = self.config.max_num_seqs
+            while waiting and budget > 0 and len(running) < max_seqs:
+                seq = waiting[0]
+                hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
+                computed = seq.num_computed + hit
+                num_new = min(seq.num_tokens - computed, budget)
+                if not policy.allocate(seq, computed + num_new, must_fit=min(seq.num_tokens, self.max_model_len)):
+                    break
+                waiting.popleft()
+                running.append(seq)
+                seq.status = RUNNING
+                seq.num_computed = computed
+                self.used_positions += computed
+                if hit:
+                    seq.prefix_hit_tokens += hit
+                    hit_tokens += hit
+                if seq.num_preemptions == 0:  # first admission
+                    seq.first_scheduled_s = self.now
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                admitted += 1
+
+        # Tokens scheduled now are being computed this step: they count as used.
+        new_tokens = context = pairs = 0
+        for seq, n in scheduled:
+            seq.num_computed += n
+            new_tokens += n
+            context += seq.num_computed
+            pairs += n * seq.num_computed
+        self.used_positions += new_tokens
+        return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens,
+                        StepWork(new_tokens, context, pairs))
+
+    def measure(self) -> StepMeasure:
+        policy = self.policy
+        allocated = policy.allocated_positions
+        used = self.used_positions - policy.shared_excess_positions
+        internal = policy.internal_positions
+        free = policy.budget_positions - allocated
+        head = self.waiting[0] if self.waiting else None
+        evictions = policy.evictions - self._evictions_seen
+        self._evictions_seen = policy.evictions
+        return StepMeasure(
+            running=len(self.running),
+            waiting=len(self.waiting),
+            allocated_blocks=policy.allocated_blocks(),
+            allocated_positions=allocated,
+            used_positions=used,
+            reserved_positions=allocated - used - internal,
+            internal_frag_positions=internal,
+            external_frag_positions=policy.external_frag(head),
+            free_positions=free,
+            evicted_blocks=evictions,
+        )
+
+    def finish_step(self, plan: StepPlan) -> list[Seq]:
+        """Sample a token for every request whose prefill is complete; free the finished."""
+        dt = self.clock.step_time(plan.work)
+        self.now = plan.t_s + dt
+        done: list[Seq] = []
+        for seq, _ in plan.scheduled:
+            if seq.num_computed < seq.num_tokens:
+                continue  # a prefill chunk: no token yet
+            seq.num_output += 1
+            if seq.num_output == 1:
+                seq.first_token_s = self.now
+            if seq.num_output >= seq.output_len or seq.num_tokens >= self.max_model_len:
+                done.append(seq)
+        if done:
+            gone = set(map(id, done))
+            self.running = [s for s in self.running if id(s) not in gone]
+            for seq in done:
+                self.policy.free(seq)
+                self.used_positions -= seq.num_computed
+                seq.status = FINISHED
+                seq.finished_s = self.now
+            self.finished += len(done)
+        self.step_index += 1
+        return done

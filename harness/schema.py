@@ -1,0 +1,116 @@
+"""The Parquet contract: one declared schema per table, units in column names.
+
+Writers and readers both use these objects. Every file carries
+``kvbench.schema_version`` in its metadata; readers refuse a newer version.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+VERSION_KEY = b"kvbench.schema_version"
+
+STATUSES = ("ok", "failed", "infeasible", "oom")
+
+STEPS = pa.schema([
+    ("step", pa.int64()),
+    ("t_s", pa.float64()),  # simulated time at the start of the step
+    ("dt_s", pa.float64()),  # simulated duration of the step (time weight)
+    ("running", pa.int32()),
+    ("waiting", pa.int32()),
+    ("admitted", pa.int32()),
+    ("finished", pa.int32()),
+    ("preempted", pa.int32()),
+    ("scheduled_tokens", pa.int64()),
+    ("allocated_blocks", pa.int64()),
+    ("allocated_positions", pa.int64()),
+    ("used_positions", pa.int64()),
+    ("reserved_positions", pa.int64()),
+    ("internal_frag_positions", pa.int64()),
+    ("external_frag_positions", pa.int64()),
+    ("free_positions", pa.int64()),
+    ("evicted_blocks", pa.int64()),
+    ("prefix_hit_tokens", pa.int64()),
+    ("kv_bytes_allocated", pa.int64()),  # null where not measured
+    ("step_wall_s", pa.float64()),  # null for sim
+])
+
+REQUESTS = pa.schema([
+    ("request_id", pa.int64()),
+    ("sample", pa.int32()),
+    ("prompt_len", pa.int64()),
+    ("output_len", pa.int64()),
+    ("arrival_s", pa.float64()),
+    ("first_scheduled_s", pa.float64()),
+    ("first_token_s", pa.float64()),
+    ("finished_s", pa.float64()),
+    ("num_preemptions", pa.int32()),
+    ("peak_allocated_positions", pa.int64()),
+    ("prefix_hit_tokens", pa.int64()),
+    ("status", pa.string()),
+])
+
+# ``run_id`` is not stored in the files: it is the hive partition key
+# (``run_id=<id>/``), which every reader adds back as a column.
+RUNS = pa.schema([
+    ("suite", pa.string()),
+    ("runner", pa.string()),
+    ("policy", pa.string()),
+    ("block_size", pa.int64()),
+    ("kv_dtype", pa.string()),
+    ("kv_bytes_per_token", pa.int64()),
+    ("budget_bytes", pa.int64()),
+    ("budget_positions", pa.int64()),
+    ("max_model_len", pa.int64()),
+    ("model", pa.string()),
+    ("workload_id", pa.string()),
+    ("workload_source", pa.string()),
+    ("arrival", pa.string()),
+    ("rate", pa.float64()),
+    ("num_requests", pa.int64()),
+    ("dropped_requests", pa.int64()),
+    ("max_num_seqs", pa.int64()),
+    ("max_num_batched_tokens", pa.int64()),
+    ("clock", pa.string()),
+    ("repeat", pa.int64()),
+    ("status", pa.string()),
+    ("error", pa.string()),
+    ("wall_s", pa.float64()),
+    ("sim_time_s", pa.float64()),
+    ("steps", pa.int64()),
+    ("generated_tokens", pa.int64()),
+    ("computed_tokens", pa.int64()),
+    ("tokens_per_s", pa.float64()),  # generated tokens per simulated (or device) second
+    ("wall_tokens_per_s", pa.float64()),  # computed tokens per wall second (simulator speed)
+    ("preemptions", pa.int64()),
+    ("evictions", pa.int64()),
+    ("prefix_hit_rate", pa.float64()),
+    ("peak_running", pa.int64()),
+    ("mean_running", pa.float64()),
+    ("token_states_frac", pa.float64()),
+    ("reservation_frac", pa.float64()),
+    ("internal_frag_frac", pa.float64()),
+    ("external_frag_frac", pa.float64()),
+    ("free_frac", pa.float64()),
+    ("peak_kv_bytes_allocated", pa.int64()),
+    ("mean_step_wall_s", pa.float64()),
+    ("git_sha", pa.string()),
+    ("git_dirty", pa.bool_()),
+    ("host", pa.string()),
+    ("python_version", pa.string()),
+    ("torch_version", pa.string()),
+    ("vllm_version", pa.string()),
+    ("cuda_version", pa.string()),
+    ("device", pa.string()),
+    ("kvbench_version", pa.string()),
+    ("attention_backend", pa.string()),
+    ("started_at", pa.timestamp("us", tz="UTC")),
+    ("spec_json", pa.string()),
+])
+
+TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS}
+
+
+def with_version(schema: pa.Schema) -> pa.Schema:
+    return schema.with_metadata({VERSION_KEY: str(SCHEMA_VERSION).encode()})

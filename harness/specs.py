@@ -1,0 +1,153 @@
+"""Run specifications: frozen, validated at construction, hashed into run ids.
+
+A ``RunSpec`` is one cell of a sweep. Its ``run_id`` hashes everything that
+changes what the cell measures (runner, policy, block size, geometry, KV
+precision, budget, scheduler settings, and the workload's *content* id), and
+nothing that does not (the suite's name, provenance), so the same cell always
+gets the same id and sweeps can resume by id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from harness.errors import KvbenchError
+from harness.geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
+from workloads.spec import WorkloadSpec
+
+POLICIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous")
+PREEMPTION_MODES = ("recompute", "swap")
+CLOCKS = ("steps", "roofline")
+
+
+def _positive_int(owner: str, field: str, value: object, upper: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise KvbenchError(f"{owner}: {field} must be a positive integer, got {value!r}")
+    if upper is not None and value > upper:
+        raise KvbenchError(f"{owner}: {field} = {value} is absurdly large (at most {upper})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    preset: str | None = "opt-13b"
+    config: str | None = None
+    kv_dtype: str = "fp16"
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPE_BYTES:
+            raise KvbenchError(f"[model] unknown kv_dtype {self.kv_dtype!r} (known: {', '.join(KV_DTYPE_BYTES)})")
+        self.geometry()  # validate the preset / config now, not mid-sweep
+
+    def geometry(self) -> ModelGeometry:
+        return resolve_model(self.preset, self.config)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySpec:
+    kv_budget_bytes: int = 12 * 2**30
+    max_model_len: int = 2048
+
+    def __post_init__(self) -> None:
+        _positive_int("[memory]", "kv_budget", self.kv_budget_bytes, upper=2**60)
+        _positive_int("[memory]", "max_model_len", self.max_model_len, upper=10**8)
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerSpec:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    preemption: str = "recompute"
+    clock: str = "steps"
+    gpu: str = "A100-40GB"  # roofline clock only
+    max_stall_steps: int = 10_000  # livelock guard: steps without progress before a run fails
+
+    def __post_init__(self) -> None:
+        _positive_int("[scheduler]", "max_num_seqs", self.max_num_seqs, upper=10**6)
+        _positive_int("[scheduler]", "max_num_batched_tokens", self.max_num_batched_tokens, upper=10**8)
+        _positive_int("[scheduler]", "max_stall_steps", self.max_stall_steps)
+        if self.preemption not in PREEMPTION_MODES:
+            raise KvbenchError(f"[scheduler] unknown preemption {self.preemption!r} (known: {', '.join(PREEMPTION_MODES)})")
+        if self.clock not in CLOCKS:
+            raise KvbenchError(f"[scheduler] unknown clock {self.clock!r} (known: {', '.join(CLOCKS)})")
+        from harness.clock import GPU_PRESETS  # local: clock imports specs' neighbours only
+
+        if self.gpu not in GPU_PRESETS:
+            raise KvbenchError(f"[scheduler] unknown gpu {self.gpu!r} (known: {', '.join(GPU_PRESETS)})")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One cell: a runner and a policy over one workload, precision and budget."""
+
+    runner: str
+    policy: str
+    block_size: int
+    model: ModelSpec
+    memory: MemorySpec
+    workload: WorkloadSpec
+    scheduler: SchedulerSpec
+    page_bytes: int = 2 * 2**20  # virtual-contiguous only
+    repeat: int = 0  # repetition index, for timed metrics' spread
+    device: str = "auto"  # torch / vllm runners: cpu, cuda or auto
+    suite: str = "adhoc"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise KvbenchError(f"unknown policy {self.policy!r} (known: {', '.join(POLICIES)})")
+        _positive_int("cell", "block_size", self.block_size, upper=2**20)
+        _positive_int("cell", "page_bytes", self.page_bytes, upper=2**40)
+        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 0:
+            raise KvbenchError(f"cell: repeat must be a non-negative integer, got {self.repeat!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise KvbenchError(f"cell: unknown device {self.device!r} (known: auto, cpu, cuda)")
+
+    # -- derived quantities every runner must agree on --------------------
+    @property
+    def geometry(self) -> ModelGeometry:
+        return self.model.geometry()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.geometry.kv_bytes_per_token(self.model.kv_dtype)
+
+    @property
+    def budget_positions(self) -> int:
+        return self.memory.kv_budget_bytes // self.kv_bytes_per_token
+
+    @property
+    def budget_blocks(self) -> int:
+        """Whole blocks of ``block_size`` positions the budget holds (paged runners)."""
+        return self.budget_positions // self.block_size
+
+    def canonical(self, workload_id: str) -> dict[str, Any]:
+        """What the run id hashes: everything that changes the measurement."""
+        spec = {
+            "runner": self.runner,
+            "policy": self.policy,
+            "block_size": self.block_size,
+            "kv_dtype": self.model.kv_dtype,
+            "geometry": dataclasses.asdict(self.geometry),
+            "budget_bytes": self.memory.kv_budget_bytes,
+            "max_model_len": self.memory.max_model_len,
+            "scheduler": dataclasses.asdict(self.scheduler),
+            "workload_id": workload_id,
+            "repeat": self.repeat,
+        }
+        if self.policy == "virtual-contiguous":
+            spec["page_bytes"] = self.page_bytes
+        if self.runner in ("torch", "vllm"):
+            spec["device"] = self.device
+        return spec
+
+    def run_id(self, workload_id: str) -> str:
+        blob = json.dumps(self.canonical(workload_id), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+
+    def replace(self, **changes: Any) -> "RunSpec":
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,208 @@
+"""Suite files (TOML) → validated run specs, one per grid cell.
+
+A suite's settings live in the tables ``[model]``, ``[memory]``,
+``[workload]`` (or several named ``[workloads.NAME]``), ``[scheduler]`` and
+``[run]``; every key name is unique across them, so ``[grid]`` can vary any
+of them by name (``rate = [1.0, 2.0]``, ``kv_dtype = ["fp16", "fp8"]``,
+``policy = [...]``), and ``[runners.NAME]`` can override any of them for
+one runner (the torch runner on a tiny model, say). A list in ``[grid]``
+expands to the cartesian product; a typo anywhere is an error naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from harness.errors import KvbenchError
+from harness.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
+from harness.units import parse_size
+from workloads.spec import FIELD_KINDS, WorkloadSpec
+
+MODEL_KEYS = ("preset", "config", "kv_dtype")
+MEMORY_KEYS = ("kv_budget", "max_model_len")
+SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerSpec))
+RUN_KEYS = ("runner", "policy", "block_size", "page_bytes", "repeat", "device")
+WORKLOAD_KEYS = tuple(FIELD_KINDS)
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "model": MODEL_KEYS, "memory": MEMORY_KEYS, "scheduler": SCHEDULER_KEYS, "run": RUN_KEYS,
+    "workload": WORKLOAD_KEYS,
+}
+ALL_KEYS = frozenset(MODEL_KEYS + MEMORY_KEYS + SCHEDULER_KEYS + RUN_KEYS + WORKLOAD_KEYS + ("workload",))
+TOP_KEYS = ("name", "description", "optional_runners", "repeats", "model", "memory", "workload", "workloads",
+            "scheduler", "run", "grid", "runners", "reference")
+
+DEFAULTS: dict[str, Any] = {"runner": "sim", "policy": "paged", "block_size": 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    path: str
+    settings: Mapping[str, Any]  # flat: every table's keys
+    workloads: Mapping[str, Mapping[str, Any]]  # name → [workload] table
+    grid: Mapping[str, tuple[Any, ...]]
+    runner_overrides: Mapping[str, Mapping[str, Any]]
+    optional_runners: tuple[str, ...] = ()
+    repeats: int = 1
+    reference: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def runners(self) -> tuple[str, ...]:
+        return tuple(self.grid.get("runner", (self.settings.get("runner", DEFAULTS["runner"]),)))
+
+    def cells(self) -> Iterator[tuple[RunSpec, str]]:
+        """Every (spec, workload name) of the grid, validated, without duplicates."""
+        seen: set[str] = set()
+        for runner in self.runners():
+            settings = dict(DEFAULTS)
+            settings.update(self.settings)
+            grid = {k: v for k, v in self.grid.items() if k != "runner"}
+            for key, value in self.runner_overrides.get(runner, {}).items():
+                if isinstance(value, list):
+                    grid[key] = tuple(value)
+                else:
+                    grid.pop(key, None)
+                    settings[key] = value
+            if "workload" not in grid:
+                grid["workload"] = tuple(self.workloads)
+            if self.repeats > 1 and "repeat" not in grid:
+                grid["repeat"] = tuple(range(self.repeats))
+            keys = list(grid)
+            for combo in itertools.product(*(grid[k] for k in keys)):
+                cell = dict(settings, runner=runner, **dict(zip(keys, combo)))
+                spec = self._spec(cell)
+                ident = spec.to_json()
+                if ident not in seen:
+                    seen.add(ident)
+                    yield spec, cell["workload"]
+
+    def _spec(self, s: dict[str, Any]) -> RunSpec:
+        where = self.path
+        try:
+            wl_table = dict(self.workloads[s["workload"]])
+            # Workload keys in the cell come from [grid] or [runners.NAME]: they win.
+            wl_table.update({k: s[k] for k in WORKLOAD_KEYS if k in s})
+            workload = WorkloadSpec.from_mapping(wl_table, where=where)
+            model = ModelSpec(preset=s.get("preset") if s.get("config") is None else None,
+                              config=s.get("config"), kv_dtype=s.get("kv_dtype", "fp16"))
+            memory = MemorySpec(kv_budget_bytes=parse_size(s.get("kv_budget", "12GiB"), "[memory] kv_budget"),
+                                max_model_len=s.get("max_model_len", 2048))
+            scheduler = SchedulerSpec(**{k: s[k] for k in SCHEDULER_KEYS if k in s})
+            policy = s["policy"]
+            block_size = s["block_size"]
+            if isinstance(policy, str) and policy.startswith("contiguous-"):
+                block_size = 1  # one reservation per request: the arena's unit is a position
+            page_bytes = parse_size(s.get("page_bytes", 2 * 2**20), "page_bytes")
+            spec = RunSpec(runner=s["runner"], policy=policy, block_size=block_size, model=model,
+                           memory=memory, workload=workload, scheduler=scheduler, page_bytes=page_bytes,
+                           repeat=s.get("repeat", 0), device=s.get("device", "auto"), suite=self.name)
+            if policy == "virtual-contiguous":
+                from harness.policies import page_tokens
+
+                spec = spec.replace(block_size=page_tokens(spec))
+            return spec
+        except KvbenchError as exc:
+            raise KvbenchError(f"{where}: {exc}") from None
+        except TypeError as exc:
+            raise KvbenchError(f"{where}: wrong type in a setting ({exc})") from None
+
+
+def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...] | frozenset[str], where: str, name: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise KvbenchError(f"{where}: unknown key {key!r} in [{name}] (known: {', '.join(sorted(allowed))})")
+
+
+def _table(doc: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
+    value = doc.get(name, {})
+    if not isinstance(value, dict):
+        raise KvbenchError(f"{where}: [{name}] must be a table")
+    return dict(value)
+
+
+def parse_suite(text: str, where: str) -> Suite:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise KvbenchError(f"{where}: malformed TOML ({exc})") from None
+    _check_keys(doc, TOP_KEYS, where, "top level")
+    settings: dict[str, Any] = {}
+    for name in ("model", "memory", "scheduler", "run"):
+        table = _table(doc, name, where)
+        _check_keys(table, TABLE_KEYS[name], where, name)
+        settings.update(table)
+    if "workload" in doc and "workloads" in doc:
+        raise KvbenchError(f"{where}: give either [workload] or [workloads.NAME] tables, not both")
+    if "workloads" in doc:
+        workloads = {}
+        for wname, table in _table(doc, "workloads", where).items():
+            if not isinstance(table, dict):
+                raise KvbenchError(f"{where}: [workloads.{wname}] must be a table")
+            _check_keys(table, WORKLOAD_KEYS, where, f"workloads.{wname}")
+            workloads[wname] = table
+        if not workloads:
+            raise KvbenchError(f"{where}: [workloads] holds no workload")
+    else:
+        table = _table(doc, "workload", where)
+        _check_keys(table, WORKLOAD_KEYS, where, "workload")
+        workloads = {"default": table}
+    base = Path(where).resolve().parent
+    for table in workloads.values():
+        # A relative trace path is read relative to the suite file when it exists there.
+        path = table.get("path")
+        if isinstance(path, str) and not Path(path).is_absolute() and (base / path).exists():
+            table["path"] = str((base / path).resolve())
+    grid_table = _table(doc, "grid", where)
+    _check_keys(grid_table, ALL_KEYS, where, "grid")
+    grid: dict[str, tuple[Any, ...]] = {}
+    for key, value in grid_table.items():
+        values = tuple(value) if isinstance(value, list) else (value,)
+        if not values:
+            raise KvbenchError(f"{where}: [grid] {key} is an empty list")
+        if key == "workload":
+            for v in values:
+                if v not in workloads:
+                    raise KvbenchError(f"{where}: [grid] workload {v!r} is not defined (defined: {', '.join(workloads)})")
+        grid[key] = values
+    overrides: dict[str, dict[str, Any]] = {}
+    for runner, table in _table(doc, "runners", where).items():
+        if not isinstance(table, dict):
+            raise KvbenchError(f"{where}: [runners.{runner}] must be a table")
+        _check_keys(table, ALL_KEYS - {"runner"}, where, f"runners.{runner}")
+        overrides[runner] = table
+    optional = doc.get("optional_runners", [])
+    repeats = doc.get("repeats", 1)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise KvbenchError(f"{where}: repeats must be a positive integer, got {repeats!r}")
+    name = doc.get("name", Path(where).stem)
+    if not isinstance(name, str) or not name:
+        raise KvbenchError(f"{where}: name must be a non-empty string")
+    suite = Suite(name=name, path=where, settings=settings, workloads=workloads, grid=grid,
+                  runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
+                  reference=_table(doc, "reference", where))
+    for runner in suite.runners():
+        from runners import RUNNERS
+
+        if runner not in RUNNERS:
+            raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNERS)})")
+    return suite
+
+
+def load_suite(path: str | Path) -> Suite:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise KvbenchError(f"{p}: no such suite file") from None
+    except IsADirectoryError:
+        raise KvbenchError(f"{p}: is a directory, not a suite file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvbenchError(f"{p}: cannot read ({exc.__class__.__name__})") from None
+    return parse_suite(text, str(p))
+
+
+def default_suite_path() -> Path:
+    return Path(__file__).resolve().parents[1] / "suites" / "default.toml"

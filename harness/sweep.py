@@ -1,0 +1,136 @@
+"""Running a suite's cells: workloads built once, cells skipped when already on disk,
+failures isolated as rows, progress on stderr, local processes or Ray."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Callable, Iterable
+
+from harness import store
+from harness.errors import KvbenchError, one_line
+from harness.specs import RunSpec
+from harness.suite import Suite
+from runners.base import Cell
+
+
+@dataclasses.dataclass
+class SweepResult:
+    rows: list[dict[str, object]]
+    skipped_existing: int
+    skipped_unavailable: dict[str, str]
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.rows if r.get("status") in ("failed", "oom"))
+
+
+def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cell]:
+    """Expand the grid and build each distinct workload once (also written to DIR/workloads)."""
+    from workloads import build_workload, write_workload
+
+    built: dict[tuple[str, int], object] = {}
+    cells: list[Cell] = []
+    for spec, _name in suite.cells():
+        key = (spec.workload.to_json(), spec.memory.max_model_len)
+        if key not in built:
+            w = build_workload(spec.workload, spec.memory.max_model_len)
+            if w.dropped:
+                log(f"workload {w.workload_id}: dropped {w.dropped} request(s) longer than "
+                    f"max_model_len {spec.memory.max_model_len}")
+            path = out / "workloads" / f"{w.workload_id}.parquet"
+            if not path.exists():
+                write_workload(w, path)
+            built[key] = w
+        cells.append(Cell(spec=spec, workload=built[key], out=out))  # type: ignore[arg-type]
+    return cells
+
+
+def run_cell(cell: Cell) -> dict[str, object]:
+    """Run one cell; any failure becomes a ``failed`` row, never a lost run."""
+    from runners import get_runner
+    from runners.common import base_row, write_status_only
+
+    row = _run_cell(cell, get_runner, base_row, write_status_only)
+    row["run_id"] = cell.run_id
+    return row
+
+
+def _run_cell(cell: Cell, get_runner, base_row, write_status_only) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    try:
+        runner = get_runner(cell.spec.runner)
+        reason = runner.unavailable()
+        if reason is not None:
+            return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", reason)
+        return runner.run(cell)
+    except KvbenchError as exc:
+        return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(str(exc)))
+    except MemoryError:
+        return write_status_only(cell, base_row(cell, cell.spec.runner), "oom", "out of host memory")
+    except Exception as exc:  # a bug in a runner must not end the sweep
+        detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(detail))
+
+
+class Progress:
+    """Cells done / failed / remaining with an ETA, on one live line (or a line each off a TTY)."""
+
+    def __init__(self, total: int, quiet: bool) -> None:
+        self.total, self.quiet = total, quiet
+        self.done = self.failed = 0
+        self.t0 = time.monotonic()
+        self.live = sys.stderr.isatty()
+
+    def update(self, row: dict[str, object], label: str) -> None:
+        self.done += 1
+        if row.get("status") in ("failed", "oom"):
+            self.failed += 1
+        if self.quiet:
+            return
+        elapsed = time.monotonic() - self.t0
+        eta = elapsed / self.done * (self.total - self.done)
+        line = (f"[{self.done}/{self.total}] failed {self.failed}  remaining {self.total - self.done}  "
+                f"eta {eta:.0f}s  | {label}: {row.get('status')} in {row.get('wall_s') or 0:.2f}s")
+        if self.live:
+            sys.stderr.write("\r\033[K" + line)
+            if self.done == self.total:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def label(spec: RunSpec) -> str:
+    bs = "" if spec.block_size == 1 else f" bs={spec.block_size}"
+    return f"{spec.runner} {spec.policy}{bs} {spec.model.preset or 'config'} {spec.model.kv_dtype}"
+
+
+def run_cells(cells: Iterable[Cell], jobs: int = 1, quiet: bool = False,
+              executor: str = "local", address: str | None = None) -> list[dict[str, object]]:
+    cells = list(cells)
+    progress = Progress(len(cells), quiet)
+    rows: list[dict[str, object]] = []
+    if executor == "ray":
+        from harness.ray_executor import run_on_ray
+
+        for cell, row in run_on_ray(cells, address):
+            rows.append(row)
+            progress.update(row, label(cell.spec))
+        return rows
+    if jobs <= 1:
+        for cell in cells:
+            row = run_cell(cell)
+            rows.append(row)
+            progress.update(row, label(cell.spec))
+        return rows
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_cell, cell): cell for cell in cells}
+        for fut in as_completed(futures):
+            row = fut.result()
+            rows.append(row)
+            progress.update(row, label(futures[fut].spec))
+    return rows

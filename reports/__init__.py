@@ -1,0 +1,1 @@
+"""Reports: pure functions from records (Parquet) to tables, with thin renderers."""

@@ -1,0 +1,54 @@
+"""The per-cell summary table ``kvbench run`` prints: a renderer over run rows."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("runner", "runner"),
+    ("policy", "policy"),
+    ("block_size", "block"),
+    ("token_states_frac", "states%"),
+    ("reservation_frac", "reserv%"),
+    ("internal_frag_frac", "intern%"),
+    ("external_frag_frac", "extern%"),
+    ("peak_running", "peak_run"),
+    ("mean_running", "mean_run"),
+    ("preemptions", "preempt"),
+    ("steps", "steps"),
+    ("status", "status"),
+)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if key.endswith("_frac"):
+        return f"{100 * value:.1f}"
+    if key == "mean_running":
+        return f"{value:.1f}"
+    if key == "block_size" and value == 1:
+        return "-"
+    return str(value)
+
+
+def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows grouped by workload, precision and budget, one aligned table each."""
+    groups: dict[tuple, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r.get("model"), r.get("workload_id"), r.get("kv_dtype"), r.get("budget_bytes")), []).append(r)
+    out: list[str] = []
+    for (model, wid, dtype, budget), members in groups.items():
+        out.append(f"model {model}  workload {wid}  kv {dtype}  budget {budget:,} B "
+                   f"({members[0].get('budget_positions', 0):,} positions)")
+        table = [[label for _, label in COLUMNS]]
+        for r in members:
+            table.append([_cell(k, r.get(k)) for k, _ in COLUMNS])
+        widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+        for row in table:
+            out.append("  " + "  ".join(v.rjust(w) if i >= 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
+        for r in members:
+            if r.get("status") != "ok" and r.get("error"):
+                out.append(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('error')}")
+        out.append("")
+    return "\n".join(out)

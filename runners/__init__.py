@@ -1,0 +1,36 @@
+"""Runners by name (a plain dict registry checked against the ``Runner`` protocol).
+
+Runner modules are imported lazily: ``torch`` and ``vllm`` are heavy, and a
+machine without vLLM must still run the simulator.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from harness.errors import KvbenchError
+from runners.base import Runner
+
+RUNNERS: dict[str, str] = {
+    "sim": "runners.sim:SimRunner",
+    "vllm-sched": "runners.vllm_sched:VllmSchedRunner",
+    "torch": "runners.torch_runner:TorchRunner",
+    "vllm": "runners.vllm_engine:VllmRunner",
+}
+
+
+def get_runner(name: str) -> Runner:
+    try:
+        target = RUNNERS[name]
+    except KeyError:
+        raise KvbenchError(f"unknown runner {name!r} (known: {', '.join(RUNNERS)})") from None
+    module_name, cls_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            raise KvbenchError(f"runner {name!r} is not built yet") from None
+        raise
+    runner = getattr(module, cls_name)()
+    assert isinstance(runner, Runner), f"{target} does not implement Runner"
+    return runner

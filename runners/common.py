@@ -1,0 +1,183 @@
+"""What every runner shares: sequences from a workload, run rows, request tables,
+the feasibility gate, and the step loop that ``sim`` and ``torch`` both drive."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+from typing import Callable, Protocol
+
+from harness.clock import make_clock
+from harness.feasibility import Shortfall, explain
+from harness.policies import make_policy
+from harness.policies.base import Policy
+from harness.provenance import provenance
+from harness.recorder import RunRecorder
+from harness.scheduler import Scheduler, StepPlan
+from harness.schema import REQUESTS
+from harness.sequence import FINISHED, Seq
+from runners.base import Cell
+
+
+def expand_seqs(cell: Cell) -> list[Seq]:
+    """One sequence per sample: a request with n parallel samples becomes n sequences
+    sharing its prompt (as vLLM's front end fans them out)."""
+    df = cell.workload.requests
+    seqs: list[Seq] = []
+    cols = [df[c].to_numpy().tolist() for c in
+            ("request_id", "prompt_len", "output_len", "arrival_s", "prefix_group", "prefix_len", "n")]
+    for rid, p, o, a, g, pl, n in zip(*cols):
+        for k in range(n):
+            seqs.append(Seq(len(seqs), rid, k, p, o, a, g, pl))
+    return seqs
+
+
+def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
+    """The largest need no policy state could ever meet, if any."""
+    spec = cell.spec
+    if policy.budget_positions < policy.block_size or policy.budget_positions <= 0:
+        return Shortfall(f"one block of {policy.block_size} positions", policy.block_size,
+                         policy.budget_positions, spec.kv_bytes_per_token, spec.memory.kv_budget_bytes)
+    usable = (policy.budget_positions // policy.block_size) * policy.block_size
+    worst = max(seqs, key=policy.needs_positions)
+    need = policy.needs_positions(worst)
+    if need > usable:
+        what = (f"{spec.policy}'s reservation for request {worst.request_id} "
+                f"(prompt {worst.prompt_len} + output {worst.output_len})")
+        return Shortfall(what, need, policy.budget_positions, spec.kv_bytes_per_token, spec.memory.kv_budget_bytes)
+    return None
+
+
+def base_row(cell: Cell, runner: str) -> dict[str, object]:
+    spec, w = cell.spec, cell.workload
+    return {
+        "suite": spec.suite,
+        "runner": runner,
+        "policy": spec.policy,
+        "block_size": spec.block_size,
+        "kv_dtype": spec.model.kv_dtype,
+        "kv_bytes_per_token": spec.kv_bytes_per_token,
+        "budget_bytes": spec.memory.kv_budget_bytes,
+        "budget_positions": spec.budget_positions,
+        "max_model_len": spec.memory.max_model_len,
+        "model": spec.geometry.name,
+        "workload_id": w.workload_id,
+        "workload_source": spec.workload.source,
+        "arrival": spec.workload.arrival,
+        "rate": spec.workload.rate,
+        "num_requests": w.num_requests,
+        "dropped_requests": w.dropped,
+        "max_num_seqs": spec.scheduler.max_num_seqs,
+        "max_num_batched_tokens": spec.scheduler.max_num_batched_tokens,
+        "clock": spec.scheduler.clock,
+        "repeat": spec.repeat,
+        "device": "cpu",
+        "started_at": _dt.datetime.now(_dt.timezone.utc),
+        "spec_json": spec.to_json(),
+        **provenance(),
+    }
+
+
+def requests_columns(seqs: list[Seq]) -> dict[str, list]:
+    cols: dict[str, list] = {name: [] for name in REQUESTS.names}
+    for s in seqs:
+        cols["request_id"].append(s.request_id)
+        cols["sample"].append(s.sample)
+        cols["prompt_len"].append(s.prompt_len)
+        cols["output_len"].append(s.output_len)
+        cols["arrival_s"].append(s.arrival_s)
+        cols["first_scheduled_s"].append(None if math.isnan(s.first_scheduled_s) else s.first_scheduled_s)
+        cols["first_token_s"].append(None if math.isnan(s.first_token_s) else s.first_token_s)
+        cols["finished_s"].append(None if math.isnan(s.finished_s) else s.finished_s)
+        cols["num_preemptions"].append(s.num_preemptions)
+        cols["peak_allocated_positions"].append(s.peak_allocated)
+        cols["prefix_hit_tokens"].append(s.prefix_hit_tokens)
+        cols["status"].append("finished" if s.status == FINISHED else "unfinished")
+    return cols
+
+
+def complete_row(row: dict[str, object], recorder: RunRecorder, seqs: list[Seq], wall_s: float,
+                 sim_time_s: float) -> dict[str, object]:
+    summ = recorder.summary
+    generated = sum(s.num_output for s in seqs)
+    prompt_tokens = sum(s.prompt_len for s in seqs)
+    row.update(summ.fractions())
+    row.update({
+        "wall_s": wall_s,
+        "sim_time_s": sim_time_s,
+        "steps": summ.steps,
+        "generated_tokens": generated,
+        "computed_tokens": summ.computed_tokens,
+        "tokens_per_s": generated / sim_time_s if sim_time_s > 0 else None,
+        "wall_tokens_per_s": summ.computed_tokens / wall_s if wall_s > 0 else None,
+        "preemptions": summ.preemptions,
+        "evictions": summ.evictions,
+        "prefix_hit_rate": summ.prefix_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "peak_running": summ.peak_running,
+        "mean_running": summ.w_running / summ.time if summ.time > 0 else None,
+        "peak_kv_bytes_allocated": summ.peak_kv_bytes,
+        "mean_step_wall_s": summ.wall_sum / summ.wall_n if summ.wall_n else None,
+    })
+    return row
+
+
+def write_status_only(cell: Cell, row: dict[str, object], status: str, error: str) -> dict[str, object]:
+    """A run that could not run is still a row (failed / infeasible / oom), with no steps."""
+    recorder = RunRecorder(cell.out, cell.run_id, cell.spec.budget_positions)
+    row.update(status=status, error=error, steps=0, wall_s=0.0)
+    recorder.finish({name: [] for name in REQUESTS.names}, row)
+    return row
+
+
+class StepExecutor(Protocol):
+    """Computes a planned step for real (the torch runner); returns (wall seconds, KV bytes)."""
+
+    def execute(self, plan: StepPlan) -> tuple[float | None, int | None]: ...
+
+
+def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
+          extra_row: Callable[[], dict[str, object]] | None = None) -> dict[str, object]:
+    """Run kvbench's scheduler over the cell, recording every step."""
+    spec = cell.spec
+    seqs = expand_seqs(cell)
+    policy = make_policy(spec)
+    row = base_row(cell, runner)
+    short = shortfall(cell, seqs, policy)
+    if short is not None:
+        return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
+    clock = make_clock(spec.scheduler.clock, spec.geometry, spec.kv_bytes_per_token, spec.scheduler.gpu)
+    sched = Scheduler(seqs, policy, spec.scheduler, spec.memory.max_model_len, clock)
+    recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
+    stall = 0
+    status, error = "ok", None
+    t0 = time.perf_counter()
+    try:
+        while sched.has_work():
+            plan = sched.schedule()
+            m = sched.measure()
+            wall, kv_bytes = executor.execute(plan) if executor is not None else (None, None)
+            done = sched.finish_step(plan)
+            recorder.add_step((
+                plan.step, plan.t_s, sched.now - plan.t_s, m.running, m.waiting, plan.admitted, len(done),
+                len(plan.preempted), plan.work.scheduled_tokens, m.allocated_blocks, m.allocated_positions,
+                m.used_positions, m.reserved_positions, m.internal_frag_positions, m.external_frag_positions,
+                m.free_positions, m.evicted_blocks, plan.prefix_hit_tokens, kv_bytes, wall,
+            ))
+            # Livelock guard: steps that compute nothing while work waits.
+            stall = stall + 1 if plan.work.scheduled_tokens == 0 and not sched.pending else 0
+            if stall > spec.scheduler.max_stall_steps:
+                status = "failed"
+                error = (f"livelock: {stall} steps without progress with {len(sched.waiting)} waiting and "
+                         f"{len(sched.running)} running")
+                break
+    except BaseException:
+        recorder.abort()
+        raise
+    wall_s = time.perf_counter() - t0
+    row = complete_row(row, recorder, seqs, wall_s, sched.now)
+    row.update(status=status, error=error)
+    if extra_row is not None:
+        row.update(extra_row())
+    recorder.finish(requests_columns(seqs), row)
+    return row
