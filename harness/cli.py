@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "harness.calc",
     "workloads.commands",
     "reports.commands",
+    "reports.diverge_cmd",
     "harness.doctor",
 )
 
@@ -44,10 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # a subcommand whose module is not built yet
         module.register(subparsers)
     return parser
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse errors as one line (argparse prints usage + message by default)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
