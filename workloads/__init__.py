@@ -1,0 +1,45 @@
+"""Workloads: request lengths, arrival times and prefix groups, and their files.
+
+A workload is a table of requests (see ``workloads.table.COLUMNS``) identified
+by a content hash, ``workload_id``: the one thing every compared run must
+share. Build one from a ``WorkloadSpec`` with ``build_workload``, store it with
+``write_workload`` and load it with ``read_workload``.
+
+Importing this package stays cheap (no numpy/pandas) so the CLI can register
+its parsers quickly; the heavy names are loaded on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workloads.spec import ARRIVALS, SOURCES, WorkloadSpec
+
+__all__ = [
+    "ARRIVALS",
+    "SOURCES",
+    "COLUMNS",
+    "Workload",
+    "WorkloadSpec",
+    "build_workload",
+    "read_workload",
+    "write_workload",
+]
+
+_LAZY = {
+    "COLUMNS": "workloads.table",
+    "Workload": "workloads.table",
+    "read_workload": "workloads.table",
+    "write_workload": "workloads.table",
+    "build_workload": "workloads.build",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562 lazy attributes: numpy/pandas load only when a caller needs them.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workloads' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,79 @@
+"""From a ``WorkloadSpec`` to a ``Workload``: the only place randomness starts.
+
+Order of work (part of the determinism contract: changing it changes ids):
+
+1. one ``np.random.default_rng(spec.seed)``, split with ``spawn`` into a
+   lengths stream and an arrivals stream, so the same seed gives the same
+   lengths whatever the arrival process or rate (a rate sweep varies one
+   thing), and the same arrivals whatever the length source;
+2. lengths (prompts, then outputs) from the distribution or file;
+3. the optional ``max_prompt_len``/``max_output_len`` clamps;
+4. prompts raised to ``prefix_len + 1`` when prefixes are shared;
+5. requests with prompt + output > ``max_model_len`` dropped (and counted);
+6. arrival times for the survivors (so a synthetic rate is the rate asked
+   for; trace times stay with their rows);
+7. prefix groups round-robin over the survivors, ids 0..N-1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import KvbenchError
+from workloads.arrivals import make_arrivals
+from workloads.distributions import clamp_lengths, sample_lengths
+from workloads.prefix import assign_prefix_groups, raise_prompts_for_prefix
+from workloads.spec import WorkloadSpec
+from workloads.table import Workload
+from workloads.traces import read_sharegpt_json, read_trace
+
+
+def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Workload:
+    """Generate (or read) the requests ``spec`` describes; drop those longer than ``max_model_len``."""
+    if max_model_len is not None and (
+            isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1):
+        raise KvbenchError(f"max_model_len must be an integer >= 1, got {max_model_len!r}")
+    rng = np.random.default_rng(spec.seed)
+    length_rng, arrival_rng = rng.spawn(2)
+
+    trace_times: np.ndarray | None = None
+    if spec.source == "trace":
+        assert spec.path is not None
+        data = read_trace(spec.path, spec.limit)
+        if spec.arrival == "trace" and data.arrival_s is None:
+            raise KvbenchError(f"trace {spec.path}: arrival 'trace' needs times, but the file has no arrival_s column")
+        prompts, outputs, trace_times = data.prompt_len, data.output_len, data.arrival_s
+    elif spec.source == "sharegpt-json":
+        assert spec.path is not None
+        data = read_sharegpt_json(spec.path, spec.limit)
+        prompts, outputs = data.prompt_len, data.output_len
+    else:
+        prompts, outputs = sample_lengths(spec, length_rng)
+
+    prompts = clamp_lengths(prompts, spec.max_prompt_len)
+    outputs = clamp_lengths(outputs, spec.max_output_len)
+    prompts = raise_prompts_for_prefix(prompts, spec.prefix_len)
+
+    total = int(prompts.size)
+    keep = np.ones(total, dtype=bool) if max_model_len is None else (prompts + outputs) <= max_model_len
+    kept = int(keep.sum())
+    if kept == 0:
+        raise KvbenchError(
+            f"workload: all {total} requests exceed max_model_len {max_model_len} (prompt_len + output_len)"
+        )
+    prompts, outputs = prompts[keep], outputs[keep]
+    times = trace_times[keep] if trace_times is not None else None
+    arrivals = make_arrivals(spec, kept, arrival_rng, times, where=f"trace {spec.path}")
+    groups, prefix_lens = assign_prefix_groups(kept, spec.prefix_groups, spec.prefix_len)
+
+    table = pd.DataFrame({
+        "request_id": np.arange(kept, dtype=np.int64),
+        "arrival_s": arrivals.astype(np.float64),
+        "prompt_len": prompts.astype(np.int64),
+        "output_len": outputs.astype(np.int64),
+        "prefix_group": groups,
+        "prefix_len": prefix_lens,
+        "n": np.full(kept, spec.n, dtype=np.int64),
+    })
+    return Workload.create(table, spec.to_json(), total - kept)

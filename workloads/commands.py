@@ -1,0 +1,214 @@
+"""``kvbench workload make|show``.
+
+Registration must stay cheap (the CLI imports every command module to build
+its parser), so numpy/pandas load inside the command functions only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from harness.errors import KvbenchError, one_line
+from workloads.spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
+
+_TYPES = {"int": int, "float": float, "str": str}
+_CHOICES = {"source": SOURCES, "arrival": ARRIVALS}
+_HELP = {
+    "source": "where lengths come from (default fixed)",
+    "num_requests": "requests to generate (synthetic sources; default 100)",
+    "prompt_len": "fixed: prompt tokens (default 128)",
+    "output_len": "fixed: output tokens (default 128)",
+    "prompt_min": "uniform: smallest prompt, inclusive (default 1)",
+    "prompt_max": "uniform: largest prompt, inclusive (default 512)",
+    "output_min": "uniform: smallest output, inclusive (default 1)",
+    "output_max": "uniform: largest output, inclusive (default 512)",
+    "prompt_mean": "lognormal: mean prompt tokens (default 256)",
+    "output_mean": "lognormal: mean output tokens (default 256)",
+    "sigma": "lognormal: sigma of the underlying normal (default 1.0)",
+    "path": "trace / sharegpt-json: the file (.csv, .parquet, .jsonl; .json for sharegpt-json)",
+    "limit": "trace / sharegpt-json: use the first N requests",
+    "arrival": "arrival process (default batch: all at t=0)",
+    "rate": "poisson / gamma: requests per second",
+    "cv": "gamma: coefficient of variation of the gaps (default 1.0)",
+    "time_scale": "trace arrivals: multiply the trace's times by this (default 1.0)",
+    "prefix_groups": "number of groups sharing a prompt prefix (default 0)",
+    "prefix_len": "tokens of prefix shared within each group",
+    "n": "parallel samples per request (default 1)",
+    "seed": "random seed (default 0)",
+    "max_prompt_len": "clamp prompts to at most this many tokens",
+    "max_output_len": "clamp outputs to at most this many tokens",
+}
+_METAVARS = {"int": "N", "float": "X", "str": "TEXT"}
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, like every other kvbench error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``workload`` with its ``make`` and ``show`` actions."""
+    parser = subparsers.add_parser(
+        "workload", help="make or inspect workload files",
+        description="Make a workload file from a spec or suite, or summarise one.",
+    )
+    actions = parser.add_subparsers(dest="workload_action", metavar="ACTION", parser_class=_OneLineParser)
+
+    def no_action(_: argparse.Namespace) -> int:
+        parser.print_help(sys.stderr)
+        return 2
+
+    parser.set_defaults(func=no_action)
+
+    make = actions.add_parser("make", help="write a workload Parquet file and print its id",
+                              description="Build a workload from --suite's [workload] table and/or flags "
+                                          "(flags win) and write it as Parquet.")
+    make.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the workload")
+    make.add_argument("--suite", metavar="SUITE.toml", help="take [workload] and [memory].max_model_len from a suite")
+    spec_flags = make.add_argument_group("workload spec (see WorkloadSpec; each overrides the suite)")
+    for name, (kind, _optional) in FIELD_KINDS.items():
+        spec_flags.add_argument(
+            "--" + name.replace("_", "-"), dest=f"spec_{name}", type=_TYPES[kind], default=None,
+            choices=_CHOICES.get(name), help=_HELP[name],
+            metavar=None if name in _CHOICES else ("FILE" if name == "path" else _METAVARS[kind]),
+        )
+    make.add_argument("--max-model-len", type=int, metavar="N",
+                      help="drop requests with prompt_len + output_len > N (counted, reported)")
+    make.set_defaults(func=cmd_make)
+
+    show = actions.add_parser("show", help="summarise a workload file",
+                              description="Lengths, arrivals and tokens of a workload; raw KV bytes with a model.")
+    show.add_argument("file", metavar="FILE", help="a workload Parquet file")
+    model = show.add_mutually_exclusive_group()
+    model.add_argument("--model", metavar="PRESET", help="model preset for raw KV bytes (e.g. opt-13b)")
+    model.add_argument("--config", metavar="config.json", help="Hugging Face config.json for raw KV bytes")
+    show.add_argument("--kv-dtype", metavar="DTYPE", help="KV cache dtype with --model/--config (default fp16)")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=cmd_show)
+
+
+def load_suite_workload(path: str | Path) -> tuple[dict[str, Any], int | None, list[str]]:
+    """A suite's ``[workload]`` table, ``[memory].max_model_len`` and the ``[grid]`` keys that name spec fields."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KvbenchError(f"suite {p}: no such file") from None
+    except IsADirectoryError:
+        raise KvbenchError(f"suite {p}: is a directory, not a TOML file") from None
+    except UnicodeDecodeError:
+        raise KvbenchError(f"suite {p}: not UTF-8 text") from None
+    except OSError as exc:
+        raise KvbenchError(f"suite {p}: cannot read ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise KvbenchError(f"{p}: malformed TOML: {exc}") from None  # message carries line and column
+    table = data.get("workload", {})
+    if not isinstance(table, dict):
+        raise KvbenchError(f"{p}: [workload] must be a table")
+    memory = data.get("memory", {})
+    if not isinstance(memory, dict):
+        raise KvbenchError(f"{p}: [memory] must be a table")
+    max_model_len = memory.get("max_model_len")
+    if max_model_len is not None and (
+            isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1):
+        raise KvbenchError(f"{p}: [memory] max_model_len must be an integer >= 1, got {max_model_len!r}")
+    grid = data.get("grid", {})
+    grid_keys = [k for k in grid if k in FIELD_KINDS] if isinstance(grid, dict) else []
+    return dict(table), max_model_len, grid_keys
+
+
+def cmd_make(args: argparse.Namespace) -> int:
+    from workloads.build import build_workload
+    from workloads.table import write_workload
+
+    table: dict[str, Any] = {}
+    max_model_len: int | None = None
+    flags = {name: getattr(args, f"spec_{name}") for name in FIELD_KINDS
+             if getattr(args, f"spec_{name}") is not None}
+    if args.suite:
+        table, max_model_len, grid_keys = load_suite_workload(args.suite)
+        ignored = [k for k in grid_keys if k not in flags]
+        if ignored:
+            print(f"kvbench workload: note: {args.suite}: [grid] keys {', '.join(ignored)} are ignored here; "
+                  "the workload comes from [workload] and the flags", file=sys.stderr)
+        spec = WorkloadSpec.from_mapping({**table, **flags}, where=str(args.suite))
+    else:
+        spec = WorkloadSpec(**flags)
+    if args.max_model_len is not None:
+        max_model_len = args.max_model_len
+    workload = build_workload(spec, max_model_len)
+    out = write_workload(workload, args.out)
+    if workload.dropped:
+        total = workload.num_requests + workload.dropped
+        print(f"kvbench workload: note: dropped {workload.dropped} of {total} requests with "
+              f"prompt_len + output_len > max_model_len {max_model_len}", file=sys.stderr)
+    print(f"wrote        {out}")
+    print(f"workload_id  {workload.workload_id}")
+    print(f"requests     {workload.num_requests}")
+    print(f"dropped      {workload.dropped}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from harness.geometry import resolve_model
+    from workloads.table import read_workload, summarize
+
+    workload = read_workload(args.file)
+    geometry = None
+    if args.model is not None or args.config is not None:
+        geometry = resolve_model(args.model, args.config)
+    elif args.kv_dtype is not None:
+        raise KvbenchError("--kv-dtype needs --model or --config")
+    summary = summarize(workload, geometry, args.kv_dtype or "fp16")
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """Aligned plain text for ``summarize``'s dict."""
+    from harness.units import format_bytes
+
+    def num(value: float) -> str:
+        return f"{value:,.1f}"
+
+    rows: list[tuple[str, str]] = [
+        ("workload_id", s["workload_id"]),
+        ("requests", f"{s['num_requests']:,} (dropped {s['dropped']:,})"),
+    ]
+    header = f"{'':>10} {'mean':>10} {'p50':>10} {'p90':>10} {'p99':>10} {'max':>10}"
+    lengths = [header] + [
+        f"{name:>10} " + " ".join(f"{num(s[name][k]):>10}" for k in ("mean", "p50", "p90", "p99", "max"))
+        for name in ("prompt_len", "output_len")
+    ]
+    rate = "all at once" if s["rate_per_s"] is None else f"{s['rate_per_s']:.3f} req/s"
+    cv = "n/a" if s["burstiness_cv"] is None else f"{s['burstiness_cv']:.3f}"
+    rows += [
+        ("arrival span", f"{s['arrival_span_s']:.3f} s"),
+        ("arrival rate", rate),
+        ("burstiness", f"{cv} (CV of inter-arrival gaps)"),
+        ("total tokens", f"{s['total_tokens']:,} (prompt + output) x n"),
+        ("prefix groups", str(s["prefix_groups"])),
+        ("max n", str(s["max_n"])),
+    ]
+    if "model" in s:
+        rows += [
+            ("model", f"{s['model']} ({s['kv_dtype']}, {s['kv_bytes_per_token']:,} bytes/token)"),
+            ("raw KV total", f"{format_bytes(s['raw_kv_bytes_total'])} ({s['raw_kv_bytes_total']:,} bytes)"),
+            ("raw KV largest", f"{format_bytes(s['raw_kv_bytes_largest_request'])} "
+                               f"({s['raw_kv_bytes_largest_request']:,} bytes, one request)"),
+        ]
+    rows.append(("spec", s["spec"]))
+    width = max(len(label) for label, _ in rows)
+    head = [f"{label:<{width}}  {value}" for label, value in rows[:2]]
+    tail = [f"{label:<{width}}  {value}" for label, value in rows[2:]]
+    return "\n".join(head + lengths + tail)

@@ -1,0 +1,208 @@
+"""The workload spec: what to generate or read, validated on construction.
+
+Pure Python on purpose (no numpy/pandas): the CLI builds its ``--flags`` from
+``FIELD_KINDS`` at parser-registration time, which must stay cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Mapping
+
+from harness.errors import KvbenchError
+
+SOURCES: tuple[str, ...] = ("fixed", "uniform", "lognormal", "sharegpt", "alpaca", "trace", "sharegpt-json")
+# Sources whose requests come from a file (``path``); ``num_requests`` does not
+# apply to them, ``limit`` does.
+FILE_SOURCES: tuple[str, ...] = ("trace", "sharegpt-json")
+ARRIVALS: tuple[str, ...] = ("batch", "poisson", "gamma", "trace")
+RATE_ARRIVALS: tuple[str, ...] = ("poisson", "gamma")
+
+# Field name -> (kind, optional). Drives type checks in ``from_mapping`` and the
+# CLI flags, so both accept exactly the same things.
+FIELD_KINDS: dict[str, tuple[str, bool]] = {
+    "source": ("str", False),
+    "num_requests": ("int", False),
+    "prompt_len": ("int", False),
+    "output_len": ("int", False),
+    "prompt_min": ("int", False),
+    "prompt_max": ("int", False),
+    "output_min": ("int", False),
+    "output_max": ("int", False),
+    "prompt_mean": ("float", False),
+    "output_mean": ("float", False),
+    "sigma": ("float", False),
+    "path": ("str", True),
+    "limit": ("int", True),
+    "arrival": ("str", False),
+    "rate": ("float", True),
+    "cv": ("float", False),
+    "time_scale": ("float", False),
+    "prefix_groups": ("int", False),
+    "prefix_len": ("int", False),
+    "n": ("int", False),
+    "seed": ("int", False),
+    "max_prompt_len": ("int", True),
+    "max_output_len": ("int", True),
+}
+
+_KIND_WORDS = {"int": "an integer", "float": "a number", "str": "a string"}
+
+
+def _kind_ok(kind: str, value: object) -> bool:
+    # bool is an int subclass in Python; `num_requests = true` is a mistake, not 1.
+    if isinstance(value, bool):
+        return False
+    if kind == "int":
+        return isinstance(value, int)
+    if kind == "float":
+        return isinstance(value, (int, float))
+    return isinstance(value, str)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadSpec:
+    """Everything that determines a workload; the same spec always builds the same table.
+
+    Lengths: ``fixed`` (``prompt_len``/``output_len``), ``uniform`` (inclusive
+    ``prompt_min..prompt_max``, ``output_min..output_max``), ``lognormal``
+    (``prompt_mean``/``output_mean`` are the distribution means, ``sigma`` that
+    of the underlying normal), ``sharegpt``/``alpaca`` (fixed lognormal fits,
+    see ``workloads.distributions``), ``trace`` (CSV/Parquet/JSONL at ``path``)
+    and ``sharegpt-json`` (vLLM's ShareGPT JSON at ``path``). File sources take
+    their request count from the file (first ``limit`` rows); ``num_requests``
+    applies to the synthetic ones. ``max_prompt_len``/``max_output_len`` clamp
+    lengths (explicitly asked for, so not silent).
+
+    Arrivals: ``batch`` (all at 0), ``poisson``/``gamma`` at ``rate`` req/s
+    (gamma gaps with coefficient of variation ``cv``), ``trace`` (the file's
+    own times × ``time_scale``).
+
+    Prefix: ``prefix_groups`` groups (round-robin) each sharing their first
+    ``prefix_len`` prompt tokens; ``n`` parallel samples per request.
+    """
+
+    source: str = "fixed"
+    num_requests: int = 100
+    prompt_len: int = 128
+    output_len: int = 128
+    prompt_min: int = 1
+    prompt_max: int = 512
+    output_min: int = 1
+    output_max: int = 512
+    prompt_mean: float = 256.0
+    output_mean: float = 256.0
+    sigma: float = 1.0
+    path: str | None = None
+    limit: int | None = None
+    arrival: str = "batch"
+    rate: float | None = None
+    cv: float = 1.0
+    time_scale: float = 1.0
+    prefix_groups: int = 0
+    prefix_len: int = 0
+    n: int = 1
+    seed: int = 0
+    max_prompt_len: int | None = None
+    max_output_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, (kind, optional) in FIELD_KINDS.items():
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if not _kind_ok(kind, value):
+                raise KvbenchError(f"workload: {name} must be {_KIND_WORDS[kind]}, got {value!r}")
+            if kind == "float":
+                if not math.isfinite(value):
+                    raise KvbenchError(f"workload: {name} must be finite, got {value!r}")
+                # Normalise ints to floats so equal specs have equal JSON (1 vs 1.0).
+                object.__setattr__(self, name, float(value))
+        self._validate()
+
+    def _validate(self) -> None:
+        if self.source not in SOURCES:
+            raise KvbenchError(f"workload: unknown source {self.source!r} (known: {', '.join(SOURCES)})")
+        if self.arrival not in ARRIVALS:
+            raise KvbenchError(f"workload: unknown arrival {self.arrival!r} (known: {', '.join(ARRIVALS)})")
+        for name in ("num_requests", "prompt_len", "output_len", "prompt_min", "output_min", "n"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("limit", "max_prompt_len", "max_output_len"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 1)
+        for name in ("prefix_groups", "prefix_len", "seed"):
+            _at_least(name, getattr(self, name), 0)
+        if self.prompt_max < self.prompt_min:
+            raise KvbenchError(f"workload: prompt_max ({self.prompt_max}) is below prompt_min ({self.prompt_min})")
+        if self.output_max < self.output_min:
+            raise KvbenchError(f"workload: output_max ({self.output_max}) is below output_min ({self.output_min})")
+        for name in ("prompt_mean", "output_mean", "cv", "time_scale"):
+            if getattr(self, name) <= 0:
+                raise KvbenchError(f"workload: {name} must be > 0, got {getattr(self, name)!r}")
+        if self.sigma < 0:
+            raise KvbenchError(f"workload: sigma must be >= 0, got {self.sigma!r}")
+        if self.source in FILE_SOURCES and not self.path:
+            raise KvbenchError(f"workload: source {self.source!r} needs a path")
+        # Parameters another source/arrival would use (path with source fixed, rate
+        # with arrival batch) are accepted and ignored, like prompt_min with fixed:
+        # a suite's [grid] may vary source or arrival over one shared [workload]
+        # table. They stay visible in the spec JSON; the content id ignores them.
+        if self.rate is not None and self.rate <= 0:
+            raise KvbenchError(f"workload: rate must be > 0 (requests/s), got {self.rate!r}")
+        if self.arrival in RATE_ARRIVALS and self.rate is None:
+            raise KvbenchError(f"workload: arrival {self.arrival!r} needs rate > 0 (requests/s), got None")
+        if self.arrival == "trace" and self.source != "trace":
+            raise KvbenchError(f"workload: arrival 'trace' needs source 'trace' (timestamps), not {self.source!r}")
+        if (self.prefix_groups > 0) != (self.prefix_len > 0):
+            raise KvbenchError(
+                f"workload: prefix_groups ({self.prefix_groups}) and prefix_len ({self.prefix_len}) "
+                "must both be > 0 or both 0"
+            )
+        if self.max_prompt_len is not None and self.prefix_len >= self.max_prompt_len:
+            raise KvbenchError(
+                f"workload: prefix_len ({self.prefix_len}) must be below max_prompt_len ({self.max_prompt_len})"
+            )
+
+    @classmethod
+    def from_mapping(cls, d: Mapping[str, Any], where: str) -> "WorkloadSpec":
+        """A spec from a TOML ``[workload]`` table (or any mapping); errors name ``where``."""
+        known = ", ".join(FIELD_KINDS)
+        for key in d:
+            if key not in FIELD_KINDS:
+                raise KvbenchError(f"{where}: unknown key {key!r} in [workload] (known: {known})")
+        for key, value in d.items():
+            kind, optional = FIELD_KINDS[key]
+            if value is None and optional:
+                continue
+            if not _kind_ok(kind, value):
+                raise KvbenchError(f"{where}: [workload] {key} must be {_KIND_WORDS[kind]}, got {value!r}")
+        try:
+            return cls(**dict(d))
+        except KvbenchError as exc:
+            message = str(exc).removeprefix("workload: ")
+            raise KvbenchError(f"{where}: [workload] {message}") from None
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> "WorkloadSpec":
+        """Inverse of ``to_json``."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise KvbenchError(f"{where}: malformed workload spec JSON at column {exc.colno}") from None
+        if not isinstance(data, dict):
+            raise KvbenchError(f"{where}: workload spec JSON must be an object")
+        return cls.from_mapping(data, where)
+
+    def to_json(self) -> str:
+        """Canonical JSON: every field, sorted keys, no whitespace."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+
+    def replace(self, **changes: Any) -> "WorkloadSpec":
+        return dataclasses.replace(self, **changes)
+
+
+def _at_least(name: str, value: int, low: int) -> None:
+    if value < low:
+        raise KvbenchError(f"workload: {name} must be >= {low}, got {value!r}")

@@ -1,0 +1,262 @@
+"""The workload table, its content hash, its Parquet file and its summary."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import KvbenchError
+from harness.geometry import ModelGeometry
+
+SCHEMA_VERSION = 1
+# Column -> dtype, in canonical order (the order the hash reads them in).
+COLUMNS: dict[str, str] = {
+    "request_id": "int64",
+    "arrival_s": "float64",
+    "prompt_len": "int64",
+    "output_len": "int64",
+    "prefix_group": "int64",
+    "prefix_len": "int64",
+    "n": "int64",
+}
+META_SCHEMA = b"kvbench.schema_version"
+META_ID = b"kvbench.workload_id"
+META_SPEC = b"kvbench.workload_spec"
+META_DROPPED = b"kvbench.dropped"
+
+
+def compute_workload_id(df: pd.DataFrame) -> str:
+    """First 16 hex digits of sha256 over column names and little-endian column bytes.
+
+    Content only: the spec that made a table is not hashed, so the same
+    requests read from a trace or generated from a spec get the same id.
+    """
+    digest = hashlib.sha256()
+    for name, dtype in COLUMNS.items():
+        values = np.ascontiguousarray(df[name].to_numpy(), dtype=np.dtype(dtype).newbyteorder("<"))
+        digest.update(name.encode("utf-8") + b"\0")
+        digest.update(len(values).to_bytes(8, "little"))
+        digest.update(values.tobytes())
+    return digest.hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Workload:
+    """An immutable table of requests, identified by its content.
+
+    Build with ``Workload.create``. Compare workloads by ``workload_id`` (the
+    dataclass has no ``==``: DataFrames do not compare to one bool).
+    """
+
+    requests: pd.DataFrame
+    spec_json: str
+    dropped: int
+    workload_id: str
+
+    @classmethod
+    def create(cls, df: pd.DataFrame, spec_json: str, dropped: int = 0) -> "Workload":
+        """Validate columns, dtypes and invariants; copy the table; compute the id."""
+        table = _canonical(df)
+        if isinstance(dropped, bool) or not isinstance(dropped, (int, np.integer)) or dropped < 0:
+            raise KvbenchError(f"workload: dropped must be a count >= 0, got {dropped!r}")
+        return cls(table, str(spec_json), int(dropped), compute_workload_id(table))
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    @property
+    def total_tokens(self) -> int:
+        """Σ (prompt + output) × n: every token position of every sample."""
+        r = self.requests
+        return int(((r["prompt_len"] + r["output_len"]) * r["n"]).sum())
+
+    def raw_kv_bytes(self, geometry: ModelGeometry, kv_dtype: str) -> tuple[int, int]:
+        """(all requests at full length, largest single request) in bytes.
+
+        "Raw": no sharing of any kind, so each of the n samples holds its own
+        prompt (no prefix or fork sharing): the upper bound policies improve on.
+        """
+        per_token = geometry.kv_bytes_per_token(kv_dtype)
+        r = self.requests
+        tokens = (r["prompt_len"] + r["output_len"]) * r["n"]
+        return int(tokens.sum()) * per_token, int(tokens.max()) * per_token
+
+
+def _canonical(df: pd.DataFrame) -> pd.DataFrame:
+    if not isinstance(df, pd.DataFrame):
+        raise KvbenchError(f"workload: expected a table, got {type(df).__name__}")
+    names = list(df.columns)
+    missing = [c for c in COLUMNS if c not in names]
+    extra = [c for c in names if c not in COLUMNS]
+    if missing or extra:
+        raise KvbenchError(
+            f"workload: columns must be exactly {', '.join(COLUMNS)} "
+            f"(missing: {', '.join(map(str, missing)) or 'none'}; extra: {', '.join(map(str, extra)) or 'none'})"
+        )
+    if len(df) == 0:
+        raise KvbenchError("workload is empty")
+    out: dict[str, np.ndarray] = {}
+    for name, dtype in COLUMNS.items():
+        values = df[name].to_numpy()
+        kind = np.dtype(dtype).kind
+        # Lossless widening (int32 -> int64) is fine; anything else is a bug upstream.
+        if values.dtype.kind != kind and not (kind == "f" and values.dtype.kind in "iu"):
+            raise KvbenchError(f"workload: column {name!r} must be {dtype}, got {values.dtype}")
+        out[name] = values.astype(dtype, copy=True)
+    out["arrival_s"] = out["arrival_s"] + 0.0  # -0.0 -> 0.0: same time, same bytes
+    _check_invariants(out)
+    return pd.DataFrame(out)
+
+
+def _check_invariants(c: dict[str, np.ndarray]) -> None:
+    def fail(column: str, mask: np.ndarray, rule: str) -> None:
+        i = int(np.flatnonzero(mask)[0])
+        raise KvbenchError(f"workload: request {i}: {column} {rule} (got {c[column][i]!r})")
+
+    count = len(c["request_id"])
+    if (bad := c["request_id"] != np.arange(count)).any():
+        fail("request_id", bad, "must be 0..N-1 in arrival order")
+    arrival = c["arrival_s"]
+    if (bad := ~np.isfinite(arrival) | (arrival < 0)).any():
+        fail("arrival_s", bad, "must be a finite number of seconds >= 0")
+    if (bad := np.concatenate(([False], np.diff(arrival) < 0))).any():
+        fail("arrival_s", bad, "must not decrease")
+    for name in ("prompt_len", "output_len", "n"):
+        if (bad := c[name] < 1).any():
+            fail(name, bad, "must be >= 1")
+    if (bad := c["prefix_group"] < -1).any():
+        fail("prefix_group", bad, "must be >= 0, or -1 for none")
+    no_group = c["prefix_group"] == -1
+    if (bad := no_group & (c["prefix_len"] != 0)).any():
+        fail("prefix_len", bad, "must be 0 when prefix_group is -1")
+    if (bad := (c["prefix_len"] < 0) | (c["prefix_len"] >= c["prompt_len"])).any():
+        fail("prefix_len", bad, "must be >= 0 and below prompt_len")
+
+
+def write_workload(w: Workload, path: str | Path) -> Path:
+    """Write ``w`` as Parquet, atomically (temp file in the same folder, then rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KvbenchError(f"workload {p}: cannot create folder {p.parent} ({exc.strerror or exc})") from None
+    table = pa.Table.from_pandas(w.requests, preserve_index=False)
+    metadata = dict(table.schema.metadata or {})
+    metadata.update({
+        META_SCHEMA: str(SCHEMA_VERSION).encode(),
+        META_ID: w.workload_id.encode(),
+        META_SPEC: w.spec_json.encode("utf-8"),
+        META_DROPPED: str(w.dropped).encode(),
+    })
+    table = table.replace_schema_metadata(metadata)
+    tmp: str | None = None
+    try:
+        # Same folder as the target, so os.replace is an atomic rename: a reader
+        # sees the old file or the whole new one, never half a file.
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        os.close(fd)
+        pq.write_table(table, tmp)
+        os.replace(tmp, p)
+    except OSError as exc:
+        raise KvbenchError(f"workload {p}: cannot write ({exc.strerror or exc})") from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+    return p
+
+
+def read_workload(path: str | Path) -> Workload:
+    """Read a workload file, refusing newer schema versions and content that does not match its id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    where = f"workload {p}"
+    if not p.exists():
+        raise KvbenchError(f"{where}: no such file")
+    if p.is_dir():
+        raise KvbenchError(f"{where}: is a directory, not a workload file")
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowException, OSError) as exc:
+        raise KvbenchError(f"{where}: not a readable Parquet file ({exc.__class__.__name__})") from None
+    meta = table.schema.metadata or {}
+    if META_SCHEMA not in meta:
+        raise KvbenchError(f"{where}: not a kvbench workload file (no kvbench.schema_version metadata)")
+    try:
+        version = int(meta[META_SCHEMA])
+        dropped = int(meta.get(META_DROPPED, b"0"))
+        stored_id = meta[META_ID].decode()
+        spec_json = meta.get(META_SPEC, b"").decode("utf-8")
+    except (KeyError, ValueError, UnicodeDecodeError):
+        raise KvbenchError(f"{where}: corrupt kvbench metadata") from None
+    if version > SCHEMA_VERSION:
+        raise KvbenchError(
+            f"{where}: schema version {version} is newer than this kvbench reads ({SCHEMA_VERSION}); upgrade kvbench"
+        )
+    try:
+        w = Workload.create(table.to_pandas(), spec_json, dropped)
+    except KvbenchError as exc:
+        raise KvbenchError(f"{where}: {str(exc).removeprefix('workload: ')}") from None
+    if w.workload_id != stored_id:
+        raise KvbenchError(
+            f"{where}: content does not match its id (file says {stored_id}, content hashes to {w.workload_id})"
+        )
+    return w
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float]:
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99), "max": float(values.max())}
+
+
+def summarize(w: Workload, geometry: ModelGeometry | None = None, kv_dtype: str = "fp16") -> dict[str, Any]:
+    """Plain-data summary of a workload (what ``kvbench workload show`` prints).
+
+    Percentiles interpolate linearly (numpy's default). ``rate_per_s`` is
+    (N-1)/span, None when everything arrives at once; ``burstiness_cv`` is the
+    population std / mean of the inter-arrival gaps (1 for Poisson), None
+    with fewer than two gaps or a zero mean gap.
+    """
+    r = w.requests
+    arrival = r["arrival_s"].to_numpy()
+    span = float(arrival[-1] - arrival[0])
+    gaps = np.diff(arrival)
+    mean_gap = float(gaps.mean()) if gaps.size else 0.0
+    groups = r["prefix_group"].to_numpy()
+    out: dict[str, Any] = {
+        "workload_id": w.workload_id,
+        "num_requests": w.num_requests,
+        "dropped": w.dropped,
+        "prompt_len": _percentiles(r["prompt_len"].to_numpy()),
+        "output_len": _percentiles(r["output_len"].to_numpy()),
+        "arrival_span_s": span,
+        "rate_per_s": (w.num_requests - 1) / span if span > 0 else None,
+        "burstiness_cv": float(gaps.std()) / mean_gap if gaps.size >= 2 and mean_gap > 0 else None,
+        "total_tokens": w.total_tokens,
+        "prefix_groups": int(np.unique(groups[groups >= 0]).size),
+        "max_n": int(r["n"].max()),
+        "spec": w.spec_json,
+    }
+    if geometry is not None:
+        total, largest = w.raw_kv_bytes(geometry, kv_dtype)
+        out.update({
+            "model": geometry.name,
+            "kv_dtype": kv_dtype,
+            "kv_bytes_per_token": geometry.kv_bytes_per_token(kv_dtype),
+            "raw_kv_bytes_total": total,
+            "raw_kv_bytes_largest_request": largest,
+        })
+    return out
