@@ -12,39 +12,57 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from harness import __version__
 from harness.errors import KvbenchError, one_line
 
 # Modules that register subcommands, in help order. Importing them must stay
 # cheap: heavy imports (torch, vllm) happen inside the command functions.
-COMMAND_MODULES: tuple[str, ...] = (
-    "harness.run_cmd",
-    "harness.calc",
-    "workloads.commands",
-    "reports.commands",
-    "reports.diverge_cmd",
-    "harness.doctor",
-)
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "harness.run_cmd": ("run",),
+    "harness.calc": ("calc",),
+    "workloads.commands": ("workload",),
+    "reports.commands": ("report", "compare"),
+    "reports.diverge_cmd": ("diverge",),
+    "harness.doctor": ("doctor",),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (and exit 2), like every other error."""
+
+    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kvbench",
         description="Measure what paged KV allocation changes against contiguous allocation, on the same work.",
     )
     parser.add_argument("--version", action="version", version=f"kvbench {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name, commands in COMMAND_MODULES.items():
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:
                 raise
-            continue  # a subcommand whose module is not built yet
+            for command in commands:  # not built yet: say so instead of pretending
+                stub = subparsers.add_parser(command, help="(not built yet)")
+                stub.add_argument("args", nargs=argparse.REMAINDER)
+                stub.set_defaults(func=_not_built(command))
+            continue
         module.register(subparsers)
     return parser
+
+
+def _not_built(command: str):  # type: ignore[no-untyped-def]
+    def run(args: argparse.Namespace) -> int:
+        raise KvbenchError(f"'kvbench {command}' is not built yet in this version")
+
+    return run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

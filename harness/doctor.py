@@ -1,0 +1,50 @@
+"""``kvbench doctor``: what this machine can run, and the presets kvbench knows."""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.provenance import provenance
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("doctor", help="what this machine can run; known presets",
+                              description="Versions, devices, which runners are available here, and presets.")
+    p.add_argument("--gpu", action="store_true",
+                   help="GPU smoke test: a small preset through vllm and torch on CUDA, then the decomposition")
+    p.set_defaults(func=run)
+
+
+def runner_status() -> dict[str, str | None]:
+    from runners import RUNNERS, get_runner
+    from harness.errors import KvbenchError
+
+    status: dict[str, str | None] = {}
+    for name in RUNNERS:
+        try:
+            status[name] = get_runner(name).unavailable()
+        except KvbenchError as exc:
+            status[name] = str(exc)
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gpu:
+        from harness.gpu_smoke import run_smoke
+
+        return run_smoke()
+    from harness.clock import GPU_PRESETS
+    from harness.geometry import PRESETS
+
+    prov = provenance()
+    for key in ("kvbench_version", "python_version", "torch_version", "vllm_version", "git_sha", "host"):
+        print(f"{key:16} {prov.get(key)}")
+    print("runners:")
+    for name, reason in runner_status().items():
+        print(f"  {name:12} {'available' if reason is None else 'unavailable: ' + reason}")
+    print("model presets (KV bytes per token at fp16):")
+    for g in PRESETS.values():
+        print(f"  {g.name:12} layers {g.num_layers:3}  kv heads {g.num_kv_heads:3}  head dim {g.head_dim:4}  "
+              f"{g.kv_bytes_per_token('fp16'):>9,} B")
+    print("gpu presets (roofline clock): " + ", ".join(GPU_PRESETS))
+    return 0

@@ -1,0 +1,49 @@
+"""Shared test helpers: run a suite given as TOML text in-process, read its records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import store
+from harness.suite import parse_suite
+from harness.sweep import build_cells, run_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+
+
+def run_suite_text(text: str, out: Path) -> tuple[list[dict], dict[str, pd.DataFrame]]:
+    """Run every cell of a suite; return its run rows and each run's steps, keyed by run id."""
+    suite = parse_suite(text, str(out / "suite.toml"))
+    cells = build_cells(suite, out, lambda msg: None)
+    rows = [run_cell(c) for c in cells]
+    steps = {r["run_id"]: store.read_table(out, "steps", {r["run_id"]}).sort_values("step").reset_index(drop=True)
+             for r in rows}
+    return rows, steps
+
+
+def kvbench(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, env=env, timeout=timeout)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode != 0, proc.stdout
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    return tmp_path / "results"

@@ -1,0 +1,192 @@
+"""The simulator: exact expectations on hand-made workloads, and invariants on every step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from harness.clock import Clock
+from harness.policies import make_policy
+from harness.scheduler import Scheduler
+from harness.schema import RUNS, STEPS, VERSION_KEY
+from harness.suite import parse_suite
+from harness.sweep import build_cells
+from runners.common import expand_seqs
+from tests.conftest import run_suite_text
+
+OPT13B = """
+name = "t"
+[model]
+preset = "opt-13b"
+kv_dtype = "fp16"
+[memory]
+kv_budget = "12GiB"
+max_model_len = 2048
+[scheduler]
+max_num_seqs = 256
+max_num_batched_tokens = 2048
+"""
+
+ALL_POLICIES = '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
+
+
+def test_seed_example_35_tokens_block_16(out):
+    # One 35-token prompt in 16-token blocks: 3 blocks, 48 positions, 13 unused.
+    rows, steps = run_suite_text(OPT13B + """
+[workload]
+source = "fixed"
+prompt_len = 35
+output_len = 1
+num_requests = 1
+[grid]
+policy = ["paged"]
+block_size = [16]
+""", out)
+    (row,) = rows
+    s = steps[row["run_id"]].iloc[0]
+    assert s.allocated_blocks == 3
+    assert s.allocated_positions == 48
+    assert s.used_positions == 35
+    assert s.allocated_positions - s.used_positions == 13
+    assert row["steps"] == 1 and row["status"] == "ok"
+
+
+def test_opt13b_contiguous_max_runs_exactly_7(out):
+    rows, _ = run_suite_text(OPT13B + """
+[workload]
+source = "fixed"
+prompt_len = 100
+output_len = 100
+num_requests = 200
+[grid]
+policy = ["contiguous-max", "contiguous-oracle", "contiguous-pow2"]
+""", out)
+    by = {r["policy"]: r for r in rows}
+    assert by["contiguous-max"]["budget_positions"] == 15728  # ⌊12 GiB / 800 KiB⌋
+    assert by["contiguous-max"]["peak_running"] == 7  # ⌊15728 / 2048⌋
+    assert by["contiguous-oracle"]["peak_running"] == 15728 // 200
+    assert by["contiguous-pow2"]["peak_running"] == 15728 // (100 + 128)
+    assert all(r["preemptions"] == 0 for r in rows)  # a reservation never grows past itself
+
+
+WORKLOADS = {
+    "fixed": 'source = "fixed"\nprompt_len = 300\noutput_len = 200\nnum_requests = 60\n',
+    "lognormal": 'source = "lognormal"\nprompt_mean = 200.0\noutput_mean = 150.0\nnum_requests = 80\nseed = 3\n',
+    "poisson": 'source = "sharegpt"\nnum_requests = 60\narrival = "poisson"\nrate = 0.5\nseed = 1\n',
+    "prefix": 'source = "uniform"\nprompt_min = 50\nprompt_max = 400\noutput_min = 5\noutput_max = 100\n'
+              'num_requests = 50\nprefix_groups = 3\nprefix_len = 40\nn = 2\n',
+}
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_invariants_every_step_every_policy(out, workload):
+    # A tight budget (about 2,900 positions) so that paged preempts and contiguous queues.
+    rows, steps = run_suite_text(OPT13B.replace('"12GiB"', '"2300MiB"') + "[workload]\n" + WORKLOADS[workload] + f"""
+[grid]
+policy = {ALL_POLICIES}
+block_size = [16, 64]
+""", out)
+    assert len(rows) == 3 + 2 * 2 + 1  # contiguous and virtual policies ignore block_size
+    for row in rows:
+        assert row["status"] == "ok", row["error"]
+        s = steps[row["run_id"]]
+        budget = row["budget_positions"]
+        assert (s.allocated_positions + s.free_positions == budget).all()
+        assert (s.used_positions <= s.allocated_positions).all()
+        assert (s.external_frag_positions <= s.free_positions).all()
+        assert (s.reserved_positions >= 0).all() and (s.internal_frag_positions >= 0).all()
+        assert (s.used_positions + s.reserved_positions + s.internal_frag_positions == s.allocated_positions).all()
+        assert (s.external_frag_positions[s.waiting == 0] == 0).all()
+        if row["policy"] == "paged":
+            # Paging wastes at most one partial block per live request.
+            waste = s.allocated_positions - s.used_positions
+            assert (waste <= s.running * (row["block_size"] - 1)).all()
+        fracs = sum(row[k] for k in ("token_states_frac", "reservation_frac", "internal_frag_frac", "free_frac"))
+        assert fracs == pytest.approx(1.0)
+
+
+
+
+@pytest.mark.parametrize("policy", ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged",
+                                    "paged-prefix", "virtual-contiguous"])
+def test_every_request_finishes_once_with_its_output_and_nothing_stays_allocated(tmp_path, policy):
+    text = OPT13B.replace('"12GiB"', '"2300MiB"') + "[workload]\n" + WORKLOADS["prefix"] + \
+        f'[grid]\npolicy = ["{policy}"]\nblock_size = [16]\n'
+    (cell,) = build_cells(parse_suite(text, "t.toml"), tmp_path, lambda m: None)
+    seqs = expand_seqs(cell)
+    policy_obj = make_policy(cell.spec)
+    sched = Scheduler(seqs, policy_obj, cell.spec.scheduler, cell.spec.memory.max_model_len, Clock())
+    finished = []
+    while sched.has_work():
+        plan = sched.schedule()
+        finished.extend(sched.finish_step(plan))
+        assert sched.step_index < 100_000
+    assert sorted(s.index for s in finished) == [s.index for s in seqs]
+    assert all(s.num_output == s.output_len for s in seqs)
+    assert policy_obj.allocated_positions == 0
+    assert policy_obj.internal_positions == 0 and policy_obj.shared_excess_positions == 0
+    assert sched.used_positions == 0
+
+
+def test_prefix_caching_shares_blocks_and_counts_them_once(out):
+    rows, steps = run_suite_text(OPT13B + """
+[workload]
+source = "fixed"
+prompt_len = 200
+output_len = 20
+num_requests = 8
+prefix_groups = 1
+prefix_len = 160
+[grid]
+policy = ["paged", "paged-prefix"]
+block_size = [16]
+""", out)
+    by = {r["policy"]: r for r in rows}
+    # 160 shared tokens = 10 full blocks; every request after the first hits them.
+    assert by["paged-prefix"]["prefix_hit_rate"] > 0
+    assert by["paged"]["prefix_hit_rate"] == 0
+    prefix_steps, paged_steps = steps[by["paged-prefix"]["run_id"]], steps[by["paged"]["run_id"]]
+    assert prefix_steps.allocated_blocks.max() < paged_steps.allocated_blocks.max()
+
+
+def test_infeasible_request_is_a_row_with_bytes_and_levers(out):
+    rows, steps = run_suite_text(OPT13B.replace('"12GiB"', '"100MiB"') + """
+[workload]
+source = "fixed"
+prompt_len = 200
+output_len = 100
+num_requests = 3
+[grid]
+policy = ["paged", "contiguous-max"]
+""", out)
+    for row in rows:
+        assert row["status"] == "infeasible"
+        assert "positions" in row["error"] and "MiB" in row["error"]
+        assert "fewer KV heads" in row["error"] and "fp8" in row["error"] and "smaller workload" in row["error"]
+        assert steps[row["run_id"]].empty
+
+
+def test_records_follow_the_parquet_contract(out):
+    rows, _ = run_suite_text(OPT13B + "[workload]\n" + WORKLOADS["fixed"] + '[grid]\npolicy = ["paged"]\n', out)
+    (row,) = rows
+    for table, schema in (("steps", STEPS), ("runs", RUNS)):
+        f = out / table / f"run_id={row['run_id']}" / "part-0.parquet"
+        assert pq.read_metadata(f).metadata[VERSION_KEY] == b"1"
+        assert set(schema.names) <= set(pq.read_schema(f).names)
+    dataset = ds.dataset(out / "steps", partitioning="hive")
+    assert set(dataset.to_table().column("run_id").to_pylist()) == {row["run_id"]}
+    assert not list(out.glob("*/.tmp-*"))
+    assert (out / "workloads" / f"{row['workload_id']}.parquet").is_file()
+
+
+def test_same_spec_same_records_whatever_the_global_rng(out, tmp_path):
+    text = OPT13B + "[workload]\n" + WORKLOADS["lognormal"] + '[grid]\npolicy = ["paged"]\n'
+    rows_a, steps_a = run_suite_text(text, tmp_path / "a")
+    np.random.seed(12345)
+    __import__("random").seed(999)
+    rows_b, steps_b = run_suite_text(text, tmp_path / "b")
+    assert rows_a[0]["run_id"] == rows_b[0]["run_id"]
+    a, b = steps_a[rows_a[0]["run_id"]], steps_b[rows_b[0]["run_id"]]
+    assert a.drop(columns=["run_id"]).equals(b.drop(columns=["run_id"]))
