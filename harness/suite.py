@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from harness.errors import KvbenchError
+from harness.reference import parse_references
 from harness.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
 from harness.units import parse_size
 from workloads.spec import FIELD_KINDS, WorkloadSpec
@@ -48,7 +49,7 @@ class Suite:
     runner_overrides: Mapping[str, Mapping[str, Any]]
     optional_runners: tuple[str, ...] = ()
     repeats: int = 1
-    reference: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    reference: tuple[Mapping[str, Any], ...] = ()
 
     def runners(self) -> tuple[str, ...]:
         return tuple(self.grid.get("runner", (self.settings.get("runner", DEFAULTS["runner"]),)))
@@ -182,7 +183,7 @@ def parse_suite(text: str, where: str) -> Suite:
         raise KvbenchError(f"{where}: name must be a non-empty string")
     suite = Suite(name=name, path=where, settings=settings, workloads=workloads, grid=grid,
                   runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
-                  reference=_table(doc, "reference", where))
+                  reference=tuple(parse_references(doc.get("reference", []), where)))
     for runner in suite.runners():
         from runners import RUNNERS
 

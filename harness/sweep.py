@@ -30,12 +30,14 @@ class SweepResult:
 
 
 def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cell]:
-    """Expand the grid and build each distinct workload once (also written to DIR/workloads)."""
+    """Expand the grid and build each distinct workload once (also written to DIR/workloads);
+    write the suite's published reference values beside them."""
     from workloads import build_workload, write_workload
 
     built: dict[tuple[str, int], object] = {}
     cells: list[Cell] = []
-    for spec, _name in suite.cells():
+    names: dict[str, str] = {}
+    for spec, name in suite.cells():
         key = (spec.workload.to_json(), spec.memory.max_model_len)
         if key not in built:
             w = build_workload(spec.workload, spec.memory.max_model_len)
@@ -47,6 +49,12 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
                 write_workload(w, path)
             built[key] = w
         cells.append(Cell(spec=spec, workload=built[key], out=out))  # type: ignore[arg-type]
+        if spec.runner == "sim":
+            names.setdefault(name, built[key].workload_id)  # type: ignore[attr-defined]
+    if suite.reference:
+        from harness.reference import write_references
+
+        write_references(out, suite.name, list(suite.reference), names)
     return cells
 
 

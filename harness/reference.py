@@ -1,0 +1,70 @@
+"""Published reference values from a suite's ``[[reference]]`` tables, stored as Parquet.
+
+Reports read only Parquet, so ``kvbench run`` writes a suite's reference
+values to ``DIR/reference.parquet``; the report puts each beside the value
+reproduced from the records. A reference names a runs-table ``metric`` for a
+``policy`` (and optionally a block size and a named workload), or a ratio of
+that metric to the same metric under ``baseline_policy``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.errors import KvbenchError
+from harness.schema import RUNS, with_version
+
+REFERENCE = pa.schema([
+    ("suite", pa.string()),
+    ("item", pa.string()),
+    ("workload", pa.string()),  # the suite's workload name ("default" for a single [workload])
+    ("workload_id", pa.string()),
+    ("policy", pa.string()),
+    ("block_size", pa.int64()),
+    ("metric", pa.string()),
+    ("baseline_policy", pa.string()),  # set: the published value is metric(policy) / metric(baseline)
+    ("published", pa.float64()),
+    ("source", pa.string()),
+    ("note", pa.string()),
+])
+KEYS = {"item", "workload", "policy", "block_size", "metric", "baseline_policy", "published", "source", "note"}
+REQUIRED = ("item", "policy", "metric", "published", "source")
+
+
+def parse_references(entries: Sequence[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
+    rows = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise KvbenchError(f"{where}: [[reference]] #{i + 1} must be a table")
+        for key in entry:
+            if key not in KEYS:
+                raise KvbenchError(f"{where}: unknown key {key!r} in [[reference]] #{i + 1} (known: {', '.join(sorted(KEYS))})")
+        for key in REQUIRED:
+            if key not in entry:
+                raise KvbenchError(f"{where}: [[reference]] #{i + 1} is missing {key!r}")
+        if entry["metric"] not in RUNS.names:
+            raise KvbenchError(f"{where}: [[reference]] #{i + 1}: metric {entry['metric']!r} is not a runs column")
+        if isinstance(entry["published"], bool) or not isinstance(entry["published"], (int, float)):
+            raise KvbenchError(f"{where}: [[reference]] #{i + 1}: published must be a number")
+        rows.append({k: entry.get(k) for k in KEYS})
+    return rows
+
+
+def write_references(out: Path, suite: str, rows: list[dict[str, Any]], workload_ids: Mapping[str, str]) -> Path:
+    """Replace this suite's rows in ``out/reference.parquet`` (other suites' rows stay)."""
+    path = Path(out) / "reference.parquet"
+    keep: list[dict[str, Any]] = []
+    if path.exists():
+        keep = [r for r in pq.read_table(path).to_pylist() if r["suite"] != suite]
+    for r in rows:
+        name = r.get("workload") or next(iter(workload_ids))
+        keep.append(dict(r, suite=suite, workload=name, workload_id=workload_ids.get(name)))
+    table = pa.Table.from_pylist(keep, schema=REFERENCE).replace_schema_metadata(with_version(REFERENCE).metadata)
+    tmp = path.with_name(".reference.parquet.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return path
