@@ -16,6 +16,7 @@ from harness.units import format_bytes
 @dataclasses.dataclass(frozen=True)
 class Shortfall:
     what: str  # which request or reservation does not fit
+    smaller: str  # the "smaller workload" lever, in this shortfall's terms
     needed_positions: int
     budget_positions: int
     kv_bytes_per_token: int
@@ -26,7 +27,8 @@ class Shortfall:
         return self.needed_positions * self.kv_bytes_per_token
 
 
-def levers(geometry: ModelGeometry, kv_dtype: str, needed_bytes: int, budget_bytes: int) -> list[str]:
+def levers(geometry: ModelGeometry, kv_dtype: str, needed_bytes: int, budget_bytes: int,
+           smaller: str | None = None) -> list[str]:
     """Each lever with the number that would make ``needed_bytes`` fit ``budget_bytes``."""
     out = []
     ratio = budget_bytes / needed_bytes
@@ -40,7 +42,7 @@ def levers(geometry: ModelGeometry, kv_dtype: str, needed_bytes: int, budget_byt
         fp8_bytes = needed_bytes // dtype_bytes
         verdict = "fits" if fp8_bytes <= budget_bytes else "still too large"
         out.append(f"fp8 KV: {format_bytes(fp8_bytes)} ({verdict})")
-    out.append(f"a smaller workload: at most {ratio:.0%} of this size")
+    out.append(smaller or f"a smaller workload: at most {ratio:.0%} of this size")
     return out
 
 
@@ -49,5 +51,6 @@ def explain(shortfall: Shortfall, geometry: ModelGeometry, kv_dtype: str) -> str
     return (
         f"infeasible: {s.what} needs {s.needed_positions:,} positions = {format_bytes(s.needed_bytes)} of KV "
         f"({s.kv_bytes_per_token:,} B/token at {kv_dtype}) but the budget holds {s.budget_positions:,} positions "
-        f"= {format_bytes(s.budget_bytes)}; levers: " + "; ".join(levers(geometry, kv_dtype, s.needed_bytes, s.budget_bytes))
+        f"= {format_bytes(s.budget_bytes)}; levers: "
+        + "; ".join(levers(geometry, kv_dtype, s.needed_bytes, s.budget_bytes, s.smaller))
     )

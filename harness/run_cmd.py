@@ -95,12 +95,15 @@ def run(args: argparse.Namespace) -> int:
             path = write_report(out)
             print(f"report: {path}")
 
-    failed = [r for r in rows if r.get("status") in ("failed", "oom")]
-    infeasible = [r for r in rows if r.get("status") == "infeasible"]
-    print(f"{len(rows)} cell(s) run, {len(cells) - len(todo)} skipped, {len(failed)} failed, "
-          f"{len(infeasible)} infeasible", file=sys.stderr)
+    # The verdict covers every cell of the suite, skipped (already recorded) ones included.
+    statuses = runs["status"].tolist()
+    failed = sum(s in ("failed", "oom") for s in statuses)
+    infeasible = statuses.count("infeasible")
+    print(f"{len(rows)} cell(s) run, {len(cells) - len(todo)} skipped, {failed} failed, "
+          f"{infeasible} infeasible", file=sys.stderr)
     if failed:
         return 1
-    if rows and len(infeasible) == len(rows):
-        raise InfeasibleError(str(infeasible[0].get("error")))
+    if statuses and infeasible == len(statuses):
+        first = runs.loc[runs["status"] == "infeasible", "error"].iloc[0]
+        raise InfeasibleError(f"every cell is infeasible; first: {first}")
     return 0

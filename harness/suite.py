@@ -106,7 +106,8 @@ class Suite:
                 spec = spec.replace(block_size=page_tokens(spec))
             return spec
         except KvbenchError as exc:
-            raise KvbenchError(f"{where}: {exc}") from None
+            msg = str(exc)
+            raise KvbenchError(msg if msg.startswith(where) else f"{where}: {msg}") from None
         except TypeError as exc:
             raise KvbenchError(f"{where}: wrong type in a setting ({exc})") from None
 

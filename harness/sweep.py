@@ -40,7 +40,11 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
     for spec, name in suite.cells():
         key = (spec.workload.to_json(), spec.memory.max_model_len)
         if key not in built:
-            w = build_workload(spec.workload, spec.memory.max_model_len)
+            try:
+                w = build_workload(spec.workload, spec.memory.max_model_len)
+            except KvbenchError as exc:
+                msg = str(exc)
+                raise KvbenchError(msg if msg.startswith(suite.path) else f"{suite.path}: {msg}") from None
             if w.dropped:
                 log(f"workload {w.workload_id}: dropped {w.dropped} request(s) longer than "
                     f"max_model_len {spec.memory.max_model_len}")

@@ -37,15 +37,22 @@ def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
     """The largest need no policy state could ever meet, if any."""
     spec = cell.spec
     if policy.budget_positions < policy.block_size or policy.budget_positions <= 0:
-        return Shortfall(f"one block of {policy.block_size} positions", policy.block_size,
-                         policy.budget_positions, spec.kv_bytes_per_token, spec.memory.kv_budget_bytes)
+        return Shortfall(f"one block of {policy.block_size} positions",
+                         f"a block size of at most {max(policy.budget_positions, 0)} positions",
+                         policy.block_size, policy.budget_positions, spec.kv_bytes_per_token,
+                         spec.memory.kv_budget_bytes)
     usable = (policy.budget_positions // policy.block_size) * policy.block_size
     worst = max(seqs, key=policy.needs_positions)
     need = policy.needs_positions(worst)
     if need > usable:
         what = (f"{spec.policy}'s reservation for request {worst.request_id} "
                 f"(prompt {worst.prompt_len} + output {worst.output_len})")
-        return Shortfall(what, need, policy.budget_positions, spec.kv_bytes_per_token, spec.memory.kv_budget_bytes)
+        if spec.policy == "contiguous-max":
+            smaller = f"a max_model_len of at most {usable} (it is {spec.memory.max_model_len})"
+        else:
+            smaller = f"a smaller workload: requests of at most {usable} tokens"
+        return Shortfall(what, smaller, need, policy.budget_positions, spec.kv_bytes_per_token,
+                         spec.memory.kv_budget_bytes)
     return None
 
 

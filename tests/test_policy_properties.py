@@ -52,10 +52,11 @@ def check(policy, live: list[Seq]) -> None:
         assert len(set(s.blocks)) == len(s.blocks)  # a sequence never maps one block twice
         for b in s.blocks:
             refs[b] = refs.get(b, 0) + 1
-    for b, r in enumerate(policy.ref):
+    for b in range(policy.num_blocks):
+        r = policy.ref.get(b, 0)
         assert r >= 0
         assert r == refs.get(b, 0)  # ref counts = live holders
-        assert (b in policy.free_queue) == (r == 0)  # no block free while referenced
+        assert policy.is_free(b) == (r == 0)  # no block free while referenced
     assert policy.allocated_positions == len(refs) * policy.block_size  # shared blocks counted once
     assert policy.shared_excess_positions == sum(r - 1 for r in refs.values()) * policy.block_size
 
