@@ -51,7 +51,7 @@ class MemorySpec:
     max_model_len: int = 2048
 
     def __post_init__(self) -> None:
-        _positive_int("[memory]", "kv_budget", self.kv_budget_bytes, upper=2**60)
+        _positive_int("[memory]", "kv_budget", self.kv_budget_bytes, upper=2**50)  # 1 PiB: beyond any machine
         _positive_int("[memory]", "max_model_len", self.max_model_len, upper=10**8)
 
 
