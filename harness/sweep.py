@@ -134,6 +134,8 @@ def run_cells(cells: Iterable[Cell], jobs: int = 1, quiet: bool = False,
             progress.update(row, label(cell.spec))
         return rows
     if jobs <= 1:
+        if not quiet:
+            cells = [dataclasses.replace(c, progress=True) for c in cells]
         for cell in cells:
             row = run_cell(cell)
             rows.append(row)

@@ -17,6 +17,7 @@ class Cell:
     spec: RunSpec
     workload: Workload
     out: Path
+    progress: bool = False  # report progress within the cell on stderr (long single cells)
 
     @property
     def run_id(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import sys
 import time
 from typing import Callable, Protocol
 
@@ -137,6 +138,29 @@ def write_status_only(cell: Cell, row: dict[str, object], status: str, error: st
     return row
 
 
+class Heartbeat:
+    """Progress inside one long cell: a line on stderr every few seconds (a TTY only)."""
+
+    def __init__(self, label: str, total: int, every_s: float = 2.0) -> None:
+        self.label, self.total, self.every_s = label, total, every_s
+        self.last = time.monotonic()
+        self.shown = False
+        self.live = sys.stderr.isatty()
+
+    def tick(self, step: int, finished: int) -> None:
+        now = time.monotonic()
+        if self.live and now - self.last >= self.every_s:
+            self.last = now
+            self.shown = True
+            sys.stderr.write(f"\r\033[K  {self.label}: step {step:,}, {finished:,}/{self.total:,} sequences finished")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
 class StepExecutor(Protocol):
     """Computes a planned step for real (the torch runner); returns (wall seconds, KV bytes)."""
 
@@ -159,8 +183,11 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
     stall = 0
     status, error = "ok", None
     t0 = time.perf_counter()
+    beat = Heartbeat(f"{runner} {spec.policy}", sched.num_seqs) if cell.progress else None
     try:
         while sched.has_work():
+            if beat is not None and sched.step_index % 1024 == 0:
+                beat.tick(sched.step_index, sched.finished)
             plan = sched.schedule()
             m = sched.measure()
             wall, kv_bytes = executor.execute(plan) if executor is not None else (None, None)
@@ -182,6 +209,8 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
         recorder.abort()
         raise
     wall_s = time.perf_counter() - t0
+    if beat is not None:
+        beat.close()
     row = complete_row(row, recorder, seqs, wall_s, sched.now)
     row.update(status=status, error=error)
     if extra_row is not None:
