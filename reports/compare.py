@@ -1,0 +1,259 @@
+"""``compare``: two results directories, cell by cell — the nightly gate.
+
+Cells are matched by what they measure (runner, policy, block size, precision,
+budget, max_model_len, model, workload content id and the scheduler settings
+parsed from ``spec_json``), never by run id, suite name, provenance or
+repetition index. Each metric's change gets a verdict:
+
+- capacity (``mean_running``, ``peak_running``) and throughput
+  (``tokens_per_s``) down, or waste (``*_frag_frac``, ``reservation_frac``)
+  and ``preemptions`` up, beyond ``tolerance`` is a regression;
+- waste is a share of the KV budget, so its change is absolute (0.02 = 2
+  points of the budget): a relative change of a share near zero means nothing;
+- preemptions are a count: the change is relative to max(base, 1);
+- timed metrics (``wall_tokens_per_s``, ``mean_step_wall_s``, and
+  ``tokens_per_s`` of the full ``vllm`` engine, measured on the device) must be
+  beyond the tolerance *and* beyond the spread: every candidate repetition
+  worse than every base repetition. With fewer than ``MIN_REPEATS`` per side
+  they are "too few repetitions to judge";
+- a cell on one side only is listed, never dropped;
+- a cell that was ok in base and is not in the candidate is a regression.
+
+``compare`` returns a DataFrame; ``to_markdown`` and ``to_json`` render it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pandas as pd
+
+from harness.units import format_bytes
+from reports.records import cell_label, with_keys
+
+MATCH_KEYS: tuple[str, ...] = ("runner", "policy", "block_size", "kv_dtype", "budget_bytes", "max_model_len",
+                               "model", "workload_id", "scheduler")
+HIGHER_BETTER: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s", "wall_tokens_per_s")
+LOWER_BETTER: tuple[str, ...] = ("reservation_frac", "internal_frag_frac", "external_frag_frac", "preemptions",
+                                 "mean_step_wall_s")
+METRICS: tuple[str, ...] = HIGHER_BETTER + LOWER_BETTER
+SHARES: tuple[str, ...] = ("reservation_frac", "internal_frag_frac", "external_frag_frac")
+COUNTS: tuple[str, ...] = ("preemptions",)
+TIMED: tuple[str, ...] = ("wall_tokens_per_s", "mean_step_wall_s")
+# Runners whose tokens_per_s is measured on a device. torch's is not: it runs kvbench's
+# scheduler and clock, so its tokens_per_s is simulated (its wall_tokens_per_s is measured).
+TIMED_RUNNERS: tuple[str, ...] = ("vllm",)
+MIN_REPEATS = 3
+
+REGRESSION = "regression"
+IMPROVEMENT = "improvement"
+SAME = "same"
+WITHIN = "within tolerance"
+NOISE = "within noise"
+TOO_FEW = "too few repetitions to judge"
+BASE_ONLY = "only in base"
+CAND_ONLY = "only in candidate"
+ONE_SIDE_MEASURED = "measured on one side only"
+NOT_COMPARABLE = "not ok on either side"
+
+COLUMNS: tuple[str, ...] = ("cell", *MATCH_KEYS, "metric", "base", "cand", "change", "n_base", "n_cand",
+                            "verdict", "detail")
+
+
+def _key(row: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(str(row.get(k)) for k in MATCH_KEYS)
+
+
+def _cells(runs: pd.DataFrame) -> dict[tuple[str, ...], pd.DataFrame]:
+    """The runs grouped by cell key (repetitions of a cell together)."""
+    runs = with_keys(runs)
+    groups: dict[tuple[str, ...], list[Any]] = {}
+    for idx, row in zip(runs.index, runs.to_dict("records")):
+        groups.setdefault(_key(row), []).append(idx)
+    return {k: runs.loc[idx] for k, idx in groups.items()}
+
+
+def is_timed(metric: str, runner: str) -> bool:
+    return metric in TIMED or (metric == "tokens_per_s" and runner in TIMED_RUNNERS)
+
+
+def change(metric: str, base: float, cand: float) -> float:
+    """Signed change: absolute for budget shares, relative otherwise (to max(base, 1) for counts)."""
+    if metric in SHARES:
+        return cand - base
+    denom = max(abs(base), 1.0) if metric in COUNTS else abs(base)
+    if denom == 0:
+        return 0.0 if cand == base else math.copysign(math.inf, cand - base)
+    return (cand - base) / denom
+
+
+def _worse(metric: str, delta: float) -> float:
+    """How much worse (positive) or better (negative) a change is."""
+    return -delta if metric in HIGHER_BETTER else delta
+
+
+def judge(metric: str, runner: str, base: list[float], cand: list[float], tolerance: float) -> tuple[str, float, str]:
+    """(verdict, change, detail) for one metric of one matched cell."""
+    b, c = float(pd.Series(base).median()), float(pd.Series(cand).median())
+    delta = change(metric, b, c)
+    worse = _worse(metric, delta)
+    if is_timed(metric, runner):
+        if min(len(base), len(cand)) < MIN_REPEATS:
+            return TOO_FEW, delta, f"{len(base)} vs {len(cand)} repetitions; needs {MIN_REPEATS} per side"
+        if abs(worse) <= tolerance:
+            return WITHIN, delta, ""
+        # Beyond the spread: every candidate repetition on the far side of every base one.
+        apart = min(cand) > max(base) if delta > 0 else max(cand) < min(base)
+        if not apart:
+            return NOISE, delta, (f"base {min(base):.4g}..{max(base):.4g}, "
+                                  f"candidate {min(cand):.4g}..{max(cand):.4g} overlap")
+        return (REGRESSION if worse > 0 else IMPROVEMENT), delta, "beyond tolerance and spread"
+    if worse > tolerance:
+        return REGRESSION, delta, ""
+    if worse < -tolerance:
+        return IMPROVEMENT, delta, ""
+    return (SAME if delta == 0 else WITHIN), delta, ""
+
+
+def compare(base_runs: pd.DataFrame, cand_runs: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """One row per (matched cell, metric), plus one per cell found on one side only."""
+    b_by, c_by = _cells(base_runs), _cells(cand_runs)
+    labels = _labels([g.iloc[0].to_dict() for g in (*b_by.values(), *c_by.values())])
+    rows: list[dict[str, Any]] = []
+    for key in sorted(set(b_by) | set(c_by)):
+        b, c = b_by.get(key), c_by.get(key)
+        first = (b if b is not None else c).iloc[0].to_dict()  # type: ignore[union-attr]
+        ident = {"cell": labels[key], **{k: first.get(k) for k in MATCH_KEYS}}
+        if b is None or c is None:
+            side: pd.DataFrame = c if b is None else b  # type: ignore[assignment]
+            rows.append({**ident, "metric": None, "n_base": 0 if b is None else len(b),
+                         "n_cand": 0 if c is None else len(c), "verdict": CAND_ONLY if b is None else BASE_ONLY,
+                         "detail": f"status {'/'.join(sorted(set(side['status'])))}"})
+            continue
+        rows.extend(_cell_rows(ident, b, c, tolerance))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, tolerance: float) -> list[dict[str, Any]]:
+    b_ok, c_ok = b[b["status"] == "ok"], c[c["status"] == "ok"]
+    counts = {"n_base": len(b_ok), "n_cand": len(c_ok)}
+    if b_ok.empty or c_ok.empty:
+        b_st, c_st = "/".join(sorted(set(b["status"]))), "/".join(sorted(set(c["status"])))
+        err = next((e for e in c["error"] if isinstance(e, str) and e), "")
+        if b_ok.empty and c_ok.empty:
+            verdict = SAME if b_st == c_st else NOT_COMPARABLE
+        else:
+            verdict = REGRESSION if c_ok.empty else IMPROVEMENT
+        detail = f"status {b_st} → {c_st}" + (f" ({err})" if c_ok.empty and err else "")
+        return [{**ident, "metric": "status", **counts, "verdict": verdict, "detail": detail}]
+    out = []
+    for metric in METRICS:
+        bv = pd.to_numeric(b_ok[metric], errors="coerce").dropna().tolist() if metric in b_ok else []
+        cv = pd.to_numeric(c_ok[metric], errors="coerce").dropna().tolist() if metric in c_ok else []
+        if not bv and not cv:
+            continue  # not measured by this runner (mean_step_wall_s of sim)
+        row = {**ident, "metric": metric, "n_base": len(bv), "n_cand": len(cv),
+               "base": float(pd.Series(bv).median()) if bv else math.nan,
+               "cand": float(pd.Series(cv).median()) if cv else math.nan}
+        if not bv or not cv:
+            out.append({**row, "verdict": ONE_SIDE_MEASURED, "detail": ""})
+            continue
+        verdict, delta, detail = judge(metric, str(ident["runner"]), bv, cv, tolerance)
+        out.append({**row, "change": delta, "verdict": verdict, "detail": detail})
+    return out
+
+
+def _labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
+    """'sim/paged b16', plus whichever group keys vary among the compared cells."""
+    varying = [k for k in MATCH_KEYS[3:] if len({str(r.get(k)) for r in firsts}) > 1]
+    out = {}
+    for r in firsts:
+        parts = [cell_label(r)]
+        for k in varying:
+            v = r.get(k)
+            if k == "budget_bytes":
+                parts.append(f"budget {format_bytes(float(str(v)))}")
+            elif k == "workload_id":
+                parts.append(f"workload {str(v)[:8]}")
+            elif k == "scheduler":
+                parts.append("scheduler " + ",".join(f"{a}={b}" for a, b in json.loads(str(v)).items()
+                                                      if a in ("max_num_seqs", "max_num_batched_tokens", "clock", "preemption")))
+            else:
+                parts.append(f"{k} {v}")
+        out[_key(r)] = " · ".join(parts)
+    return out
+
+
+def regressions(result: pd.DataFrame) -> pd.DataFrame:
+    return result[result["verdict"] == REGRESSION]
+
+
+# -- renderers -------------------------------------------------------------------
+
+def _fmt_change(metric: Any, delta: Any) -> str:
+    if delta is None or (isinstance(delta, float) and math.isnan(delta)):
+        return "-"
+    if metric in SHARES:
+        return f"{100 * delta:+.2f} pts"
+    return "+inf" if delta == math.inf else f"{100 * delta:+.1f}%"
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.4g}"
+
+
+def to_markdown(result: pd.DataFrame, tolerance: float) -> str:
+    reg = regressions(result)
+    matched = result[~result["verdict"].isin((BASE_ONLY, CAND_ONLY))]["cell"].nunique()
+    lines = ["## kvbench compare", ""]
+    if matched == 0:
+        lines.append("**No cell matched**: the two directories measure different cells, so nothing was compared.")
+    elif len(reg):
+        cells = ", ".join(f"`{c}`" for c in dict.fromkeys(reg["cell"]))
+        lines.append(f"**{reg['cell'].nunique()} of {matched} matched cell(s) regressed** beyond tolerance "
+                     f"{tolerance:g}: {cells}")
+    else:
+        lines.append(f"No regression beyond tolerance {tolerance:g} in {matched} matched cell(s).")
+    lines.append("")
+    judged = result[result["verdict"].isin((REGRESSION, IMPROVEMENT, NOISE))]
+    if len(judged):
+        lines += ["| cell | metric | base | candidate | change | verdict | detail |", "|---|---|---|---|---|---|---|"]
+        order = judged.assign(_o=judged["verdict"].map({REGRESSION: 0, NOISE: 1, IMPROVEMENT: 2}))
+        for r in order.sort_values("_o").to_dict("records"):
+            lines.append(f"| {r['cell']} | {r['metric']} | {_fmt(r['base'])} | {_fmt(r['cand'])} | "
+                         f"{_fmt_change(r['metric'], r['change'])} | {r['verdict']} | {r['detail'] or ''} |")
+        lines.append("")
+    one_side = result[result["verdict"].isin((BASE_ONLY, CAND_ONLY))]
+    if len(one_side):
+        lines.append("Cells on one side only (not compared):")
+        lines += [f"- {r['verdict']}: `{r['cell']}` ({r['detail']})" for r in one_side.to_dict("records")]
+        lines.append("")
+    few = result[result["verdict"] == TOO_FEW]
+    if len(few):
+        lines.append(f"Timed metrics not judged — {TOO_FEW} (fewer than {MIN_REPEATS} per side):")
+        for metric, sub in few.groupby("metric", sort=False):
+            lines.append(f"- {metric}: {sub['cell'].nunique()} cell(s), changes "
+                         + ", ".join(f"{_fmt_change(metric, d)}" for d in sub["change"].head(6))
+                         + (" …" if len(sub) > 6 else ""))
+        lines.append("")
+    other = result[result["verdict"].isin((ONE_SIDE_MEASURED, NOT_COMPARABLE))]
+    lines += [f"- `{r['cell']}` {r['metric']}: {r['verdict']} {r['detail'] or ''}".rstrip()
+              for r in other.to_dict("records")]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_json(result: pd.DataFrame, tolerance: float) -> str:
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+        return v.item() if hasattr(v, "item") else v
+
+    rows = [{k: clean(v) for k, v in r.items()} for r in result.to_dict("records")]
+    reg = regressions(result)
+    return json.dumps({"tolerance": tolerance, "regressed_cells": list(dict.fromkeys(reg["cell"])),
+                       "matched_cells": int(result.loc[~result["verdict"].isin((BASE_ONLY, CAND_ONLY)), "cell"].nunique()),
+                       "rows": rows}, indent=2, default=str, ensure_ascii=False)

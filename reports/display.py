@@ -1,0 +1,159 @@
+"""What the report tables show and how numbers print: shared by the Markdown and HTML renderers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import pandas as pd
+
+Column = tuple[str, str, str]  # (key, header, kind)
+SIMULATED = ("sim", "vllm-sched")  # runners with no runtime computing tensors
+MEASURED_TPS = ("vllm",)  # runners whose tokens_per_s is device time, not kvbench's clock
+
+CELL_COLUMNS: tuple[Column, ...] = (
+    ("runner", "runner", "text"),
+    ("policy", "policy", "text"),
+    ("block_size", "block", "block"),
+    ("status", "status", "text"),
+    ("token_states_frac", "token states %", "pct"),
+    ("reservation_frac", "reservation %", "pct"),
+    ("internal_frag_frac", "internal frag %", "pct"),
+    ("external_frag_frac", "external frag %", "pct"),
+    ("mean_running", "mean running", "f1"),
+    ("peak_running", "peak running", "int"),
+    ("preemptions", "preemptions", "int"),
+    ("tokens_per_s", "tokens/s", "f1"),
+    ("wall_tokens_per_s", "wall tokens/s", "wall"),
+    ("mean_running_x", "× mean running", "ratio"),
+    ("peak_running_x", "× peak running", "ratio"),
+    ("tokens_per_s_x", "× tokens/s", "ratio"),
+    ("repeats", "runs", "int"),
+)
+GEOMEAN_COLUMNS: tuple[Column, ...] = (
+    ("runner", "runner", "text"),
+    ("policy", "policy", "text"),
+    ("block_size", "block", "block"),
+    ("mean_running_x", "× mean running", "ratio"),
+    ("peak_running_x", "× peak running", "ratio"),
+    ("tokens_per_s_x", "× tokens/s", "ratio"),
+    ("mean_running_groups", "groups", "int"),
+)
+DECOMP_COLUMNS: tuple[Column, ...] = (
+    ("workload_id", "workload", "id"),
+    ("kv_dtype", "KV", "text"),
+    ("budget_bytes", "budget", "bytes"),
+    ("block_size", "block", "block"),
+    ("baseline", "contiguous baseline", "text"),
+    ("metric", "metric", "text"),
+    ("torch_contiguous", "torch/contiguous", "g"),
+    ("torch_paged", "torch/paged", "g"),
+    ("vllm_paged", "vllm/paged", "g"),
+    ("naive", "naive ×", "ratio"),
+    ("allocation", "allocation ×", "ratio"),
+    ("runtime", "runtime ×", "ratio"),
+    ("sim_allocation", "sim allocation ×", "ratio"),
+    ("vllm_sched_paged", "vllm-sched paged", "g"),
+    ("sim_paged_preemptions", "sim paged preempt.", "int"),
+    ("sim_contiguous_preemptions", "sim contiguous preempt.", "int"),
+    ("vllm_sched_paged_preemptions", "vllm-sched paged preempt.", "int"),
+)
+REFERENCE_COLUMNS: tuple[Column, ...] = (
+    ("item", "item", "text"),
+    ("policy", "policy", "text"),
+    ("block_size", "block", "block"),
+    ("metric", "metric", "text"),
+    ("published", "published", "g"),
+    ("reproduced", "reproduced", "g"),
+    ("runner", "runner", "text"),
+    ("source", "source", "note"),
+    ("note", "note", "note"),
+)
+GLOSSARY: tuple[tuple[str, str], ...] = (
+    ("token states %", "time-weighted mean share of the KV budget holding computed tokens' K/V (useful memory)"),
+    ("reservation %", "share reserved for a request's future tokens, filled later"),
+    ("internal frag %", "share allocated to requests but never filled (reservation beyond the final length)"),
+    ("external frag %", "free share that cannot serve the request waiting at the head of the queue"),
+    ("mean / peak running", "requests in the running batch: time-weighted mean and maximum (capacity)"),
+    ("tokens/s", "generated tokens per second of the run's clock: simulated (roofline) or device time; "
+                 "tokens/step under the steps clock"),
+    ("wall tokens/s", "computed tokens per wall-clock second, torch and vllm only (sim's would be simulator speed)"),
+    ("× …", "ratio to the baseline policy of the same runner in the same comparison group"),
+)
+
+
+GROUPS_NOTE = ("A comparison group holds the model, workload, KV precision, KV budget, max_model_len and scheduler "
+               "fixed; only runner, policy and block size vary inside it.")
+DECOMP_NOTE = ("naive: vllm/paged ÷ torch/contiguous; allocation: torch/paged ÷ torch/contiguous (same runtime); "
+               "runtime: vllm/paged ÷ torch/paged (same allocation); naive = allocation × runtime. “-”: that run is "
+               "missing. tokens_per_s is on kvbench's clock for torch but device time for vllm, so only its "
+               "allocation factor is defined; wall_tokens_per_s decomposes throughput.")
+NO_BASELINE = "No contiguous policy has an ok run, so there are no ratios."
+
+
+def failure(row: dict[str, Any]) -> str:
+    """'sim/contiguous-max infeasible: …' (without repeating the status when the error starts with it)."""
+    error, status = str(row["error"]), str(row["status"])
+    cell = f"{row['runner']}/{row['policy']}"
+    return f"{cell} {error}" if error.startswith(status) else f"{cell} {status}: {error}"
+
+
+def is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA
+
+
+def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
+    if kind == "block":
+        policy = (row or {}).get("policy", "")
+        return "-" if is_missing(value) or str(policy).startswith("contiguous-") else str(int(value))
+    if kind == "wall" and (row or {}).get("runner") in SIMULATED:
+        return "-"  # a simulator's wall speed is its own speed, not the runtime's: not comparable
+    if is_missing(value):
+        return "-"
+    if kind == "pct":
+        return f"{100 * value:.1f}"
+    if kind == "ratio":
+        return f"{value:.2f}×"
+    if kind == "int":
+        return f"{int(round(float(value)))}"
+    if kind == "f1":
+        return f"{value:.1f}"
+    if kind in ("f0", "wall"):
+        return f"{value:,.0f}"
+    if kind == "g":
+        return f"{value:.4g}"
+    if kind == "id":
+        return str(value)[:8]
+    if kind == "bytes":
+        from harness.units import format_bytes
+
+        return format_bytes(value)
+    return str(value)
+
+
+def visible(columns: Sequence[Column], table: pd.DataFrame, runners: set[str]) -> list[Column]:
+    """The columns worth showing: present and not all missing; wall tokens/s only for real runtimes;
+    the run count only when some cell was repeated."""
+    out = []
+    for key, header, kind in columns:
+        if key not in table.columns or table[key].isna().all():
+            continue
+        if key == "wall_tokens_per_s" and not runners & {"torch", "vllm"}:
+            continue
+        if key == "repeats" and not (table[key] > 1).any():
+            continue
+        out.append((key, header, kind))
+    return out
+
+
+def rows(columns: Sequence[Column], table: pd.DataFrame) -> list[list[str]]:
+    return [[fmt(kind, r.get(key), r) for key, _, kind in columns] for r in table.to_dict("records")]
+
+
+def cell_columns(table: pd.DataFrame, runners: set[str]) -> list[Column]:
+    """The per-cell columns for one group's table; throughput reads 'tokens/step' under the steps clock."""
+    cols = visible(CELL_COLUMNS, table, runners)
+    if set(table["clock"]) == {"steps"} and not set(table["runner"]) & set(MEASURED_TPS):
+        cols = [(k, h.replace("tokens/s", "tokens/step") if k in ("tokens_per_s", "tokens_per_s_x") else h, kind)
+                for k, h, kind in cols]
+    return cols

@@ -1,0 +1,359 @@
+"""The report's figures: one function per figure, each a ``Plot``.
+
+A figure is drawn only when the records hold what it needs; otherwise its
+``Plot`` has ``figure=None`` and a ``note`` saying why. Figures are built with
+``matplotlib.figure.Figure`` (Agg, no pyplot state), so they are safe in any
+process. Which runs each figure shows is chosen by the pure helpers in
+``reports.figdata``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+
+from harness.units import format_bytes
+from reports import figdata
+from reports.records import cell_label, time_axis_label, throughput_note
+
+COMPONENTS: tuple[tuple[str, str, str], ...] = (
+    ("token_states_frac", "token states (K/V of computed tokens)", "#3a8a3a"),
+    ("reservation_frac", "reservation (reserved, filled later)", "#f0a030"),
+    ("internal_frag_frac", "internal fragmentation (never filled)", "#d1495b"),
+    ("external_frag_frac", "external fragmentation (free, unusable)", "#8e5ea2"),
+    ("free_frac", "free", "#dddddd"),
+)
+STEP_PARTS: tuple[tuple[str, str, str], ...] = (
+    ("used_positions", "used (token states)", "#3a8a3a"),
+    ("reserved_positions", "reserved, filled later", "#f0a030"),
+    ("internal_frag_positions", "internal fragmentation", "#d1495b"),
+)
+POLICY_COLORS = {"contiguous-max": "tab:red", "contiguous-pow2": "tab:orange", "contiguous-oracle": "tab:olive",
+                 "virtual-contiguous": "tab:purple", "paged": "tab:blue", "paged-prefix": "tab:cyan"}
+RUNNER_STYLES = {"sim": "-", "vllm-sched": "--", "torch": "-.", "vllm": ":"}
+SEED_LEN, SEED_BLOCK = 35, 16  # the explainer's example: 3 blocks, 48 positions, 13 unused
+
+
+@dataclasses.dataclass(frozen=True)
+class Plot:
+    name: str  # file stem under report/
+    title: str
+    figure: Figure | None
+    note: str  # a caption when drawn, the reason when not
+
+
+def _wrap(text: str, width: int = 120) -> str:
+    return "\n".join(textwrap.wrap(text, width))
+
+
+def _color(policy: str) -> str:
+    return POLICY_COLORS.get(policy, "tab:gray")
+
+
+def _label(row: dict, multi_runner: bool) -> str:
+    return cell_label(row, with_runner=multi_runner)
+
+
+# 1 -----------------------------------------------------------------------------
+def memory_breakdown(cells: pd.DataFrame) -> Plot:
+    name, title = "1-memory-breakdown", "KV memory breakdown per policy"
+    ok = cells[(cells["ok"] > 0) & cells["token_states_frac"].notna()] if len(cells) else cells
+    if ok.empty:
+        return Plot(name, title, None, "no ok run has a memory breakdown")
+    groups, omitted = figdata.first_groups(ok)
+    multi = ok["runner"].nunique() > 1
+    fig = Figure(figsize=(11, 1.2 + 3.4 * len(groups)), layout="constrained")
+    axes = fig.subplots(len(groups), 1, squeeze=False)[:, 0]
+    for ax, (_, sub) in zip(axes, groups):
+        x = np.arange(len(sub))
+        bottom = np.zeros(len(sub))
+        for col, label, color in COMPONENTS:
+            vals = 100 * sub[col].fillna(0).to_numpy(dtype=float)
+            bars = ax.bar(x, vals, bottom=bottom, color=color, label=label, edgecolor="white", linewidth=0.5)
+            for bar, v in zip(bars, vals):
+                if v >= 4 and col != "free_frac":
+                    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_y() + v / 2, f"{v:.1f}%",
+                            ha="center", va="center", fontsize=8, color="white" if col != "reservation_frac" else "black")
+            bottom += vals
+        ax.set_xticks(x, [_label(r, multi) for r in sub.to_dict("records")], rotation=20, ha="right", fontsize=9)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("% of KV budget")
+        ax.set_title(_wrap(sub["group_label"].iloc[0]), fontsize=9, loc="left")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=9, frameon=False)
+    fig.suptitle("Where the KV budget goes: time-weighted mean share of the budget per policy "
+                 "(vLLM paper Figure 2 style)", fontsize=11)
+    note = ("Each bar is one run; segments are time-weighted means over the run as a share of the KV budget. "
+            "Token states is useful memory; reservation, internal and external fragmentation are waste.")
+    failed = int((cells["ok"] == 0).sum()) if len(cells) else 0
+    if failed:
+        note += f" {failed} cell(s) with no ok run are not drawn (see the tables)."
+    if omitted:
+        note += f" {omitted} more comparison group(s) are in the tables only."
+    return Plot(name, title, fig, note)
+
+
+# 2 -----------------------------------------------------------------------------
+def last_block_waste(runs: pd.DataFrame, requests: pd.DataFrame) -> Plot:
+    name, title = "2-last-block-waste", "Unused share of paged allocation vs sequence length (arithmetic)"
+    lengths = figdata.final_lengths(runs, requests)
+    if lengths.size == 0:
+        return Plot(name, title, None, "the records hold no requests, so there are no sequence lengths to use")
+    sizes = figdata.waste_block_sizes(runs)
+    top = max(64, int(lengths.max()))
+    grid = np.arange(1, top + 1)
+    fig = Figure(figsize=(11, 6.2), layout="constrained")
+    ax, hist = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    for i, bs in enumerate(sizes):
+        ax.plot(grid, 100 * figdata.unused_fraction(grid, bs), lw=1.2, color=f"C{i}", label=f"block size {bs}")
+    seed = 100 * float(figdata.unused_fraction(np.array([SEED_LEN]), SEED_BLOCK)[0])
+    ax.plot([SEED_LEN], [seed], "o", ms=9, mfc="none", mec="black", mew=2, zorder=5)
+    blocks = -(-SEED_LEN // SEED_BLOCK)
+    held = blocks * SEED_BLOCK
+    ax.annotate(f"the explainer's example: {SEED_LEN} tokens, block {SEED_BLOCK}\n"
+                f"→ {blocks} blocks = {held} positions, {held - SEED_LEN} unused = {held - SEED_LEN}/{held} = {seed:.1f}%",
+                (SEED_LEN, seed), xytext=(SEED_LEN * 1.6, 62), fontsize=9, arrowprops={"arrowstyle": "->"},
+                bbox={"facecolor": "white", "edgecolor": "#999"})
+    ax.set_xscale("log", base=2)
+    ticks = [2 ** k for k in range(0, int(np.log2(top)) + 1)]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.grid(alpha=0.3)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("unused share of allocated positions, %\n(last block only partly filled)")
+    ax.legend(fontsize=9, loc="upper right")
+    summary = figdata.recorded_waste(lengths, sizes)
+    bins = np.unique(np.geomspace(1, top + 1, 60).astype(int))
+    hist.hist(lengths, bins=bins, color="#777")
+    hist.set_ylabel("requests (count)")
+    hist.set_title("final lengths of the recorded requests; their unused share (Σ unused / Σ allocated): "
+                   + ", ".join(f"block {bs}: {100 * w:.2f}%" for bs, w in summary), fontsize=9, loc="left")
+    hist.set_xlabel("sequence length at finish = prompt + output tokens (log scale)")
+    fig.suptitle("Paged allocation wastes only the unfilled tail of the last block — computed from lengths, "
+                 "not measured", fontsize=11)
+    note = ("Curves: (⌈L/B⌉·B − L) / (⌈L/B⌉·B) for every length L on a grid; bottom: the final lengths of the "
+            f"requests in these records ({lengths.size} requests from {figdata.workload_count(runs, requests)} "
+            "workload(s)). This is the waste at a request's final length; while it runs, its last block also holds "
+            "positions that are filled later (reservation, figure 1).")
+    return Plot(name, title, fig, note)
+
+
+# 3 -----------------------------------------------------------------------------
+def allocation_over_time(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
+    name, title = "3-allocation-over-time", "Allocated vs used KV positions over time"
+    picked = figdata.timeline_cells(cells, steps)
+    if picked.empty:
+        return Plot(name, title, None, "no ok run has step records")
+    multi = cells["runner"].nunique() > 1
+    n = len(picked)
+    ncols = min(3, n)
+    nrows = -(-n // ncols)
+    fig = Figure(figsize=(4.2 * ncols + 1, 2.8 * nrows + 1.2), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
+    for ax, row in zip(axes, picked.to_dict("records")):
+        st = figdata.thin(steps[steps["run_id"] == row["run_id"]].sort_values("step"))
+        t = st["t_s"].to_numpy(dtype=float)
+        ax.stackplot(t, *[st[c].to_numpy(dtype=float) for c, _, _ in STEP_PARTS],
+                     colors=[c for _, _, c in STEP_PARTS], labels=[lab for _, lab, _ in STEP_PARTS], step="post")
+        ax.axhline(row["budget_positions"], color="black", ls="--", lw=1, label="KV budget")
+        ax.set_title(_label(row, multi), fontsize=10)
+        ax.set_xlabel(time_axis_label(row["clock"]), fontsize=8)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    for ax in axes[::ncols]:
+        ax.set_ylabel("KV positions")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=9, frameon=False)
+    fig.suptitle(_wrap("Allocated (top of the stack) vs used KV positions over time — "
+                       + picked["group_label"].iloc[0], 130), fontsize=10)
+    return Plot(name, title, fig, figdata.selection_note(cells, picked))
+
+
+# 4 -----------------------------------------------------------------------------
+def running_requests(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
+    name, title = "4-running-requests", "Running requests over time, mean and peak per policy"
+    picked = figdata.timeline_cells(cells, steps)
+    if picked.empty:
+        return Plot(name, title, None, "no ok run has step records")
+    multi = cells["runner"].nunique() > 1
+    group = cells[(cells["group"] == picked["group"].iloc[0]) & (cells["ok"] > 0)]
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax, bars = fig.subplots(1, 2, width_ratios=(3, 2))
+    for row in picked.to_dict("records"):
+        st = figdata.thin(steps[steps["run_id"] == row["run_id"]].sort_values("step"))
+        ax.step(st["t_s"], st["running"], where="post", color=_color(row["policy"]),
+                ls=RUNNER_STYLES.get(row["runner"], "-"), lw=1.3, label=_label(row, multi))
+    ax.set_xlabel(time_axis_label(picked["clock"].iloc[0]))
+    ax.set_ylabel("running requests (in the batch)")
+    ax.legend(fontsize=8)
+    ax.set_title("running requests per step", fontsize=10)
+    y = np.arange(len(group))
+    bars.barh(y + 0.2, group["peak_running"], height=0.4, color="#bbbbbb", label="peak")
+    bars.barh(y - 0.2, group["mean_running"], height=0.4, color=[_color(p) for p in group["policy"]],
+              label="time-weighted mean")
+    for yy, m, p in zip(y, group["mean_running"], group["peak_running"]):
+        bars.text(p, yy + 0.2, f" {p:.0f}", va="center", fontsize=8)
+        bars.text(m, yy - 0.2, f" {m:.1f}", va="center", fontsize=8)
+    bars.set_yticks(y, [_label(r, multi) for r in group.to_dict("records")], fontsize=9)
+    bars.invert_yaxis()
+    bars.set_xlabel("running requests (mean is time-weighted)")
+    bars.set_title("mean (coloured) and peak (grey) per run", fontsize=10)
+    bars.set_xlim(0, 1.15 * max(float(group["peak_running"].max()), 1.0))
+    fig.suptitle(_wrap("Batch capacity: how many requests run at once — " + group["group_label"].iloc[0], 130),
+                 fontsize=10)
+    return Plot(name, title, fig, figdata.selection_note(cells, picked))
+
+
+# 5 -----------------------------------------------------------------------------
+def rate_sweep(cells: pd.DataFrame) -> Plot:
+    name, title = "5-rate-sweep", "Preemptions and throughput vs request rate"
+    families = figdata.rate_families(cells)
+    if not families:
+        return Plot(name, title, None, "no request-rate sweep: no workload was run at two or more rates")
+    shown = families[:3]
+    multi = cells["runner"].nunique() > 1
+    fig = Figure(figsize=(max(4.6 * len(shown) + 1, 8), 7.4), layout="constrained")
+    axes = fig.subplots(2, len(shown), squeeze=False)
+    swept = pd.concat(shown)
+    tput = throughput_note(set(swept["clock"]), set(swept["runner"]))
+    for col, fam in enumerate(shown):
+        for (_, _), line in fam.groupby(["runner", "policy"], sort=False):
+            line = line.sort_values("rate")
+            r0 = line.iloc[0].to_dict()
+            kw = {"color": _color(r0["policy"]), "ls": RUNNER_STYLES.get(r0["runner"], "-"), "marker": "o",
+                  "label": _label(r0, multi)}
+            axes[0, col].plot(line["rate"], line["preemptions"], **kw)
+            axes[1, col].plot(line["rate"], line["tokens_per_s"], **kw)
+        axes[0, col].set_title(_wrap(fam["family_label"].iloc[0], 55), fontsize=9)
+        for ax in axes[:, col]:
+            ax.set_xscale("log")
+            ax.set_xticks(sorted(set(fam["rate"])), [f"{r:g}" for r in sorted(set(fam["rate"]))])
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.grid(alpha=0.3)
+        axes[0, col].yaxis.set_major_locator(MaxNLocator(integer=True))
+        axes[1, col].set_xlabel("request arrival rate, requests/s (log scale)")
+    axes[0, 0].set_ylabel("preemptions per run (count)")
+    axes[1, 0].set_ylabel(_wrap(f"throughput: {tput}", 40))
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle("Request-rate sweep: preemptions (top) and throughput (bottom) per policy", fontsize=11)
+    note = f"One line per policy; paged policies at the block size nearest {figdata.PREFERRED_BLOCK}. "
+    if len(families) > len(shown):
+        note += f"{len(families) - len(shown)} more swept workload(s) are in the tables only."
+    return Plot(name, title, fig, note.strip())
+
+
+# 6 -----------------------------------------------------------------------------
+def block_size_ablation(cells: pd.DataFrame) -> Plot:
+    name, title = "6-block-size-ablation", "Block-size ablation: waste, running requests and preemptions"
+    lines = figdata.block_size_lines(cells)
+    if not lines:
+        return Plot(name, title, None, "no block-size sweep: no paged policy was run at two or more block sizes")
+    fig = Figure(figsize=(13, 4.8), layout="constrained")
+    waste_ax, run_ax, pre_ax = fig.subplots(1, 3)
+    multi = cells["runner"].nunique() > 1
+    for i, line in enumerate(lines):
+        r0 = line.iloc[0].to_dict()
+        label = f"{_label({**r0, 'block_size': 1}, multi)}: {r0['workload']}"
+        kw = {"marker": "o", "color": f"C{i % 10}", "ls": RUNNER_STYLES.get(r0["runner"], "-"), "label": label}
+        waste = line["reservation_frac"] + line["internal_frag_frac"] + line["external_frag_frac"]
+        waste_ax.plot(line["block_size"], 100 * waste, **kw)
+        run_ax.plot(line["block_size"], line["mean_running"], **kw)
+        pre_ax.plot(line["block_size"], line["preemptions"], **kw)
+    pre_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    sizes = sorted({int(b) for line in lines for b in line["block_size"]})
+    for ax, ylab in ((waste_ax, "waste, % of KV budget\n(reservation + internal + external)"),
+                     (run_ax, "mean running requests"), (pre_ax, "preemptions per run (count)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(s) for s in sizes])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("block size, tokens per block (log scale)")
+        ax.set_ylabel(ylab)
+        ax.grid(alpha=0.3)
+    fig.legend(*waste_ax.get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=8, frameon=False)
+    fig.suptitle("Block-size ablation: waste, capacity and preemptions against the paged block size "
+                 "(everything else held fixed along a line)", fontsize=11)
+    return Plot(name, title, fig, "One line per comparison group and runner, for the paged policy (paged-prefix "
+                                  "when only it was swept); everything but the block size is held fixed along a line.")
+
+
+# 7 -----------------------------------------------------------------------------
+def _decomp_group(r: dict) -> str:
+    block = f", paged block {int(r['block_size'])}" if r["block_size"] == r["block_size"] and r["block_size"] else ""
+    return f"{str(r['workload_id'])[:8]}, KV {r['kv_dtype']}, budget {format_bytes(r['budget_bytes'])}{block}"
+
+
+METRIC_TITLES = {"tokens_per_s": "throughput: generated tokens/s (run's clock)",
+                 "wall_tokens_per_s": "wall-clock throughput: computed tokens/s",
+                 "mean_running": "mean running requests", "peak_running": "peak running requests"}
+
+
+def decomposition(decomp: pd.DataFrame) -> Plot:
+    name, title = "7-decomposition", "Decomposition: allocation effect × runtime effect"
+    rows = decomp[decomp[["naive", "allocation", "runtime"]].notna().any(axis=1)] if len(decomp) else decomp
+    if rows.empty:
+        return Plot(name, title, None, "no torch or vllm runs to decompose (needs torch/paged with torch/contiguous-*, "
+                                       "and vllm/paged for the runtime effect)")
+    metrics: Sequence[str] = [m for m in dict.fromkeys(rows["metric"])]
+    groups = rows.drop_duplicates(["workload_id", "kv_dtype", "budget_bytes", "block_size"])
+    per_metric = int(rows.groupby("metric").size().max())
+    ncols = 2 if len(metrics) > 1 else 1
+    nrows = -(-len(metrics) // ncols)
+    fig = Figure(figsize=(ncols * max(4.2, 1.6 * per_metric) + 1, 3.6 * nrows + 1.4), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
+    for ax in axes[len(metrics):]:
+        ax.set_visible(False)
+    parts = (("naive", "naive: vllm/paged ÷ torch/contiguous", "#555555"),
+             ("allocation", "allocation effect: torch/paged ÷ torch/contiguous", "tab:blue"),
+             ("runtime", "runtime effect: vllm/paged ÷ torch/paged", "tab:orange"))
+    finite = rows[["naive", "allocation", "runtime", "sim_allocation"]].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    lo, hi = min(0.8, finite.min() / 1.4), max(1.25, finite.max() * 1.6)
+    for ax, metric in zip(axes, metrics):
+        sub = rows[rows["metric"] == metric].reset_index(drop=True)
+        x = np.arange(len(sub))
+        for j, (col, label, color) in enumerate(parts):
+            vals = sub[col].to_numpy(dtype=float)
+            xs = x + (j - 1) * 0.27
+            # Bars grow from 1 (no change): up for a gain, down for a loss, on a log axis.
+            ax.bar(xs, np.nan_to_num(vals, nan=1.0) - 1.0, bottom=1.0, width=0.27, color=color, label=label)
+            for xx, v in zip(xs, vals):
+                up = not v == v or v >= 1
+                ax.text(xx, (v * (1.05 if up else 0.97)) if v == v else 1.0, "n/a" if v != v else f"{v:.2f}×",
+                        ha="center", va="bottom" if up else "top", fontsize=8)
+        sim = sub["sim_allocation"].to_numpy(dtype=float)
+        if np.isfinite(sim).any():
+            ax.plot(x, sim, "D", color="black", ms=6, label="sim allocation effect (no runtime at all)")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_ylim(lo, hi)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}×" if round(v, 6) in (0.5, 2, 3, 5) else ""))
+        ax.set_xticks(x, [f"vs {r['baseline'] or '(no contiguous run)'}"
+                          + (f"\n{_decomp_group(r)}" if len(groups) > 1 else "") for r in sub.to_dict("records")],
+                      fontsize=8)
+        ax.set_title(METRIC_TITLES.get(metric, metric), fontsize=10)
+    for ax in axes[::ncols]:
+        ax.set_ylabel("ratio (log scale; 1× = no change)")
+    handles, labels = axes[len(metrics) - 1].get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("sim"))  # bars first, the diamond last
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncols=2,
+               fontsize=9, frameon=False)
+    heading = "What a naive vLLM-vs-contiguous comparison shows, split into allocation effect × runtime effect"
+    if len(groups) == 1:
+        heading += f"\nworkload {_decomp_group(groups.iloc[0].to_dict())}; models: {groups.iloc[0]['models']}"
+    fig.suptitle(heading, fontsize=11)
+    return Plot(name, title, fig, "Per workload, KV precision and budget: naive = allocation × runtime exactly. "
+                                  "n/a: the runs for that factor are missing (never estimated), or, for tokens/s, "
+                                  "torch (kvbench's clock) and vllm (device time) are on different clocks. Diamonds: "
+                                  "the same allocation ratio from the simulator, where no runtime differs.")
+
+
+def all_plots(cells: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame,
+              decomp: pd.DataFrame) -> list[Plot]:
+    """Every figure of the report, in order (drawn or with the reason it is not)."""
+    return [memory_breakdown(cells), last_block_waste(runs, requests), allocation_over_time(cells, steps),
+            running_requests(cells, steps), rate_sweep(cells), block_size_ablation(cells), decomposition(decomp)]

@@ -1,0 +1,131 @@
+"""``write_report(out)``: ``out/report/index.html`` (one self-contained page: figures are
+embedded as data URIs, so it opens from disk or as a CI artifact), ``summary.md`` and the
+figures as PNG files beside them."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from reports import display, markdown
+from reports.display import Column
+from reports.figures import Plot, all_plots
+from reports.records import load
+from reports.contents import ReportTables, report_tables
+
+FIGURE_DPI = 110
+CELL_CLASS = {"text": "text", "id": "text", "note": "note"}  # any other kind is a number
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; } th { background: #f3f3f3; }
+td { white-space: nowrap; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.note { white-space: normal; min-width: 16em; }
+.warning { color: #b00020; background: #fdecee; border: 2px solid #b00020; padding: 0.5em 0.8em; font-weight: 600; }
+.skipped { color: #555; background: #f5f5f5; border: 1px dashed #aaa; padding: 0.5em 0.8em; }
+.error { color: #b00020; font-size: 0.85em; }
+figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.9em; color: #444; max-width: 1100px; }
+.meta { color: #555; font-size: 0.9em; }
+"""
+# Lets a headless browser (and a reader's devtools) confirm every figure loaded.
+SCRIPT = """
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.every(function (i) { return i.complete && i.naturalWidth > 0; });
+  document.body.dataset.imagesLoaded = ok ? "true" : "false";
+  document.body.dataset.imageCount = String(imgs.length);
+});
+"""
+
+
+def _e(text: object) -> str:
+    return html.escape(str(text))
+
+
+def table(columns: Sequence[Column], frame: pd.DataFrame) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for _, h, _ in columns)
+    body = []
+    for row in display.rows(columns, frame):
+        tds = "".join(f'<td class="{CELL_CLASS.get(kind, "num")}">{_e(v)}</td>' for v, (_, _, kind) in zip(row, columns))
+        body.append(f"<tr>{tds}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def png_bytes(plot: Plot) -> bytes:
+    buf = io.BytesIO()
+    assert plot.figure is not None
+    plot.figure.savefig(buf, format="png", dpi=FIGURE_DPI)
+    return buf.getvalue()
+
+
+def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs: dict[str, bytes]) -> str:
+    cells, runners = tables.cells, set(runs["runner"])
+    suites = ", ".join(sorted({str(s) for s in runs["suite"].dropna()})) or "?"
+    parts = [f"<h1>kvbench report: {_e(suites)}</h1>",
+             f'<p class="meta">{len(runs)} run(s) of {len(cells)} cell(s) in {cells["group"].nunique() if len(cells) else 0} '
+             f"comparison group(s); runners: {_e(', '.join(sorted(runners)))}. {_e(markdown.provenance(runs))}.</p>"]
+    parts += [f'<p class="warning">⚠ Warning: {_e(w)}</p>' for w in tables.warnings]
+    base = tables.baseline
+    parts.append(f"<p>{_e(display.GROUPS_NOTE)} "
+                 + (f"Ratios (×) are to <b>{_e(base)}</b> of the same runner in the same group." if base
+                    else _e(display.NO_BASELINE)) + "</p>")
+    for g, sub in cells.groupby("group", sort=True):
+        parts.append(f"<h2>Group {g + 1}: {_e(sub['group_label'].iloc[0])}</h2>")
+        parts.append(table(display.cell_columns(sub, runners), sub))
+        parts += [f'<p class="error">{_e(display.failure(r))}</p>'
+                  for r in sub.to_dict("records") if r["status"] != "ok" and r["error"]]
+    if len(tables.geomean) and cells["group"].nunique() > 1:
+        parts.append(f"<h2>Across all groups: geometric mean of the ratios to {_e(base)}</h2>")
+        parts.append(table(display.visible(display.GEOMEAN_COLUMNS, tables.geomean, runners), tables.geomean))
+        parts.append("<p>The geometric mean, not the arithmetic mean: 2× in one group and 0.5× in another average "
+                     "to 1×. <i>groups</i> counts the groups where the ratio exists.</p>")
+    if len(tables.decomposition):
+        d = tables.decomposition
+        parts.append("<h2>Decomposition: naive = allocation × runtime</h2>")
+        parts.append(f"<p>{_e(display.DECOMP_NOTE)}</p>")
+        parts.append(table(display.visible(display.DECOMP_COLUMNS, d, runners), d))
+    if tables.reference is not None:
+        parts.append("<h2>Published vs reproduced</h2>")
+        parts.append(table(display.REFERENCE_COLUMNS, tables.reference))
+    parts.append("<h2>Figures</h2>")
+    for i, p in enumerate(plots, 1):
+        if p.name in pngs:
+            data = base64.b64encode(pngs[p.name]).decode("ascii")
+            parts.append(f'<figure id="{_e(p.name)}"><img src="data:image/png;base64,{data}" alt="{_e(p.title)}">'
+                         f"<figcaption><b>Figure {i}. {_e(p.title)}.</b> {_e(p.note)} "
+                         f'(<a href="{_e(p.name)}.png">{_e(p.name)}.png</a>)</figcaption></figure>')
+        else:
+            parts.append(f'<p class="skipped" id="{_e(p.name)}">Figure {i}. {_e(p.title)}: not drawn — '
+                         f"{_e(p.note)}.</p>")
+    parts.append("<h2>Column definitions</h2><ul>"
+                 + "".join(f"<li><b>{_e(n)}</b>: {_e(t)}</li>" for n, t in display.GLOSSARY) + "</ul>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>kvbench report: {_e(suites)}</title><style>{STYLE}</style><script>{SCRIPT}</script></head>"
+            f"<body>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def write_report(out: Path) -> Path:
+    """Write ``out/report/`` (index.html, summary.md, one PNG per drawn figure); return index.html's path."""
+    out = Path(out)
+    records = load(out)
+    tables = report_tables(records.runs, records.reference, records.reference_problem)
+    plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition)
+    dest = out / "report"
+    dest.mkdir(parents=True, exist_ok=True)
+    for stale in dest.glob("[0-9]-*.png"):  # a figure no longer drawn must not linger from an older report
+        stale.unlink()
+    pngs = {p.name: png_bytes(p) for p in plots if p.figure is not None}
+    for name, data in pngs.items():
+        (dest / f"{name}.png").write_bytes(data)
+    (dest / "summary.md").write_text(markdown.render(records.runs, tables, plots))
+    index = dest / "index.html"
+    index.write_text(render(records.runs, tables, plots, pngs))
+    return index

@@ -1,0 +1,80 @@
+"""``summary.md``: the report as GitHub-flavoured Markdown, ready to paste into a CI job summary.
+
+A thin renderer over ``reports.tables.ReportTables``; figures are listed by
+file name (a job summary cannot show local images) with why any was not drawn.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pandas as pd
+
+from reports import display
+from reports.display import Column
+from reports.figures import Plot
+from reports.contents import ReportTables
+
+
+def table(columns: Sequence[Column], frame: pd.DataFrame) -> list[str]:
+    head = "| " + " | ".join(h for _, h, _ in columns) + " |"
+    align = "|" + "|".join("---" if kind in ("text", "id", "note") else "---:" for _, _, kind in columns) + "|"
+    body = ["| " + " | ".join(v.replace("|", "\\|") for v in row) + " |" for row in display.rows(columns, frame)]
+    return [head, align, *body]
+
+
+def warning(text: str) -> list[str]:
+    # GitHub renders [!CAUTION] in red; elsewhere it still reads as a flagged quote.
+    return ["> [!CAUTION]", f"> **Warning:** {text}", ""]
+
+
+def provenance(runs: pd.DataFrame) -> str:
+    def values(col: str, short: int | None = None) -> str:
+        vals = sorted({str(v)[:short] if short else str(v) for v in runs[col].dropna()}) if col in runs else []
+        return ", ".join(vals) or "?"
+
+    dirty = " (uncommitted changes)" if "git_dirty" in runs and runs["git_dirty"].fillna(False).astype(bool).any() else ""
+    return (f"git {values('git_sha', 10)}{dirty} · kvbench {values('kvbench_version')} · host {values('host')} · "
+            f"python {values('python_version')}")
+
+
+def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ()) -> str:
+    cells = tables.cells
+    runners = set(runs["runner"])
+    suites = ", ".join(sorted({str(s) for s in runs["suite"].dropna()})) or "?"
+    n_groups = cells["group"].nunique() if len(cells) else 0
+    out = [f"# kvbench report: {suites}", "",
+           f"{len(runs)} run(s) of {len(cells)} cell(s) in {n_groups} comparison group(s); "
+           f"runners: {', '.join(sorted(runners))}. {provenance(runs)}.", ""]
+    for w in tables.warnings:
+        out += warning(w)
+    base = tables.baseline
+    out += [display.GROUPS_NOTE + " " + (f"Ratios (×) are to **{base}** of the same runner in the same group."
+                                         if base else display.NO_BASELINE), ""]
+    for g, sub in cells.groupby("group", sort=True):
+        out += [f"## Group {g + 1}: {sub['group_label'].iloc[0]}", ""]
+        out += table(display.cell_columns(sub, runners), sub)
+        errors = [f"- {display.failure(r)}" for r in sub.to_dict("records") if r["status"] != "ok" and r["error"]]
+        out += ([""] + errors if errors else []) + [""]
+    if len(tables.geomean) and n_groups > 1:
+        out += [f"## Across all {n_groups} groups: geometric mean of the ratios to {base}", ""]
+        out += table(display.visible(display.GEOMEAN_COLUMNS, tables.geomean, runners), tables.geomean)
+        out += ["", "The geometric mean, not the arithmetic mean: 2× in one group and 0.5× in another average to 1×. "
+                "`groups` counts the groups where the ratio exists.", ""]
+    decomp = tables.decomposition
+    if len(decomp):
+        out += ["## Decomposition: naive = allocation × runtime", "", display.DECOMP_NOTE, ""]
+        out += table(display.visible(display.DECOMP_COLUMNS, decomp, runners), decomp) + [""]
+    if tables.reference is not None:
+        out += ["## Published vs reproduced", ""]
+        out += table(display.REFERENCE_COLUMNS, tables.reference) + [""]
+    if plots:
+        out += ["## Figures", "", "In `report/` next to this file (open `index.html`):", ""]
+        for p in plots:
+            out.append(f"- `{p.name}.png` — {p.title}" if p.figure is not None
+                       else f"- {p.title}: not drawn — {p.note}")
+        out.append("")
+    out += ["<details><summary>Column definitions</summary>", ""]
+    out += [f"- **{name}**: {text}" for name, text in display.GLOSSARY]
+    out += ["", "</details>", ""]
+    return "\n".join(out)

@@ -1,0 +1,183 @@
+"""A results directory as the reports see it: the three tables, the optional
+published reference, and the labels and keys every report shares.
+
+Everything here but ``load`` is a pure function of DataFrames.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from harness.errors import KvbenchError
+from harness.units import format_bytes
+
+# What a comparison holds fixed (DESIGN.md, "same work, one variable"): runs
+# that share all of these may be put side by side; only the runner, the policy
+# and its block size vary inside one comparison group.
+GROUP_KEYS: tuple[str, ...] = ("model", "workload_id", "kv_dtype", "budget_bytes", "max_model_len", "scheduler")
+CELL_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")
+REFERENCE_COLUMNS: tuple[str, ...] = ("suite", "item", "policy", "block_size", "metric", "published", "source", "note")
+PAGED_POLICIES: tuple[str, ...] = ("paged", "paged-prefix", "virtual-contiguous")
+
+
+@dataclasses.dataclass(frozen=True)
+class Records:
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    requests: pd.DataFrame
+    reference: pd.DataFrame | None = None
+    reference_problem: str | None = None  # why out/reference.parquet could not be used
+
+
+def load(out: Path) -> Records:
+    """Read a results directory; a missing or empty one is a one-line error."""
+    from harness.store import read_table
+
+    out = Path(out)
+    if not out.is_dir():
+        raise KvbenchError(f"{out}: no such results directory")
+    runs = read_table(out, "runs")
+    if runs.empty:
+        raise KvbenchError(f"{out}: holds no runs (runs/ is empty); run `kvbench run --out {out}` first")
+    steps = read_table(out, "steps", set(runs["run_id"])) if (out / "steps").is_dir() else pd.DataFrame()
+    requests = read_table(out, "requests", set(runs["run_id"])) if (out / "requests").is_dir() else pd.DataFrame()
+    reference, problem = read_reference(out / "reference.parquet")
+    return Records(with_keys(runs), steps, requests, reference, problem)
+
+
+def read_reference(path: Path) -> tuple[pd.DataFrame | None, str | None]:
+    """The published numbers to set beside reproduced ones, or why they cannot be used."""
+    if not path.is_file():
+        return None, None
+    try:
+        ref = pd.read_parquet(path)
+    except Exception as exc:  # a bad reference file must not cost the rest of the report
+        return None, f"{path}: not readable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    missing = [c for c in REFERENCE_COLUMNS if c not in ref.columns]
+    if missing:
+        return None, f"{path}: missing column(s) {', '.join(missing)} (needs {', '.join(REFERENCE_COLUMNS)})"
+    return ref, None
+
+
+# -- keys ------------------------------------------------------------------------
+
+def parse_spec(spec_json: Any) -> dict[str, Any]:
+    if not isinstance(spec_json, str) or not spec_json:
+        return {}
+    try:
+        spec = json.loads(spec_json)
+    except ValueError:
+        return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+def scheduler_key(row: Mapping[str, Any]) -> str:
+    """Canonical JSON of the scheduler settings (from ``spec_json``; the run columns as a fallback)."""
+    sched = parse_spec(row.get("spec_json")).get("scheduler")
+    if not isinstance(sched, dict):
+        sched = {k: _plain(row.get(k)) for k in ("max_num_seqs", "max_num_batched_tokens", "clock")}
+    return json.dumps(sched, sort_keys=True, separators=(",", ":"))
+
+
+def workload_family(row: Mapping[str, Any]) -> str:
+    """The workload's spec without its arrival rate: runs of one rate sweep share it."""
+    wl = parse_spec(row.get("spec_json")).get("workload")
+    if not isinstance(wl, dict):
+        return f"{row.get('workload_source')}/{row.get('arrival')}"
+    return json.dumps({k: v for k, v in wl.items() if k != "rate"}, sort_keys=True)
+
+
+def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs plus the derived columns reports group by: ``scheduler``, ``family`` (the workload
+    spec without its rate), and the labels ``workload`` and ``family_label``."""
+    runs = runs.copy()
+    rows = runs.to_dict("records")
+    runs["scheduler"] = [scheduler_key(r) for r in rows]
+    runs["family"] = [workload_family(r) for r in rows]
+    runs["workload"] = [workload_label(r) for r in rows]
+    runs["family_label"] = [workload_label(r, rate=False) for r in rows]
+    return runs
+
+
+def _plain(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+# -- labels ----------------------------------------------------------------------
+
+def _num(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, (int, float)) else str(x)
+
+
+def workload_label(row: Mapping[str, Any], rate: bool = True) -> str:
+    """'uniform prompt 16–400 / output 16–400, 120 req, poisson 4 req/s [d660dae1]';
+    without ``rate``, the rate and the id are left out (a rate sweep's common part)."""
+    wl = parse_spec(row.get("spec_json")).get("workload") or {}
+    source = wl.get("source", row.get("workload_source")) or "?"
+    if source == "fixed":
+        lengths = f"prompt {wl.get('prompt_len')} / output {wl.get('output_len')}"
+    elif source == "uniform":
+        lengths = (f"prompt {wl.get('prompt_min')}–{wl.get('prompt_max')} / "
+                   f"output {wl.get('output_min')}–{wl.get('output_max')}")
+    elif source == "lognormal":
+        lengths = f"mean prompt {_num(wl.get('prompt_mean'))} / output {_num(wl.get('output_mean'))}"
+    else:
+        lengths = ""
+    arrival = wl.get("arrival", row.get("arrival")) or "?"
+    value = wl.get("rate", row.get("rate"))
+    if rate and isinstance(value, (int, float)) and value == value:
+        arrival = f"{arrival} {value:g} req/s"
+    n = row.get("num_requests")
+    parts = [source + (f" {lengths}" if lengths else ""),
+             f"{int(n)} req" if isinstance(n, (int, float)) and n == n else "", arrival]
+    text = ", ".join(p for p in parts if p)
+    return text + f" [{str(row.get('workload_id') or '')[:8]}]" if rate else text
+
+
+def cell_label(row: Mapping[str, Any], with_runner: bool = True) -> str:
+    """'sim/paged b16', 'torch/contiguous-max'."""
+    name = f"{row['runner']}/{row['policy']}" if with_runner else str(row["policy"])
+    bs = row.get("block_size")
+    if row["policy"] in PAGED_POLICIES and bs is not None and bs == bs and int(bs) > 1:
+        name += f" b{int(bs)}"
+    return name
+
+
+def group_label(row: Mapping[str, Any]) -> str:
+    """One line naming what a comparison group holds fixed."""
+    budget = row.get("budget_bytes")
+    positions = row.get("budget_positions")
+    sched = json.loads(row["scheduler"]) if isinstance(row.get("scheduler"), str) else {}
+    clock = sched.get("clock") or row.get("clock")
+    text = (f"{row.get('model')}, KV {row.get('kv_dtype')}, budget {format_bytes(budget) if budget is not None else '?'}"
+            + (f" ({int(positions):,} positions)" if positions == positions and positions is not None else "")
+            + f", max_model_len {row.get('max_model_len')}, workload {row.get('workload')}")
+    extras = [f"max_num_seqs {sched['max_num_seqs']}" if "max_num_seqs" in sched else "",
+              f"max_num_batched_tokens {sched['max_num_batched_tokens']}" if "max_num_batched_tokens" in sched else "",
+              f"clock {clock}" if clock else ""]
+    return text + "; " + ", ".join(e for e in extras if e)
+
+
+def time_axis_label(clock: Any) -> str:
+    if clock == "steps":
+        return "scheduler step (steps clock: 1 step = 1 s)"
+    if clock == "roofline":
+        return "simulated time, s (roofline clock)"
+    return "time, s"
+
+
+def throughput_note(clocks: set[Any], runners: set[Any]) -> str:
+    """What ``tokens_per_s`` means for these runs."""
+    timed = runners & {"vllm"}  # torch runs kvbench's scheduler and clock; vllm reports device time
+    if clocks == {"steps"} and not timed:
+        return "generated tokens per scheduler step (steps clock)"
+    if clocks == {"roofline"} and not timed:
+        return "generated tokens per simulated second (roofline clock)"
+    return "generated tokens per second (kvbench's clock; device time for vllm)"
