@@ -131,7 +131,7 @@ def last_block_waste(runs: pd.DataFrame, requests: pd.DataFrame) -> Plot:
     bins = np.unique(np.geomspace(1, top + 1, 60).astype(int))
     hist.hist(lengths, bins=bins, color="#777")
     hist.set_ylabel("requests (count)")
-    hist.set_title("final lengths of the recorded requests; their unused share (Σ unused / Σ allocated): "
+    hist.set_title("final lengths of the recorded requests; their unused share (Σ unused / Σ allocated):\n"
                    + ", ".join(f"block {bs}: {100 * w:.2f}%" for bs, w in summary), fontsize=9, loc="left")
     hist.set_xlabel("sequence length at finish = prompt + output tokens (log scale)")
     fig.suptitle("Paged allocation wastes only the unfilled tail of the last block — computed from lengths, "

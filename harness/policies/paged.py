@@ -21,7 +21,7 @@ tail block (recomputed, as vLLM v1 does) instead of writing into a shared one.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from harness.policies.base import internal_of
 from harness.sequence import Seq
@@ -41,10 +41,16 @@ class PagedPolicy:
         self.block_size = block_size
         self.num_blocks = budget_positions // block_size
         self.enable_caching = enable_caching
-        # LRU free queue: allocation pops from the front, frees append at the back.
-        self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))
-        self.ref = [0] * self.num_blocks
-        self.block_key: list[BlockKey | None] = [None] * self.num_blocks
+        # vLLM's free queue, in three parts popped in this order:
+        #   front      freed blocks that are not cached (reused first);
+        #   fresh      never-used blocks, ids from ``next_fresh`` on, kept
+        #              implicit so memory follows the blocks used, not the budget;
+        #   free_queue freed cached blocks, least recently freed first (LRU).
+        self.front: deque[int] = deque()
+        self.next_fresh = 0
+        self.free_queue: OrderedDict[int, None] = OrderedDict()
+        self.ref: dict[int, int] = {}
+        self.block_key: dict[int, BlockKey] = {}
         self.cache: dict[BlockKey, list[int]] = {}
         self.internal_positions = 0
         self.shared_excess_positions = 0
@@ -53,13 +59,16 @@ class PagedPolicy:
     # -- accounting ----------------------------------------------------------
     @property
     def allocated_positions(self) -> int:
-        return (self.num_blocks - len(self.free_queue)) * self.block_size
+        return (self.num_blocks - self.free_blocks()) * self.block_size
 
     def allocated_blocks(self) -> int:
-        return self.num_blocks - len(self.free_queue)
+        return self.num_blocks - self.free_blocks()
 
     def free_blocks(self) -> int:
-        return len(self.free_queue)
+        return len(self.front) + self.num_blocks - self.next_fresh + len(self.free_queue)
+
+    def is_free(self, b: int) -> bool:
+        return b >= self.next_fresh or b in self.free_queue or b in self.front
 
     def external_frag(self, head_of_line: Seq | None) -> int:
         if head_of_line is None:
@@ -100,7 +109,7 @@ class PagedPolicy:
         hits = seq.pending_hits
         held = len(seq.blocks)
         evictable = sum(1 for b in hits if self.ref[b] == 0) if hits else 0
-        free = len(self.free_queue)
+        free = self.free_blocks()
         if must_fit and max(cdiv(must_fit, bs) - held - len(hits), 0) + evictable > free:
             return False
         new = cdiv(num_tokens, bs) - held - len(hits)
@@ -120,10 +129,16 @@ class PagedPolicy:
             seq.num_cached_blocks = len(seq.blocks)
             seq.pending_hits = []
         for _ in range(new):
-            b, _ = self.free_queue.popitem(last=False)
-            key = self.block_key[b]
-            if key is not None:
-                self._uncache(b, key)
+            if self.front:
+                b = self.front.popleft()
+            elif self.next_fresh < self.num_blocks:
+                b = self.next_fresh
+                self.next_fresh += 1
+            else:
+                b, _ = self.free_queue.popitem(last=False)
+                key = self.block_key.get(b)
+                if key is not None:
+                    self._uncache(b, key)
             self.ref[b] = 1
             seq.blocks.append(b)
         seq.allocated = len(seq.blocks) * bs
@@ -150,7 +165,7 @@ class PagedPolicy:
             holders.remove(b)
             if not holders:
                 del self.cache[key]
-        self.block_key[b] = None
+        del self.block_key[b]
         self.evictions += 1
 
     def writable(self, seq: Seq, position: int) -> bool:
@@ -164,15 +179,25 @@ class PagedPolicy:
         bs = self.block_size
         self.internal_positions -= internal_of(len(seq.blocks) * bs, seq.final_len)
         # Last block first, so the tail of a sequence is evicted before its prefix.
+        # As vLLM's BlockPool.free_blocks: a freed block that is not cached (it
+        # can never be hit) goes to the *front* of the free queue, to be reused
+        # first; cached blocks go to the back (LRU). Without caching the order
+        # changes no count, so only caching pays for it.
+        uncached: list[int] | None = [] if self.enable_caching else None
         for b in reversed(seq.blocks):
             r = self.ref[b] - 1
             if r < 0:
                 raise AssertionError(f"block {b} freed while unreferenced")
             self.ref[b] = r
             if r == 0:
-                self.free_queue[b] = None
+                if uncached is not None and b not in self.block_key:
+                    uncached.append(b)
+                else:
+                    self.free_queue[b] = None
             else:
                 self.shared_excess_positions -= bs
+        if uncached:
+            self.front.extendleft(reversed(uncached))  # the first freed ends up at the very front
         seq.blocks = []
         seq.allocated = 0
         seq.num_cached_blocks = 0
