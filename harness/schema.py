@@ -81,8 +81,9 @@ RUNS = pa.schema([
     ("steps", pa.int64()),
     ("generated_tokens", pa.int64()),
     ("computed_tokens", pa.int64()),
-    ("tokens_per_s", pa.float64()),  # generated tokens per simulated (or device) second
-    ("wall_tokens_per_s", pa.float64()),  # computed tokens per wall second (simulator speed)
+    ("tokens_per_s", pa.float64()),  # generated tokens per second of the run's clock (simulated, or device for vllm)
+    ("wall_tokens_per_s", pa.float64()),  # generated tokens per second of measured step time (torch, vllm; null for sim)
+    ("computed_tokens_per_wall_s", pa.float64()),  # computed tokens per wall second of the whole run (runner speed)
     ("preemptions", pa.int64()),
     ("evictions", pa.int64()),
     ("prefix_hit_rate", pa.float64()),
@@ -94,6 +95,7 @@ RUNS = pa.schema([
     ("external_frag_frac", pa.float64()),
     ("free_frac", pa.float64()),
     ("peak_kv_bytes_allocated", pa.int64()),
+    ("device_peak_bytes", pa.int64()),  # CUDA allocator peak during the run (torch, vllm on CUDA)
     ("mean_step_wall_s", pa.float64()),
     ("git_sha", pa.string()),
     ("git_dirty", pa.bool_()),

@@ -287,7 +287,7 @@ def _decomp_group(r: dict) -> str:
 
 
 METRIC_TITLES = {"tokens_per_s": "throughput: generated tokens/s (run's clock)",
-                 "wall_tokens_per_s": "wall-clock throughput: computed tokens/s",
+                 "wall_tokens_per_s": "measured throughput: generated tokens per second of step time",
                  "mean_running": "mean running requests", "peak_running": "peak running requests"}
 
 

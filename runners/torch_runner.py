@@ -202,6 +202,8 @@ class TorchExecutor:
         self.spec = spec
         self.device = device
         self.device_name = device_name(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         self.dtype = compute_dtype(spec.model.kv_dtype, device)
         storage = kv_storage_dtype(spec.model.kv_dtype)
         self.model = DecoderModel(g, dtype=self.dtype, device=device, seed=MODEL_SEED,
@@ -358,6 +360,9 @@ class TorchExecutor:
             "device": self.device_name,
             "attention_backend": self.cache.backend,
             "wall_tokens_per_s": self.generated / self.wall_total if self.wall_total > 0 else None,
+            # The CUDA allocator's own figure: weights, KV cache and activations together.
+            "device_peak_bytes": (torch.cuda.max_memory_allocated(self.device)
+                                  if self.device.type == "cuda" else None),
         }
 
 
