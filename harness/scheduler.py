@@ -130,31 +130,7 @@ class Scheduler:
             budget -= num_new
             i += 1
 
-        admitted = 0
-        hit_tokens = 0
-        if not preempted:
-            waiting = self.waiting
-            max_seqs = self.config.max_num_seqs
-            while waiting and budget > 0 and len(running) < max_seqs:
-                seq = waiting[0]
-                hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
-                computed = seq.num_computed + hit
-                num_new = min(seq.num_tokens - computed, budget)
-                if not policy.allocate(seq, computed + num_new, must_fit=min(seq.num_tokens, self.max_model_len)):
-                    break
-                waiting.popleft()
-                running.append(seq)
-                seq.status = RUNNING
-                seq.num_computed = computed
-                self.used_positions += computed
-                if hit:
-                    seq.prefix_hit_tokens += hit
-                    hit_tokens += hit
-                if seq.num_preemptions == 0:  # first admission
-                    seq.first_scheduled_s = self.now
-                scheduled.append((seq, num_new))
-                budget -= num_new
-                admitted += 1
+        admitted, hit_tokens = self._admit(budget, scheduled) if not preempted else (0, 0)
 
         # Tokens scheduled now are being computed this step: they count as used.
         new_tokens = context = pairs = 0
@@ -166,6 +142,39 @@ class Scheduler:
         self.used_positions += new_tokens
         return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens,
                         StepWork(new_tokens, context, pairs))
+
+    def _admit(self, budget: int, scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
+        """Admit waiting requests FCFS while budget, ``max_num_seqs`` and memory allow;
+        append them to ``scheduled``; return (admitted, prefix-hit tokens)."""
+        policy = self.policy
+        running = self.running
+        waiting = self.waiting
+        max_seqs = self.config.max_num_seqs
+        admitted = hit_tokens = 0
+        while waiting and budget > 0 and len(running) < max_seqs:
+            seq = waiting[0]
+            hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
+            computed = seq.num_computed + hit
+            num_new = min(seq.num_tokens - computed, budget)
+            if not policy.allocate(seq, computed + num_new, must_fit=min(seq.num_tokens, self.max_model_len)):
+                break
+            waiting.popleft()
+            self._append_running(seq)
+            seq.status = RUNNING
+            seq.num_computed = computed
+            self.used_positions += computed
+            if hit:
+                seq.prefix_hit_tokens += hit
+                hit_tokens += hit
+            if seq.num_preemptions == 0:  # first admission
+                seq.first_scheduled_s = self.now
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            admitted += 1
+        return admitted, hit_tokens
+
+    def _append_running(self, seq: Seq) -> None:
+        self.running.append(seq)
 
     def measure(self) -> StepMeasure:
         policy = self.policy

@@ -16,6 +16,8 @@ class Seq:
         "peak_allocated", "prefix_hit_tokens",
         # allocation state, owned by the policy
         "allocated", "blocks", "alloc_start", "pending_hits", "num_cached_blocks",
+        # the fast scheduler's implicit decode state (see harness.fast_scheduler)
+        "dec_tick", "epoch", "run_pos",
     )
 
     def __init__(self, index: int, request_id: int, sample: int, prompt_len: int, output_len: int,
@@ -42,6 +44,9 @@ class Seq:
         self.alloc_start = -1
         self.pending_hits: list[int] = []
         self.num_cached_blocks = 0
+        self.dec_tick = -1  # ≥ 0: decoding implicitly since this tick
+        self.epoch = 0
+        self.run_pos = 0
 
     @property
     def final_len(self) -> int:

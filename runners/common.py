@@ -168,8 +168,14 @@ class StepExecutor(Protocol):
 
 
 def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
-          extra_row: Callable[[], dict[str, object]] | None = None) -> dict[str, object]:
-    """Run kvbench's scheduler over the cell, recording every step."""
+          extra_row: Callable[[], dict[str, object]] | None = None,
+          scheduler_cls: type[Scheduler] = Scheduler) -> dict[str, object]:
+    """Run kvbench's scheduler over the cell, recording every step.
+
+    ``scheduler_cls`` may be the fast path (``FastScheduler``) only without an
+    executor: its plans list only the requests it touched, not every decoder.
+    """
+    assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
     seqs = expand_seqs(cell)
     policy = make_policy(spec)
@@ -178,7 +184,7 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
     if short is not None:
         return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
     clock = make_clock(spec.scheduler.clock, spec.geometry, spec.kv_bytes_per_token, spec.scheduler.gpu)
-    sched = Scheduler(seqs, policy, spec.scheduler, spec.memory.max_model_len, clock)
+    sched = scheduler_cls(seqs, policy, spec.scheduler, spec.memory.max_model_len, clock)
     recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
     stall = 0
     status, error = "ok", None

@@ -1,7 +1,14 @@
-"""The ``sim`` runner: kvbench's scheduler and an allocation policy, no tensors."""
+"""The ``sim`` runner: kvbench's scheduler and an allocation policy, no tensors.
+
+It runs the fast path (``harness.fast_scheduler``); ``SimRunner(reference=True)``
+runs the step-by-step reference scheduler, which the fast path is tested against
+record for record.
+"""
 
 from __future__ import annotations
 
+from harness.fast_scheduler import FastScheduler
+from harness.scheduler import Scheduler
 from runners.base import Cell
 from runners.common import drive
 
@@ -9,8 +16,11 @@ from runners.common import drive
 class SimRunner:
     name = "sim"
 
+    def __init__(self, reference: bool = False) -> None:
+        self.scheduler_cls = Scheduler if reference else FastScheduler
+
     def unavailable(self) -> str | None:
         return None
 
     def run(self, cell: Cell) -> dict[str, object]:
-        return drive(cell, self.name)
+        return drive(cell, self.name, scheduler_cls=self.scheduler_cls)

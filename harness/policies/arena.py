@@ -13,9 +13,11 @@ class Arena:
         self._starts: list[int] = [0] if size > 0 else []
         self._lengths: list[int] = [size] if size > 0 else []
         self.free_total = size
+        self.version = 0  # bumped on every change, so callers can cache scans
 
     def allocate(self, length: int) -> int:
         """Start of the first free range that holds ``length`` positions, or -1."""
+        self.version += 1
         for i, have in enumerate(self._lengths):
             if have >= length:
                 start = self._starts[i]
@@ -35,6 +37,7 @@ class Arena:
         if i < len(self._starts) and start + length > self._starts[i]:
             raise AssertionError(f"double free of range {start}+{length}")
         self.free_total += length
+        self.version += 1
         merge_prev = i > 0 and self._starts[i - 1] + self._lengths[i - 1] == start
         merge_next = i < len(self._starts) and start + length == self._starts[i]
         if merge_prev and merge_next:

@@ -49,6 +49,9 @@ class Policy(Protocol):
     def allocated_blocks(self) -> int:
         """Blocks (or pages, or 1 per contiguous reservation) in use now."""
 
+    def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
+        """Blocks ``allocate(seq, num_tokens)`` would take for a running ``seq``."""
+
     def external_frag(self, head_of_line: Seq | None) -> int:
         """Free positions that cannot serve ``head_of_line`` (0 when nothing waits)."""
 

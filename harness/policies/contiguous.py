@@ -29,6 +29,8 @@ class ContiguousPolicy:
         self.shared_excess_positions = 0
         self.evictions = 0
         self._live = 0
+        self._frag_key: tuple[int, int] = (-1, -1)
+        self._frag = 0
 
     def reservation(self, seq: Seq) -> int:
         raise NotImplementedError
@@ -69,10 +71,19 @@ class ContiguousPolicy:
     def allocated_blocks(self) -> int:
         return self._live
 
+    def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
+        return 0 if num_tokens <= seq.allocated else 1
+
     def external_frag(self, head_of_line: Seq | None) -> int:
         if head_of_line is None:
             return 0
-        return self.arena.free_smaller_than(self.reservation(head_of_line))
+        need = self.reservation(head_of_line)
+        # The arena changes only on allocate/free: reuse the scan while it and the need stand.
+        key = (self.arena.version, need)
+        if key != self._frag_key:
+            self._frag_key = key
+            self._frag = self.arena.free_smaller_than(need)
+        return self._frag
 
 
 class ContiguousMax(ContiguousPolicy):

@@ -168,6 +168,11 @@ class PagedPolicy:
         del self.block_key[b]
         self.evictions += 1
 
+    def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
+        """New blocks ``allocate(seq, num_tokens)`` would take (a running sequence: no hits)."""
+        new = cdiv(num_tokens, self.block_size) - len(seq.blocks)
+        return new if new > 0 else 0
+
     def writable(self, seq: Seq, position: int) -> bool:
         """True when ``seq`` may write K/V at ``position``: its block is referenced by it alone."""
         return self.ref[seq.blocks[position // self.block_size]] == 1
