@@ -1,0 +1,370 @@
+"""The one place kvbench touches vLLM internals: its v1 ``Scheduler`` and
+``KVCacheManager`` driven on the CPU with a mocked model.
+
+Supported: vLLM 0.33.x (checked against ``vllm.__version__``; any other
+version fails with one line naming the supported series). Nothing here needs
+a GPU or vLLM's compiled ops: the scheduler is pure Python once it gets
+
+- a ``ModelConfig`` for a local directory holding only a generated Llama
+  ``config.json`` (the run's geometry; never downloaded, no tokenizer),
+- ``DeviceConfig(device="cpu")``,
+- a ``KVCacheConfig`` with one full-attention group and no tensors, and
+  ``cache_config.num_gpu_blocks`` set to the same block count.
+
+Budget mapping: vLLM's ``BlockPool`` reserves block 0 as its *null block*, so
+a pool of N blocks lends out N − 1. kvbench gives vLLM
+``num_blocks = spec.budget_blocks + 1``, so that the blocks vLLM can allocate
+equal the simulator's ``budget_positions // block_size`` exactly.
+
+Settings made explicit rather than left to vLLM's defaults: chunked prefill
+on; prefix caching off for ``paged`` and on for ``paged-prefix``; FCFS;
+synchronous scheduling (the plain ``Scheduler``, no output placeholders);
+``scheduler_reserve_full_isl`` (admission only when the whole current
+sequence fits) and watermark 0 as in vLLM's defaults, which kvbench's
+scheduler mirrors.
+
+The model is mocked: after each ``schedule()`` every scheduled request whose
+prefill is complete gets one sampled token, deterministic per (sequence,
+position) and never a stop token (ids ≥ 3; the generated config's EOS is 2,
+and requests ignore EOS and have ``min_tokens = max_tokens``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from harness.errors import KvbenchError, one_line
+from harness.specs import RunSpec
+
+SUPPORTED_SERIES = "0.33"
+SUPPORTED = f"{SUPPORTED_SERIES}.x"
+NOT_INSTALLED = 'vLLM is not installed: pip install -e ".[vllm]"'
+HOSTED_POLICIES = ("paged", "paged-prefix")
+POLICY_ERROR = "vllm-sched hosts only paged and paged-prefix; contiguous policies run on sim/torch"
+
+# kvbench KV dtype -> (torch dtype name, vLLM cache_dtype, model dtype)
+KV_DTYPES: dict[str, tuple[str, str, str]] = {
+    "fp16": ("float16", "auto", "float16"),
+    "bf16": ("bfloat16", "auto", "bfloat16"),
+    "fp32": ("float32", "auto", "float32"),
+    "fp8": ("float8_e4m3fn", "fp8_e4m3", "float16"),
+    "fp8_e4m3": ("float8_e4m3fn", "fp8_e4m3", "float16"),
+    "fp8_e5m2": ("float8_e5m2", "fp8_e5m2", "float16"),
+}
+
+BOS_ID, EOS_ID = 1, 2
+FIRST_SAMPLED_ID = 3  # mocked samples are never BOS/EOS
+
+
+def _version_supported(version: str) -> bool:
+    parts = version.split("+")[0].split(".")
+    return ".".join(parts[:2]) == SUPPORTED_SERIES
+
+
+def _version_error(version: str) -> str:
+    return f"vLLM {version} is not supported by vllm-sched (supported: {SUPPORTED})"
+
+
+def unavailable() -> str | None:
+    """Why vLLM's scheduler cannot run here, without importing vLLM (cheap)."""
+    if importlib.util.find_spec("vllm") is None:
+        return NOT_INSTALLED
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return NOT_INSTALLED
+    if not _version_supported(version):
+        return _version_error(version)
+    return None
+
+
+def load() -> Any:
+    """Import vLLM and check its version; the module, or a one-line KvbenchError."""
+    if importlib.util.find_spec("vllm") is None:
+        raise KvbenchError(NOT_INSTALLED)
+    try:
+        import vllm
+    except ImportError as exc:
+        raise KvbenchError(f"vLLM is installed but does not import ({one_line(str(exc))})") from None
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if not _version_supported(version):
+        raise KvbenchError(_version_error(version))
+    return vllm
+
+
+@contextlib.contextmanager
+def _quiet_vllm() -> Iterator[None]:
+    """Hold vLLM's logger at ERROR while kvbench builds its scheduler.
+
+    vLLM's set-up warnings (e.g. "Failed to import from vllm._C", harmless for
+    the scheduler) would interleave with kvbench's progress lines. Only for the
+    duration, so that other code in the process (the ``vllm`` engine runner)
+    keeps its logs; untouched when the user sets VLLM_LOGGING_LEVEL.
+    """
+    if "VLLM_LOGGING_LEVEL" in os.environ:
+        yield
+        return
+    logger = logging.getLogger("vllm")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def check_policy(spec: RunSpec) -> None:
+    """What vLLM's scheduler can host at all: paged allocation, recompute preemption."""
+    if spec.policy not in HOSTED_POLICIES:
+        raise KvbenchError(POLICY_ERROR)
+    if spec.scheduler.preemption != "recompute":
+        raise KvbenchError(f"vllm-sched: vLLM's v1 scheduler preempts by recompute only, not {spec.scheduler.preemption}")
+
+
+def kv_dtype_of(spec: RunSpec) -> tuple[str, str, str]:
+    try:
+        return KV_DTYPES[spec.model.kv_dtype]
+    except KeyError:
+        raise KvbenchError(
+            f"kv_dtype {spec.model.kv_dtype} cannot be hosted by vLLM's KV cache "
+            f"(vllm-sched takes: {', '.join(KV_DTYPES)})") from None
+
+
+def write_model_dir(spec: RunSpec, directory: Path) -> Path:
+    """A Llama ``config.json`` with the run's geometry; vLLM reads nothing else."""
+    g = spec.geometry
+    _, _, model_dtype = kv_dtype_of(spec)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": g.num_layers,
+        "num_attention_heads": g.num_attention_heads,
+        "num_key_value_heads": g.num_kv_heads,
+        "head_dim": g.head_dim,
+        "hidden_size": g.hidden_size,
+        "intermediate_size": g.intermediate_size,
+        "vocab_size": g.vocab_size,
+        "max_position_embeddings": spec.memory.max_model_len,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "torch_dtype": model_dtype,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
+def sampled_token(seq_index: int, position: int, vocab_size: int) -> int:
+    """The mocked model's token for ``seq_index`` at ``position``: deterministic, never a stop id."""
+    span = vocab_size - FIRST_SAMPLED_ID
+    return FIRST_SAMPLED_ID + (seq_index * 1_000_003 + position * 7_919) % span
+
+
+@dataclasses.dataclass
+class StepOut:
+    """What vLLM's ``schedule()`` decided, in kvbench's terms (keys are sequence indices)."""
+
+    scheduled: list[tuple[int, int, int, int]]  # (seq index, new tokens, computed after step, blocks held)
+    admitted: list[tuple[int, int]]  # (seq index, prefix-hit tokens at admission)
+    preempted: list[int]
+    scheduled_tokens: int
+    handle: Any  # the SchedulerOutput, for ``execute``
+
+
+@dataclasses.dataclass(frozen=True)
+class Occupancy:
+    """Allocation state after ``schedule()``, before the step's outputs are applied."""
+
+    running: int
+    waiting: int
+    allocated_blocks: int
+    computed_tokens: int  # Σ num_computed_tokens of running requests
+    held_blocks: int  # Σ blocks per running request (shared blocks counted per holder)
+    internal_positions: int  # Σ max(0, blocks × block_size − final length)
+
+
+class VllmScheduler:
+    """vLLM's v1 ``Scheduler`` + ``KVCacheManager`` over a budget of ``spec.budget_blocks`` blocks."""
+
+    def __init__(self, spec: RunSpec, model_dir: Path) -> None:
+        check_policy(spec)
+        load()
+        torch_dtype_name, cache_dtype, model_dtype = kv_dtype_of(spec)
+        import torch
+        from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.block_size = bs = spec.block_size
+        self.usable_blocks = spec.budget_blocks
+        self.num_blocks = spec.budget_blocks + 1  # + vLLM's null block
+        self.vocab_size = spec.geometry.vocab_size
+        self.caching = spec.policy == "paged-prefix"
+        g = spec.geometry
+        sched = spec.scheduler
+        write_model_dir(spec, model_dir)  # an existing local directory: nothing is downloaded
+        with _quiet_vllm():
+            try:
+                model_config = ModelConfig(model=str(model_dir.resolve()), skip_tokenizer_init=True,
+                                           max_model_len=spec.memory.max_model_len, dtype=model_dtype)
+                cache_config = CacheConfig(block_size=bs, cache_dtype=cache_dtype,
+                                           enable_prefix_caching=self.caching)
+                scheduler_config = SchedulerConfig(
+                    max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
+                    max_model_len=spec.memory.max_model_len, is_encoder_decoder=False,
+                    enable_chunked_prefill=True, policy="fcfs", async_scheduling=False)
+                vllm_config = VllmConfig(model_config=model_config, cache_config=cache_config,
+                                         scheduler_config=scheduler_config,
+                                         device_config=DeviceConfig(device="cpu"))
+                layer_spec = FullAttentionSpec(block_size=bs, num_kv_heads=g.num_kv_heads, head_size=g.head_dim,
+                                               dtype=getattr(torch, torch_dtype_name))
+                kv_cache_config = KVCacheConfig(
+                    num_blocks=self.num_blocks, kv_cache_tensors=[],
+                    kv_cache_groups=[KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(g.num_layers)],
+                                                      layer_spec)])
+                vllm_config.cache_config.num_gpu_blocks = self.num_blocks
+                self.sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+                                       structured_output_manager=StructuredOutputManager(vllm_config),
+                                       block_size=bs, log_stats=False)
+            except KvbenchError:
+                raise
+            except Exception as exc:  # pydantic ValidationError, ValueError, ...
+                raise KvbenchError(f"vLLM rejected the configuration: {one_line(str(exc))}") from None
+
+        self.kv_dtype = layer_spec.dtype  # what vLLM's KV cache spec holds
+        self.cache_dtype = self.sched.cache_config.cache_dtype
+        manager = self.sched.kv_cache_manager
+        self.pool = manager.block_pool
+        self._req_blocks = manager.coordinator.single_type_managers[0].req_to_blocks
+        if self.pool.get_num_free_blocks() != self.usable_blocks:
+            raise KvbenchError(f"vLLM's block pool lends {self.pool.get_num_free_blocks()} blocks, "
+                               f"expected {self.usable_blocks}; unsupported vLLM block-pool layout")
+        self.evictions = 0
+        if self.caching:
+            self._count_evictions()
+        self._block_hasher = None
+        if self.caching:
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+            hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
+            init_none_hash(hash_fn)
+            self._block_hasher = get_request_block_hasher(bs, hash_fn)
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+
+        self._Request, self._SamplingParams, self._Output = Request, SamplingParams, ModelRunnerOutput
+        self.requests: dict[str, Any] = {}  # live requests (added, not finished)
+        self._final_len: dict[str, int] = {}
+        self._preemptions_at_finish: dict[int, int] = {}
+
+    def _count_evictions(self) -> None:
+        """Count cached blocks evicted for reuse (vLLM counts them only with KV events on)."""
+        pool = self.pool
+        evict = pool._maybe_evict_cached_block
+
+        def counting(block: Any) -> bool:
+            evicted = evict(block)
+            if evicted:
+                self.evictions += 1
+            return evicted
+
+        pool._maybe_evict_cached_block = counting
+
+    # -- requests ------------------------------------------------------------
+    def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None:
+        params = self._SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True)
+        rid = str(seq_index)
+        req = self._Request(request_id=rid, prompt_token_ids=prompt_ids, sampling_params=params,
+                            pooling_params=None, arrival_time=arrival_s, block_hasher=self._block_hasher)
+        self.requests[rid] = req
+        self._final_len[rid] = len(prompt_ids) + output_len
+        self.sched.add_request(req)
+
+    def has_unfinished(self) -> bool:
+        return self.sched.has_unfinished_requests()
+
+    def num_preemptions(self, seq_index: int) -> int | None:
+        """vLLM's own count for a sequence (None if it was never added)."""
+        done = self._preemptions_at_finish.get(seq_index)
+        if done is not None:
+            return done
+        req = self.requests.get(str(seq_index))
+        return None if req is None else req.num_preemptions
+
+    # -- one step --------------------------------------------------------------
+    def schedule(self) -> StepOut:
+        out = self.sched.schedule()
+        reqs = self.requests
+        req_blocks = self._req_blocks
+        scheduled = []
+        for rid, n in out.num_scheduled_tokens.items():
+            scheduled.append((int(rid), n, reqs[rid].num_computed_tokens, len(req_blocks.get(rid, ()))))
+        new_ids = [r.req_id for r in out.scheduled_new_reqs]
+        new_ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
+        admitted = [(int(rid), reqs[rid].num_computed_tokens - out.num_scheduled_tokens[rid]) for rid in new_ids]
+        preempted = [int(rid) for rid in out.preempted_req_ids]
+        return StepOut(scheduled, admitted, preempted, out.total_num_scheduled_tokens, out)
+
+    def occupancy(self) -> Occupancy:
+        sched = self.sched
+        req_blocks = self._req_blocks
+        final_len = self._final_len
+        bs = self.block_size
+        computed = held = internal = 0
+        for req in sched.running:
+            rid = req.request_id
+            computed += req.num_computed_tokens
+            nb = len(req_blocks.get(rid, ()))
+            held += nb
+            extra = nb * bs - final_len[rid]
+            if extra > 0:
+                internal += extra
+        running, waiting = sched.get_request_counts()
+        return Occupancy(running=running, waiting=waiting,
+                         allocated_blocks=self.usable_blocks - self.pool.get_num_free_blocks(),
+                         computed_tokens=computed, held_blocks=held, internal_positions=internal)
+
+    def execute(self, step: StepOut) -> tuple[list[int], list[int]]:
+        """The mocked model: one token per request whose prefill is complete.
+
+        Returns (sequences that got a token, sequences that finished).
+        """
+        out = step.handle
+        reqs = self.requests
+        ids = list(out.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        got: list[int] = []
+        vocab = self.vocab_size
+        for rid in ids:
+            req = reqs[rid]
+            if req.num_computed_tokens >= req.num_tokens:
+                idx = int(rid)
+                sampled.append([sampled_token(idx, req.num_tokens, vocab)])
+                got.append(idx)
+            else:
+                sampled.append([])
+        self.sched.update_from_output(out, self._Output(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                        sampled_token_ids=sampled))
+        finished = []
+        for rid in self.sched.finished_req_ids:
+            # Forget finished requests (as vLLM does): a long trace must not keep every prompt alive.
+            req = reqs.pop(rid)
+            del self._final_len[rid]
+            idx = int(rid)
+            self._preemptions_at_finish[idx] = req.num_preemptions
+            finished.append(idx)
+        return got, finished
+

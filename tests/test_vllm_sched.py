@@ -1,0 +1,295 @@
+"""The vllm-sched runner (vLLM's own scheduler on CPU, mocked model), its adapter,
+and the divergence finder behind ``kvbench diverge``.
+
+Tests marked ``needs_vllm`` skip where vLLM is not installed; the rest (version
+gate, not-installed message, divergence, the diverge command on sim runs) run
+everywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import store
+from harness.cli import main
+from harness.errors import KvbenchError
+from harness.suite import parse_suite
+from harness.sweep import build_cells, run_cell
+from reports.divergence import DEFAULT_COLUMNS, first_divergence
+from runners import get_runner, vllm_adapter
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
+
+SUITE = """
+name = "t"
+[model]
+preset = "{preset}"
+kv_dtype = "{kv_dtype}"
+[memory]
+kv_budget = "{budget}"
+max_model_len = {max_model_len}
+[workload]
+{workload}
+[scheduler]
+max_num_seqs = {max_num_seqs}
+max_num_batched_tokens = {max_num_batched_tokens}
+preemption = "{preemption}"
+[grid]
+runner = {runners}
+policy = {policies}
+block_size = [{block_size}]
+"""
+
+SMALL_WORKLOAD = """source = "uniform"
+prompt_min = 8
+prompt_max = 120
+output_min = 1
+output_max = 60
+num_requests = 24
+n = 2
+prefix_groups = 3
+prefix_len = 20
+arrival = "batch"
+seed = 3"""
+
+
+def cells_for(tmp_path: Path, **kw: object) -> list:
+    settings = dict(preset="tiny", kv_dtype="fp16", budget="64KiB", max_model_len=256, workload=SMALL_WORKLOAD,
+                    max_num_seqs=8, max_num_batched_tokens=64, preemption="recompute",
+                    runners='["vllm-sched"]', policies='["paged"]', block_size=16)
+    settings.update(kw)
+    suite = parse_suite(SUITE.format(**settings), str(tmp_path / "t.toml"))
+    return build_cells(suite, tmp_path, lambda m: None)
+
+
+# --- version gate and availability (no vLLM needed) ---------------------------------------------
+
+
+@pytest.mark.parametrize("version, ok", [("0.33.0", True), ("0.33.7", True), ("0.33.1+cu130", True),
+                                         ("0.34.0", False), ("0.32.9", False), ("1.33.0", False)])
+def test_version_series(version: str, ok: bool) -> None:
+    assert vllm_adapter._version_supported(version) is ok
+
+
+def test_unsupported_version_is_one_line_naming_the_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("vllm")
+    fake.__version__ = "0.35.2"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    with pytest.raises(KvbenchError) as exc:
+        vllm_adapter.load()
+    msg = str(exc.value)
+    assert "\n" not in msg and "0.35.2" in msg and "0.33.x" in msg
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.2")
+    reason = vllm_adapter.unavailable()
+    assert reason is not None and "0.33.x" in reason
+
+
+def test_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    assert vllm_adapter.unavailable() == 'vLLM is not installed: pip install -e ".[vllm]"'
+    with pytest.raises(KvbenchError, match=r'vLLM is not installed: pip install -e "\.\[vllm\]"'):
+        vllm_adapter.load()
+    assert get_runner("vllm-sched").unavailable() == vllm_adapter.NOT_INSTALLED
+
+
+def test_unavailable_runner_is_a_failed_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (cell,) = cells_for(tmp_path)
+    monkeypatch.setattr(vllm_adapter, "unavailable", lambda: vllm_adapter.NOT_INSTALLED)
+    row = run_cell(cell)
+    assert row["status"] == "failed" and row["error"] == vllm_adapter.NOT_INSTALLED
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"policies": '["contiguous-max"]'}, vllm_adapter.POLICY_ERROR),
+    ({"policies": '["virtual-contiguous"]'}, vllm_adapter.POLICY_ERROR),
+    ({"kv_dtype": "int8"}, "kv_dtype int8 cannot be hosted"),
+    ({"preemption": "swap"}, "recompute only"),
+])
+def test_unhostable_cells_are_failed_rows(tmp_path: Path, kw: dict, needle: str) -> None:
+    (cell,) = cells_for(tmp_path, **kw)
+    row = run_cell(cell)
+    assert row["status"] == "failed"
+    assert needle in row["error"] and "\n" not in row["error"]
+    runs = store.read_table(tmp_path, "runs", {cell.run_id})
+    assert runs["status"].tolist() == ["failed"]
+
+
+# --- the runner ---------------------------------------------------------------------------------
+
+
+@needs_vllm
+def test_run_records_sim_columns_and_invariants(tmp_path: Path) -> None:
+    (cell,) = cells_for(tmp_path)
+    row = run_cell(cell)
+    assert row["status"] == "ok", row.get("error")
+    assert row["runner"] == "vllm-sched" and row["vllm_version"] == importlib.metadata.version("vllm")
+    assert row["wall_s"] > 0
+    steps = store.read_table(tmp_path, "steps", {cell.run_id}).sort_values("step")
+    spec = cell.spec
+    assert len(steps) == row["steps"] > 0
+    assert steps["step"].tolist() == list(range(len(steps)))
+    budget = spec.budget_positions
+    assert (steps["allocated_positions"] + steps["free_positions"] == budget).all()
+    assert (steps["allocated_positions"] == steps["allocated_blocks"] * spec.block_size).all()
+    assert (steps["allocated_blocks"] <= spec.budget_blocks).all()
+    assert (steps["external_frag_positions"] <= steps["free_positions"]).all()
+    assert (steps["used_positions"] <= steps["allocated_positions"]).all()
+    assert (steps["reserved_positions"] >= 0).all() and (steps["internal_frag_positions"] >= 0).all()
+    assert (steps["used_positions"] + steps["reserved_positions"] + steps["internal_frag_positions"]
+            == steps["allocated_positions"]).all()
+    assert steps["step_wall_s"].isna().all() and steps["kv_bytes_allocated"].isna().all()
+    assert (steps["scheduled_tokens"] <= spec.scheduler.max_num_batched_tokens).all()
+    assert (steps["running"] <= spec.scheduler.max_num_seqs).all()
+    reqs = store.read_table(tmp_path, "requests", {cell.run_id})
+    w = cell.workload.requests
+    assert len(reqs) == int(w["n"].sum())
+    assert (reqs["status"] == "finished").all()
+    assert row["generated_tokens"] == int((w["output_len"] * w["n"]).sum())
+    assert int(steps["finished"].sum()) == len(reqs)
+    assert int(steps["preempted"].sum()) == int(reqs["num_preemptions"].sum()) == row["preemptions"]
+    assert (reqs["first_scheduled_s"] <= reqs["first_token_s"]).all()
+    assert (reqs["first_token_s"] <= reqs["finished_s"]).all()
+
+
+@needs_vllm
+def test_infeasible_cell(tmp_path: Path) -> None:
+    (cell,) = cells_for(tmp_path, budget="1KiB")
+    row = run_cell(cell)
+    assert row["status"] == "infeasible" and "infeasible" in row["error"]
+
+
+@needs_vllm
+def test_rejected_vllm_config_is_a_failed_row(tmp_path: Path) -> None:
+    # vLLM refuses max_num_batched_tokens < max_num_seqs; the row says so in one line.
+    (cell,) = cells_for(tmp_path, max_num_seqs=64, max_num_batched_tokens=16)
+    row = run_cell(cell)
+    assert row["status"] == "failed" and row["error"].startswith("vLLM rejected the configuration")
+
+
+@needs_vllm
+@pytest.mark.parametrize("kv_dtype, torch_name, cache_dtype", [
+    ("fp16", "float16", "auto"), ("bf16", "bfloat16", "auto"), ("fp32", "float32", "auto"),
+    ("fp8", "float8_e4m3fn", "fp8_e4m3"), ("fp8_e5m2", "float8_e5m2", "fp8_e5m2"),
+])
+def test_geometry_budget_and_dtype_mapping(tmp_path: Path, kv_dtype: str, torch_name: str, cache_dtype: str) -> None:
+    import torch
+
+    (cell,) = cells_for(tmp_path, kv_dtype=kv_dtype, max_model_len=300)
+    spec = cell.spec
+    vs = vllm_adapter.VllmScheduler(spec, tmp_path / "model")
+    # The null block: one more than the budget's blocks, and exactly the budget's blocks lendable.
+    assert vs.num_blocks == spec.budget_blocks + 1
+    assert vs.occupancy().allocated_blocks == 0 and vs.usable_blocks == spec.budget_blocks
+    assert vs.kv_dtype == getattr(torch, torch_name) and vs.cache_dtype == cache_dtype
+    cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    g = spec.geometry
+    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+            cfg["hidden_size"], cfg["vocab_size"]) == (g.num_layers, g.num_attention_heads, g.num_kv_heads,
+                                                       g.head_dim, g.hidden_size, g.vocab_size)
+    assert cfg["max_position_embeddings"] >= spec.memory.max_model_len
+
+
+@needs_vllm
+def test_token_ids_deterministic_and_shared(tmp_path: Path) -> None:
+    from runners.vllm_sched import PromptIds
+    from runners.common import expand_seqs
+
+    (cell,) = cells_for(tmp_path)
+    seqs = expand_seqs(cell)
+    first = [PromptIds(cell).of(s) for s in seqs]
+    again = PromptIds(cell)
+    assert [again.of(s) for s in seqs] == first
+    vocab = cell.spec.geometry.vocab_size
+    by_req: dict[int, list[int]] = {}
+    for s, ids in zip(seqs, first):
+        assert len(ids) == s.prompt_len and all(1 <= t < vocab for t in ids)
+        assert by_req.setdefault(s.request_id, ids) == ids  # samples share the whole prompt
+    groups: dict[int, list[int]] = {}
+    for s, ids in zip(seqs, first):
+        if s.prefix_group >= 0:
+            k = min(s.prefix_len, s.prompt_len)
+            ref = groups.setdefault(s.prefix_group, ids[:k])
+            m = min(len(ref), k)
+            assert ids[:m] == ref[:m]
+    for idx in range(50):
+        for pos in range(0, 3000, 7):
+            t = vllm_adapter.sampled_token(idx, pos, vocab)
+            assert vllm_adapter.FIRST_SAMPLED_ID <= t < vocab and t != vllm_adapter.EOS_ID
+    assert vllm_adapter.sampled_token(3, 10, vocab) != vllm_adapter.sampled_token(4, 10, vocab)
+
+
+@needs_vllm
+def test_same_cell_twice_is_identical(tmp_path: Path) -> None:
+    (cell,) = cells_for(tmp_path, budget="48KiB")
+    run_cell(cell)
+    first = store.read_table(tmp_path, "steps", {cell.run_id}).drop(columns="run_id")
+    run_cell(cell)
+    second = store.read_table(tmp_path, "steps", {cell.run_id}).drop(columns="run_id")
+    pd.testing.assert_frame_equal(first.sort_values("step").reset_index(drop=True),
+                                  second.sort_values("step").reset_index(drop=True))
+    assert first["preempted"].sum() > 0  # the budget is tight enough to preempt
+
+
+# --- divergence -----------------------------------------------------------------------------------
+
+
+def frame(**cols: list) -> pd.DataFrame:
+    n = len(next(iter(cols.values())))
+    base = {c: [0] * n for c in DEFAULT_COLUMNS}
+    base.update(cols)
+    return pd.DataFrame({"step": list(range(n)), **base})
+
+
+def test_divergence_identical_and_first_difference() -> None:
+    a = frame(running=[1, 2, 3, 3], allocated_blocks=[4, 8, 12, 12], waiting=[3, 2, 1, 0])
+    assert first_divergence(a, a.copy()) is None
+    b = a.copy()
+    b.loc[2, "allocated_blocks"] = 13
+    b.loc[3, "running"] = 4
+    d = first_divergence(a, b.sample(frac=1, random_state=0))  # row order does not matter
+    assert d is not None and d.step == 2 and d.columns == ("allocated_blocks",)
+    assert d.a["allocated_blocks"] == 12 and d.b["allocated_blocks"] == 13
+    assert d.previous_a["allocated_blocks"] == 8
+    assert "allocated_blocks 12 vs 13" in d.reason and "step 2" in d.describe()
+    assert first_divergence(a, b, columns=("running",)).step == 3
+
+
+def test_divergence_in_length_and_explanations() -> None:
+    a = frame(running=[1, 2, 3])
+    d = first_divergence(a, a.iloc[:2])
+    assert d is not None and d.step == 2 and d.columns == () and (d.steps_a, d.steps_b) == (3, 2)
+    assert "only A continues" in d.reason
+    assert first_divergence(a.iloc[:0], a.iloc[:0]) is None
+    p = frame(preempted=[0, 1], running=[2, 1])
+    q = frame(preempted=[0, 0], running=[2, 2])
+    assert "preempted" in first_divergence(p, q).reason
+    with pytest.raises(ValueError, match="lacks"):
+        first_divergence(a.drop(columns="waiting"), a)
+
+
+def test_diverge_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cells = cells_for(tmp_path, runners='["sim"]', policies='["paged", "paged-prefix", "contiguous-max"]',
+                      budget="1MiB",
+                      workload=SMALL_WORKLOAD.replace("prefix_groups = 3\nprefix_len = 20\n", "").replace("n = 2", "n = 1"))
+    ids = {c.spec.policy: run_cell(c)["run_id"] for c in cells}
+    # No shared prefix, one sample each, no preemption (a preempted request would
+    # hit its own cached blocks): prefix caching changes nothing here.
+    assert main(["diverge", str(tmp_path), ids["paged"], ids["paged-prefix"][:8]]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("identical over ") and "sim/paged vs sim/paged-prefix" in out
+    assert main(["diverge", str(tmp_path), ids["paged"], ids["contiguous-max"], "--columns", "running,allocated_blocks"]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence at step" in out and "not the same work: block_size" in out
+    assert main(["diverge", str(tmp_path), ids["paged"], "nope"]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
+    assert main(["diverge", str(tmp_path), ids["paged"], ids["paged"], "--columns", "bogus"]) == 2
