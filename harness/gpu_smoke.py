@@ -1,0 +1,233 @@
+"""``kvbench doctor --gpu``: a couple of minutes on a GPU that exercise every timed runner.
+
+One in-process suite, run with ``harness.sweep.build_cells``/``run_cells``:
+
+- model: Llama-3-8B's layer shapes (32 query heads, 8 KV heads of dim 128, so
+  vLLM's default attention kernels apply) cut to 2 layers with a 32k
+  vocabulary: 8 KiB of fp16 KV per token, about 0.7 B parameters (dummy
+  weights for vLLM, seeded random ones for torch), written as a
+  ``config.json`` into the results directory; nothing is downloaded;
+- workload: 96 requests, prompts 32–512 and outputs 16–192 tokens (uniform),
+  all arriving at once; 128 MiB of KV (16,384 positions), ``max_model_len``
+  1024, so ``contiguous-max`` holds 16 requests at once and paging about
+  three times as many;
+- cells: ``vllm``/paged (block 16), ``torch`` on CUDA with contiguous-max,
+  contiguous-oracle and paged, and ``sim`` with the same three policies.
+
+It prints progress, the per-cell results and the decomposition table of
+``reports.decomposition`` (naive = allocation × runtime). vLLM runs eagerly
+(no torch.compile or CUDA graphs: ``KVBENCH_VLLM_ENFORCE_EAGER=1`` unless the
+environment sets it) to keep start-up short; its numbers are then a lower
+bound on the engine's speed.
+
+Exit codes: 0 every cell ok; 1 a cell failed (or vLLM was unavailable); 2 no
+CUDA device (one line, nothing run).
+
+    python -m harness.gpu_smoke [--out DIR]      # keep the records in DIR
+    KVBENCH_SMOKE_OUT=DIR kvbench doctor --gpu   # the same
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+NO_CUDA_LINE = ("kvbench doctor --gpu: no CUDA device (torch.cuda.is_available() is False); "
+                "the GPU smoke test needs one")
+OUT_ENV = "KVBENCH_SMOKE_OUT"  # where `kvbench doctor --gpu` keeps its records (default: a temporary directory)
+LAYERS = 2
+VOCAB = 32000
+MODEL_NAME = f"llama-3-8b-{LAYERS}l-32k"
+MAX_MODEL_LEN = 1024
+
+SUITE = """\
+name = "gpu-smoke"
+
+[model]
+config = {config}
+kv_dtype = "fp16"
+
+[memory]
+kv_budget = "128MiB"
+max_model_len = {max_model_len}
+
+[workload]
+source = "uniform"
+num_requests = 96
+prompt_min = 32
+prompt_max = 512
+output_min = 16
+output_max = 192
+arrival = "batch"
+seed = 0
+
+[scheduler]
+max_num_seqs = 128
+max_num_batched_tokens = 2048
+
+[run]
+device = "cuda"
+
+[grid]
+runner = {runners}
+policy = ["contiguous-max", "contiguous-oracle", "paged"]
+block_size = [16]
+
+[runners.vllm]
+policy = ["paged"]
+"""
+
+CELL_COLUMNS = (("runner", "runner"), ("policy", "policy"), ("status", "status"), ("steps", "steps"),
+                ("mean_running", "mean_run"), ("peak_running", "peak_run"), ("preemptions", "preempt"),
+                ("token_states_frac", "states%"), ("tokens_per_s", "tokens/s"),
+                ("wall_tokens_per_s", "wall tok/s"), ("mean_step_wall_s", "step ms"), ("wall_s", "wall s"))
+DECOMP_COLUMNS = (("metric", "metric"), ("baseline", "contiguous baseline"), ("torch_contiguous", "torch/contig"),
+                  ("torch_paged", "torch/paged"), ("vllm_paged", "vllm/paged"), ("naive", "naive ×"),
+                  ("allocation", "allocation ×"), ("runtime", "runtime ×"), ("sim_allocation", "sim alloc ×"))
+
+
+def say(msg: str) -> None:
+    print(f"[gpu-smoke] {msg}", flush=True)
+
+
+def _fmt(key: str, value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if key.endswith("_frac"):
+        return f"{100 * value:.1f}"  # type: ignore[operator]
+    if key == "mean_step_wall_s":
+        return f"{1000 * value:.2f}"  # type: ignore[operator]
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def table(rows: list[dict[str, object]], columns: tuple[tuple[str, str], ...]) -> str:
+    cells = [[h for _, h in columns]] + [[_fmt(k, r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join("  " + "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
+                     for row in cells)
+
+
+def write_model(directory: Path) -> Path:
+    """Llama-3-8B's layers, ``LAYERS`` of them, a 32k vocabulary (fewer random weights to draw):
+    vLLM's config.json, from vllm_adapter's generator."""
+    from harness.geometry import llama_param_count, preset
+    from runners.vllm_adapter import write_model_dir
+
+    g = preset("llama-3-8b").replace(num_layers=LAYERS, vocab_size=VOCAB)
+    g = g.replace(name=MODEL_NAME, num_params=llama_param_count(
+        g.num_layers, g.hidden_size, g.num_attention_heads, g.num_kv_heads, g.head_dim, g.intermediate_size, g.vocab_size))
+    spec = types.SimpleNamespace(geometry=g, model=types.SimpleNamespace(kv_dtype="fp16"),
+                                 memory=types.SimpleNamespace(max_model_len=MAX_MODEL_LEN))
+    return write_model_dir(spec, directory)  # type: ignore[arg-type]
+
+
+def suite_text(model: Path, runners: list[str]) -> str:
+    return SUITE.format(config=json.dumps(str(model)), max_model_len=MAX_MODEL_LEN, runners=json.dumps(runners))
+
+
+def run_smoke(out: Path | None = None) -> int:
+    try:
+        import torch
+
+        cuda = bool(torch.cuda.is_available())
+    except Exception:  # no torch, or a broken one: no device either way
+        cuda = False
+    if not cuda:
+        print(NO_CUDA_LINE, file=sys.stderr)
+        return 2
+    if out is None and os.environ.get(OUT_ENV):
+        out = Path(os.environ[OUT_ENV])
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="kvbench-gpu-smoke-") as tmp:
+            return _smoke(Path(tmp))
+    out.mkdir(parents=True, exist_ok=True)
+    return _smoke(out)
+
+
+def _smoke(out: Path) -> int:
+    import torch
+
+    from harness import store
+    from harness.provenance import provenance
+    from harness.suite import parse_suite
+    from harness.sweep import build_cells, run_cells
+    from runners.vllm_engine import EAGER_ENV, VllmRunner
+
+    t0 = time.monotonic()
+    prov = provenance()
+    say(f"device {torch.cuda.get_device_name()}  torch {prov.get('torch_version')}  CUDA {torch.version.cuda}  "
+        f"vllm {prov.get('vllm_version')}  kvbench {prov.get('kvbench_version')}")
+    runners = ["vllm", "torch", "sim"]
+    problems: list[str] = []
+    reason = VllmRunner().unavailable()
+    if reason is not None:
+        runners.remove("vllm")
+        problems.append(f"vllm skipped: {reason}")
+        say(f"vllm skipped: {reason}")
+    os.environ.setdefault(EAGER_ENV, "1")
+    model = write_model(out / MODEL_NAME)
+    text = suite_text(model, runners)
+    suite_path = out / "gpu-smoke.toml"
+    suite_path.write_text(text)
+    suite = parse_suite(text, str(suite_path))
+    cells = build_cells(suite, out, say)
+    say(f"{len(cells)} cells into {out}: " + ", ".join(f"{c.spec.runner}/{c.spec.policy}" for c in cells)
+        + f"  (vLLM eager: {os.environ.get(EAGER_ENV)})")
+    run_cells(cells, quiet=False)
+    ids = {c.run_id for c in cells}
+    order = {c.run_id: i for i, c in enumerate(cells)}
+    runs = store.read_table(out, "runs", ids)
+    runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
+    records = runs.to_dict("records")
+    first = records[0] if records else {}
+    print(f"\nmodel {first.get('model')}  workload {first.get('workload_id')}  kv {first.get('kv_dtype')}  "
+          f"budget {first.get('budget_bytes') or 0:,} B ({first.get('budget_positions') or 0:,} positions)")
+    print(table(records, CELL_COLUMNS))
+    for r in records:
+        if r.get("runner") in ("torch", "vllm") and r.get("status") == "ok":
+            peak = r.get("peak_kv_bytes_allocated")
+            peak_text = "-" if peak is None or peak != peak else f"{int(peak):,} B"
+            print(f"  {r['runner']}/{r['policy']}: device {r.get('device')}, attention {r.get('attention_backend')}, "
+                  f"peak KV allocated {peak_text}")
+        if r.get("status") != "ok":
+            problems.append(f"{r.get('runner')}/{r.get('policy')} {r.get('status')}: {r.get('error')}")
+            print(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('status')}: {r.get('error')}")
+    from reports.decomposition import decompose
+
+    decomp = decompose(runs.drop(columns="_order"))
+    # tokens_per_s is per kvbench clock step for torch but per device second for vllm: no ratio of
+    # the two means anything. wall_tokens_per_s is per device second for both.
+    decomp = decomp[decomp["metric"] != "tokens_per_s"]
+    print("\ndecomposition: vllm/paged vs torch/contiguous = allocation (torch/paged vs torch/contiguous) "
+          "× runtime (vllm/paged vs torch/paged); throughput as wall_tokens_per_s (generated tokens per "
+          "device-synchronised step second; tokens_per_s rows left out: torch's counts kvbench clock steps)")
+    if len(decomp):
+        print(table(decomp.to_dict("records"), DECOMP_COLUMNS))
+        warnings = {w for w in decomp["warning"].dropna()}
+        for w in sorted(warnings):
+            print(f"  ! {w}")
+    else:
+        print("  (no rows: no torch or vllm run)")
+    say(f"done in {time.monotonic() - t0:.0f}s: "
+        + ("all cells ok" if not problems else f"{len(problems)} problem(s), see above"))
+    return 0 if not problems else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.gpu_smoke", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="keep the records here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    return run_smoke(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
