@@ -10,9 +10,10 @@ needed to explain it, or ``None`` when they agree on every step. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas loads on first use, so `kvbench --help` stays quick
+    import pandas as pd
 
 DEFAULT_COLUMNS: tuple[str, ...] = ("allocated_blocks", "running", "waiting", "preempted")
 # Shown beside the compared columns to explain a divergence.
@@ -110,6 +111,8 @@ def first_divergence(a: pd.DataFrame, b: pd.DataFrame,
     a, b = _ordered(a), _ordered(b)
     n = min(len(a), len(b))
     if n:
+        import pandas as pd
+
         eq = pd.Series(True, index=range(n))
         for c in columns:
             va = a[c].iloc[:n].reset_index(drop=True)
