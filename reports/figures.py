@@ -291,6 +291,10 @@ METRIC_TITLES = {"tokens_per_s": "throughput: generated tokens/s (run's clock)",
                  "mean_running": "mean running requests", "peak_running": "peak running requests"}
 
 
+def _decomp_key(r: dict) -> tuple:
+    return (r["workload_id"], r["kv_dtype"], r["budget_bytes"], r["block_size"])
+
+
 def decomposition(decomp: pd.DataFrame) -> Plot:
     name, title = "7-decomposition", "Decomposition: allocation effect × runtime effect"
     rows = decomp[decomp[["naive", "allocation", "runtime"]].notna().any(axis=1)] if len(decomp) else decomp
@@ -299,6 +303,8 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
                                        "and vllm/paged for the runtime effect)")
     metrics: Sequence[str] = [m for m in dict.fromkeys(rows["metric"])]
     groups = rows.drop_duplicates(["workload_id", "kv_dtype", "budget_bytes", "block_size"])
+    # Several groups: a letter on each tick, spelled out once in the heading (long labels collide).
+    letters = {_decomp_key(g): chr(ord("A") + i) for i, g in enumerate(groups.to_dict("records"))}
     per_metric = int(rows.groupby("metric").size().max())
     ncols = 2 if len(metrics) > 1 else 1
     nrows = -(-len(metrics) // ncols)
@@ -332,8 +338,8 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
         ax.set_ylim(lo, hi)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}×" if round(v, 6) in (0.5, 2, 3, 5) else ""))
-        ax.set_xticks(x, [f"vs {r['baseline'] or '(no contiguous run)'}"
-                          + (f"\n{_decomp_group(r)}" if len(groups) > 1 else "") for r in sub.to_dict("records")],
+        ax.set_xticks(x, [(f"{letters[_decomp_key(r)]}: " if len(groups) > 1 else "")
+                          + f"vs {r['baseline'] or '(no contiguous run)'}" for r in sub.to_dict("records")],
                       fontsize=8)
         ax.set_title(METRIC_TITLES.get(metric, metric), fontsize=10)
     for ax in axes[::ncols]:
@@ -345,6 +351,9 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
     heading = "What a naive vLLM-vs-contiguous comparison shows, split into allocation effect × runtime effect"
     if len(groups) == 1:
         heading += f"\nworkload {_decomp_group(groups.iloc[0].to_dict())}; models: {groups.iloc[0]['models']}"
+    else:
+        heading += "".join(f"\n{letters[_decomp_key(g)]} = workload {_decomp_group(g)}"
+                           for g in groups.to_dict("records"))
     fig.suptitle(heading, fontsize=11)
     return Plot(name, title, fig, "Per workload, KV precision and budget: naive = allocation × runtime exactly. "
                                   "n/a: the runs for that factor are missing (never estimated), or, for tokens/s, "
