@@ -90,10 +90,17 @@ def load() -> Any:
     """Import vLLM and check its version; the module, or a one-line KvbenchError."""
     if importlib.util.find_spec("vllm") is None:
         raise KvbenchError(NOT_INSTALLED)
+    # Importing vLLM makes torch log deprecation warnings about its own internals
+    # ("torch._opaque_base is deprecated"); they say nothing to a kvbench user.
+    # torch re-initialises its loggers while vLLM imports, so levels don't hold: mute warnings
+    # process-wide for the duration of the import only.
+    logging.disable(logging.WARNING)
     try:
         import vllm
     except ImportError as exc:
         raise KvbenchError(f"vLLM is installed but does not import ({one_line(str(exc))})") from None
+    finally:
+        logging.disable(logging.NOTSET)
     version = str(getattr(vllm, "__version__", "unknown"))
     if not _version_supported(version):
         raise KvbenchError(_version_error(version))
@@ -115,9 +122,11 @@ def _quiet_vllm() -> Iterator[None]:
     logger = logging.getLogger("vllm")
     level = logger.level
     logger.setLevel(logging.ERROR)
+    logging.disable(logging.WARNING)  # torch's own set-up warnings ("No CUDA runtime is found") too
     try:
         yield
     finally:
+        logging.disable(logging.NOTSET)
         logger.setLevel(level)
 
 
@@ -200,11 +209,12 @@ class VllmScheduler:
         check_policy(spec)
         load()
         torch_dtype_name, cache_dtype, model_dtype = kv_dtype_of(spec)
-        import torch
-        from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-        from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        from vllm.v1.structured_output import StructuredOutputManager
+        with _quiet_vllm():
+            import torch
+            from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+            from vllm.v1.core.sched.scheduler import Scheduler
+            from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+            from vllm.v1.structured_output import StructuredOutputManager
 
         self.block_size = bs = spec.block_size
         self.usable_blocks = spec.budget_blocks
