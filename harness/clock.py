@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from harness.geometry import ModelGeometry
 
 
@@ -53,6 +55,11 @@ class Clock:
     def step_time(self, work: StepWork) -> float:
         return 1.0
 
+    def step_times(self, scheduled_tokens: int, context_tokens: np.ndarray, attention_pairs: np.ndarray) -> np.ndarray:
+        """``step_time`` of many steps at once (int64 arrays; ``scheduled_tokens`` the same
+        in each): the same floats, bit for bit, as calling ``step_time`` step by step."""
+        return np.ones(len(context_tokens))
+
 
 class RooflineClock(Clock):
     name = "roofline"
@@ -71,6 +78,12 @@ class RooflineClock(Clock):
         bytes_moved = self._weight_bytes + work.context_tokens * self._kv_bytes_per_token
         flops = work.scheduled_tokens * self._flops_per_token + work.attention_pairs * self._attn_flops_per_pair
         return max(bytes_moved / self._bw, flops / self._peak)
+
+    def step_times(self, scheduled_tokens: int, context_tokens: np.ndarray, attention_pairs: np.ndarray) -> np.ndarray:
+        # The same IEEE operations in the same order as step_time: int → float64, ×, +, /, max.
+        bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
+        flops = float(scheduled_tokens) * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
+        return np.maximum(bytes_moved / self._bw, flops / self._peak)
 
 
 def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: str) -> Clock:

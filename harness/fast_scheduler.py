@@ -15,6 +15,16 @@ the clock) advance by formula. Any other step (a preemption is coming, or the
 budget runs short) materialises every decoder and runs the reference
 ``Scheduler.schedule`` unchanged.
 
+Quiet stretches go further (``record_quiet_steps``, called by ``runners.common.drive``
+before each step): while only decoders run — no prefill in flight, nothing admitted,
+no arrival due, no decoder finishing, crossings fitting the free blocks — running,
+waiting and the per-step token count are constant, so a whole run of steps is
+computed with numpy (step times by ``Clock.step_times``, start times by a sequential
+``np.add.accumulate``, the allocation columns piecewise constant between crossings)
+and handed to the recorder as one block of rows: per-step Python work disappears
+from most of a realistic trace. Without prefix caching, the paged policies keep
+block counts only (``CountingPagedPolicy``): nothing here reads block ids.
+
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in
 the reference the step it fills, here at the next crossing or before a free
@@ -24,21 +34,47 @@ freed in running order, because the order of frees is the LRU order.
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from harness.clock import StepWork
+from harness.recorder import STEP_FIELDS
 from harness.scheduler import Scheduler, StepPlan
 from harness.sequence import FINISHED, Seq
 
+if TYPE_CHECKING:
+    from harness.recorder import RunRecorder
+
+# Columns of a step row (harness.recorder.STEP_FIELDS), for the bulk rows.
+STEP, T_S, DT_S, USED, RESERVED, EVICTED = (STEP_FIELDS.index(c) for c in (
+    "step", "t_s", "dt_s", "used_positions", "reserved_positions", "evicted_blocks"))
+BLOCKS, FREE = STEP_FIELDS.index("allocated_blocks"), STEP_FIELDS.index("free_positions")
+assert STEP_FIELDS[BLOCKS:FREE + 1] == ("allocated_blocks", "allocated_positions", "used_positions", "reserved_positions",
+                                        "internal_frag_positions", "external_frag_positions", "free_positions")
+_PER_STEP = np.zeros(len(STEP_FIELDS))  # a quiet step's row minus the previous one: step + 1, …
+_PER_STEP[STEP] = 1
+_PER_TOKEN = np.zeros(len(STEP_FIELDS))  # … and per decoder: used + 1, reserved − 1
+_PER_TOKEN[USED] = 1
+_PER_TOKEN[RESERVED] = -1
+
+BULK_MIN = 3  # a quiet stretch shorter than this is not worth the arrays
+BULK_MAX = 512  # steps per bulk call (longer stretches take several calls)
+
 
 class FastScheduler(Scheduler):
+    needs_block_ids = False
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.tick = 0  # D: simple decode ticks so far
         self.num_decoders = 0
         self.dec_sum = 0  # Σ (computed − dec_tick) over decoders: Σ computed = dec_sum + D × n
         self.crossing: defaultdict[int, list[tuple[Seq, int]]] = defaultdict(list)
-        self.finishing: defaultdict[int, list[tuple[Seq, int]]] = defaultdict(list)
+        self.finishing: dict[int, list[tuple[Seq, int]]] = {}
+        self._finish_ticks: list[int] = []  # heap of the keys of ``finishing``
         self.explicit: list[Seq] = []  # running requests still prefilling, in running order
         self._next_pos = 0
         self._simple = False
@@ -61,7 +97,13 @@ class FastScheduler(Scheduler):
         # that reaches the allocation, and the last token is sampled at T_f.
         if seq.allocated - seq.num_computed + d + 1 <= seq.output_len - seq.num_output + d:
             self.crossing[seq.allocated - seq.num_computed + d + 1].append((seq, seq.epoch))
-        self.finishing[seq.output_len - seq.num_output + d].append((seq, seq.epoch))
+        t = seq.output_len - seq.num_output + d
+        lst = self.finishing.get(t)
+        if lst is None:
+            self.finishing[t] = [(seq, seq.epoch)]
+            heapq.heappush(self._finish_ticks, t)
+        else:
+            lst.append((seq, seq.epoch))
 
     def _materialize(self, seq: Seq) -> None:
         k = self.tick - seq.dec_tick
@@ -103,6 +145,7 @@ class FastScheduler(Scheduler):
                     self._unregister(seq)
             self.crossing.clear()  # every pending event belonged to a decoder just handed over
             self.finishing.clear()
+            self._finish_ticks.clear()
             self.explicit = []
             return super().schedule()
 
@@ -180,3 +223,145 @@ class FastScheduler(Scheduler):
             self._register(seq)
         self.step_index += 1
         return done
+
+    # -- quiet stretches, in bulk ----------------------------------------------------------
+    def _next_finish_tick(self) -> int | None:
+        """The first tick at which a live decoder finishes (stale events dropped)."""
+        heap, finishing = self._finish_ticks, self.finishing
+        while heap:
+            t = heap[0]
+            events = finishing.get(t)
+            if events is not None and t > self.tick:
+                if any(s.epoch == e and s.dec_tick >= 0 for s, e in events):
+                    return t
+                del finishing[t]
+            heapq.heappop(heap)
+        return None
+
+    def _admission_blocked(self, decoders: int) -> bool:
+        """True when ``_admit`` admits nothing now, and will not while only decoders grow:
+        the token budget, ``max_num_seqs`` or the head's memory stops it (free memory only
+        shrinks while nothing finishes; a contiguous arena does not change at all)."""
+        budget = self.config.max_num_batched_tokens - decoders
+        if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return True
+        head = self.waiting[0]
+        computed = head.num_computed  # no prefix caching here: no hit
+        num_new = min(head.num_tokens - computed, budget)
+        return not self.policy.can_allocate(head, computed + num_new,
+                                            must_fit=min(head.num_tokens, self.max_model_len))
+
+    def record_quiet_steps(self, recorder: RunRecorder) -> int:
+        """Run and record a stretch of *quiet* steps at once; return how many (0: none now).
+
+        A quiet step is a simple step in which only decoders run: no prefill chunk is in
+        flight, nothing is admitted (nothing waits, or admission is blocked and stays so),
+        no arrival is due, no decoder finishes, and the block crossings fit the free blocks.
+        Running and waiting stay constant, every decoder computes one token, so the step
+        times (``Clock.step_times``, accumulated left to right) and the allocation columns
+        (changing only at crossings) come out as arrays — the same values, bit for bit, as
+        ``schedule``/``measure``/``finish_step`` step by step. Prefix caching is left to
+        the step-by-step path (crossings there cache and may evict blocks).
+        """
+        n = self.num_decoders
+        if self._caching or self.explicit or n == 0 or n > self.config.max_num_batched_tokens:
+            return 0
+        self._release_arrivals()  # what schedule() would do first; a no-op when repeated
+        if self.waiting and not self._admission_blocked(n):
+            return 0
+        tick0 = self.tick
+        fin = self._next_finish_tick()
+        limit = BULK_MAX if fin is None else min(BULK_MAX, fin - tick0 - 1)
+        if limit < BULK_MIN:
+            return 0
+        clock = self.clock
+        now = self.now
+        ctx0 = self.dec_sum + (tick0 + 1) * n
+        pending = self.pending
+        if pending:
+            # Steps only get longer (context grows), so the arrival bounds the stretch at
+            # about (arrival − now) / first step time steps; the exact cut comes below.
+            dt0 = clock.step_time(StepWork(n, ctx0, ctx0))
+            room = pending[0].arrival_s - now
+            if room <= (BULK_MIN - 1) * dt0:
+                return 0
+            limit = min(limit, int(room / dt0) + 2)
+        context = np.arange(ctx0, ctx0 + limit * n, n, dtype=np.int64)[:limit]
+        ts = np.empty(limit + 1)
+        ts[0] = now
+        ts[1:] = clock.step_times(n, context, context)
+        np.add.accumulate(ts, out=ts)  # t_s of each step, then the end: sequential sums
+        k = limit
+        if pending:
+            k = int(np.searchsorted(ts[:limit], pending[0].arrival_s, side="left"))
+            if k < BULK_MIN:
+                return 0
+
+        # Block crossings, tick by tick, while they fit the blocks free at the stretch's start.
+        policy = self.policy
+        counting = getattr(policy, "counting", False)
+        free = policy.free_blocks() if hasattr(policy, "free_blocks") else math.inf
+        head = self.waiting[0] if self.waiting else None
+        external = policy.external_frag(head)
+        # (first step, blocks, positions, internal) of each run of steps with the same allocation
+        levels = [(0, policy.allocated_blocks(), policy.allocated_positions, policy.internal_positions)]
+        taken = 0
+        crossing = self.crossing
+        for j in range(k):
+            t = tick0 + 1 + j
+            events = crossing.get(t)
+            if not events:
+                continue
+            crossers = [s for s, e in events if s.epoch == e and s.dec_tick >= 0]
+            if taken + len(crossers) > free:
+                k = j  # this step must preempt: the step-by-step path takes it
+                break
+            del crossing[t]
+            if not crossers:
+                continue
+            taken += len(crossers)
+            tm1 = t - 1
+            for seq in crossers:  # as in schedule(): materialise, one more block, the next crossing
+                d = tm1 - seq.dec_tick
+                seq.num_computed += d
+                seq.num_output += d
+                seq.dec_tick = tm1
+            if counting:
+                policy.grow_by_one_block(crossers)
+            else:
+                for seq in crossers:
+                    policy.allocate(seq, seq.num_computed + 1)
+            for seq in crossers:
+                nxt = seq.allocated - seq.num_computed + t
+                if nxt <= seq.output_len - seq.num_output + tm1:
+                    crossing[nxt].append((seq, seq.epoch))
+            levels.append((j, policy.allocated_blocks(), policy.allocated_positions, policy.internal_positions))
+        if k == 0:
+            return 0
+
+        # The k rows, as one float64 block in the recorder's layout (exact: integers < 2**53):
+        # row j = base + (j + 1) × per_step + the allocation level of step j.
+        used0 = self.used_positions - policy.shared_excess_positions
+        _, blocks0, allocated0, internal0 = levels[0]
+        base = [self.step_index - 1, 0.0, 0.0, len(self.running), len(self.waiting), 0, 0, 0, n,
+                blocks0, allocated0, used0, allocated0 - used0 - internal0, internal0, external,
+                policy.budget_positions - allocated0, 0, 0, math.nan, math.nan]
+        rows = np.outer(np.arange(1, k + 1, dtype=np.float64), _PER_STEP + n * _PER_TOKEN)
+        rows += base
+        if len(levels) > 1:  # allocated_blocks … free_positions: a contiguous run of columns
+            level = np.array([(b - blocks0, a - allocated0, 0, (a - allocated0) - (i - internal0), i - internal0,
+                               0, -(a - allocated0)) for _, b, a, i in levels], dtype=np.float64)
+            starts = [lv[0] for lv in levels]
+            starts.append(k)
+            rows[:, BLOCKS:FREE + 1] += np.repeat(level, [y - x for x, y in zip(starts, starts[1:])], axis=0)
+        rows[:, T_S] = ts[:k]
+        rows[:, DT_S] = ts[1:k + 1] - ts[:k]
+        evicted = policy.evictions - self._evictions_seen
+        self._evictions_seen = policy.evictions
+        rows[0, EVICTED] = evicted
+        recorder.add_step_rows(rows)
+        self.tick = tick0 + k
+        self.used_positions += k * n
+        self.now = float(ts[k])
+        self.step_index += k
+        return k

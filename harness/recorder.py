@@ -3,7 +3,14 @@
 Memory stays flat as steps grow: step rows are buffered column-wise and
 flushed as Parquet row groups every ``BATCH_ROWS`` rows. The run summary
 (time-weighted fractions of the budget, running-request statistics) is
-accumulated on the fly from the same rows.
+accumulated from the same rows, a buffer at a time.
+
+Steps arrive one row at a time (``add_step``) or a run of rows at a time,
+column-wise (``add_steps``, the simulator's quiet stretches). Either way they
+land in one float64 buffer (a null is NaN there; integers are exact below
+2**53, which is checked), and the Parquet file and the summary are the same,
+bit for bit, however the rows were added: row groups always hold
+``BATCH_ROWS`` rows, and every time-weighted sum is accumulated in row order.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -22,6 +30,18 @@ from harness.schema import REQUESTS, RUNS, STEPS, with_version
 BATCH_ROWS = 16_384
 STEP_FIELDS = tuple(STEPS.names)
 _I = {name: i for i, name in enumerate(STEP_FIELDS)}
+_FLOAT = [pa.types.is_floating(f.type) for f in STEPS]
+_EXACT = float(2**53)
+_MEASURED = ("kv_bytes_allocated", "step_wall_s")  # null unless a runner measures them  # integers held in a float64 buffer are exact below this
+
+
+def _seq_sum(start: float, terms: np.ndarray) -> float:
+    """start + terms[0] + terms[1] + … left to right, as a Python loop adds them
+    (``np.add.accumulate`` is sequential; ``np.sum`` is pairwise and is not)."""
+    acc = np.empty(len(terms) + 1)
+    acc[0] = start
+    acc[1:] = terms
+    return float(np.add.accumulate(acc)[-1])
 
 
 class StepSummary:
@@ -43,29 +63,60 @@ class StepSummary:
         self.wall_n = 0
 
     def add(self, row: Sequence[object]) -> None:
-        dt = row[_I["dt_s"]]
+        (_, _, dt, running, _, _, _, preempted, scheduled, _, _, used, reserved, internal, external, free,
+         evicted, hit, kv, wall) = row
         self.steps += 1
         self.time += dt
-        self.w_used += dt * row[_I["used_positions"]]
-        self.w_reserved += dt * row[_I["reserved_positions"]]
-        self.w_internal += dt * row[_I["internal_frag_positions"]]
-        self.w_external += dt * row[_I["external_frag_positions"]]
-        self.w_free += dt * row[_I["free_positions"]]
-        running = row[_I["running"]]
+        self.w_used += dt * used
+        self.w_reserved += dt * reserved
+        self.w_internal += dt * internal
+        self.w_external += dt * external
+        self.w_free += dt * free
         self.w_running += dt * running
         if running > self.peak_running:
             self.peak_running = running
-        self.preemptions += row[_I["preempted"]]
-        self.evictions += row[_I["evicted_blocks"]]
-        self.computed_tokens += row[_I["scheduled_tokens"]]
-        self.prefix_hit_tokens += row[_I["prefix_hit_tokens"]]
-        kv = row[_I["kv_bytes_allocated"]]
+        self.preemptions += preempted
+        self.evictions += evicted
+        self.computed_tokens += scheduled
+        self.prefix_hit_tokens += hit
         if kv is not None and (self.peak_kv_bytes is None or kv > self.peak_kv_bytes):
             self.peak_kv_bytes = kv
-        wall = row[_I["step_wall_s"]]
         if wall is not None:
             self.wall_sum += wall
             self.wall_n += 1
+
+    def add_many(self, columns: Sequence[np.ndarray]) -> None:
+        """``add`` of every row of ``columns`` (``STEP_FIELDS`` order, float64 or int arrays
+        of equal length; NaN is a null), with the same results: the time-weighted sums are
+        accumulated in row order, so they are the floats ``add`` row by row would give."""
+        n = len(columns[0])
+        if n == 0:
+            return
+        dt = columns[_I["dt_s"]]
+        self.steps += n
+        self.time = _seq_sum(self.time, dt)
+        for attr, name in (("w_used", "used_positions"), ("w_reserved", "reserved_positions"),
+                           ("w_internal", "internal_frag_positions"),
+                           ("w_external", "external_frag_positions"), ("w_free", "free_positions"),
+                           ("w_running", "running")):
+            setattr(self, attr, _seq_sum(getattr(self, attr), dt * columns[_I[name]]))
+        peak = int(columns[_I["running"]].max())
+        if peak > self.peak_running:
+            self.peak_running = peak
+        for attr, name in (("preemptions", "preempted"), ("evictions", "evicted_blocks"),
+                           ("computed_tokens", "scheduled_tokens"), ("prefix_hit_tokens", "prefix_hit_tokens")):
+            setattr(self, attr, getattr(self, attr) + int(columns[_I[name]].astype(np.int64).sum()))
+        kv = columns[_I["kv_bytes_allocated"]]
+        kv = kv[~np.isnan(kv)]
+        if len(kv):
+            top = int(kv.max())
+            if self.peak_kv_bytes is None or top > self.peak_kv_bytes:
+                self.peak_kv_bytes = top
+        wall = columns[_I["step_wall_s"]]
+        wall = wall[~np.isnan(wall)]
+        if len(wall):
+            self.wall_sum = _seq_sum(self.wall_sum, wall)
+            self.wall_n += len(wall)
 
     def fractions(self) -> dict[str, float | None]:
         denom = self.time * self.budget
@@ -81,39 +132,126 @@ class StepSummary:
         }
 
 
+def _arrow(values: np.ndarray, field: pa.Field, is_float: bool) -> pa.Array:
+    """One buffered column as the schema's Arrow array (NaN → null; integers checked exact)."""
+    values = np.ascontiguousarray(values)
+    nulls = np.isnan(values)
+    if nulls.all():
+        return pa.nulls(len(values), type=field.type)
+    mask = nulls if nulls.any() else None
+    if is_float:
+        return pa.array(values, type=field.type, mask=mask)
+    live = values[~nulls] if mask is not None else values
+    if len(live) and not (np.abs(live).max() < _EXACT):
+        raise OverflowError(f"steps.{field.name}: {np.abs(live).max()} is past what the buffer holds exactly")
+    ints = np.where(nulls, 0.0, values) if mask is not None else values
+    return pa.array(ints.astype(np.int64), type=field.type, mask=mask)
+
+
 class RunRecorder:
     """Writes one run's partitions under ``out``; publish order: steps, requests, runs."""
 
     def __init__(self, out: Path, run_id: str, budget_positions: int) -> None:
         self.out = Path(out)
         self.run_id = run_id
-        self.summary = StepSummary(budget_positions)
+        self._summary = StepSummary(budget_positions)
         self._tmp_steps = store.temp_dir(self.out, "steps", run_id)
         if self._tmp_steps.exists():
             shutil.rmtree(self._tmp_steps)
         self._tmp_steps.mkdir(parents=True)
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
             self._tmp_steps / store.PART, with_version(STEPS))
-        self._rows: list[tuple] = []
+        # Buffered steps, one row per step, one float64 column per field (NaN: null). Unused
+        # rows hold the "nothing" row (0, nulls as NaN), so bulk writes skip such columns.
+        self._blank = np.array([math.nan if name in _MEASURED else 0.0 for name in STEP_FIELDS])
+        self._buf = np.tile(self._blank, (2 * BATCH_ROWS, 1))
+        self._n = 0
+        self._summarized = 0  # rows of the buffer already in the summary
+
+    @property
+    def summary(self) -> StepSummary:
+        """Running totals over every step flushed so far (``finish`` flushes the rest first;
+        ``complete_row`` reads it after the step loop, so it covers every step)."""
+        self._flush()
+        return self._summary
 
     def add_step(self, row: tuple) -> None:
-        self._rows.append(row)
-        self.summary.add(row)
-        if len(self._rows) >= BATCH_ROWS:
+        self._buf[self._n] = row  # None → NaN
+        self._n += 1
+        if self._n >= BATCH_ROWS:
             self._flush()
 
-    def _flush(self) -> None:
-        if not self._rows or self._writer is None:
+    def add_steps(self, columns: Sequence[object], n: int) -> None:
+        """Record ``n`` consecutive steps at once, column-wise in ``STEP_FIELDS`` order: each
+        column an array of ``n`` values or one value (None: null) for all ``n`` rows. The
+        steps table and the summary are the same as from ``n`` calls of ``add_step``."""
+        if n <= 0:
             return
-        columns = list(zip(*self._rows))
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(col, type=field.type) for col, field in zip(columns, STEPS)], schema=STEPS)
-        self._writer.write_batch(batch)
-        self._rows = []
+        assert len(columns) == len(STEP_FIELDS)
+        if self._n + n > len(self._buf):
+            grown = np.tile(self._blank, (self._n + n + BATCH_ROWS, 1))
+            grown[:self._n] = self._buf[:self._n]
+            self._buf = grown
+        rows = self._buf[self._n:self._n + n]
+        for i, value in enumerate(columns):
+            if isinstance(value, np.ndarray):
+                assert len(value) == n, (len(value), n)
+                rows[:, i] = value
+            elif value is None:
+                if not math.isnan(self._blank[i]):
+                    rows[:, i] = math.nan
+            elif value != self._blank[i]:
+                rows[:, i] = value
+        self._n += n
+        if self._n >= BATCH_ROWS:
+            self._flush()
+
+    def add_step_rows(self, rows: np.ndarray) -> None:
+        """Record steps given as a (steps × ``STEP_FIELDS``) float64 block in the buffer's own
+        layout: NaN for a null, integers as exact floats (below 2**53). The fastest bulk form."""
+        n = len(rows)
+        if n == 0:
+            return
+        if self._n + n > len(self._buf):
+            grown = np.tile(self._blank, (self._n + n + BATCH_ROWS, 1))
+            grown[:self._n] = self._buf[:self._n]
+            self._buf = grown
+        self._buf[self._n:self._n + n] = rows
+        self._n += n
+        if self._n >= BATCH_ROWS:
+            self._flush()
+
+    def _flush(self, final: bool = False) -> None:
+        """Summarise the buffer and write it as row groups of ``BATCH_ROWS`` rows (and, when
+        ``final``, the rest); the rows of an incomplete group stay buffered."""
+        n = self._n
+        done = n if final else n - n % BATCH_ROWS
+        if done == 0 or self._writer is None:
+            if self._n and not final:
+                self._summarize_pending()
+            return
+        self._summarize_pending()
+        buf = self._buf
+        for start in range(0, done, BATCH_ROWS):
+            stop = min(start + BATCH_ROWS, done)
+            self._writer.write_batch(pa.RecordBatch.from_arrays(
+                [_arrow(buf[start:stop, i], field, _FLOAT[i]) for i, field in enumerate(STEPS)], schema=STEPS))
+        rest = n - done
+        buf[:rest] = buf[done:n]
+        buf[rest:n] = self._blank
+        self._n = rest
+        self._summarized = min(self._summarized, n) - done
+
+    def _summarize_pending(self) -> None:
+        lo, hi = self._summarized, self._n
+        if hi > lo:
+            rows = self._buf[lo:hi]
+            self._summary.add_many([rows[:, i] for i in range(len(STEP_FIELDS))])
+            self._summarized = hi
 
     def finish(self, requests: dict[str, list], run_row: dict[str, object]) -> None:
         """Publish steps and requests, then the run row that makes the run exist."""
-        self._flush()
+        self._flush(final=True)
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -63,6 +63,7 @@ class StepMeasure:
 
 
 class Scheduler:
+    needs_block_ids = True  # the reference may be driven with an executor that reads block tables
     def __init__(self, seqs: Iterable[Seq], policy: Policy, config: SchedulerSpec,
                  max_model_len: int, clock: Clock) -> None:
         self.pending: deque[Seq] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
@@ -177,26 +178,21 @@ class Scheduler:
         self.running.append(seq)
 
     def measure(self) -> StepMeasure:
+        return StepMeasure(*self.measure_values())
+
+    def measure_values(self) -> tuple[int, ...]:
+        """``measure()``'s fields as a plain tuple, in ``StepMeasure``'s order (the step loop's form)."""
         policy = self.policy
+        blocks = policy.allocated_blocks()
         allocated = policy.allocated_positions
         used = self.used_positions - policy.shared_excess_positions
         internal = policy.internal_positions
-        free = policy.budget_positions - allocated
-        head = self.waiting[0] if self.waiting else None
+        waiting = self.waiting
         evictions = policy.evictions - self._evictions_seen
         self._evictions_seen = policy.evictions
-        return StepMeasure(
-            running=len(self.running),
-            waiting=len(self.waiting),
-            allocated_blocks=policy.allocated_blocks(),
-            allocated_positions=allocated,
-            used_positions=used,
-            reserved_positions=allocated - used - internal,
-            internal_frag_positions=internal,
-            external_frag_positions=policy.external_frag(head),
-            free_positions=free,
-            evicted_blocks=evictions,
-        )
+        return (len(self.running), len(waiting), blocks, allocated, used, allocated - used - internal, internal,
+                policy.external_frag(waiting[0] if waiting else None), policy.budget_positions - allocated,
+                evictions)
 
     def finish_step(self, plan: StepPlan) -> list[Seq]:
         """Sample a token for every request whose prefill is complete; free the finished."""

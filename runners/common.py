@@ -178,7 +178,7 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
     seqs = expand_seqs(cell)
-    policy = make_policy(spec)
+    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids)
     row = base_row(cell, runner)
     short = shortfall(cell, seqs, policy)
     if short is not None:
@@ -188,24 +188,30 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
     recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
     stall = 0
     status, error = "ok", None
+    # The fast path records runs of quiet steps in bulk (never with an executor: it needs every plan).
+    bulk = getattr(sched, "record_quiet_steps", None) if executor is None else None
     t0 = time.perf_counter()
     beat = Heartbeat(f"{runner} {spec.policy}", sched.num_seqs) if cell.progress else None
+    next_beat = 0
     try:
         while sched.has_work():
-            if beat is not None and sched.step_index % 1024 == 0:
+            if beat is not None and sched.step_index >= next_beat:
                 beat.tick(sched.step_index, sched.finished)
+                next_beat = sched.step_index + 1024
+            if bulk is not None and bulk(recorder):
+                stall = 0  # every quiet step computes a token per decoder
+                continue
             plan = sched.schedule()
-            m = sched.measure()
+            m = sched.measure_values()
             wall, kv_bytes = executor.execute(plan) if executor is not None else (None, None)
             done = sched.finish_step(plan)
+            scheduled_tokens = plan.work.scheduled_tokens
             recorder.add_step((
-                plan.step, plan.t_s, sched.now - plan.t_s, m.running, m.waiting, plan.admitted, len(done),
-                len(plan.preempted), plan.work.scheduled_tokens, m.allocated_blocks, m.allocated_positions,
-                m.used_positions, m.reserved_positions, m.internal_frag_positions, m.external_frag_positions,
-                m.free_positions, m.evicted_blocks, plan.prefix_hit_tokens, kv_bytes, wall,
+                plan.step, plan.t_s, sched.now - plan.t_s, m[0], m[1], plan.admitted, len(done),
+                len(plan.preempted), scheduled_tokens, *m[2:], plan.prefix_hit_tokens, kv_bytes, wall,
             ))
             # Livelock guard: steps that compute nothing while work waits.
-            stall = stall + 1 if plan.work.scheduled_tokens == 0 and not sched.pending else 0
+            stall = stall + 1 if scheduled_tokens == 0 and not sched.pending else 0
             if stall > spec.scheduler.max_stall_steps:
                 status = "failed"
                 error = (f"livelock: {stall} steps without progress with {len(sched.waiting)} waiting and "

@@ -1,16 +1,28 @@
 """The simulator's fast path produces byte-identical steps and requests tables to the
-step-by-step reference scheduler, on workloads that exercise every path."""
+step-by-step reference scheduler, and the same run rows, on workloads that exercise every
+path: quiet stretches recorded in bulk, preemptions (fallback to the reference), chunked
+prefill, prefix caching with evictions, contiguous arenas, roofline clocks, Poisson and
+trace arrivals, and runs long enough to span several Parquet row groups."""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from harness import store
+from harness.clock import GPU_PRESETS, RooflineClock, StepWork
+from harness.fast_scheduler import FastScheduler
+from harness.geometry import resolve_model
+from harness.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
 from harness.suite import parse_suite
 from harness.sweep import build_cells
 from runners.sim import SimRunner
 from tests.conftest import DATA
+
+ALL_POLICIES = '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
 
 BASE = """
 name = "fast"
@@ -25,12 +37,15 @@ max_num_seqs = {seqs}
 max_num_batched_tokens = {tokens}
 preemption = "{preemption}"
 clock = "{clock}"
+gpu = "{gpu}"
 [workload]
 {workload}
 [grid]
-policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]
-block_size = [16, 32]
+policy = {policies}
+block_size = {block_sizes}
 """
+
+AZURE = DATA / "azure-conv-slice.csv"
 
 CASES = {
     "roomy-sharegpt": dict(budget="12GiB", workload='source = "sharegpt"\nnum_requests = 300'),
@@ -44,34 +59,153 @@ CASES = {
                              workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
     "swap": dict(budget="2300MiB", preemption="swap", workload='source = "sharegpt"\nnum_requests = 150'),
     "azure-slice": dict(preset="llama-3-8b", budget="1200MiB", max_len=8192, tokens=4096,
-                        workload=f'source = "trace"\npath = "{DATA / "azure-conv-slice.csv"}"\nlimit = 300\n'
+                        workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 300\n'
                                  'arrival = "trace"\ntime_scale = 0.02'),
+    # The benchmark's shape: real-time trace arrivals priced by the roofline clock (long quiet stretches).
+    "azure-trace-roofline": dict(preset="llama-3-8b", budget="1GiB", max_len=4096, seqs=256, clock="roofline",
+                                 gpu="A100-80GB", workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 150\n'
+                                                           'arrival = "trace"\ntime_scale = 0.05'),
+    # Admission blocked while decoders run (the head does not fit), stretches with a waiting queue.
+    "blocked-admission": dict(preset="llama-3-8b", budget="700MiB", seqs=64, clock="roofline",
+                              workload='source = "lognormal"\nprompt_mean = 400.0\noutput_mean = 300.0\n'
+                                       'num_requests = 120\narrival = "poisson"\nrate = 20.0\nseed = 3'),
+    # Prefix caching under memory pressure: cached blocks are evicted (asserted below).
+    "prefix-evictions": dict(budget="600MiB", policies='["paged-prefix"]', block_sizes="[16, 8]",
+                             workload='source = "uniform"\nprompt_min = 64\nprompt_max = 300\noutput_min = 1\n'
+                                      'output_max = 200\nnum_requests = 200\nprefix_groups = 6\nprefix_len = 128\n'
+                                      'n = 2\narrival = "poisson"\nrate = 4.0'),
+    # More steps than a Parquet row group, mostly quiet: bulk rows cross row-group boundaries.
+    "long-quiet": dict(budget="4GiB", seqs=8, clock="roofline", policies='["paged", "contiguous-oracle"]',
+                       block_sizes="[16]", workload='source = "fixed"\nprompt_len = 100\noutput_len = 1900\n'
+                                                    'num_requests = 30\narrival = "poisson"\nrate = 0.1'),
 }
 
 
 def _suite(**kw) -> str:
-    values = dict(preset="opt-13b", max_len=2048, seqs=64, tokens=2048, preemption="recompute", clock="steps")
+    values = dict(preset="opt-13b", max_len=2048, seqs=64, tokens=2048, preemption="recompute", clock="steps",
+                  gpu="A100-40GB", policies=ALL_POLICIES, block_sizes="[16, 32]")
     values.update(kw)
     return BASE.format(**values)
 
 
-def _bytes(out, table, run_id):
-    return pq.read_table(store.partition_dir(out, table, run_id) / store.PART)
+def _path(out, table, run_id):
+    return store.partition_dir(out, table, run_id) / store.PART
+
+
+WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step_wall_s"}
+
+
+@pytest.fixture
+def bulk_counter(monkeypatch):
+    """Counts the steps the fast path records in bulk (quiet stretches)."""
+    counted = {"steps": 0}
+    real = FastScheduler.record_quiet_steps
+
+    def counting(self, recorder):
+        k = real(self, recorder)
+        counted["steps"] += k
+        return k
+
+    monkeypatch.setattr(FastScheduler, "record_quiet_steps", counting)
+    return counted
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_fast_path_is_record_for_record_the_reference(tmp_path, case):
+def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_counter):
     suite = parse_suite(_suite(**CASES[case]), "fast.toml")
     fast, ref = tmp_path / "fast", tmp_path / "ref"
-    preempted = 0
+    preempted = evicted = steps = 0
+    fewest_steps = None
     for cell in build_cells(suite, fast, lambda m: None):
         ref_cell = cell.__class__(spec=cell.spec, workload=cell.workload, out=ref)
         a = SimRunner().run(cell)
         b = SimRunner(reference=True).run(ref_cell)
         assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
         for table in ("steps", "requests"):
-            ta, tb = _bytes(fast, table, cell.run_id), _bytes(ref, table, cell.run_id)
+            ta, tb = pq.read_table(_path(fast, table, cell.run_id)), pq.read_table(_path(ref, table, cell.run_id))
             assert ta.equals(tb), (case, cell.spec.policy, cell.spec.block_size, table)
+        # Byte for byte, row groups included.
+        assert _path(fast, "steps", cell.run_id).read_bytes() == _path(ref, "steps", cell.run_id).read_bytes()
+        # The run rows: identical but for wall-clock measurements (floats compared exactly).
+        for key in set(a) | set(b):
+            if key not in WALL_COLUMNS:
+                va, vb = a.get(key), b.get(key)
+                same = va == vb or (isinstance(va, float) and isinstance(vb, float) and math.isnan(va) and math.isnan(vb))
+                assert same, (case, cell.spec.policy, key, va, vb)
         preempted += b["preemptions"]
-    if case in ("tight-preempting", "swap", "prefix-groups-and-samples"):
+        evicted += b["evictions"]
+        steps += b["steps"]
+        fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
+    if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions"):
         assert preempted > 0  # the case really exercises the fallback path
+    if case == "prefix-evictions":
+        assert evicted > 0
+    if case == "long-quiet":
+        assert fewest_steps > BATCH_ROWS
+    if case in ("azure-trace-roofline", "long-quiet", "blocked-admission", "roomy-sharegpt"):
+        assert bulk_counter["steps"] > steps // 4  # quiet stretches really were recorded in bulk
+
+
+def test_roofline_step_times_are_step_time_bit_for_bit():
+    g = resolve_model("llama-3-8b", None)
+    clock = RooflineClock(g, g.kv_bytes_per_token("fp16"), GPU_PRESETS["A100-80GB"])
+    rng = np.random.default_rng(1)
+    for n in (1, 3, 250, 4096):
+        context = rng.integers(0, 10**9, 500)
+        pairs = context + rng.integers(0, 10**6, 500)
+        assert clock.step_times(n, context, pairs).tolist() == [
+            clock.step_time(StepWork(n, int(c), int(p))) for c, p in zip(context, pairs)]
+
+
+def _random_rows(rng, n, measured=False):
+    rows = []
+    t = 0.0
+    for i in range(n):
+        dt = float(rng.random()) * 0.03
+        ints = [int(v) for v in rng.integers(0, 10**6, 15)]
+        kv = int(rng.integers(0, 10**9)) if measured and i % 3 else None
+        wall = float(rng.random()) if measured and i % 2 else None
+        rows.append((i, t, dt, *ints, kv, wall))
+        t += dt
+    return rows
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_bulk_recording_is_row_by_row_recording(tmp_path, measured):
+    """add_steps / add_step_rows give the same file bytes and summary floats as add_step."""
+    rng = np.random.default_rng(7)
+    rows = _random_rows(rng, BATCH_ROWS + 5000, measured)
+    one = RunRecorder(tmp_path / "one", "r", 10**6)
+    for row in rows:
+        one.add_step(row)
+    bulk = RunRecorder(tmp_path / "bulk", "r", 10**6)
+    i = 0
+    while i < len(rows):
+        k = int(rng.integers(1, 3000))
+        chunk = rows[i:i + k]
+        mode = int(rng.integers(0, 3))
+        if mode == 0:
+            for row in chunk:
+                bulk.add_step(row)
+        elif mode == 1:
+            cols = list(zip(*chunk))
+            bulk.add_steps([c[0] if len(set(c)) == 1 else
+                            np.array([math.nan if v is None else v for v in c]) if None in c else np.array(c)
+                            for c in cols], len(chunk))
+        else:
+            bulk.add_step_rows(np.array([[math.nan if v is None else v for v in r] for r in chunk]))
+        i += k
+    assert vars(one.summary) == vars(bulk.summary)
+    for rec in (one, bulk):
+        rec.finish(_empty_requests(), {"status": "ok"})
+    a, b = _path(tmp_path / "one", "steps", "r"), _path(tmp_path / "bulk", "steps", "r")
+    assert a.read_bytes() == b.read_bytes()
+    table = pq.read_table(a)
+    assert table.num_rows == len(rows) and pq.ParquetFile(a).metadata.num_row_groups == 2
+    assert table.column("step").to_pylist() == [r[0] for r in rows]
+    assert table.column("kv_bytes_allocated").to_pylist() == [r[STEP_FIELDS.index("kv_bytes_allocated")] for r in rows]
+
+
+def _empty_requests():
+    from harness.schema import REQUESTS
+    return {name: [] for name in REQUESTS.names}

@@ -7,7 +7,7 @@ from typing import Callable
 from harness.errors import KvbenchError
 from harness.policies.base import Policy
 from harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
-from harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from harness.policies.paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from harness.specs import RunSpec
 
 
@@ -33,11 +33,21 @@ POLICIES: dict[str, Callable[[RunSpec], Policy]] = {
 }
 
 
-def make_policy(spec: RunSpec) -> Policy:
+# Block-count-only variants, for callers that never read block ids (the sim's fast path).
+COUNTING: dict[str, Callable[[RunSpec], Policy]] = {
+    "paged": lambda s: CountingPagedPolicy(s.budget_positions, s.block_size),
+    "virtual-contiguous": lambda s: CountingPagedPolicy(s.budget_positions, page_tokens(s), "virtual-contiguous"),
+}
+
+
+def make_policy(spec: RunSpec, block_ids: bool = True) -> Policy:
+    """The spec's policy; ``block_ids=False`` allows a variant that keeps only counts."""
     try:
         factory = POLICIES[spec.policy]
     except KeyError:
         raise KvbenchError(f"unknown policy {spec.policy!r} (known: {', '.join(POLICIES)})") from None
+    if not block_ids:
+        factory = COUNTING.get(spec.policy, factory)
     policy = factory(spec)
     assert isinstance(policy, Policy)
     return policy

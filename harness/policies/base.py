@@ -43,6 +43,9 @@ class Policy(Protocol):
         even though chunked prefill allocates just the first chunk.
         """
 
+    def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        """What ``allocate(seq, num_tokens, must_fit)`` would return now, changing nothing."""
+
     def free(self, seq: Seq) -> None:
         """Release everything ``seq`` holds."""
 

@@ -58,6 +58,10 @@ class ContiguousPolicy:
         self._live += 1
         return True
 
+    def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
+        return bool(seq.allocated) or self.arena.largest_free() >= self.reservation(seq)
+
     def free(self, seq: Seq) -> None:
         if not seq.allocated:
             return

@@ -35,6 +35,7 @@ def cdiv(a: int, b: int) -> int:
 
 class PagedPolicy:
     name = "paged"
+    counting = False  # True for CountingPagedPolicy: counts, no block ids
 
     def __init__(self, budget_positions: int, block_size: int, enable_caching: bool = False) -> None:
         self.budget_positions = budget_positions
@@ -168,6 +169,18 @@ class PagedPolicy:
         del self.block_key[b]
         self.evictions += 1
 
+    def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
+        bs = self.block_size
+        hits = seq.pending_hits
+        held = len(seq.blocks)
+        evictable = sum(1 for b in hits if self.ref[b] == 0) if hits else 0
+        free = self.free_blocks()
+        if must_fit and max(cdiv(must_fit, bs) - held - len(hits), 0) + evictable > free:
+            return False
+        new = cdiv(num_tokens, bs) - held - len(hits)
+        return (new if new > 0 else 0) + evictable <= free
+
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         """New blocks ``allocate(seq, num_tokens)`` would take (a running sequence: no hits)."""
         new = cdiv(num_tokens, self.block_size) - len(seq.blocks)
@@ -229,3 +242,85 @@ class VirtualContiguousPolicy(PagedPolicy):
 
     def __init__(self, budget_positions: int, page_tokens: int) -> None:
         super().__init__(budget_positions, page_tokens, enable_caching=False)
+
+
+class CountingPagedPolicy(PagedPolicy):
+    """``paged`` (or ``virtual-contiguous``) keeping block counts instead of block ids.
+
+    Without prefix caching nothing the simulator records depends on which blocks
+    a sequence holds, only on how many: every count, the free-block test and the
+    internal fragmentation are exactly those of ``PagedPolicy``. ``seq.blocks``
+    stays empty, so only a caller that never reads block ids may use it: the
+    simulator's fast path does (``make_policy(spec, block_ids=False)``); the
+    reference scheduler, vllm-sched's accounting and the torch runner never do.
+    """
+
+    counting = True
+
+    def __init__(self, budget_positions: int, block_size: int, name: str = "paged") -> None:
+        super().__init__(budget_positions, block_size, enable_caching=False)
+        self.name = name
+        self._free = self.num_blocks
+
+    def free_blocks(self) -> int:
+        return self._free
+
+    def is_free(self, b: int) -> bool:
+        raise NotImplementedError("CountingPagedPolicy keeps no block ids")
+
+    def writable(self, seq: Seq, position: int) -> bool:
+        return True  # nothing is ever shared without prefix caching
+
+    def grow_by_one_block(self, seqs: list[Seq]) -> None:
+        """``allocate`` one more block to each of ``seqs`` (the caller has checked
+        that they fit: ``len(seqs) <= free_blocks()``)."""
+        bs = self.block_size
+        internal = 0
+        for seq in seqs:
+            old = seq.allocated
+            seq.allocated = allocated = old + bs
+            if allocated > seq.peak_allocated:
+                seq.peak_allocated = allocated
+            final = seq.prompt_len + seq.output_len
+            if allocated > final:
+                internal += allocated - final - (old - final if old > final else 0)
+        self._free -= len(seqs)
+        self.internal_positions += internal
+
+    def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        bs = self.block_size
+        held = seq.allocated // bs
+        if must_fit and max(cdiv(must_fit, bs) - held, 0) > self._free:
+            return False
+        return cdiv(num_tokens, bs) - held <= self._free
+
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        bs = self.block_size
+        held = seq.allocated // bs
+        free = self._free
+        if must_fit and max(cdiv(must_fit, bs) - held, 0) > free:
+            return False
+        new = cdiv(num_tokens, bs) - held
+        if new < 0:
+            new = 0
+        if new > free:
+            return False
+        self._free = free - new
+        old = seq.allocated
+        seq.allocated = allocated = old + new * bs
+        if allocated > seq.peak_allocated:
+            seq.peak_allocated = allocated
+        self.internal_positions += internal_of(allocated, seq.final_len) - internal_of(old, seq.final_len)
+        return True
+
+    def free(self, seq: Seq) -> None:
+        seq.pending_hits = []
+        if not seq.allocated:
+            return
+        self._free += seq.allocated // self.block_size
+        self.internal_positions -= internal_of(seq.allocated, seq.final_len)
+        seq.allocated = 0
+
+    def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
+        new = cdiv(num_tokens, self.block_size) - seq.allocated // self.block_size
+        return new if new > 0 else 0

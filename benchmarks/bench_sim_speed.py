@@ -1,0 +1,201 @@
+"""Benchmark of the ``sim`` runner's speed: fast path vs reference vs vLLM's own scheduler.
+
+All in ONE process, each side measured on the identical cell (same workload table,
+precision, budget, scheduler settings) and, where repeated, interleaved so drift on a
+shared machine hits both sides alike; medians are reported.
+
+Workload (a): the Azure LLM inference trace 2023 (conversation), the first 5,000
+requests and the full 19,366, with the trace's own arrival times (``arrival = "trace"``,
+real time, ``time_scale = 1``); Llama-3-8B, fp16 KV, 8 GiB of KV, ``max_model_len``
+4096, ``max_num_seqs`` 256, ``max_num_batched_tokens`` 2048 (chunked prefill), the
+roofline clock on an A100-80GB, ``paged`` with 16-token blocks. Speed is *simulated
+tokens per wall second*: tokens the simulated engine computes (prefill + decode,
+``computed_tokens``) over the wall time of the step loop (the run row's ``wall_s``; the
+end-to-end time of ``run()`` including writing the tables is shown too).
+
+(b) Scaling: the synthetic ``sharegpt`` length distribution with Poisson arrivals at 5
+requests/s (about the Azure trace's rate), same model/budget/clock, 1k → 100k requests.
+
+(c) Memory: peak RSS (``resource.getrusage``) of runs whose step count grows 10× and
+100× while the request count stays the same, each in a fresh child process so peaks are separate.
+
+Not a test (pytest does not collect ``benchmarks/``). Run from the repository root:
+
+    .venv/bin/python benchmarks/bench_sim_speed.py [--repeats 3] [--skip-full-vllm] [--max-requests 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from harness.suite import parse_suite  # noqa: E402
+from harness.sweep import build_cells  # noqa: E402
+from runners.base import Cell  # noqa: E402
+from runners.sim import SimRunner  # noqa: E402
+
+TRACE = Path("/work/shared/data/azure-llm-inference-2023-conv.csv")
+
+SUITE = """
+name = "bench-sim-speed"
+[model]
+preset = "llama-3-8b"
+kv_dtype = "fp16"
+[memory]
+kv_budget = "8GiB"
+max_model_len = 4096
+[scheduler]
+max_num_seqs = 256
+max_num_batched_tokens = 2048
+clock = "roofline"
+gpu = "A100-80GB"
+[workload]
+{workload}
+[grid]
+runner = ["sim"]
+policy = ["paged"]
+block_size = [16]
+"""
+
+
+def cell_for(workload: str, out: Path) -> Cell:
+    suite = parse_suite(SUITE.format(workload=workload), "bench.toml")
+    cells = build_cells(suite, out, lambda m: None)
+    assert len(cells) == 1
+    return cells[0]
+
+
+def trace_workload(limit: int | None) -> str:
+    lines = ['source = "trace"', f'path = "{TRACE}"', 'arrival = "trace"']
+    if limit is not None:
+        lines.append(f"limit = {limit}")
+    return "\n".join(lines)
+
+
+def sharegpt_workload(n: int, rate: float = 5.0) -> str:
+    return f'source = "sharegpt"\nnum_requests = {n}\narrival = "poisson"\nrate = {rate}\nseed = 1'
+
+
+def run_once(cell: Cell, kind: str) -> dict:
+    """Run ``cell`` with one runner into a fresh directory; the row plus end-to-end seconds."""
+    out = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
+    if kind == "vllm-sched":
+        from runners.vllm_sched import VllmSchedRunner
+
+        c = Cell(spec=cell.spec.replace(runner="vllm-sched"), workload=cell.workload, out=out)
+        runner = VllmSchedRunner()
+    else:
+        c = Cell(spec=cell.spec, workload=cell.workload, out=out)
+        runner = SimRunner(reference=(kind == "reference"))
+    t = time.perf_counter()
+    row = runner.run(c)
+    row["end_to_end_s"] = time.perf_counter() - t
+    assert row["status"] == "ok", row.get("error")
+    return row
+
+
+def fmt_rate(x: float) -> str:
+    return f"{x / 1e6:8.2f} M" if x >= 1e6 else f"{x / 1e3:8.1f} k"
+
+
+def part_a(args: argparse.Namespace) -> None:
+    print("\n(a) sim (fast path) vs sim reference vs vllm-sched, Azure conv trace, trace arrivals")
+    print("    Llama-3-8B fp16, 8 GiB KV, max_model_len 4096, 256 seqs, 2048 batched tokens, roofline A100-80GB, paged/16")
+    sizes = [5000, None]
+    for limit in sizes:
+        label = f"{limit:,} requests" if limit else "full trace"
+        cell = cell_for(trace_workload(limit), Path(tempfile.mkdtemp(prefix="bench-wl-")))
+        kinds = ["fast", "reference"]
+        if limit is not None or not args.skip_full_vllm:
+            kinds.append("vllm-sched")
+        rows: dict[str, list[dict]] = {k: [] for k in kinds}
+        for rep in range(args.repeats):
+            for kind in kinds:
+                if kind == "vllm-sched" and rep >= args.vllm_repeats:
+                    continue
+                if kind == "reference" and rep >= max(1, args.repeats // 2 + 1):
+                    continue
+                rows[kind].append(run_once(cell, kind))
+        base = rows["fast"][0]
+        print(f"\n  {label}: {base['num_requests']:,} requests ({base['dropped_requests']} dropped), "
+              f"{base['steps']:,} steps, {base['computed_tokens']:,} computed tokens, "
+              f"{base['sim_time_s']:,.0f} simulated s, mean running {base['mean_running']:.1f}")
+        print(f"  {'runner':<12}{'runs':>5}{'loop s':>10}{'tokens/s':>13}{'µs/step':>10}{'end-to-end s':>14}")
+        med: dict[str, float] = {}
+        for kind, rs in rows.items():
+            for r in rs:  # every runner computed the same work
+                assert (r["steps"], r["computed_tokens"]) == (base["steps"], base["computed_tokens"]), kind
+            wall = statistics.median(r["wall_s"] for r in rs)
+            e2e = statistics.median(r["end_to_end_s"] for r in rs)
+            med[kind] = wall
+            print(f"  {kind:<12}{len(rs):>5}{wall:>10.3f}{fmt_rate(base['computed_tokens'] / wall):>13}"
+                  f"{wall / base['steps'] * 1e6:>10.2f}{e2e:>14.3f}")
+        print(f"  fast vs reference: {med['reference'] / med['fast']:.1f}x")
+        if "vllm-sched" in med:
+            print(f"  fast vs vllm-sched: {med['vllm-sched'] / med['fast']:.1f}x   (target: 100x)")
+            print(f"  reference vs vllm-sched: {med['vllm-sched'] / med['reference']:.1f}x")
+
+
+def part_b(args: argparse.Namespace) -> None:
+    print("\n(b) scaling of the fast path: synthetic sharegpt lengths, Poisson 5 req/s, same model/budget/clock")
+    print(f"  {'requests':>9}{'steps':>11}{'wall s':>9}{'steps/s':>12}{'tokens/s':>13}{'µs/request':>12}")
+    for n in (x for x in (1_000, 3_000, 10_000, 30_000, 100_000) if x <= args.max_requests):
+        cell = cell_for(sharegpt_workload(n), Path(tempfile.mkdtemp(prefix="bench-wl-")))
+        walls, r = [], None
+        for _ in range(max(1, args.repeats if n <= 10_000 else 1)):
+            r = run_once(cell, "fast")
+            walls.append(r["wall_s"])
+        wall = statistics.median(walls)
+        print(f"  {n:>9,}{r['steps']:>11,}{wall:>9.2f}{fmt_rate(r['steps'] / wall):>12}"
+              f"{fmt_rate(r['computed_tokens'] / wall):>13}{wall / n * 1e6:>12.1f}")
+
+
+def _child_rss(workload: str, queue: multiprocessing.Queue) -> None:
+    cell = cell_for(workload, Path(tempfile.mkdtemp(prefix="bench-wl-")))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = run_once(cell, "fast")
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put((r["steps"], r["num_requests"], before, after, r["wall_s"]))
+
+
+def part_c(args: argparse.Namespace) -> None:
+    print("\n(c) memory: 2,000 sharegpt requests, steps grown by lowering the arrival rate (a fresh child process each)")
+    print(f"  {'rate/s':>7}{'steps':>11}{'requests':>10}{'RSS before MiB':>16}{'peak RSS MiB':>14}{'wall s':>8}")
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: peaks not inherited
+    for rate in (20.0, 2.0, 0.2):
+        q = ctx.Queue()
+        p = ctx.Process(target=_child_rss, args=(sharegpt_workload(2000, rate), q))
+        p.start()
+        steps, reqs, before, after, wall = q.get()
+        p.join()
+        print(f"  {rate:>7}{steps:>11,}{reqs:>10,}{before / 1024:>16.0f}{after / 1024:>14.0f}{wall:>8.2f}")
+    print("  (a steps table in memory would take steps x 20 columns x 8 bytes; the recorder holds one row group)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="fast-path repeats (median); the reference runs fewer")
+    ap.add_argument("--vllm-repeats", type=int, default=1, help="vllm-sched repeats (slow)")
+    ap.add_argument("--skip-full-vllm", action="store_true", help="skip vllm-sched on the full trace (minutes)")
+    ap.add_argument("--max-requests", type=int, default=100_000, help="largest size in the scaling table")
+    ap.add_argument("--parts", default="abc", help="which parts to run (a, b, c)")
+    args = ap.parse_args()
+    if "a" in args.parts:
+        part_a(args)
+    if "b" in args.parts:
+        part_b(args)
+    if "c" in args.parts:
+        part_c(args)
+
+
+if __name__ == "__main__":
+    main()
