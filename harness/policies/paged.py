@@ -105,19 +105,33 @@ class PagedPolicy:
         return len(hits) * self.block_size
 
     # -- allocation ----------------------------------------------------------
-    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+    def _new_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
+        """Fresh blocks ``allocate`` would take, or -1 when it cannot (vLLM's
+        ``get_num_blocks_to_allocate``: a cached hit that sits in the free queue costs a
+        free block too)."""
         bs = self.block_size
         hits = seq.pending_hits
         held = len(seq.blocks)
         evictable = sum(1 for b in hits if self.ref[b] == 0) if hits else 0
         free = self.free_blocks()
         if must_fit and max(cdiv(must_fit, bs) - held - len(hits), 0) + evictable > free:
-            return False
+            return -1
         new = cdiv(num_tokens, bs) - held - len(hits)
         if new < 0:
             new = 0
-        if new + evictable > free:
+        return new if new + evictable <= free else -1
+
+    def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
+        return self._new_blocks(seq, num_tokens, must_fit) >= 0
+
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        new = self._new_blocks(seq, num_tokens, must_fit)
+        if new < 0:
             return False
+        bs = self.block_size
+        hits = seq.pending_hits
+        held = len(seq.blocks)
         old_internal = internal_of(held * bs, seq.final_len)
         if hits:
             for b in hits:
@@ -168,18 +182,6 @@ class PagedPolicy:
                 del self.cache[key]
         del self.block_key[b]
         self.evictions += 1
-
-    def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
-        """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
-        bs = self.block_size
-        hits = seq.pending_hits
-        held = len(seq.blocks)
-        evictable = sum(1 for b in hits if self.ref[b] == 0) if hits else 0
-        free = self.free_blocks()
-        if must_fit and max(cdiv(must_fit, bs) - held - len(hits), 0) + evictable > free:
-            return False
-        new = cdiv(num_tokens, bs) - held - len(hits)
-        return (new if new > 0 else 0) + evictable <= free
 
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         """New blocks ``allocate(seq, num_tokens)`` would take (a running sequence: no hits)."""
