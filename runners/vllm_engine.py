@@ -581,10 +581,10 @@ class VllmRunner:
 
                 # Who was scheduled, admitted, preempted: compare with the last step.
                 grown = context = pairs = admitted = 0
-                for rid, c in occ.computed.items():
-                    seq = by_internal[rid]
-                    if seq.status == FINISHED:
-                        continue
+
+                def account(seq: Seq, rid: str, c: int, held: int) -> None:
+                    """Request ``rid`` has ``c`` computed tokens and ``held`` positions after this step."""
+                    nonlocal grown, context, pairs, admitted
                     n = c - last_computed.get(rid, 0)
                     if n > 0:
                         grown += n
@@ -594,24 +594,19 @@ class VllmRunner:
                         admitted += 1
                         if math.isnan(seq.first_scheduled_s):
                             seq.first_scheduled_s = t_s
-                    held = occ.blocks[rid] * bs
                     if held > seq.peak_allocated:
                         seq.peak_allocated = held
+
+                for rid, c in occ.computed.items():
+                    seq = by_internal[rid]
+                    if seq.status != FINISHED:
+                        account(seq, rid, c, occ.blocks[rid] * bs)
                 done_ids = set()
-                for seq in finished:
+                for seq in finished:  # finished during the step: gone from the scheduler already
                     rid = internal_of[seq.index]
                     done_ids.add(rid)
                     c = seq.final_len - 1
-                    n = c - last_computed.get(rid, 0)
-                    if n > 0:
-                        grown += n
-                        context += c
-                        pairs += n * c
-                    if rid not in last_computed:
-                        admitted += 1
-                        if math.isnan(seq.first_scheduled_s):
-                            seq.first_scheduled_s = t_s
-                    seq.peak_allocated = max(seq.peak_allocated, -(-c // bs) * bs)
+                    account(seq, rid, c, -(-c // bs) * bs)
                 preempted = 0
                 for rid in last_computed:
                     if rid not in occ.computed and rid not in done_ids:
