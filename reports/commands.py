@@ -62,7 +62,7 @@ def _runs(path: Path, which: str) -> "pd.DataFrame":
 
 
 def compare(args: argparse.Namespace) -> int:
-    from reports.compare import compare as diff, regressions, to_json, to_markdown
+    from reports.compare import BASE_ONLY, CAND_ONLY, compare as diff, regressions, to_json, to_markdown
 
     tol = args.tolerance
     if not (tol >= 0 and tol < float("inf")):
@@ -70,6 +70,10 @@ def compare(args: argparse.Namespace) -> int:
     result = diff(_runs(args.base, "BASE_DIR"), _runs(args.cand, "CAND_DIR"), tol)
     print(to_json(result, tol) if args.format == "json" else to_markdown(result, tol), end="")
     reg = regressions(result)
+    if not (~result["verdict"].isin((BASE_ONLY, CAND_ONLY))).any():
+        # A gate that compared nothing must not pass: the directories measure different cells.
+        print("kvbench compare: no cell matched by spec; nothing was compared", file=sys.stderr)
+        return 1
     if len(reg):
         worst = "; ".join(f"{cell} ({', '.join(sub['metric'].astype(str))})" for cell, sub in reg.groupby("cell", sort=False))
         print(f"kvbench compare: regression beyond tolerance {tol:g} in {reg['cell'].nunique()} cell(s): {worst}",

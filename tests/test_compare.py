@@ -185,3 +185,11 @@ def test_cli_bad_dirs_are_one_line_errors(dirs: tuple[Path, Path, Path], tmp_pat
         done = kvbench("compare", *args)
         assert done.returncode == 2, done.stdout
         assert len(done.stderr.splitlines()) == 1 and needle in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_no_matched_cell_exits_1(dirs: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    base, _, _ = dirs
+    other = write_records(tmp_path / "other", [dict(r, workload_id="someotherwork") for r in base_rows()])
+    done = kvbench("compare", base, other)
+    assert done.returncode == 1
+    assert "no cell matched" in done.stderr and "Traceback" not in done.stderr
