@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
 STEP, T_S, DT_S, USED, RESERVED, EVICTED = (STEP_FIELDS.index(c) for c in (
     "step", "t_s", "dt_s", "used_positions", "reserved_positions", "evicted_blocks"))
 BLOCKS, FREE = STEP_FIELDS.index("allocated_blocks"), STEP_FIELDS.index("free_positions")
+RUNNING, WAITING, FINISHED, SCHEDULED = (STEP_FIELDS.index(c) for c in (
+    "running", "waiting", "finished", "scheduled_tokens"))
 assert STEP_FIELDS[BLOCKS:FREE + 1] == ("allocated_blocks", "allocated_positions", "used_positions", "reserved_positions",
                                         "internal_frag_positions", "external_frag_positions", "free_positions")
 _PER_STEP = np.zeros(len(STEP_FIELDS))  # a quiet step's row minus the previous one: step + 1, …
@@ -60,6 +63,10 @@ _PER_STEP[STEP] = 1
 _PER_TOKEN = np.zeros(len(STEP_FIELDS))  # … and per decoder: used + 1, reserved − 1
 _PER_TOKEN[USED] = 1
 _PER_TOKEN[RESERVED] = -1
+
+# A quiet step's row before its varying columns are filled in: zeros, the unmeasured columns null.
+_QUIET_ROW = np.array([math.nan if c in ("kv_bytes_allocated", "step_wall_s") else 0.0 for c in STEP_FIELDS])
+_RUN_POS = operator.attrgetter("run_pos")
 
 BULK_MIN = 3  # a quiet stretch shorter than this is not worth the arrays
 BULK_MAX = 512  # steps per bulk call (longer stretches take several calls)
@@ -256,112 +263,215 @@ class FastScheduler(Scheduler):
 
         A quiet step is a simple step in which only decoders run: no prefill chunk is in
         flight, nothing is admitted (nothing waits, or admission is blocked and stays so),
-        no arrival is due, no decoder finishes, and the block crossings fit the free blocks.
-        Running and waiting stay constant, every decoder computes one token, so the step
-        times (``Clock.step_times``, accumulated left to right) and the allocation columns
-        (changing only at crossings) come out as arrays — the same values, bit for bit, as
-        ``schedule``/``measure``/``finish_step`` step by step. Prefix caching is left to
-        the step-by-step path (crossings there cache and may evict blocks).
+        no arrival is due, and the block crossings fit the free blocks. Decoders may finish
+        inside a stretch: they are freed (in running order, as ``finish_step`` does) and the
+        stretch goes on with fewer decoders — unless requests wait (a finish may unblock
+        admission: the stretch ends with that step) or none is left. Between finishes the
+        step times (``Clock.step_times``, accumulated left to right) and the allocation
+        columns (changing only at crossings and finishes) come out as arrays — the same
+        values, bit for bit, as ``schedule``/``measure``/``finish_step`` step by step.
+        Prefix caching is left to the step-by-step path (crossings there cache and may
+        evict blocks).
         """
         n = self.num_decoders
         if self._caching or self.explicit or n == 0 or n > self.config.max_num_batched_tokens:
             return 0
         self._release_arrivals()  # what schedule() would do first; a no-op when repeated
-        if self.waiting and not self._admission_blocked(n):
+        waiting = self.waiting
+        if waiting and not self._admission_blocked(n):
             return 0
         tick0 = self.tick
-        fin = self._next_finish_tick()
-        limit = BULK_MAX if fin is None else min(BULK_MAX, fin - tick0 - 1)
-        if limit < BULK_MIN:
-            return 0
         clock = self.clock
         now = self.now
-        ctx0 = self.dec_sum + (tick0 + 1) * n
+        dec_sum = self.dec_sum
+        ctx0 = dec_sum + (tick0 + 1) * n
         pending = self.pending
+        limit = BULK_MAX
         if pending:
-            # Steps only get longer (context grows), so the arrival bounds the stretch at
-            # about (arrival − now) / first step time steps; the exact cut comes below.
+            # While the decoders stay, steps only get longer (context grows); a finish may make
+            # them shorter, but never shorter than an empty step. That bounds the stretch by
+            # the arrival; the exact cut comes below.
             dt0 = clock.step_time(StepWork(n, ctx0, ctx0))
             room = pending[0].arrival_s - now
             if room <= (BULK_MIN - 1) * dt0:
                 return 0
-            limit = min(limit, int(room / dt0) + 2)
-        context = np.arange(ctx0, ctx0 + limit * n, n, dtype=np.int64)[:limit]
+            floor = clock.step_time(StepWork(0, 0, 0))
+            limit = min(limit, int(room / floor) + 2)
+
+        # The finishes due in the stretch: (step, finishers in running order, Σ computed − dec_tick).
+        heap, finishing = self._finish_ticks, self.finishing
+        events: list[tuple[int, list[Seq], int]] = []
+        end = tick0 + limit
+        left = n
+        while heap and heap[0] <= end:
+            t = heapq.heappop(heap)
+            lst = finishing.pop(t, None)
+            if lst is None or t <= tick0:
+                continue
+            live = [s for s, e in lst if s.epoch == e and s.dec_tick >= 0]
+            if not live:
+                continue
+            if len(live) > 1:
+                live.sort(key=_RUN_POS)
+            left -= len(live)
+            events.append((t - tick0 - 1, live, sum(s.num_computed - s.dec_tick for s in live)))
+            if left == 0 or waiting:
+                end = t  # nothing left to decode, or admission may be unblocked: stop after it
+                break
+        limit = end - tick0
+        if limit < BULK_MIN:
+            self._restore_finishes(events, tick0)
+            return 0
+
+        if events:  # the decoder count and Σ (computed − dec_tick), piecewise constant
+            ns, ds, starts = [n], [dec_sum], [0]
+            for j, live, contrib in events:
+                ns.append(ns[-1] - len(live))
+                ds.append(ds[-1] - contrib)
+                starts.append(j + 1)
+            starts.append(limit)
+            counts = [y - x for x, y in zip(starts, starts[1:])]
+            n_arr = np.repeat(np.array(ns, dtype=np.int64), counts)
+            context = np.repeat(np.array(ds, dtype=np.int64), counts)
+            context += np.arange(tick0 + 1, tick0 + 1 + limit, dtype=np.int64) * n_arr
+            step_n: int | np.ndarray = n_arr
+        else:
+            context = np.arange(ctx0, ctx0 + limit * n, n, dtype=np.int64)[:limit]
+            step_n = n
         ts = np.empty(limit + 1)
         ts[0] = now
-        ts[1:] = clock.step_times(n, context, context)
+        ts[1:] = clock.step_times(step_n, context, context)
         np.add.accumulate(ts, out=ts)  # t_s of each step, then the end: sequential sums
         k = limit
         if pending:
             k = int(np.searchsorted(ts[:limit], pending[0].arrival_s, side="left"))
             if k < BULK_MIN:
+                self._restore_finishes(events, tick0)
                 return 0
 
-        # Block crossings, tick by tick, while they fit the blocks free at the stretch's start.
+        # Crossings and finishes, step by step, while the crossings fit the free blocks.
         policy = self.policy
         counting = getattr(policy, "counting", False)
-        free = policy.free_blocks() if hasattr(policy, "free_blocks") else math.inf
-        head = self.waiting[0] if self.waiting else None
-        external = policy.external_frag(head)
-        # (first step, blocks, positions, internal) of each run of steps with the same allocation
-        levels = [(0, policy.allocated_blocks(), policy.allocated_positions, policy.internal_positions)]
-        taken = 0
+        has_free = hasattr(policy, "free_blocks")
+        free = policy.free_blocks() if has_free else math.inf
+        head = waiting[0] if waiting else None
+        running = len(self.running)
+        used = self.used_positions
+        # (first step, running, decoders, blocks, positions, used before it, internal, external)
+        # of each run of steps with the same allocation and decoders
+        levels = [(0, running, n, policy.allocated_blocks(), policy.allocated_positions, used,
+                   policy.internal_positions, policy.external_frag(head))]
+        finished_rows: list[tuple[int, int]] = []
         crossing = self.crossing
+        next_event = events[0][0] if events else -1
+        done_events = 0
         for j in range(k):
             t = tick0 + 1 + j
-            events = crossing.get(t)
-            if not events:
-                continue
-            crossers = [s for s, e in events if s.epoch == e and s.dec_tick >= 0]
-            if taken + len(crossers) > free:
-                k = j  # this step must preempt: the step-by-step path takes it
-                break
-            del crossing[t]
-            if not crossers:
-                continue
-            taken += len(crossers)
-            tm1 = t - 1
-            for seq in crossers:  # as in schedule(): materialise, one more block, the next crossing
-                d = tm1 - seq.dec_tick
-                seq.num_computed += d
-                seq.num_output += d
-                seq.dec_tick = tm1
-            if counting:
-                policy.grow_by_one_block(crossers)
-            else:
-                for seq in crossers:
-                    policy.allocate(seq, seq.num_computed + 1)
-            for seq in crossers:
-                nxt = seq.allocated - seq.num_computed + t
-                if nxt <= seq.output_len - seq.num_output + tm1:
-                    crossing[nxt].append((seq, seq.epoch))
-            levels.append((j, policy.allocated_blocks(), policy.allocated_positions, policy.internal_positions))
+            events_t = crossing.get(t)
+            if events_t:
+                crossers = [s for s, e in events_t if s.epoch == e and s.dec_tick >= 0]
+                if len(crossers) > free:
+                    k = j  # this step must preempt: the step-by-step path takes it
+                    break
+                del crossing[t]
+                if crossers:
+                    free -= len(crossers)
+                    tm1 = t - 1
+                    for seq in crossers:  # as in schedule(): materialise, one more block, the next crossing
+                        d = tm1 - seq.dec_tick
+                        seq.num_computed += d
+                        seq.num_output += d
+                        seq.dec_tick = tm1
+                    if counting:
+                        policy.grow_by_one_block(crossers)
+                    else:
+                        for seq in crossers:
+                            policy.allocate(seq, seq.num_computed + 1)
+                    for seq in crossers:
+                        nxt = seq.allocated - seq.num_computed + t
+                        if nxt <= seq.output_len - seq.num_output + tm1:
+                            crossing[nxt].append((seq, seq.epoch))
+                    lv = levels[-1]
+                    levels.append((j, lv[1], lv[2], policy.allocated_blocks(), policy.allocated_positions,
+                                   lv[5] + lv[2] * (j - lv[0]), policy.internal_positions, lv[7]))
+            if j == next_event:  # as in finish_step(): the last token sampled, then freed in running order
+                _, live, contrib = events[done_events]
+                done_events += 1
+                next_event = events[done_events][0] if done_events < len(events) else -1
+                end_s = float(ts[j + 1])
+                lv = levels[-1]
+                used = lv[5] + lv[2] * (j + 1 - lv[0])
+                for seq in live:
+                    d = t - seq.dec_tick
+                    seq.num_computed += d
+                    seq.num_output += d
+                    seq.dec_tick = -1
+                    seq.epoch += 1
+                gone = set(map(id, live))
+                self.running = [s for s in self.running if id(s) not in gone]
+                for seq in live:
+                    policy.free(seq)
+                    used -= seq.num_computed
+                    seq.status = FINISHED
+                    seq.finished_s = end_s
+                c = len(live)
+                self.finished += c
+                self.num_decoders -= c
+                self.dec_sum -= contrib
+                if has_free:
+                    free = policy.free_blocks()
+                finished_rows.append((j, c))
+                levels.append((j + 1, lv[1] - c, lv[2] - c, policy.allocated_blocks(), policy.allocated_positions,
+                               used, policy.internal_positions, policy.external_frag(head)))
+        self._restore_finishes(events[done_events:], tick0)
         if k == 0:
             return 0
 
-        # The k rows, as one float64 block in the recorder's layout (exact: integers < 2**53):
-        # row j = base + (j + 1) × per_step + the allocation level of step j.
-        used0 = self.used_positions - policy.shared_excess_positions
-        _, blocks0, allocated0, internal0 = levels[0]
-        base = [self.step_index - 1, 0.0, 0.0, len(self.running), len(self.waiting), 0, 0, 0, n,
-                blocks0, allocated0, used0, allocated0 - used0 - internal0, internal0, external,
-                policy.budget_positions - allocated0, 0, 0, math.nan, math.nan]
-        rows = np.outer(np.arange(1, k + 1, dtype=np.float64), _PER_STEP + n * _PER_TOKEN)
-        rows += base
-        if len(levels) > 1:  # allocated_blocks … free_positions: a contiguous run of columns
-            level = np.array([(b - blocks0, a - allocated0, 0, (a - allocated0) - (i - internal0), i - internal0,
-                               0, -(a - allocated0)) for _, b, a, i in levels], dtype=np.float64)
-            starts = [lv[0] for lv in levels]
-            starts.append(k)
-            rows[:, BLOCKS:FREE + 1] += np.repeat(level, [y - x for x, y in zip(starts, starts[1:])], axis=0)
+        # The k rows, as one float64 block in the recorder's layout (exact: integers < 2**53).
+        starts = [lv[0] for lv in levels]
+        starts.append(k)
+        counts = [max(y, 0) for y in (b - a for a, b in zip(starts, starts[1:]))]
+        lv = levels[-1]
+        if lv[0] <= k:
+            used_end = lv[5] + lv[2] * (k - lv[0])
+        else:  # unreachable: a level starts at most one step after the last recorded
+            raise AssertionError("level past the stretch")
+        rep = np.repeat(np.array(levels, dtype=np.float64), counts, axis=0)
+        steps = np.arange(k, dtype=np.float64)
+        rows = np.empty((k, len(STEP_FIELDS)))
+        rows[:] = _QUIET_ROW
+        rows[:, STEP] = steps + self.step_index
         rows[:, T_S] = ts[:k]
         rows[:, DT_S] = ts[1:k + 1] - ts[:k]
+        rows[:, RUNNING] = rep[:, 1]
+        rows[:, WAITING] = len(waiting)
+        rows[:, SCHEDULED] = rep[:, 2]
+        rows[:, BLOCKS] = rep[:, 3]
+        alloc = rep[:, 4]
+        rows[:, BLOCKS + 1] = alloc
+        used_col = rep[:, 5] + rep[:, 2] * (steps + 1 - rep[:, 0])
+        used_col -= policy.shared_excess_positions
+        rows[:, USED] = used_col
+        internal = rep[:, 6]
+        rows[:, RESERVED] = alloc - used_col - internal
+        rows[:, USED + 2] = internal
+        rows[:, USED + 3] = rep[:, 7]
+        rows[:, FREE] = policy.budget_positions - alloc
+        for j, c in finished_rows:
+            rows[j, FINISHED] = c
         evicted = policy.evictions - self._evictions_seen
         self._evictions_seen = policy.evictions
         rows[0, EVICTED] = evicted
         recorder.add_step_rows(rows)
         self.tick = tick0 + k
-        self.used_positions += k * n
+        self.used_positions = used_end
         self.now = float(ts[k])
         self.step_index += k
         return k
+
+    def _restore_finishes(self, events: list[tuple[int, list[Seq], int]], tick0: int) -> None:
+        """Put back finish events taken from the heap but not reached."""
+        for j, live, _ in events:
+            t = tick0 + 1 + j
+            self.finishing[t] = [(s, s.epoch) for s in live]
+            heapq.heappush(self._finish_ticks, t)

@@ -20,15 +20,15 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _cell(key: str, value: Any) -> str:
+def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     if key.endswith("_frac"):
         return f"{100 * value:.1f}"
     if key == "mean_running":
         return f"{value:.1f}"
-    if key == "block_size" and value == 1:
-        return "-"
+    if key == "block_size" and str(row.get("policy", "")).startswith("contiguous-"):
+        return "-"  # one reservation per request: no block size
     return str(value)
 
 
@@ -43,7 +43,7 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
                    f"({members[0].get('budget_positions', 0):,} positions)")
         table = [[label for _, label in COLUMNS]]
         for r in members:
-            table.append([_cell(k, r.get(k)) for k, _ in COLUMNS])
+            table.append([_cell(k, r.get(k), r) for k, _ in COLUMNS])
         widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
         for row in table:
             out.append("  " + "  ".join(v.rjust(w) if i >= 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
