@@ -55,9 +55,11 @@ class Clock:
     def step_time(self, work: StepWork) -> float:
         return 1.0
 
-    def step_times(self, scheduled_tokens: int, context_tokens: np.ndarray, attention_pairs: np.ndarray) -> np.ndarray:
-        """``step_time`` of many steps at once (int64 arrays; ``scheduled_tokens`` the same
-        in each): the same floats, bit for bit, as calling ``step_time`` step by step."""
+    def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
+                   attention_pairs: np.ndarray) -> np.ndarray:
+        """``step_time`` of many steps at once (int64 arrays; ``scheduled_tokens`` one int for
+        every step or an int64 array, one per step): the same floats, bit for bit, as calling
+        ``step_time`` step by step."""
         return np.ones(len(context_tokens))
 
 
@@ -79,10 +81,12 @@ class RooflineClock(Clock):
         flops = work.scheduled_tokens * self._flops_per_token + work.attention_pairs * self._attn_flops_per_pair
         return max(bytes_moved / self._bw, flops / self._peak)
 
-    def step_times(self, scheduled_tokens: int, context_tokens: np.ndarray, attention_pairs: np.ndarray) -> np.ndarray:
+    def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
+                   attention_pairs: np.ndarray) -> np.ndarray:
         # The same IEEE operations in the same order as step_time: int → float64, ×, +, /, max.
         bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
-        flops = float(scheduled_tokens) * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
+        tokens = scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
+        flops = tokens * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
         return np.maximum(bytes_moved / self._bw, flops / self._peak)
 
 

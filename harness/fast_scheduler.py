@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 STEP, T_S, DT_S, USED, RESERVED, EVICTED = (STEP_FIELDS.index(c) for c in (
     "step", "t_s", "dt_s", "used_positions", "reserved_positions", "evicted_blocks"))
 BLOCKS, FREE = STEP_FIELDS.index("allocated_blocks"), STEP_FIELDS.index("free_positions")
-RUNNING, WAITING, FINISHED, SCHEDULED = (STEP_FIELDS.index(c) for c in (
+RUNNING_COL, WAITING_COL, FINISHED_COL, SCHEDULED_COL = (STEP_FIELDS.index(c) for c in (
     "running", "waiting", "finished", "scheduled_tokens"))
 assert STEP_FIELDS[BLOCKS:FREE + 1] == ("allocated_blocks", "allocated_positions", "used_positions", "reserved_positions",
                                         "internal_frag_positions", "external_frag_positions", "free_positions")
@@ -443,9 +443,9 @@ class FastScheduler(Scheduler):
         rows[:, STEP] = steps + self.step_index
         rows[:, T_S] = ts[:k]
         rows[:, DT_S] = ts[1:k + 1] - ts[:k]
-        rows[:, RUNNING] = rep[:, 1]
-        rows[:, WAITING] = len(waiting)
-        rows[:, SCHEDULED] = rep[:, 2]
+        rows[:, RUNNING_COL] = rep[:, 1]
+        rows[:, WAITING_COL] = len(waiting)
+        rows[:, SCHEDULED_COL] = rep[:, 2]
         rows[:, BLOCKS] = rep[:, 3]
         alloc = rep[:, 4]
         rows[:, BLOCKS + 1] = alloc
@@ -458,7 +458,7 @@ class FastScheduler(Scheduler):
         rows[:, USED + 3] = rep[:, 7]
         rows[:, FREE] = policy.budget_positions - alloc
         for j, c in finished_rows:
-            rows[j, FINISHED] = c
+            rows[j, FINISHED_COL] = c
         evicted = policy.evictions - self._evictions_seen
         self._evictions_seen = policy.evictions
         rows[0, EVICTED] = evicted

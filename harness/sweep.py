@@ -18,17 +18,6 @@ from harness.suite import Suite
 from runners.base import Cell
 
 
-@dataclasses.dataclass
-class SweepResult:
-    rows: list[dict[str, object]]
-    skipped_existing: int
-    skipped_unavailable: dict[str, str]
-
-    @property
-    def failed(self) -> int:
-        return sum(1 for r in self.rows if r.get("status") in ("failed", "oom"))
-
-
 def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cell]:
     """Expand the grid and build each distinct workload once (also written to DIR/workloads);
     write the suite's published reference values beside them."""
