@@ -17,13 +17,16 @@ budget runs short) materialises every decoder and runs the reference
 
 Quiet stretches go further (``record_quiet_steps``, called by ``runners.common.drive``
 before each step): while only decoders run — no prefill in flight, nothing admitted,
-no arrival due, no decoder finishing, crossings fitting the free blocks — running,
-waiting and the per-step token count are constant, so a whole run of steps is
-computed with numpy (step times by ``Clock.step_times``, start times by a sequential
-``np.add.accumulate``, the allocation columns piecewise constant between crossings)
-and handed to the recorder as one block of rows: per-step Python work disappears
-from most of a realistic trace. Without prefix caching, the paged policies keep
-block counts only (``CountingPagedPolicy``): nothing here reads block ids.
+no arrival due, crossings fitting the free blocks — a whole run of steps is computed
+at once (step times by ``Clock.step_times``, start times by a sequential
+``np.add.accumulate``) and handed to the recorder as one block of rows. Decoders may
+finish inside a stretch (the decoder count and context are piecewise constant between
+finishes); with requests waiting, the stretch ends at the first finish (it may unblock
+admission). With block counts only (``CountingPagedPolicy``: the paged policies
+without prefix caching; nothing here reads block ids) a decoder's crossings in a
+stretch are an arithmetic progression, so the allocation columns come from per-step
+counts rather than per-crossing bookkeeping; other policies walk the stretch step by
+step. Per-step Python work disappears from most of a realistic trace.
 
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in
@@ -67,6 +70,9 @@ _PER_TOKEN[RESERVED] = -1
 # A quiet step's row before its varying columns are filled in: zeros, the unmeasured columns null.
 _QUIET_ROW = np.array([math.nan if c in ("kv_bytes_allocated", "step_wall_s") else 0.0 for c in STEP_FIELDS])
 _RUN_POS = operator.attrgetter("run_pos")
+# The columns a counting stretch fills from its per-step lists, in their order.
+_VARYING = [STEP_FIELDS.index(c) for c in ("allocated_blocks", "internal_frag_positions", "used_positions",
+                                           "scheduled_tokens", "running")]
 
 BULK_MIN = 3  # a quiet stretch shorter than this is not worth the arrays
 BULK_MAX = 512  # steps per bulk call (longer stretches take several calls)
@@ -349,9 +355,12 @@ class FastScheduler(Scheduler):
                 self._restore_finishes(events, tick0)
                 return 0
 
-        # Crossings and finishes, step by step, while the crossings fit the free blocks.
         policy = self.policy
         counting = getattr(policy, "counting", False)
+        if counting:
+            return self._quiet_counting(recorder, events, ts, k, limit, n)
+
+        # Crossings and finishes, step by step, while the crossings fit the free blocks.
         has_free = hasattr(policy, "free_blocks")
         free = policy.free_blocks() if has_free else math.inf
         head = waiting[0] if waiting else None
@@ -464,6 +473,169 @@ class FastScheduler(Scheduler):
         rows[0, EVICTED] = evicted
         recorder.add_step_rows(rows)
         self.tick = tick0 + k
+        self.used_positions = used_end
+        self.now = float(ts[k])
+        self.step_index += k
+        return k
+
+    def _quiet_counting(self, recorder: RunRecorder, events: list[tuple[int, list[Seq], int]],
+                        ts: np.ndarray, k: int, limit: int, n: int) -> int:
+        """The stretch's crossings and finishes with block counts (``CountingPagedPolicy``), as
+        arithmetic: decoder i needs a block at ticks c_i, c_i + bs, … up to its finish, so the
+        allocation columns are cumulative counts, with no per-step Python."""
+        policy = self.policy
+        bs = policy.block_size
+        tick0 = self.tick
+        # Per step (0-based, within ``limit``): blocks taken by crossings, internal fragmentation added.
+        decs = self.running
+        cross = [0] * limit
+        int_add = [0] * limit
+        end_all = tick0 + limit
+        for s in decs:
+            f = s.output_len - s.num_output + s.dec_tick
+            c = s.allocated - s.num_computed + s.dec_tick + 1
+            last = f if f < end_all else end_all
+            if c > last:
+                continue
+            m = (last - c) // bs + 1
+            first = c - tick0 - 1
+            for x in range(first, first + m * bs, bs):
+                cross[x] += 1
+            a, fl = s.allocated, s.prompt_len + s.output_len
+            a_end = a + m * bs
+            if a_end > fl:  # only the last block may pass the final length
+                if a_end - bs > fl:
+                    self._restore_finishes(events, tick0)
+                    return 0
+                int_add[first + (m - 1) * bs] += a_end - fl - (a - fl if a > fl else 0)
+        # Frees at the end of finishing steps: step → (blocks, internal, used positions, sequences).
+        frees: dict[int, tuple[int, int, int, int]] = {}
+        for j, live, _ in events:
+            t = tick0 + 1 + j
+            fb = fi = fu = 0
+            for s in live:
+                c = s.allocated - s.num_computed + s.dec_tick + 1
+                a = s.allocated + ((t - c) // bs + 1) * bs if c <= t else s.allocated
+                fl = s.prompt_len + s.output_len
+                fb += a // bs
+                fi += a - fl if a > fl else 0
+                fu += s.num_computed + t - s.dec_tick
+            frees[j] = (fb, fi, fu, len(live))
+
+        # The columns that vary, step by step, while the crossings fit the free blocks.
+        avail = policy.free_blocks()
+        blocks = policy.allocated_blocks()
+        internal = policy.internal_positions
+        used = self.used_positions - policy.shared_excess_positions
+        nn = n
+        run = len(self.running)
+        c_blocks: list[int] = []
+        c_internal: list[int] = []
+        c_used: list[int] = []
+        c_n: list[int] = []
+        c_run: list[int] = []
+        c_fin: list[tuple[int, int]] = []
+        used_end = self.used_positions
+        for j in range(k):
+            x = cross[j]
+            if x:
+                avail -= x
+                if avail < 0:
+                    k = j  # this step must preempt: the step-by-step path takes it
+                    break
+                blocks += x
+                internal += int_add[j]
+            used += nn
+            c_blocks.append(blocks)
+            c_internal.append(internal)
+            c_used.append(used)
+            c_n.append(nn)
+            c_run.append(run)
+            fr = frees.get(j)
+            if fr is not None:
+                fb, fi, fu, fc = fr
+                c_fin.append((j, fc))
+                avail += fb
+                blocks -= fb
+                internal -= fi
+                used -= fu
+                nn -= fc
+                run -= fc
+        if k == 0:
+            self._restore_finishes(events, tick0)
+            return 0
+        used_end = used + policy.shared_excess_positions
+
+        # The rows (float64, the recorder's layout; integers exact below 2**53).
+        cols = np.array((c_blocks, c_internal, c_used, c_n, c_run), dtype=np.float64)
+        alloc = cols[0] * bs
+        rows = np.empty((k, len(STEP_FIELDS)))
+        rows[:] = _QUIET_ROW
+        rows[:, STEP] = np.arange(self.step_index, self.step_index + k, dtype=np.float64)
+        rows[:, T_S] = ts[:k]
+        rows[:, DT_S] = ts[1:k + 1] - ts[:k]
+        rows[:, _VARYING] = cols.T
+        rows[:, BLOCKS + 1] = alloc
+        rows[:, RESERVED] = alloc - cols[2] - cols[1]
+        rows[:, WAITING_COL] = len(self.waiting)
+        rows[:, USED + 3] = policy.external_frag(self.waiting[0] if self.waiting else None)
+        rows[:, FREE] = policy.budget_positions - alloc
+        for j, fc in c_fin:
+            rows[j, FINISHED_COL] = fc
+        evicted = policy.evictions - self._evictions_seen
+        self._evictions_seen = policy.evictions
+        rows[0, EVICTED] = evicted
+
+        # The state after k steps: every decoder's crossings up to then, the finishers freed.
+        end = tick0 + k
+        crossing = self.crossing
+        for t in range(tick0 + 1, end + 1):
+            crossing.pop(t, None)
+        grown = 0
+        internal_add = 0
+        for s in decs:
+            f = s.output_len - s.num_output + s.dec_tick
+            c = s.allocated - s.num_computed + s.dec_tick + 1
+            last = f if f < end else end
+            if c > last:
+                continue
+            m = (last - c) // bs + 1
+            a, fl = s.allocated, s.prompt_len + s.output_len
+            s.allocated = a_end = a + m * bs
+            if a_end > s.peak_allocated:
+                s.peak_allocated = a_end
+            if a_end > fl:
+                internal_add += a_end - fl - (a - fl if a > fl else 0)
+            grown += m
+            nxt = c + m * bs
+            if f > end and nxt <= f:
+                crossing[nxt].append((s, s.epoch))
+        policy.take_blocks(grown, internal_add)
+        done_events = 0
+        for j, live, contrib in events:
+            if j >= k:
+                break
+            done_events += 1
+            t = tick0 + 1 + j
+            end_s = float(ts[j + 1])
+            for seq in live:
+                d = t - seq.dec_tick
+                seq.num_computed += d
+                seq.num_output += d
+                seq.dec_tick = -1
+                seq.epoch += 1
+            gone = set(map(id, live))
+            self.running = [s for s in self.running if id(s) not in gone]
+            for seq in live:
+                policy.free(seq)
+                seq.status = FINISHED
+                seq.finished_s = end_s
+            self.finished += len(live)
+            self.num_decoders -= len(live)
+            self.dec_sum -= contrib
+        self._restore_finishes(events[done_events:], tick0)
+        recorder.add_step_rows(rows)
+        self.tick = end
         self.used_positions = used_end
         self.now = float(ts[k])
         self.step_index += k

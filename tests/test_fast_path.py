@@ -78,6 +78,12 @@ CASES = {
     "long-quiet": dict(budget="4GiB", seqs=8, clock="roofline", policies='["paged", "contiguous-oracle"]',
                        block_sizes="[16]", workload='source = "fixed"\nprompt_len = 100\noutput_len = 1900\n'
                                                     'num_requests = 30\narrival = "poisson"\nrate = 0.1'),
+    # Decoders finishing inside quiet stretches, several at one step and down to none left,
+    # with nothing waiting (the stretch goes on) and with a blocked queue (it stops there).
+    "finishes-in-stretches": dict(budget="3GiB", seqs=12, clock="roofline", block_sizes="[16, 8]",
+                                  workload='source = "uniform"\nprompt_min = 20\nprompt_max = 300\n'
+                                           'output_min = 1\noutput_max = 400\nnum_requests = 150\n'
+                                           'arrival = "poisson"\nrate = 2.0\nseed = 5'),
 }
 
 
@@ -98,15 +104,24 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 @pytest.fixture
 def bulk_counter(monkeypatch):
     """Counts the steps the fast path records in bulk (quiet stretches)."""
-    counted = {"steps": 0}
+    counted = {"steps": 0, "finished": 0, "counting": 0}
     real = FastScheduler.record_quiet_steps
+    real_counting = FastScheduler._quiet_counting
+
+    def arithmetic(self, *args):
+        k = real_counting(self, *args)
+        counted["counting"] += k  # steps whose crossings were counted arithmetically
+        return k
 
     def counting(self, recorder):
+        before = self.finished
         k = real(self, recorder)
         counted["steps"] += k
+        counted["finished"] += self.finished - before  # decoders finishing inside a stretch
         return k
 
     monkeypatch.setattr(FastScheduler, "record_quiet_steps", counting)
+    monkeypatch.setattr(FastScheduler, "_quiet_counting", arithmetic)
     return counted
 
 
@@ -144,6 +159,10 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert fewest_steps > BATCH_ROWS
     if case in ("azure-trace-roofline", "long-quiet", "blocked-admission", "roomy-sharegpt"):
         assert bulk_counter["steps"] > steps // 4  # quiet stretches really were recorded in bulk
+    if case in ("azure-trace-roofline", "long-quiet", "roomy-sharegpt", "finishes-in-stretches"):
+        assert bulk_counter["finished"] > 0  # stretches really ran through finishes
+        # Both ways of walking a stretch ran: block counts as arithmetic (paged), step by step (contiguous).
+        assert 0 < bulk_counter["counting"] < bulk_counter["steps"]
 
 
 def test_roofline_step_times_are_step_time_bit_for_bit():

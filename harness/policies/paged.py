@@ -289,6 +289,12 @@ class CountingPagedPolicy(PagedPolicy):
         self._free -= len(seqs)
         self.internal_positions += internal
 
+    def take_blocks(self, blocks: int, internal: int) -> None:
+        """Account for ``blocks`` blocks the caller has added to sequences' ``allocated``
+        (checked to fit), raising internal fragmentation by ``internal`` positions."""
+        self._free -= blocks
+        self.internal_positions += internal
+
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         bs = self.block_size
         held = seq.allocated // bs
