@@ -28,6 +28,17 @@ stretch are an arithmetic progression, so the allocation columns come from per-s
 counts rather than per-crossing bookkeeping; other policies walk the stretch step by
 step. Per-step Python work disappears from most of a realistic trace.
 
+With block counts, the roofline clock and nothing waiting, a stretch also runs on through
+arrivals (``_quiet_merged``): an arrival whose whole prompt fits the token budget,
+``max_num_seqs`` and memory (``must_fit``, as in ``_admit``) is admitted by one step inside
+the stretch (its prompt scheduled, its blocks allocated, its first token sampled at the
+step's end) and decodes implicitly from the next tick on. Such a stretch prices each step
+with the clock's own formula in Python floats (the same IEEE operations as
+``RooflineClock.step_time``), counts crossings per window of ticks, defers the decoders'
+block growth and the finishers' frees to its end, and builds its rows once; an arrival it
+cannot admit whole, a crossing that does not fit, or more decoders than the token budget
+ends it. On the Azure trace nearly every step is recorded this way.
+
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in
 the reference the step it fills, here at the next crossing or before a free
@@ -45,10 +56,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.clock import StepWork
+from harness.clock import RooflineClock, StepWork
 from harness.recorder import STEP_FIELDS
 from harness.scheduler import Scheduler, StepPlan
-from harness.sequence import FINISHED, Seq
+from harness.sequence import FINISHED, RUNNING, Seq
 
 if TYPE_CHECKING:
     from harness.recorder import RunRecorder
@@ -57,8 +68,8 @@ if TYPE_CHECKING:
 STEP, T_S, DT_S, USED, RESERVED, EVICTED = (STEP_FIELDS.index(c) for c in (
     "step", "t_s", "dt_s", "used_positions", "reserved_positions", "evicted_blocks"))
 BLOCKS, FREE = STEP_FIELDS.index("allocated_blocks"), STEP_FIELDS.index("free_positions")
-RUNNING_COL, WAITING_COL, FINISHED_COL, SCHEDULED_COL = (STEP_FIELDS.index(c) for c in (
-    "running", "waiting", "finished", "scheduled_tokens"))
+RUNNING_COL, WAITING_COL, FINISHED_COL, SCHEDULED_COL, ADMITTED_COL = (STEP_FIELDS.index(c) for c in (
+    "running", "waiting", "finished", "scheduled_tokens", "admitted"))
 assert STEP_FIELDS[BLOCKS:FREE + 1] == ("allocated_blocks", "allocated_positions", "used_positions", "reserved_positions",
                                         "internal_frag_positions", "external_frag_positions", "free_positions")
 _PER_STEP = np.zeros(len(STEP_FIELDS))  # a quiet step's row minus the previous one: step + 1, …
@@ -76,6 +87,9 @@ _VARYING = [STEP_FIELDS.index(c) for c in ("allocated_blocks", "internal_frag_po
 
 BULK_MIN = 3  # a quiet stretch shorter than this is not worth the arrays
 BULK_MAX = 512  # steps per bulk call (longer stretches take several calls)
+MERGE_MAX = 8192  # steps per merged stretch (``_quiet_merged``)
+WINDOW = 256  # ticks of crossings counted at a time in a merged stretch
+MERGE = True  # quiet stretches run on through simple admissions (``_quiet_merged``)
 
 
 class FastScheduler(Scheduler):
@@ -92,6 +106,8 @@ class FastScheduler(Scheduler):
         self._next_pos = 0
         self._simple = False
         self._caching = bool(getattr(self.policy, "enable_caching", False))
+        self._merge = (MERGE and getattr(self.policy, "counting", False) and type(self.clock) is RooflineClock)
+        self.merged_admissions = 0  # requests admitted inside merged stretches
 
     # -- the implicit decoders -------------------------------------------------------
     def _append_running(self, seq: Seq) -> None:
@@ -277,13 +293,16 @@ class FastScheduler(Scheduler):
         columns (changing only at crossings and finishes) come out as arrays — the same
         values, bit for bit, as ``schedule``/``measure``/``finish_step`` step by step.
         Prefix caching is left to the step-by-step path (crossings there cache and may
-        evict blocks).
+        evict blocks). With nothing waiting, block counts and the roofline clock, the
+        stretch is ``_quiet_merged``'s, which also admits arrivals inside it.
         """
         n = self.num_decoders
         if self._caching or self.explicit or n == 0 or n > self.config.max_num_batched_tokens:
             return 0
         self._release_arrivals()  # what schedule() would do first; a no-op when repeated
         waiting = self.waiting
+        if not waiting and self._merge:
+            return self._quiet_merged(recorder)
         if waiting and not self._admission_blocked(n):
             return 0
         tick0 = self.tick
@@ -638,6 +657,278 @@ class FastScheduler(Scheduler):
         self.tick = end
         self.used_positions = used_end
         self.now = float(ts[k])
+        self.step_index += k
+        return k
+
+    def _quiet_merged(self, recorder: RunRecorder) -> int:
+        """A quiet stretch that runs on through arrivals (``CountingPagedPolicy``, roofline clock,
+        nothing waiting): an arrival whose whole prompt fits the token budget, ``max_num_seqs``
+        and memory (``must_fit``, as in ``_admit``) is admitted inside the stretch — one step
+        with its prompt scheduled, its blocks allocated, its first token sampled at the step's
+        end — and decodes from the next tick on. Step times come from the clock's own formula
+        step by step (the same IEEE operations as ``RooflineClock.step_time``); crossings are
+        counted arithmetically per window of ticks; rows are built once per stretch. Any other
+        arrival, a crossing that would not fit, or too many decoders for the budget ends it."""
+        clock = self.clock
+        W, kvb, bw = clock._weight_bytes, clock._kv_bytes_per_token, clock._bw  # type: ignore[attr-defined]
+        fpt, apf, peak = clock._flops_per_token, clock._attn_flops_per_pair, clock._peak  # type: ignore[attr-defined]
+        policy = self.policy
+        bs = policy.block_size
+        cfg = self.config
+        B, max_seqs, mml = cfg.max_num_batched_tokens, cfg.max_num_seqs, self.max_model_len
+        tick0 = self.tick
+        nn, dsum = self.num_decoders, self.dec_sum
+        run = len(self.running)
+        avail = policy.free_blocks()
+        blocks = policy.allocated_blocks()
+        internal = policy.internal_positions
+        excess = policy.shared_excess_positions
+        used = self.used_positions - excess
+        pending = self.pending
+        next_arr = pending[0].arrival_s if pending else math.inf
+        heap, finishing = self._finish_ticks, self.finishing
+        # Each decoder's crossings: ticks c, c + bs, …, L (its last before finishing at f).
+        plans: list[tuple[Seq, int, int, int]] = []
+        iadd: dict[int, int] = {}  # tick → internal fragmentation added by a last crossing
+        for s in self.running:
+            c = s.allocated - s.num_computed + s.dec_tick + 1
+            f = s.output_len - s.num_output + s.dec_tick
+            if c > f:
+                continue
+            L = c + (f - c) // bs * bs
+            a_old = s.allocated + (L - c) // bs * bs
+            fl = s.prompt_len + s.output_len
+            if a_old + bs > fl:
+                iadd[L] = iadd.get(L, 0) + a_old + bs - fl - (a_old - fl if a_old > fl else 0)
+            plans.append((s, c, f, L))
+        cross: list[int] = []  # per step of the stretch: decoders crossing into a new block
+        wend = tick0  # the ticks counted so far: (tick0, wend]
+        t = self.now
+        c_ts: list[float] = []
+        c_blocks: list[int] = []
+        c_internal: list[int] = []
+        c_used: list[int] = []
+        c_sched: list[int] = []
+        c_run: list[int] = []
+        fin_rows: list[tuple[int, int]] = []
+        adm_rows: list[tuple[int, int]] = []
+        events: list[tuple[int, list[Seq], int, float]] = []
+        adm_blocks = adm_internal = 0
+        j = 0
+        while j < MERGE_MAX and nn <= B:
+            T = tick0 + 1 + j
+            if T > wend:
+                ws = wend
+                wend = ws + WINDOW
+                cross.extend([0] * WINDOW)
+                base = tick0 + 1
+                for _, c, _, L in plans:
+                    if L <= ws:
+                        continue
+                    x0 = c if c > ws else c + ((ws - c) // bs + 1) * bs
+                    hi = L if L < wend else wend
+                    for x in range(x0 - base, hi - base + 1, bs):
+                        cross[x] += 1
+            x = cross[j]
+            if x > avail:
+                break  # this step must preempt: the step-by-step path takes it
+            cand: list[Seq] = []
+            if next_arr <= t:  # arrivals released now: admitted whole, or the stretch ends here
+                budget = B - nn
+                r = run
+                av = avail - x
+                ok = True
+                i = 0
+                while i < len(pending) and pending[i].arrival_s <= t:
+                    s = pending[i]
+                    p = s.prompt_len
+                    need = -(-p // bs)
+                    if (budget <= 0 or r >= max_seqs or p > budget or need > av or s.num_computed
+                            or s.num_output or s.num_preemptions or s.output_len < 2 or p + s.output_len > mml):
+                        ok = False
+                        break
+                    av -= need
+                    budget -= p
+                    r += 1
+                    cand.append(s)
+                    i += 1
+                if not ok:
+                    break
+            # The step: crossings, admissions, every decoder's token.
+            avail -= x
+            blocks += x
+            if x:
+                internal += iadd.get(T, 0)
+            ctx = dsum + T * nn
+            new = nn
+            pairs = ctx
+            if cand:
+                for s in cand:
+                    pending.popleft()
+                    p = s.prompt_len
+                    nb = -(-p // bs)
+                    a = nb * bs
+                    fl = p + s.output_len
+                    avail -= nb
+                    blocks += nb
+                    s.allocated = a
+                    if a > s.peak_allocated:
+                        s.peak_allocated = a
+                    ia = a - fl if a > fl else 0
+                    internal += ia
+                    adm_blocks += nb
+                    adm_internal += ia
+                    self._append_running(s)
+                    s.status = RUNNING
+                    s.num_computed = p
+                    s.first_scheduled_s = t
+                    new += p
+                    ctx += p
+                    pairs += p * p
+                run += len(cand)
+                adm_rows.append((j, len(cand)))
+                next_arr = pending[0].arrival_s if pending else math.inf
+            used += new
+            c_ts.append(t)
+            c_blocks.append(blocks)
+            c_internal.append(internal)
+            c_used.append(used)
+            c_sched.append(new)
+            c_run.append(run)
+            b_ = W + ctx * kvb
+            f_ = new * fpt + pairs * apf
+            dt = max(b_ / bw, f_ / peak)
+            t_end = t + dt
+            # The end of the step: finishers freed, then the admitted decode from the next tick on.
+            if heap and heap[0] <= T:
+                live: list[Seq] = []
+                while heap and heap[0] <= T:
+                    tt = heapq.heappop(heap)
+                    if tt == T:
+                        lst = finishing.pop(T, None)
+                        if lst:
+                            live.extend(s for s, e in lst if s.epoch == e and s.dec_tick >= 0)
+                if live:
+                    if len(live) > 1:
+                        live.sort(key=_RUN_POS)
+                    cnt = len(live)
+                    contrib = 0
+                    for s in live:
+                        dtk = s.dec_tick
+                        contrib += s.num_computed - dtk
+                        cc = s.allocated - s.num_computed + dtk + 1
+                        a = s.allocated + ((T - cc) // bs + 1) * bs if cc <= T else s.allocated
+                        fl = s.prompt_len + s.output_len
+                        nbk = a // bs
+                        blocks -= nbk
+                        avail += nbk
+                        internal -= a - fl if a > fl else 0
+                        used -= s.num_computed + T - dtk
+                    nn -= cnt
+                    dsum -= contrib
+                    run -= cnt
+                    events.append((j, live, contrib, t_end))
+                    fin_rows.append((j, cnt))
+            if cand:
+                self.tick = T
+                for s in cand:
+                    s.num_output = 1
+                    s.first_token_s = t_end
+                    self._register(s)
+                    nn += 1
+                    dsum += s.num_computed - T
+                    c = s.allocated - s.num_computed + T + 1
+                    f = s.output_len - 1 + T
+                    if c > f:
+                        continue
+                    L = c + (f - c) // bs * bs
+                    a_old = s.allocated + (L - c) // bs * bs
+                    fl = s.prompt_len + s.output_len
+                    if a_old + bs > fl:
+                        iadd[L] = iadd.get(L, 0) + a_old + bs - fl - (a_old - fl if a_old > fl else 0)
+                    plans.append((s, c, f, L))
+                    base = tick0 + 1
+                    hi = L if L < wend else wend
+                    for xx in range(c - base, hi - base + 1, bs):
+                        cross[xx] += 1
+                self.tick = tick0
+            t = t_end
+            j += 1
+            if nn == 0:
+                break
+        k = j
+        if k == 0:
+            return 0
+
+        # The state after k steps: every decoder's crossings up to then, the finishers freed.
+        end = tick0 + k
+        crossing = self.crossing
+        for tk in range(tick0 + 1, end + 1):
+            crossing.pop(tk, None)
+        grown = adm_blocks
+        internal_add = adm_internal
+        for s, c, f, L in plans:
+            last = L if L < end else end
+            if c > last:
+                continue
+            m = (last - c) // bs + 1
+            a, fl = s.allocated, s.prompt_len + s.output_len
+            s.allocated = a_end = a + m * bs
+            if a_end > s.peak_allocated:
+                s.peak_allocated = a_end
+            if a_end > fl:
+                internal_add += a_end - fl - (a - fl if a > fl else 0)
+            grown += m
+            nxt = c + m * bs
+            if f > end and nxt <= L:
+                crossing[nxt].append((s, s.epoch))
+        policy.take_blocks(grown, internal_add)
+        if events:
+            gone: set[int] = set()
+            for jj, live, contrib, end_s in events:
+                T = tick0 + 1 + jj
+                for seq in live:
+                    d = T - seq.dec_tick
+                    seq.num_computed += d
+                    seq.num_output += d
+                    seq.dec_tick = -1
+                    seq.epoch += 1
+                    gone.add(id(seq))
+                    policy.free(seq)
+                    seq.status = FINISHED
+                    seq.finished_s = end_s
+                self.finished += len(live)
+                self.num_decoders -= len(live)
+                self.dec_sum -= contrib
+            self.running = [s for s in self.running if id(s) not in gone]
+
+        # The rows (float64, the recorder's layout; integers exact below 2**53).
+        c_ts.append(t)
+        tsa = np.array(c_ts)
+        rows = np.empty((k, len(STEP_FIELDS)))
+        rows[:] = _QUIET_ROW
+        rows[:, STEP] = np.arange(self.step_index, self.step_index + k, dtype=np.float64)
+        rows[:, T_S] = tsa[:k]
+        np.subtract(tsa[1:], tsa[:k], out=rows[:, DT_S])
+        cols = np.array((c_blocks, c_internal, c_used, c_sched, c_run), dtype=np.float64)
+        rows[:, _VARYING] = cols.T
+        alloc = rows[:, BLOCKS + 1]
+        np.multiply(cols[0], bs, out=alloc)
+        rows[:, RESERVED] = alloc - cols[2] - cols[1]
+        rows[:, USED + 3] = policy.external_frag(None)
+        np.subtract(policy.budget_positions, alloc, out=rows[:, FREE])
+        for jj, cnt in fin_rows:
+            rows[jj, FINISHED_COL] = cnt
+        for jj, cnt in adm_rows:
+            rows[jj, ADMITTED_COL] = cnt
+        evicted = policy.evictions - self._evictions_seen
+        self._evictions_seen = policy.evictions
+        rows[0, EVICTED] = evicted
+        recorder.add_step_rows(rows)
+        self.merged_admissions += sum(cnt for _, cnt in adm_rows)
+        self.tick = end
+        self.used_positions = used + excess
+        self.now = t
         self.step_index += k
         return k
 

@@ -84,6 +84,15 @@ CASES = {
                                   workload='source = "uniform"\nprompt_min = 20\nprompt_max = 300\n'
                                            'output_min = 1\noutput_max = 400\nnum_requests = 150\n'
                                            'arrival = "poisson"\nrate = 2.0\nseed = 5'),
+    # Stretches running on through admissions (paged, roofline): prompts longer than the budget left
+    # (chunked, so the stretch ends), max_num_seqs and memory stopping admission, preemptions after
+    # merged stretches, single-token outputs, samples arriving together, several block sizes.
+    "merged-admissions": dict(preset="llama-3-8b", budget="900MiB", seqs=12, tokens=640, clock="roofline",
+                              gpu="A100-80GB", policies='["paged", "virtual-contiguous", "contiguous-oracle"]',
+                              block_sizes="[16, 8, 32]",
+                              workload='source = "uniform"\nprompt_min = 10\nprompt_max = 700\n'
+                                       'output_min = 1\noutput_max = 500\nnum_requests = 220\nn = 2\n'
+                                       'arrival = "poisson"\nrate = 2.0\nseed = 11'),
 }
 
 
@@ -104,9 +113,17 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 @pytest.fixture
 def bulk_counter(monkeypatch):
     """Counts the steps the fast path records in bulk (quiet stretches)."""
-    counted = {"steps": 0, "finished": 0, "counting": 0}
+    counted = {"steps": 0, "finished": 0, "counting": 0, "merged": 0, "merged_admissions": 0}
     real = FastScheduler.record_quiet_steps
     real_counting = FastScheduler._quiet_counting
+    real_merged = FastScheduler._quiet_merged
+
+    def merged(self, recorder):
+        before = self.merged_admissions
+        k = real_merged(self, recorder)
+        counted["merged"] += k  # steps of stretches that run on through admissions
+        counted["merged_admissions"] += self.merged_admissions - before
+        return k
 
     def arithmetic(self, *args):
         k = real_counting(self, *args)
@@ -122,6 +139,7 @@ def bulk_counter(monkeypatch):
 
     monkeypatch.setattr(FastScheduler, "record_quiet_steps", counting)
     monkeypatch.setattr(FastScheduler, "_quiet_counting", arithmetic)
+    monkeypatch.setattr(FastScheduler, "_quiet_merged", merged)
     return counted
 
 
@@ -163,6 +181,11 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert bulk_counter["finished"] > 0  # stretches really ran through finishes
         # Both ways of walking a stretch ran: block counts as arithmetic (paged), step by step (contiguous).
         assert 0 < bulk_counter["counting"] < bulk_counter["steps"]
+    if case in ("azure-trace-roofline", "poisson-roofline", "finishes-in-stretches", "merged-admissions"):
+        # Stretches ran on through admissions (paged/virtual-contiguous with the roofline clock).
+        assert bulk_counter["merged"] > 0 and bulk_counter["merged_admissions"] > 0
+    if case == "merged-admissions":
+        assert preempted > 0
 
 
 def test_roofline_step_times_are_step_time_bit_for_bit():
