@@ -3,7 +3,7 @@
 A mixin of ``harness.fast_scheduler.FastScheduler`` (it uses the implicit-decoder
 state kept there).
 
-Quiet stretches go further (``record_quiet_steps``, called by ``runners.common.drive``
+``record_quiet_steps`` (called by ``runners.common.drive``
 before each step): while only decoders run — no prefill in flight, nothing admitted,
 no arrival due, crossings fitting the free blocks — a whole run of steps is computed
 at once (step times by ``Clock.step_times``, start times by a sequential
