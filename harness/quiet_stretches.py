@@ -431,25 +431,11 @@ class QuietStretches:
         crossing = self.crossing
         for t in range(tick0 + 1, end + 1):
             crossing.pop(t, None)
-        grown = 0
-        internal_add = 0
+        plans = []
         for s in decs:
             f = s.output_len - s.num_output + s.dec_tick
-            c = s.allocated - s.num_computed + s.dec_tick + 1
-            last = f if f < end else end
-            if c > last:
-                continue
-            m = (last - c) // bs + 1
-            a, fl = s.allocated, s.prompt_len + s.output_len
-            s.allocated = a_end = a + m * bs
-            if a_end > s.peak_allocated:
-                s.peak_allocated = a_end
-            if a_end > fl:
-                internal_add += a_end - fl - (a - fl if a > fl else 0)
-            grown += m
-            nxt = c + m * bs
-            if f > end and nxt <= f:
-                crossing[nxt].append((s, s.epoch))
+            plans.append((s, s.allocated - s.num_computed + s.dec_tick + 1, f, f))
+        grown, internal_add = self._grow_decoders(plans, end, bs)
         policy.take_blocks(grown, internal_add)
         done_events = 0
         for j, live, contrib in events:
@@ -686,24 +672,8 @@ class QuietStretches:
         crossing = self.crossing
         for tk in range(tick0 + 1, end + 1):
             crossing.pop(tk, None)
-        grown = adm_blocks
-        internal_add = adm_internal
-        for s, c, f, L in plans:
-            last = L if L < end else end
-            if c > last:
-                continue
-            m = (last - c) // bs + 1
-            a, fl = s.allocated, s.prompt_len + s.output_len
-            s.allocated = a_end = a + m * bs
-            if a_end > s.peak_allocated:
-                s.peak_allocated = a_end
-            if a_end > fl:
-                internal_add += a_end - fl - (a - fl if a > fl else 0)
-            grown += m
-            nxt = c + m * bs
-            if f > end and nxt <= L:
-                crossing[nxt].append((s, s.epoch))
-        policy.take_blocks(grown, internal_add)
+        grown, internal_add = self._grow_decoders(plans, end, bs)
+        policy.take_blocks(grown + adm_blocks, internal_add + adm_internal)
         if events:
             gone: set[int] = set()
             for jj, live, contrib, end_s in events:
@@ -752,6 +722,32 @@ class QuietStretches:
         self.now = t
         self.step_index += k
         return k
+
+    def _grow_decoders(self, plans: list[tuple[Seq, int, int, int]], end: int, bs: int) -> tuple[int, int]:
+        """Give each decoder the blocks its crossings up to tick ``end`` took, in one go.
+
+        ``plans`` holds (sequence, first crossing tick, finish tick, last tick it may
+        cross at); crossings come every ``bs`` ticks. The next crossing after the
+        stretch is re-registered. Returns (blocks taken, internal fragmentation added).
+        """
+        crossing = self.crossing
+        grown = internal_add = 0
+        for s, c, f, limit in plans:
+            last = limit if limit < end else end
+            if c > last:
+                continue
+            m = (last - c) // bs + 1
+            a, fl = s.allocated, s.prompt_len + s.output_len
+            s.allocated = a_end = a + m * bs
+            if a_end > s.peak_allocated:
+                s.peak_allocated = a_end
+            if a_end > fl:
+                internal_add += a_end - fl - (a - fl if a > fl else 0)
+            grown += m
+            nxt = c + m * bs
+            if f > end and nxt <= limit:
+                crossing[nxt].append((s, s.epoch))
+        return grown, internal_add
 
     def _restore_finishes(self, events: list[tuple[int, list[Seq], int]], tick0: int) -> None:
         """Put back finish events taken from the heap but not reached."""
