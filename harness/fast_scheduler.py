@@ -33,7 +33,7 @@ from collections import defaultdict
 from harness.clock import RooflineClock, StepWork
 from harness.quiet_stretches import MERGE, QuietStretches
 from harness.scheduler import Scheduler, StepPlan
-from harness.sequence import FINISHED, Seq
+from harness.sequence import Seq
 
 
 class FastScheduler(QuietStretches, Scheduler):
@@ -183,14 +183,7 @@ class FastScheduler(QuietStretches, Scheduler):
             self._unregister(seq)
         if finishing or done:
             done = sorted(done + finishing, key=lambda s: s.run_pos)  # frees in running order (LRU)
-            gone = set(map(id, done))
-            self.running = [s for s in self.running if id(s) not in gone]
-            for seq in done:
-                self.policy.free(seq)
-                self.used_positions -= seq.num_computed
-                seq.status = FINISHED
-                seq.finished_s = self.now
-            self.finished += len(done)
+            self._retire(done)
         self.explicit = explicit
         for seq in newly_decoding:
             self._register(seq)

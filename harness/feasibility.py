@@ -36,7 +36,7 @@ def levers(geometry: ModelGeometry, kv_dtype: str, needed_bytes: int, budget_byt
     if kv_heads >= 1:
         out.append(f"fewer KV heads: at most {kv_heads} of {geometry.num_kv_heads}")
     else:
-        out.append(f"fewer KV heads: not enough even with 1 KV head")
+        out.append("fewer KV heads: not enough even with 1 KV head")
     dtype_bytes = KV_DTYPE_BYTES[kv_dtype]
     if dtype_bytes > 1:
         fp8_bytes = needed_bytes // dtype_bytes

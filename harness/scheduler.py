@@ -208,13 +208,17 @@ class Scheduler:
             if seq.num_output >= seq.output_len or seq.num_tokens >= self.max_model_len:
                 done.append(seq)
         if done:
-            gone = set(map(id, done))
-            self.running = [s for s in self.running if id(s) not in gone]
-            for seq in done:
-                self.policy.free(seq)
-                self.used_positions -= seq.num_computed
-                seq.status = FINISHED
-                seq.finished_s = self.now
-            self.finished += len(done)
+            self._retire(done)
         self.step_index += 1
         return done
+
+    def _retire(self, done: list[Seq]) -> None:
+        """Free finished sequences, in the given order (the free order is the LRU order)."""
+        gone = set(map(id, done))
+        self.running = [s for s in self.running if id(s) not in gone]
+        for seq in done:
+            self.policy.free(seq)
+            self.used_positions -= seq.num_computed
+            seq.status = FINISHED
+            seq.finished_s = self.now
+        self.finished += len(done)

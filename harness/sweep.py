@@ -11,7 +11,6 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterable
 
-from harness import store
 from harness.errors import KvbenchError, one_line
 from harness.specs import RunSpec
 from harness.suite import Suite
