@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, ROOT, assert_one_line_error, kvbench
+from tests.conftest import ROOT, assert_one_line_error, kvbench
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text()
 
