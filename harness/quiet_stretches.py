@@ -250,23 +250,10 @@ class QuietStretches:
                 end_s = float(ts[j + 1])
                 lv = levels[-1]
                 used = lv[5] + lv[2] * (j + 1 - lv[0])
-                for seq in live:
-                    d = t - seq.dec_tick
-                    seq.num_computed += d
-                    seq.num_output += d
-                    seq.dec_tick = -1
-                    seq.epoch += 1
+                used -= self._finish_decoders(live, t, end_s, contrib)
                 gone = set(map(id, live))
                 self.running = [s for s in self.running if id(s) not in gone]
-                for seq in live:
-                    policy.free(seq)
-                    used -= seq.num_computed
-                    seq.status = FINISHED
-                    seq.finished_s = end_s
                 c = len(live)
-                self.finished += c
-                self.num_decoders -= c
-                self.dec_sum -= contrib
                 if has_free:
                     free = policy.free_blocks()
                 finished_rows.append((j, c))
@@ -444,21 +431,9 @@ class QuietStretches:
             done_events += 1
             t = tick0 + 1 + j
             end_s = float(ts[j + 1])
-            for seq in live:
-                d = t - seq.dec_tick
-                seq.num_computed += d
-                seq.num_output += d
-                seq.dec_tick = -1
-                seq.epoch += 1
+            self._finish_decoders(live, t, end_s, contrib)
             gone = set(map(id, live))
             self.running = [s for s in self.running if id(s) not in gone]
-            for seq in live:
-                policy.free(seq)
-                seq.status = FINISHED
-                seq.finished_s = end_s
-            self.finished += len(live)
-            self.num_decoders -= len(live)
-            self.dec_sum -= contrib
         self._restore_finishes(events[done_events:], tick0)
         recorder.add_step_rows(rows)
         self.tick = end
@@ -677,20 +652,8 @@ class QuietStretches:
         if events:
             gone: set[int] = set()
             for jj, live, contrib, end_s in events:
-                T = tick0 + 1 + jj
-                for seq in live:
-                    d = T - seq.dec_tick
-                    seq.num_computed += d
-                    seq.num_output += d
-                    seq.dec_tick = -1
-                    seq.epoch += 1
-                    gone.add(id(seq))
-                    policy.free(seq)
-                    seq.status = FINISHED
-                    seq.finished_s = end_s
-                self.finished += len(live)
-                self.num_decoders -= len(live)
-                self.dec_sum -= contrib
+                self._finish_decoders(live, tick0 + 1 + jj, end_s, contrib)
+                gone.update(map(id, live))
             self.running = [s for s in self.running if id(s) not in gone]
 
         # The rows (float64, the recorder's layout; integers exact below 2**53).
@@ -722,6 +685,28 @@ class QuietStretches:
         self.now = t
         self.step_index += k
         return k
+
+    def _finish_decoders(self, live: list[Seq], tick: int, end_s: float, contrib: int) -> int:
+        """Decoders that sampled their last token at ``tick``: bring them up to date, free
+        them in the given (running) order, stop tracking them. Their removal from
+        ``self.running`` is the caller's (batched across finish events where it can be).
+        Returns the positions they held, for the used-positions count."""
+        policy = self.policy
+        held = 0
+        for seq in live:
+            d = tick - seq.dec_tick
+            seq.num_computed += d
+            seq.num_output += d
+            seq.dec_tick = -1
+            seq.epoch += 1
+            policy.free(seq)
+            held += seq.num_computed
+            seq.status = FINISHED
+            seq.finished_s = end_s
+        self.finished += len(live)
+        self.num_decoders -= len(live)
+        self.dec_sum -= contrib
+        return held
 
     def _grow_decoders(self, plans: list[tuple[Seq, int, int, int]], end: int, bs: int) -> tuple[int, int]:
         """Give each decoder the blocks its crossings up to tick ``end`` took, in one go.
