@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 
-from harness.clock import RooflineClock, StepWork
+from harness.clock import RooflineClock
 from harness.quiet_stretches import MERGE, QuietStretches
 from harness.scheduler import Scheduler, StepPlan
 from harness.sequence import Seq
@@ -140,16 +140,9 @@ class FastScheduler(QuietStretches, Scheduler):
         admitted, hit_tokens = self._admit(budget, scheduled)
 
         decoders = self.num_decoders
-        new_tokens = decoders
-        context = pairs = self.dec_sum + tick * decoders  # Σ computed after this step
-        for seq, n in scheduled:
-            seq.num_computed += n
-            new_tokens += n
-            context += seq.num_computed
-            pairs += n * seq.num_computed
-        self.used_positions += new_tokens
+        implicit = self.dec_sum + tick * decoders  # Σ computed of the decoders after this step
         return StepPlan(self.step_index, self.now, scheduled, admitted, [], hit_tokens,
-                        StepWork(new_tokens, context, pairs))
+                        self._compute(scheduled, decoders, implicit, implicit))
 
     def finish_step(self, plan: StepPlan) -> list[Seq]:
         if not self._simple:

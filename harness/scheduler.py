@@ -133,16 +133,20 @@ class Scheduler:
 
         admitted, hit_tokens = self._admit(budget, scheduled) if not preempted else (0, 0)
 
-        # Tokens scheduled now are being computed this step: they count as used.
-        new_tokens = context = pairs = 0
+        return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens,
+                        self._compute(scheduled))
+
+    def _compute(self, scheduled: list[tuple[Seq, int]], new_tokens: int = 0, context: int = 0,
+                 pairs: int = 0) -> StepWork:
+        """Advance the scheduled sequences by their new tokens; the step's work, starting
+        from what the caller already counted. Tokens computed now count as used."""
         for seq, n in scheduled:
             seq.num_computed += n
             new_tokens += n
             context += seq.num_computed
             pairs += n * seq.num_computed
         self.used_positions += new_tokens
-        return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens,
-                        StepWork(new_tokens, context, pairs))
+        return StepWork(new_tokens, context, pairs)
 
     def _admit(self, budget: int, scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
         """Admit waiting requests FCFS while budget, ``max_num_seqs`` and memory allow;
