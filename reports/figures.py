@@ -356,8 +356,9 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
                            for g in groups.to_dict("records"))
     fig.suptitle(heading, fontsize=11)
     return Plot(name, title, fig, "Per workload, KV precision and budget: naive = allocation × runtime exactly. "
-                                  "n/a: the runs for that factor are missing (never estimated), or, for tokens/s, "
-                                  "torch (kvbench's clock) and vllm (device time) are on different clocks. Diamonds: "
+                                  "n/a: the runs for that factor are missing (never estimated). On the run's clock "
+                                  "torch and vllm take the same steps, so there the runtime factor is 1; measured "
+                                  "throughput carries the runtime effect. Diamonds: "
                                   "the same allocation ratio from the simulator, where no runtime differs.")
 
 

