@@ -204,12 +204,12 @@ def _smoke(out: Path) -> int:
     from reports.decomposition import decompose
 
     decomp = decompose(runs.drop(columns="_order"))
-    # tokens_per_s is per kvbench clock step for torch but per device second for vllm: no ratio of
-    # the two means anything. wall_tokens_per_s is per device second for both.
+    # tokens_per_s is on kvbench's clock in both (same steps: runtime factor 1 by construction);
+    # wall_tokens_per_s is per device-synchronised second in both: the measured decomposition.
     decomp = decomp[decomp["metric"] != "tokens_per_s"]
     print("\ndecomposition: vllm/paged vs torch/contiguous = allocation (torch/paged vs torch/contiguous) "
           "× runtime (vllm/paged vs torch/paged); throughput as wall_tokens_per_s (generated tokens per "
-          "device-synchronised step second; tokens_per_s rows left out: torch's counts kvbench clock steps)")
+          "device-synchronised step second; tokens_per_s rows left out: kvbench's clock, where both take the same steps)")
     if len(decomp):
         print(table(decomp.to_dict("records"), DECOMP_COLUMNS))
         warnings = {w for w in decomp["warning"].dropna()}

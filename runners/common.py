@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Protocol
 
 from harness.clock import make_clock
@@ -55,6 +57,18 @@ def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
         return Shortfall(what, smaller, need, policy.budget_positions, spec.kv_bytes_per_token,
                          spec.memory.kv_budget_bytes)
     return None
+
+
+def host_available_bytes() -> int:
+    """The host's available memory (MemAvailable where Linux says it), in bytes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in os.sysconf_names else os.sysconf("SC_PHYS_PAGES")
+    return int(pages) * int(os.sysconf("SC_PAGE_SIZE"))
 
 
 def base_row(cell: Cell, runner: str) -> dict[str, object]:

@@ -36,10 +36,8 @@ memory mid-run makes an ``oom`` row.
 from __future__ import annotations
 
 import gc
-import os
 import time
 import types
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -52,7 +50,7 @@ from harness.sequence import RUNNING, Seq
 from harness.specs import RunSpec
 from harness.units import format_bytes
 from runners.base import Cell
-from runners.common import base_row, drive, expand_seqs, shortfall, write_status_only
+from runners.common import base_row, drive, expand_seqs, host_available_bytes, shortfall, write_status_only
 from runners.torch_kv import ContiguousKVCache, KVCache, PagedKVCache
 from runners.torch_model import (Attend, DecoderModel, attention, compute_dtype, decode_attention,
                                  kv_storage_dtype, layer_param_count, param_count)
@@ -88,14 +86,7 @@ def available_bytes(device: torch.device) -> int:
     """Free device memory (CUDA), or the host's available memory (CPU)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") if "SC_AVPHYS_PAGES" in os.sysconf_names else os.sysconf("SC_PHYS_PAGES")
-    return int(pages) * int(os.sysconf("SC_PAGE_SIZE"))
+    return host_available_bytes()
 
 
 def is_paged(spec: RunSpec) -> bool:

@@ -88,9 +88,10 @@ from harness.feasibility import explain
 from harness.policies import make_policy
 from harness.sequence import Seq
 from harness.specs import RunSpec
+from harness.units import format_bytes
 from runners import vllm_adapter, vllm_loop
 from runners.base import Cell
-from runners.common import base_row, expand_seqs, shortfall, write_status_only
+from runners.common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
 from runners.vllm_adapter import (EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule,
                                   request_blocks)
 
@@ -105,6 +106,13 @@ ENGINE_SEED = 0  # vLLM's seed: the dummy weights and its sampler (greedy here)
 MAX_GPU_MEMORY_UTILIZATION = 0.9
 MIN_GPU_MEMORY_UTILIZATION = 0.05
 EAGER_ENV = "KVBENCH_VLLM_ENFORCE_EAGER"
+# Host memory on CPU: plan for at most this share of what is available (beyond it the host swaps or
+# its OOM killer ends the whole sweep, which no ``oom`` row can record), and for vLLM's own
+# runtime beside weights and KV (measured here: a whole kvbench process peaked at 786 MiB resident
+# running llama-mini on the engine, 659 MiB of it from importing vLLM).
+HOST_MEMORY_HEADROOM = 0.9
+ENGINE_RUNTIME_BYTES = 2 * 2**30
+MODEL_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 # -- the device: the one seam that stands in for CUDA in tests ------------------------------
@@ -253,6 +261,24 @@ def check_max_model_len(cell: Cell) -> str | None:
     return (f"infeasible: vLLM refuses to start when one max_model_len request does not fit its KV cache: "
             f"max_model_len {spec.memory.max_model_len} needs {need:,} blocks of {spec.block_size} but the budget "
             f"holds {spec.budget_blocks:,}; levers: max_model_len at most {fits:,}, or a larger kv_budget")
+
+
+def check_host_memory(spec: RunSpec, available: int) -> str | None:
+    """On CPU the engine holds the model's weights, its KV pool and its own runtime in host memory:
+    an ``infeasible`` reason when they exceed ``HOST_MEMORY_HEADROOM`` of ``available`` bytes."""
+    g = spec.geometry
+    _, _, model_dtype = vllm_adapter.kv_dtype_of(spec)
+    weights = g.weight_bytes(MODEL_DTYPE_BYTES[model_dtype])
+    kv = num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token
+    need = weights + kv + ENGINE_RUNTIME_BYTES
+    usable = int(available * HOST_MEMORY_HEADROOM)
+    if need <= usable:
+        return None
+    return (f"infeasible: vLLM's engine on CPU holds {g.name}'s weights ({format_bytes(weights)} at {model_dtype}), "
+            f"its KV pool ({format_bytes(kv)}) and ~{format_bytes(ENGINE_RUNTIME_BYTES)} of runtime in host memory: "
+            f"{need:,} B needed, {usable:,} B usable ({HOST_MEMORY_HEADROOM:.0%} of what is available); levers: a "
+            f"smaller model (the llama-mini preset, or a config.json with fewer layers), a smaller kv_budget, or "
+            f"vLLM's CUDA build on a GPU")
 
 
 def model_dir(spec: RunSpec, scratch: Path) -> Path:
@@ -528,6 +554,8 @@ class VllmRunner:
         if short is not None:
             return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
         refused = check_max_model_len(cell)
+        if refused is None and device.kind == "cpu":
+            refused = check_host_memory(spec, host_available_bytes())
         if refused is not None:
             return write_status_only(cell, row, "infeasible", refused)
         vllm_adapter.load()  # the version gate, one line on an unsupported vLLM

@@ -276,14 +276,32 @@ def test_engine_at_fp8_and_fp32_shares_the_budget(tmp_path: Path) -> None:
 
 
 @needs_engine
-def test_a_kv_space_beyond_memory_is_an_oom_row(tmp_path: Path) -> None:
+def test_a_kv_space_beyond_memory_is_infeasible_before_the_engine_starts(tmp_path: Path) -> None:
     import psutil
 
     budget_gib = int(psutil.virtual_memory().total / 2**30) * 2 + 8  # twice the machine's memory
     (cell,) = cells_for(tmp_path, runners='["vllm"]', budget=f"{budget_gib}GiB")
     row = run_cell(cell)
+    if BUILD is not None and BUILD.device == "cpu":
+        assert row["status"] == "infeasible", row
+        assert "its KV pool" in row["error"] and "\n" not in row["error"]
+    else:
+        assert row["status"] in ("infeasible", "oom"), row
+
+
+@needs_engine
+def test_vllms_own_refusal_of_the_kv_space_is_an_oom_row(tmp_path: Path, monkeypatch) -> None:
+    """kvbench's host-memory estimate told it fits (here: forced); vLLM's own check at start-up refuses."""
+    import psutil
+
+    if BUILD is None or BUILD.device != "cpu":
+        pytest.skip("vLLM's CPU worker's own memory check")
+    monkeypatch.setattr(vllm_engine, "host_available_bytes", lambda: 2**60)
+    budget_gib = int(psutil.virtual_memory().total / 2**30) * 2 + 8
+    (cell,) = cells_for(tmp_path, runners='["vllm"]', budget=f"{budget_gib}GiB")
+    row = run_cell(cell)
     assert row["status"] == "oom", row
-    assert row["error"].startswith("out of memory on ") and "\n" not in row["error"]
+    assert row["error"].startswith("out of memory on cpu") and "\n" not in row["error"]
 
 
 @needs_engine
@@ -327,3 +345,13 @@ def test_doctor_gpu_without_cuda_is_one_line_and_exit_2() -> None:
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1, lines
     assert "CUDA" in lines[0] and "Traceback" not in lines[0]
+
+
+def test_a_model_beyond_host_memory_is_infeasible_with_its_bytes(tmp_path: Path) -> None:
+    (cell,) = cells_for(tmp_path, runners='["vllm"]', preset="llama-3-8b", kv_dtype="fp16", budget="1GiB")
+    reason = vllm_engine.check_host_memory(cell.spec, available=12 * 2**30)
+    assert reason is not None and reason.startswith("infeasible: vLLM's engine on CPU holds llama-3-8b's weights")
+    needed = 8_030_000_000 * 2 + (cell.spec.budget_blocks + 1) * 32 * cell.spec.kv_bytes_per_token + 2 * 2**30
+    assert f"{needed:,} B needed" in reason and "llama-mini" in reason and "\n" not in reason
+    (small,) = cells_for(tmp_path / "small", runners='["vllm"]')
+    assert vllm_engine.check_host_memory(small.spec, available=12 * 2**30) is None

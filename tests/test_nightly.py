@@ -1,0 +1,92 @@
+"""``.ci/nightly``: the nightly job as users run it (here without its install step, on a sim suite).
+
+Night 1 has no baseline and becomes it; night 2 on the same code passes the
+gate; a baseline that was better than tonight (its records edited the way a
+real regression would show) fails the gate with exit 1, keeps the baseline,
+and ``--accept`` moves it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tests.conftest import ROOT
+
+NIGHTLY = ROOT / ".ci" / "nightly"
+
+SUITE = """
+name = "nightly-test"
+[model]
+preset = "llama-3-8b"
+[memory]
+kv_budget = "1GiB"
+max_model_len = 2048
+[workload]
+source = "sharegpt"
+num_requests = 60
+arrival = "batch"
+[grid]
+runner = ["sim"]
+policy = ["contiguous-max", "paged"]
+block_size = [16]
+"""
+
+
+def nightly(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    return subprocess.run(["bash", str(NIGHTLY), "--no-install", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=600)
+
+
+def improve_baseline(night: Path) -> None:
+    """Make the baseline's paged cell hold twice the requests it did: tonight then reads as a regression."""
+    for path in (night / "runs").rglob("*.parquet"):
+        table = pq.read_table(path)
+        rows = table.to_pylist()
+        for row in rows:
+            if row["policy"] == "paged":
+                row["mean_running"] = row["mean_running"] * 2
+        pq.write_table(type(table).from_pylist(rows, schema=table.schema), path)
+
+
+def test_nightly_gates_on_the_previous_night(tmp_path: Path) -> None:
+    suite = tmp_path / "nightly.toml"
+    suite.write_text(SUITE)
+    results = tmp_path / "nights"
+
+    first = nightly(str(suite), "--results", str(results), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "first night" in first.stdout
+    baseline = (results / "latest").resolve()
+    assert (baseline / "runs").is_dir()
+
+    second = nightly(str(suite), "--results", str(results), cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "gate passed" in second.stdout
+    tonight = (results / "latest").resolve()
+    assert tonight != baseline and (tonight / "compare.md").is_file()
+
+    improve_baseline(tonight)
+    third = nightly(str(suite), "--results", str(results), cwd=tmp_path)
+    assert third.returncode == 1, third.stdout + third.stderr
+    assert "REGRESSION" in third.stdout and "mean_running" in third.stdout
+    assert (results / "latest").resolve() == tonight  # a failing night does not become the baseline
+
+    accepted = nightly(str(suite), "--results", str(results), "--accept", cwd=tmp_path)
+    assert accepted.returncode == 1
+    assert (results / "latest").resolve() != tonight
+
+
+def test_nightly_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for args in (["missing.toml"], ["--extra"], ["--bogus"], ["a.toml", "b.toml"]):
+        if args == ["a.toml", "b.toml"]:
+            (tmp_path / "a.toml").write_text(SUITE)
+        proc = nightly(*args, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("nightly: "), (args, proc.stderr)
