@@ -355,3 +355,15 @@ def test_a_model_beyond_host_memory_is_infeasible_with_its_bytes(tmp_path: Path)
     assert f"{needed:,} B needed" in reason and "llama-mini" in reason and "\n" not in reason
     (small,) = cells_for(tmp_path / "small", runners='["vllm"]')
     assert vllm_engine.check_host_memory(small.spec, available=12 * 2**30) is None
+
+
+@needs_engine
+def test_an_engine_that_does_not_start_is_a_one_line_failed_row(tmp_path: Path) -> None:
+    # kvbench's scheduler takes max_num_seqs > max_num_batched_tokens; vLLM's engine refuses to start.
+    (cell,) = cells_for(tmp_path, runners='["vllm"]', max_num_seqs=512, max_num_batched_tokens=256)
+    with pytest.raises(KvbenchError) as exc:
+        vllm_engine.VllmRunner().run(cell)
+    msg = str(exc.value)
+    assert msg.startswith("vLLM's engine did not start: ") and "max_num_seqs" in msg and "\n" not in msg
+    row = run_cell(cell)  # through the sweep: a failed row with that line
+    assert row["status"] == "failed" and row["error"] == msg
