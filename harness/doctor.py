@@ -28,6 +28,16 @@ def runner_status() -> dict[str, str | None]:
     return status
 
 
+def _where(runner: str, reason: str | None) -> str:
+    """Which vLLM build the full engine would run, and on what device."""
+    if runner != "vllm" or reason is not None:
+        return ""
+    from runners.vllm_adapter import installed_build
+
+    build = installed_build()
+    return "" if build is None else f" ({build.distribution} {build.version}: the engine runs on {build.device})"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.gpu:
         from harness.gpu_smoke import run_smoke
@@ -41,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{key:16} {prov.get(key)}")
     print("runners:")
     for name, reason in runner_status().items():
-        print(f"  {name:12} {'available' if reason is None else 'unavailable: ' + reason}")
+        print(f"  {name:12} {'available' if reason is None else 'unavailable: ' + reason}{_where(name, reason)}")
     print("model presets (KV bytes per token at fp16):")
     for g in PRESETS.values():
         print(f"  {g.name:12} layers {g.num_layers:3}  kv heads {g.num_kv_heads:3}  head dim {g.head_dim:4}  "

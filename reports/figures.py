@@ -355,11 +355,13 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
         heading += "".join(f"\n{letters[_decomp_key(g)]} = workload {_decomp_group(g)}"
                            for g in groups.to_dict("records"))
     fig.suptitle(heading, fontsize=11)
-    return Plot(name, title, fig, "Per workload, KV precision and budget: naive = allocation × runtime exactly. "
-                                  "n/a: the runs for that factor are missing (never estimated). On the run's clock "
-                                  "torch and vllm take the same steps, so there the runtime factor is 1; measured "
-                                  "throughput carries the runtime effect. Diamonds: "
-                                  "the same allocation ratio from the simulator, where no runtime differs.")
+    missing = bool(rows[["naive", "allocation", "runtime"]].isna().to_numpy().any())
+    caption = ("Per workload, KV precision and budget: naive = allocation × runtime exactly. "
+               + ("n/a: the runs for that factor are missing (never estimated). " if missing else "")
+               + "On the run's clock torch and vllm take the same steps, so there the runtime factor is 1; "
+                 "measured throughput carries the runtime effect. Diamonds: the same allocation ratio from the "
+                 "simulator, where no runtime differs.")
+    return Plot(name, title, fig, caption)
 
 
 def all_plots(cells: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame,
