@@ -242,3 +242,13 @@ def test_report_cli_prints_the_page_path(tmp_path: Path) -> None:
     missing = kvbench("report", tmp_path / "nope")
     assert missing.returncode == 2 and len(missing.stderr.splitlines()) == 1
     assert "no such results directory" in missing.stderr
+
+
+def test_decomposition_caption_speaks_of_n_a_only_when_a_factor_is_missing() -> None:
+    both = [run("torch", "contiguous-max", tokens_per_s=1.0, wall_tokens_per_s=80.0, mean_running=2.0, peak_running=2),
+            run("torch", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=120.0, mean_running=4.0, peak_running=8),
+            run("vllm", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=360.0, mean_running=4.0, peak_running=8)]
+    full = plots_for(both, pd.DataFrame(), pd.DataFrame())["7-decomposition"]
+    assert full.figure is not None and "n/a" not in full.note
+    no_engine = plots_for(both[:2], pd.DataFrame(), pd.DataFrame())["7-decomposition"]
+    assert no_engine.figure is not None and "n/a: the runs for that factor are missing" in no_engine.note
