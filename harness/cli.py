@@ -3,8 +3,8 @@
 Each subcommand lives in the module that owns its work; that module exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` (a callable
 taking the parsed ``argparse.Namespace`` and returning an exit code). This
-file only wires them together and turns ``KvbenchError`` into one line on
-stderr.
+file only wires them together, turns ``KvbenchError`` into one line on
+stderr, and turns SIGTERM into the same clean stop as Ctrl-C (exit 128 + signal).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import NoReturn, Sequence
 
 from harness import __version__
 from harness.errors import KvbenchError, one_line
+from harness.signals import sigterm_as_interrupt
 
 # Modules that register subcommands, in help order. Importing them must stay
 # cheap: heavy imports (torch, vllm) happen inside the command functions.
@@ -72,13 +73,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():
+            return int(args.func(args) or 0)
     except KvbenchError as exc:
         print(f"kvbench {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"kvbench {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as harness.signals raises it
+        message = getattr(exc, "message", None) or f"interrupted by {getattr(exc, 'signal_name', 'SIGINT')}"
+        print(f"kvbench {args.command}: {one_line(message)}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0
 

@@ -26,6 +26,20 @@ KV_DTYPE_BYTES: dict[str, int] = {
 }
 
 
+# Sane upper bounds: several times the largest published decoders (Llama 3.1 405B: 126
+# layers, 128 heads, hidden 16,384, MLP 53,248; head sizes up to 256; vocabularies up to
+# ~262k), so a real model never trips them and a typo (an extra digit or three) does.
+UPPER_BOUNDS: dict[str, int] = {
+    "num_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_kv_heads": 1024,
+    "head_dim": 1024,
+    "hidden_size": 131_072,
+    "intermediate_size": 1_048_576,
+    "vocab_size": 4_194_304,
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelGeometry:
     """The shape of a decoder-only transformer, as far as its KV cache and cost go."""
@@ -46,6 +60,10 @@ class ModelGeometry:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise KvbenchError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
+            upper = UPPER_BOUNDS.get(field)
+            if upper is not None and value > upper:
+                raise KvbenchError(f"model {self.name!r}: {field} = {value} is beyond any real model "
+                                   f"(at most {upper:,})")
         if self.num_attention_heads % self.num_kv_heads:
             raise KvbenchError(
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) is not a multiple "
@@ -123,6 +141,8 @@ def preset(name: str) -> ModelGeometry:
 def from_config_json(path: str | Path) -> ModelGeometry:
     """Read a Hugging Face ``config.json`` (Llama/Mistral/Qwen/OPT-style keys)."""
     p = Path(path)
+    if "\x00" in str(p):  # the OS cannot take it; Path would raise ValueError further on
+        raise KvbenchError(f"{str(p)!r}: a config path cannot hold a NUL character")
     if p.is_dir():
         p = p / "config.json"
     try:
@@ -156,16 +176,26 @@ def from_config_json(path: str | Path) -> ModelGeometry:
     kv_heads = integer(get("num_key_value_heads", default=heads), "num_key_value_heads")
     if heads <= 0 or hidden <= 0:
         raise KvbenchError(f"{p}: num_attention_heads and hidden_size must be positive")
-    head_dim = integer(get("head_dim", default=hidden // heads), "head_dim")
+    if cfg.get("head_dim") is not None:
+        # Honoured as given: some models (Gemma, Qwen3) have heads × head_dim ≠ hidden_size.
+        head_dim = integer(cfg["head_dim"], "head_dim")
+    elif hidden % heads:
+        raise KvbenchError(f"{p}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                           f"(head size {hidden / heads:g}); give head_dim if the model's differs")
+    else:
+        head_dim = hidden // heads
     intermediate = integer(get("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden), "intermediate_size")
     vocab = integer(get("vocab_size", default=32000), "vocab_size")
     tied = bool(cfg.get("tie_word_embeddings", False))
     name = str(cfg.get("_name_or_path") or p.parent.name or "config")
-    return ModelGeometry(
-        name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
-        head_dim=head_dim, hidden_size=hidden, intermediate_size=intermediate, vocab_size=vocab,
-        num_params=llama_param_count(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied),
-    )
+    try:
+        return ModelGeometry(
+            name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
+            head_dim=head_dim, hidden_size=hidden, intermediate_size=intermediate, vocab_size=vocab,
+            num_params=llama_param_count(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied),
+        )
+    except KvbenchError as exc:  # name the file, not just the model inside it
+        raise KvbenchError(f"{p}: {exc}") from None
 
 
 def resolve_model(preset_name: str | None = None, config: str | Path | None = None) -> ModelGeometry:

@@ -49,4 +49,14 @@ def run_on_ray(cells: list[Cell], address: str | None) -> Iterator[tuple[Cell, d
         done, _ = ray.wait(list(pending), num_returns=1)
         ref = done[0]
         cell = pending.pop(ref)
-        yield cell, ray.get(ref)
+        try:
+            row = ray.get(ref)
+        except ray.exceptions.RayTaskError as exc:
+            # A cell's StorageError (the shared results directory full or gone) ends the sweep
+            # with its own line, as it does under the local executor, not Ray's traceback.
+            if isinstance(exc.cause, KvbenchError):
+                for other in pending:
+                    ray.cancel(other, force=True)
+                raise exc.cause from None
+            raise
+        yield cell, row

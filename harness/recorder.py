@@ -11,6 +11,11 @@ land in one float64 buffer (a null is NaN there; integers are exact below
 2**53, which is checked), and the Parquet file and the summary are the same,
 bit for bit, however the rows were added: row groups always hold
 ``BATCH_ROWS`` rows, and every time-weighted sum is accumulated in row order.
+
+Every file is written under a temporary name first; ``finish`` writes all three
+tables' data before it publishes any of them, so a full disk or an interrupt
+leaves either the whole run or none of it (``store.clean_stale_temps`` removes
+what a killed process left), never a run row over steps that did not land.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness import store
+from harness.errors import StorageError, storage_error
 from harness.schema import REQUESTS, RUNS, STEPS, with_version
 
 BATCH_ROWS = 16_384
@@ -149,18 +155,20 @@ def _arrow(values: np.ndarray, field: pa.Field, is_float: bool) -> pa.Array:
 
 
 class RunRecorder:
-    """Writes one run's partitions under ``out``; publish order: steps, requests, runs."""
+    """Writes one run's partitions under ``out`` (which must exist); publish order: steps,
+    requests, runs."""
 
     def __init__(self, out: Path, run_id: str, budget_positions: int) -> None:
         self.out = Path(out)
         self.run_id = run_id
         self._summary = StepSummary(budget_positions)
-        self._tmp_steps = store.temp_dir(self.out, "steps", run_id)
-        if self._tmp_steps.exists():
-            shutil.rmtree(self._tmp_steps)
-        self._tmp_steps.mkdir(parents=True)
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self._tmp_steps / store.PART, with_version(STEPS))
+        self._tmp_steps = store.make_temp_dir(self.out, "steps", run_id)
+        self._writer: pq.ParquetWriter | None = None
+        try:
+            self._writer = pq.ParquetWriter(self._tmp_steps / store.PART, with_version(STEPS))
+        except OSError as exc:
+            self.abort()
+            raise self._failed("steps", exc) from None
         # Buffered steps, one row per step, one float64 column per field (NaN: null). Unused
         # rows hold the "nothing" row (0, nulls as NaN), so bulk writes skip such columns.
         self._blank = np.array([math.nan if name in _MEASURED else 0.0 for name in STEP_FIELDS])
@@ -234,8 +242,12 @@ class RunRecorder:
         buf = self._buf
         for start in range(0, done, BATCH_ROWS):
             stop = min(start + BATCH_ROWS, done)
-            self._writer.write_batch(pa.RecordBatch.from_arrays(
-                [_arrow(buf[start:stop, i], field, _FLOAT[i]) for i, field in enumerate(STEPS)], schema=STEPS))
+            batch = pa.RecordBatch.from_arrays(
+                [_arrow(buf[start:stop, i], field, _FLOAT[i]) for i, field in enumerate(STEPS)], schema=STEPS)
+            try:
+                self._writer.write_batch(batch)
+            except OSError as exc:
+                raise self._failed("steps", exc) from None
         rest = n - done
         buf[:rest] = buf[done:n]
         buf[rest:n] = self._blank
@@ -249,23 +261,63 @@ class RunRecorder:
             self._summary.add_many([rows[:, i] for i in range(len(STEP_FIELDS))])
             self._summarized = hi
 
+    def _failed(self, table: str, exc: OSError) -> StorageError:
+        return storage_error(store.partition_dir(self.out, table, self.run_id), exc)
+
     def finish(self, requests: dict[str, list], run_row: dict[str, object]) -> None:
-        """Publish steps and requests, then the run row that makes the run exist."""
-        self._flush(final=True)
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        store.publish(self._tmp_steps, store.partition_dir(self.out, "steps", self.run_id))
-        req_table = pa.Table.from_pydict(requests, schema=REQUESTS)
-        store.write_partition(self.out, "requests", self.run_id, req_table)
-        row = {name: run_row.get(name) for name in RUNS.names}
-        for key, value in row.items():  # NaN → null: a missing measurement, not a number
-            if isinstance(value, float) and math.isnan(value):
-                row[key] = None
-        store.write_partition(self.out, "runs", self.run_id, pa.Table.from_pylist([row], schema=RUNS))
+        """Write steps, requests and the run row under temporary names, then publish them in
+        that order: the run row last, since it is what makes the run exist."""
+        tmps: list[Path] = [self._tmp_steps]
+        published: list[str] = []
+        try:
+            self._flush(final=True)
+            if self._writer is not None:
+                writer, self._writer = self._writer, None
+                try:
+                    _close(writer)
+                except OSError as exc:
+                    raise self._failed("steps", exc) from None
+            if not self._tmp_steps.is_dir():  # the results directory was removed under the run:
+                # stop here rather than create a new one for the requests and the run row
+                raise StorageError(f"{self.out}: the results directory was removed during the run")
+            req_table = pa.Table.from_pydict(requests, schema=REQUESTS)
+            tmps.append(store.write_temp_partition(self.out, "requests", self.run_id, req_table))
+            row = {name: run_row.get(name) for name in RUNS.names}
+            for key, value in row.items():  # NaN → null: a missing measurement, not a number
+                if isinstance(value, float) and math.isnan(value):
+                    row[key] = None
+            tmps.append(store.write_temp_partition(self.out, "runs", self.run_id,
+                                                   pa.Table.from_pylist([row], schema=RUNS)))
+            store.unpublish_run(self.out, self.run_id)  # a rerun: the old run stops existing first
+            for table, tmp in zip(("steps", "requests", "runs"), tmps):
+                store.publish(tmp, store.partition_dir(self.out, table, self.run_id))
+                published.append(table)
+        except BaseException:
+            self.abort()
+            for tmp in tmps:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if "runs" not in published:  # no run row: its steps and requests are orphans
+                for table in published:
+                    shutil.rmtree(store.partition_dir(self.out, table, self.run_id), ignore_errors=True)
+            raise
 
     def abort(self) -> None:
+        """Drop the run's temporary files; never raises (it runs on the way out of a failure)."""
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            try:
+                _close(writer)  # flushes a footer: may itself fail on a full disk
+            except OSError:
+                pass
         shutil.rmtree(self._tmp_steps, ignore_errors=True)
+
+
+def _close(writer: pq.ParquetWriter) -> None:
+    """Close a writer; if that fails (its footer did not fit on the disk), mark it closed all
+    the same: pyarrow's ``__del__`` would otherwise close it again and print the same error as
+    an 'Exception ignored' traceback on stderr, long after the one line was printed."""
+    try:
+        writer.close()
+    except BaseException:
+        writer.is_open = False
+        raise

@@ -9,13 +9,14 @@ that metric to the same metric under ``baseline_policy``.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.errors import KvbenchError
+from harness.errors import KvbenchError, os_cause, storage_error
 from harness.schema import RUNS, with_version
 
 REFERENCE = pa.schema([
@@ -59,12 +60,22 @@ def write_references(out: Path, suite: str, rows: list[dict[str, Any]], workload
     path = Path(out) / "reference.parquet"
     keep: list[dict[str, Any]] = []
     if path.exists():
-        keep = [r for r in pq.read_table(path).to_pylist() if r["suite"] != suite]
+        try:
+            keep = [r for r in pq.read_table(path).to_pylist() if r["suite"] != suite]
+        except (pa.ArrowInvalid, OSError, KeyError) as exc:
+            raise KvbenchError(f"{path}: not a readable reference file ({os_cause(exc)}); remove it and "
+                               f"run again") from None
     for r in rows:
         name = r.get("workload") or next(iter(workload_ids))
         keep.append(dict(r, suite=suite, workload=name, workload_id=workload_ids.get(name)))
     table = pa.Table.from_pylist(keep, schema=REFERENCE).replace_schema_metadata(with_version(REFERENCE).metadata)
     tmp = path.with_name(".reference.parquet.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    try:
+        pq.write_table(table, tmp)
+        tmp.replace(path)
+    except OSError as exc:
+        raise storage_error(path, exc) from None
+    finally:  # on an error or an interrupt, no temporary file stays behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return path

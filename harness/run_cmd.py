@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from harness.errors import InfeasibleError, KvbenchError
+from harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
+from harness.lock import ResultsLock
+
+if TYPE_CHECKING:
+    from harness.suite import Suite
+    from runners.base import Cell
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,17 +43,37 @@ def _available(runner: str) -> str | None:
         return str(exc)
 
 
+RESULTS_ROOT = Path("kvbench-results")
+
+
+def results_dir(args: argparse.Namespace, suite_name: str) -> Path:
+    """--out, or kvbench-results/<suite name>; the suite's name is one path component
+    (``harness.names``), and this checks again that it cannot land elsewhere."""
+    if args.out is not None:
+        return args.out
+    out = RESULTS_ROOT / suite_name
+    # Lexical, not resolved: a user's own symlink kvbench-results/<name> → a bigger disk is fine.
+    if out.parent != RESULTS_ROOT or out.name != suite_name or suite_name == "..":
+        raise KvbenchError(f"suite name {suite_name!r} would put results outside {RESULTS_ROOT}/")
+    return out
+
+
+def create_results_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise KvbenchError(f"--out {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(out, exc, "cannot create the results directory") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    from harness import store
     from harness.suite import default_suite_path, load_suite
-    from harness.sweep import build_cells, run_cells
 
     if args.jobs < 1:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
     suite = load_suite(args.suite or default_suite_path())
-    out: Path = args.out or Path("kvbench-results") / suite.name
-    if out.exists() and not out.is_dir():
-        raise KvbenchError(f"--out {out}: exists and is not a directory")
+    out = results_dir(args, suite.name)
 
     def log(msg: str) -> None:
         if not args.quiet:
@@ -67,33 +94,60 @@ def run(args: argparse.Namespace) -> int:
     for runner, reason in skipped.items():
         log(f"skipping optional runner {runner}: {reason}")
 
-    out.mkdir(parents=True, exist_ok=True)
+    create_results_dir(out)
+    with ResultsLock(out, "run") as lock:
+        return _run_locked(args, suite, out, wanted, lock, log)
+
+
+def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set[str], lock: ResultsLock,
+                log: Callable[[str], None]) -> int:
+    """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
+    environment leaves only whole runs behind and says how many cells are complete."""
+    from harness import store
+    from harness.sweep import build_cells, run_cells
+
     store.clean_stale_temps(out)
-    cells = [c for c in build_cells(suite, out, log) if c.spec.runner in wanted]
-    existing = set() if args.rerun else store.existing_run_ids(out)
-    todo = [c for c in cells if c.run_id not in existing]
-    if len(todo) < len(cells):
-        log(f"{len(cells) - len(todo)} of {len(cells)} cells already in {out}; skipping them (--rerun to force)")
-    log(f"suite {suite.name}: running {len(todo)} cell(s) into {out}")
-    rows = run_cells(todo, jobs=args.jobs, quiet=args.quiet, executor=args.executor, address=args.address)
+    cells: list[Cell] = []
+    stage = "before any cell ran"
+    try:
+        cells = [c for c in build_cells(suite, out, log) if c.spec.runner in wanted]
+        existing = set() if args.rerun else store.existing_run_ids(out)
+        todo = [c for c in cells if c.run_id not in existing]
+        if len(todo) < len(cells):
+            log(f"{len(cells) - len(todo)} of {len(cells)} cells already in {out}; skipping them (--rerun to force)")
+        log(f"suite {suite.name}: running {len(todo)} cell(s) into {out}")
+        rows = run_cells(todo, jobs=args.jobs, quiet=args.quiet, executor=args.executor, address=args.address,
+                         check=lock.check)
 
-    # The table is read back from disk: what is printed is what was recorded.
-    from reports.console import render_rows
+        # The table is read back from disk: what is printed is what was recorded.
+        from reports.console import render_rows
 
-    ids = {c.run_id for c in cells}
-    runs = store.read_table(out, "runs", ids)
-    order = {c.run_id: i for i, c in enumerate(cells)}
-    runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
-    print(render_rows(runs.to_dict("records")))
+        ids = {c.run_id for c in cells}
+        runs = store.read_table(out, "runs", ids)
+        order = {c.run_id: i for i, c in enumerate(cells)}
+        runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
+        print(render_rows(runs.to_dict("records")))
 
-    if not args.no_report:
-        try:
-            from reports.html import write_report
-        except ModuleNotFoundError:
-            log("report: not built yet (reports.html missing)")
-        else:
-            path = write_report(out)
-            print(f"report: {path}")
+        if not args.no_report:
+            stage = "writing the report"
+            try:
+                from reports.html import write_report
+            except ModuleNotFoundError:
+                log("report: not built yet (reports.html missing)")
+            else:
+                path = write_report(out)
+                print(f"report: {path}")
+    except KeyboardInterrupt as exc:
+        store.clean_stale_temps(out)
+        signum = getattr(exc, "signum", signal.SIGINT)
+        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}: "
+                                  f"{_progress(out, cells, stage)}") from None
+    except StorageError as exc:
+        store.clean_stale_temps(out)
+        if not lock.still_ours():
+            raise StorageError(f"{out}: the results directory was removed or replaced during the run; "
+                               f"the same command starts again") from None
+        raise StorageError(f"{exc}; {_progress(out, cells, stage)} once the cause is fixed") from None
 
     # The verdict covers every cell of the suite, skipped (already recorded) ones included.
     statuses = runs["status"].tolist()
@@ -107,3 +161,20 @@ def run(args: argparse.Namespace) -> int:
         first = runs.loc[runs["status"] == "infeasible", "error"].iloc[0]
         raise InfeasibleError(f"every cell is infeasible; first: {first}")
     return 0
+
+
+def _progress(out: Path, cells: list["Cell"], stage: str) -> str:
+    """How far the run got, and how to finish it: the end of the one line an interrupted or
+    faulted run prints."""
+    from harness import store
+
+    if not cells:
+        return f"stopped {stage}; run the same command to start"
+    try:
+        done = len(store.existing_run_ids(out) & {c.run_id for c in cells})
+    except StorageError:
+        return f"cannot tell how many of {len(cells)} cell(s) are complete in {out}; run the same command to resume"
+    if stage == "writing the report":
+        return (f"all {len(cells)} cell(s) are recorded in {out}; `kvbench report {out}` (or the same command) "
+                f"writes the report")
+    return f"{done} of {len(cells)} cell(s) complete in {out}; run the same command to resume"

@@ -7,7 +7,10 @@
 
 Partitions are written under a dot-prefixed temporary name (which readers
 ignore) and renamed into place, so a crash never leaves a half run that looks
-whole; a run exists once its ``runs/`` partition exists.
+whole; a run exists once its ``runs/`` partition exists. A write the
+environment refuses (disk full, no permission, the directory removed) raises
+``StorageError`` naming the path and the cause, after removing its temporary
+files; ``clean_stale_temps`` removes whatever a killed process left.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from harness.errors import KvbenchError
+from harness.errors import KvbenchError, StorageError, storage_error
 from harness.schema import SCHEMA_VERSION, TABLES, VERSION_KEY, with_version
 
 PART = "part-0.parquet"
@@ -41,33 +44,112 @@ def run_exists(out: Path, run_id: str) -> bool:
 
 def existing_run_ids(out: Path) -> set[str]:
     runs = out / "runs"
-    if not runs.is_dir():
+    try:
+        return {p.name.split("=", 1)[1] for p in runs.iterdir()
+                if p.name.startswith("run_id=") and (p / PART).is_file()}
+    except (FileNotFoundError, NotADirectoryError):
         return set()
-    return {p.name.split("=", 1)[1] for p in runs.iterdir()
-            if p.name.startswith("run_id=") and (p / PART).is_file()}
+    except OSError as exc:
+        raise storage_error(runs, exc, "cannot read") from None
 
 
 def publish(tmp: Path, final: Path) -> None:
     """Move a finished temporary partition into place, replacing an older one."""
+    try:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise storage_error(final, exc) from None
+
+
+def unpublish_run(out: Path, run_id: str) -> None:
+    """Make a run not exist (its ``runs/`` partition gone) before its records are replaced, so
+    that a rerun cut short never pairs the old run row with new steps."""
+    final = partition_dir(out, "runs", run_id)
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+        try:
+            shutil.rmtree(final)
+        except OSError as exc:
+            raise storage_error(final, exc, "cannot replace") from None
+
+
+# Temporary names, per place: what a killed or faulted writer may leave behind.
+STALE_PATTERNS: tuple[tuple[str, str], ...] = (
+    *((table, ".tmp-run_id=*") for table in TABLES),
+    ("workloads", ".*.tmp"),  # workloads.table.write_workload
+    (".", ".reference.parquet.tmp"),  # harness.reference.write_references
+    (".", ".report.tmp-*"),  # reports.html.write_report
+)
 
 
 def clean_stale_temps(out: Path) -> None:
-    """Remove temporary partitions left by killed runs."""
-    for table in TABLES:
+    """Remove temporary files left by killed or faulted runs, and the steps and requests
+    partitions of runs that never got their ``runs/`` partition (a run cut short between
+    publishing its steps and its run row), so that the directory holds whole runs only.
+
+    Only safe while no other process writes ``out``: ``kvbench run`` holds the directory's
+    lock (``harness.lock``). Never raises: it is also the cleanup after a fault."""
+    for where, pattern in STALE_PATTERNS:
+        d = out / where
+        try:
+            stale = list(d.glob(pattern)) if d.is_dir() else []
+        except OSError:
+            continue
+        for p in stale:
+            try:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+            except OSError:
+                pass
+    try:
+        runs = existing_run_ids(out)
+    except StorageError:
+        return  # cannot tell whole runs from orphans: leave them
+    for table in ("steps", "requests"):
         d = out / table
-        if d.is_dir():
-            for p in d.glob(".tmp-run_id=*"):
-                shutil.rmtree(p, ignore_errors=True)
+        try:
+            orphans = [p for p in d.glob("run_id=*") if p.name.split("=", 1)[1] not in runs] if d.is_dir() else []
+        except OSError:
+            continue
+        for p in orphans:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def make_temp_dir(out: Path, table: str, run_id: str) -> Path:
+    """A fresh temporary partition directory (an older one of this process's is removed).
+
+    ``out`` must exist: it is never created here, so that a results directory removed during a
+    run is not quietly recreated, half empty, by the next write (the run stops instead)."""
+    tmp = temp_dir(out, table, run_id)
+    if not out.is_dir():
+        raise StorageError(f"{out}: the results directory does not exist (removed during the run?)")
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.parent.mkdir(exist_ok=True)  # the table's folder; not its parents: out stays as it is
+        tmp.mkdir()
+    except OSError as exc:
+        raise storage_error(partition_dir(out, table, run_id), exc) from None
+    return tmp
+
+
+def write_temp_partition(out: Path, table: str, run_id: str, data: pa.Table) -> Path:
+    """Write a partition under its temporary name; the caller publishes it."""
+    tmp = make_temp_dir(out, table, run_id)
+    try:
+        pq.write_table(data.replace_schema_metadata(with_version(TABLES[table]).metadata), tmp / PART)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise storage_error(partition_dir(out, table, run_id), exc) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
 
 
 def write_partition(out: Path, table: str, run_id: str, data: pa.Table) -> None:
-    tmp = temp_dir(out, table, run_id)
-    tmp.mkdir(parents=True, exist_ok=True)
-    pq.write_table(data.replace_schema_metadata(with_version(TABLES[table]).metadata), tmp / PART)
-    publish(tmp, partition_dir(out, table, run_id))
+    publish(write_temp_partition(out, table, run_id, data), partition_dir(out, table, run_id))
 
 
 # -- reading ---------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from harness.errors import KvbenchError
+from harness.names import path_component
 from harness.reference import parse_references
 from harness.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
 from harness.units import parse_size
@@ -182,6 +183,8 @@ def parse_suite(text: str, where: str) -> Suite:
     name = doc.get("name", Path(where).stem)
     if not isinstance(name, str) or not name:
         raise KvbenchError(f"{where}: name must be a non-empty string")
+    # The name is the default results directory's last component: it must not be a path.
+    path_component(name, f"{where}: name" if "name" in doc else f"{where}: name (from the file name; set name = ...)")
     suite = Suite(name=name, path=where, settings=settings, workloads=workloads, grid=grid,
                   runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
                   reference=tuple(parse_references(doc.get("reference", []), where)))

@@ -1,9 +1,16 @@
 """Running a suite's cells: workloads built once, cells skipped when already on disk,
-failures isolated as rows, progress on stderr, local processes or Ray."""
+failures isolated as rows, progress on stderr, local processes or Ray.
+
+A cell that fails is a row; a fault of the environment (``StorageError``: the disk
+full, the directory unwritable or gone) or an interrupt is not, because it says
+nothing about the cell: it stops the sweep, with no row for the cell in flight, so
+the same command run again later runs that cell.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import time
 import traceback
@@ -11,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterable
 
-from harness.errors import KvbenchError, one_line
+from harness.errors import KvbenchError, StorageError, one_line
 from harness.specs import RunSpec
 from harness.suite import Suite
 from runners.base import Cell
@@ -67,6 +74,8 @@ def _run_cell(cell: Cell, get_runner, base_row, write_status_only) -> dict[str, 
         if reason is not None:
             return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", reason)
         return runner.run(cell)
+    except StorageError:
+        raise  # the environment, not the cell: recording a failed row would need the same disk
     except KvbenchError as exc:
         return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(str(exc)))
     except MemoryError:
@@ -110,29 +119,81 @@ def label(spec: RunSpec) -> str:
 
 
 def run_cells(cells: Iterable[Cell], jobs: int = 1, quiet: bool = False,
-              executor: str = "local", address: str | None = None) -> list[dict[str, object]]:
+              executor: str = "local", address: str | None = None,
+              check: Callable[[], None] | None = None) -> list[dict[str, object]]:
+    """Run the cells and return their rows. ``check`` (when given) runs before each cell
+    starts and after each one ends; whatever it raises stops the sweep, as an interrupt does."""
     cells = list(cells)
+    check = check or (lambda: None)
     progress = Progress(len(cells), quiet)
     rows: list[dict[str, object]] = []
     if executor == "ray":
         from harness.ray_executor import run_on_ray
 
+        check()
         for cell, row in run_on_ray(cells, address):
             rows.append(row)
             progress.update(row, label(cell.spec))
+            check()
         return rows
     if jobs <= 1:
         if not quiet:
             cells = [dataclasses.replace(c, progress=True) for c in cells]
         for cell in cells:
+            check()
             row = run_cell(cell)
             rows.append(row)
             progress.update(row, label(cell.spec))
+        check()
         return rows
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    check()
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_signals)
+    try:
         futures = {pool.submit(run_cell, cell): cell for cell in cells}
         for fut in as_completed(futures):
             row = fut.result()
             rows.append(row)
             progress.update(row, label(futures[fut].spec))
+            check()
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown()
     return rows
+
+
+def _worker_signals() -> None:
+    """In a worker process: the parent decides what an interrupt means. Ctrl-C reaches the
+    whole process group; the parent stops the workers itself (``_stop``). And a worker must
+    not outlive its parent (killed by SIGKILL or the OOM killer): it would keep writing the
+    directory after the lock is gone, then wait forever for work, so on Linux it asks the
+    kernel for SIGTERM when the parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import os
+
+        parent = os.getppid()
+        pr_set_pdeathsig = 1  # <linux/prctl.h>
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the parent died before the request: too late to be told
+            os._exit(1)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Abandon a sweep: drop the cells not started, end the ones in flight, wait for the workers.
+
+    Waiting for the cells in flight could take hours, so the workers are terminated; what they
+    leave (a temporary partition, steps without a run row) is removed by the caller's
+    ``store.clean_stale_temps`` once they are gone. ``_processes`` is private, but stable since
+    Python 3.2, and the only way before 3.14's ``terminate_workers`` to reach the workers."""
+    processes = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        try:
+            proc.terminate()
+        except (OSError, ValueError):
+            pass  # already gone
+    for proc in processes:
+        proc.join(timeout=30)

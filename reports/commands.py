@@ -40,9 +40,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def report(args: argparse.Namespace) -> int:
     if not args.dir.is_dir():  # before the heavy imports: a typo answers at once
         raise KvbenchError(f"{args.dir}: no such results directory")
+    from harness.lock import ResultsLock
     from reports.html import write_report
 
-    print(write_report(args.dir))
+    with ResultsLock(args.dir, "report"):  # not while a run writes the same directory
+        print(write_report(args.dir))
     return 0
 
 

@@ -7,11 +7,15 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
+import shutil
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 
+from harness.errors import storage_error
+from harness.store import publish
 from reports import display, markdown
 from reports.display import Column
 from reports.figures import Plot, all_plots
@@ -113,19 +117,33 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
 
 
 def write_report(out: Path) -> Path:
-    """Write ``out/report/`` (index.html, summary.md, one PNG per drawn figure); return index.html's path."""
+    """Write ``out/report/`` (index.html, summary.md, one PNG per drawn figure); return index.html's path.
+
+    The report is drawn into a temporary folder beside it and swapped in whole, so a full
+    disk or an interrupt leaves the previous report (or none), never a truncated figure or a
+    page from one run beside figures from another. A refused write is a ``StorageError``
+    naming the file."""
     out = Path(out)
     records = load(out)
     tables = report_tables(records.runs, records.reference, records.reference_problem)
     plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition)
-    dest = out / "report"
-    dest.mkdir(parents=True, exist_ok=True)
-    for stale in dest.glob("[0-9]-*.png"):  # a figure no longer drawn must not linger from an older report
-        stale.unlink()
     pngs = {p.name: png_bytes(p) for p in plots if p.figure is not None}
-    for name, data in pngs.items():
-        (dest / f"{name}.png").write_bytes(data)
-    (dest / "summary.md").write_text(markdown.render(records.runs, tables, plots))
-    index = dest / "index.html"
-    index.write_text(render(records.runs, tables, plots, pngs))
-    return index
+    files = {f"{name}.png": data for name, data in pngs.items()}
+    files["summary.md"] = markdown.render(records.runs, tables, plots).encode("utf-8")
+    files["index.html"] = render(records.runs, tables, plots, pngs).encode("utf-8")
+    dest = out / "report"
+    tmp = out / f".report.tmp-{os.getpid()}"  # store.clean_stale_temps knows the name
+    name = ""
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        name = ""
+        publish(tmp, dest)
+    except OSError as exc:
+        raise storage_error(dest / name if name else dest, exc) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest / "index.html"

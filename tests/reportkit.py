@@ -98,6 +98,7 @@ def write_records(out: Path, rows: list[dict[str, Any]], steps: dict[str, pd.Dat
                   requests: dict[str, pd.DataFrame] | None = None) -> Path:
     """Write each row's partitions (steps and requests empty unless given), the runs row last."""
     steps, requests = steps or {}, requests or {}
+    out.mkdir(parents=True, exist_ok=True)  # as `kvbench run` does before any partition
     for row in rows:
         rid = row["run_id"]
         st = steps.get(rid, pd.DataFrame({n: [] for n in STEPS.names}))

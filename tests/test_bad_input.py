@@ -4,6 +4,7 @@ no traceback, and no output that looks complete."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,114 @@ def test_a_workload_that_cannot_fit_is_infeasible_with_bytes_and_levers(tmp_path
     last = proc.stderr.strip().splitlines()[-1]
     assert "infeasible" in last and "MiB" in last and "fewer KV heads" in last and "Traceback" not in proc.stderr
     assert "infeasible" in proc.stdout  # the rows are recorded and shown
+
+
+# -- names that would become paths -------------------------------------------------------------
+
+ESCAPING_NAMES = {
+    "parent": "../../escape",
+    "absolute": "/tmp/kvbench-escape",
+    "separator": "a/b",
+    "backslash": "..\\..\\escape",
+    "dot": ".",
+    "dotdot": "..",
+    "hidden": ".kvbench.lock",
+    "nul": "a\x00b",
+    "newline": "a\nb",
+    "very_long": "x" * 300,
+    "empty_after_strip": " ",
+}
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("case", list(ESCAPING_NAMES))
+def test_a_suite_name_never_becomes_a_path(tmp_path, case):
+    name = ESCAPING_NAMES[case]
+    cwd = tmp_path / "a" / "b" / "c"
+    cwd.mkdir(parents=True)
+    suite = cwd / "suite.toml"
+    suite.write_text(EXAMPLE.replace('name = "example"', f"name = {json.dumps(name)}"))  # JSON strings are TOML strings
+    before = _tree(tmp_path)
+    proc = kvbench("run", str(suite), "--quiet", "--no-report", cwd=cwd)  # the default output directory
+    assert_one_line_error(proc, "suite.toml", "name", "cannot name a results directory")
+    assert "\x00" not in proc.stderr
+    assert proc.returncode == 2
+    assert _tree(tmp_path) == before  # nothing written anywhere
+    assert not Path("/tmp/kvbench-escape").exists()
+
+
+def test_a_suite_named_by_its_file_name_is_checked_too(tmp_path):
+    suite = tmp_path / ".hidden.toml"
+    suite.write_text(EXAMPLE.replace('name = "example"\n', ""))
+    assert_one_line_error(kvbench("run", str(suite), "--quiet", cwd=tmp_path), "'.hidden'", "set name")
+
+
+def test_workload_names_that_look_like_paths_stay_inside_the_results_directory(tmp_path):
+    # Workload names never reach the file system (workload files are named by content hash):
+    # they are accepted, and every file lands under kvbench-results/<suite name>/.
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    names = ["../../escape", "/tmp/kvbench-escape-w", "a\x00b", "y" * 300]
+    tables = "".join(f"[workloads.{json.dumps(n)}]\nsource = \"fixed\"\nprompt_len = {10 + i}\noutput_len = 10\n"
+                     f"num_requests = 5\n" for i, n in enumerate(names))
+    suite = cwd / "suite.toml"
+    suite.write_text('name = "paths"\n[model]\npreset = "tiny"\n[memory]\nkv_budget = "1MiB"\n' + tables)
+    proc = kvbench("run", str(suite), "--quiet", "--no-report", cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    written = _tree(tmp_path) - {"a", "a/b", "a/b/suite.toml"}
+    assert written and all(p.startswith("a/b/kvbench-results") for p in written), sorted(written)
+    assert len(list((cwd / "kvbench-results" / "paths" / "workloads").iterdir())) == len(names)
+    assert not Path("/tmp/kvbench-escape-w").exists()
+
+
+# -- model configs that cannot be right ----------------------------------------------------------
+
+LLAMA_CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
+                "intermediate_size": 512, "vocab_size": 1000}
+BAD_CONFIGS = {
+    # changes to a valid config: words the one line must hold
+    "head_size_not_integral": ({"hidden_size": 250}, ("hidden_size 250", "num_attention_heads 4", "62.5", "head_dim")),
+    "kv_heads_not_dividing": ({"num_key_value_heads": 3}, ("num_attention_heads (4)", "num_kv_heads (3)")),
+    "more_kv_heads_than_heads": ({"num_key_value_heads": 8}, ("num_kv_heads (8)",)),
+    "zero_kv_heads": ({"num_key_value_heads": 0}, ("num_kv_heads", "positive")),
+    "zero_layers": ({"num_hidden_layers": 0}, ("num_layers", "positive")),
+    "zero_head_dim": ({"head_dim": 0}, ("head_dim", "positive")),
+    "negative_heads": ({"num_attention_heads": -4}, ("num_attention_heads",)),
+    "fractional_hidden": ({"hidden_size": 256.5}, ("hidden_size", "integer")),
+    "layers_absurd": ({"num_hidden_layers": 100_000}, ("num_layers", "100000", "at most 1,024")),
+    "head_dim_absurd": ({"head_dim": 65_536}, ("head_dim", "at most")),
+    "vocab_absurd": ({"vocab_size": 10**10}, ("vocab_size", "at most")),
+    "hidden_absurd": ({"hidden_size": 2**24, "head_dim": 64}, ("hidden_size", "at most")),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_an_inconsistent_model_config_is_refused(tmp_path, case):
+    changes, needles = BAD_CONFIGS[case]
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**LLAMA_CONFIG, **changes}))
+    proc = kvbench("calc", "--block-size", "16", "--tokens", "35", "--model", str(cfg), "--budget", "1GiB")
+    assert_one_line_error(proc, str(cfg), *needles)
+
+
+def test_a_suite_with_an_inconsistent_config_is_refused_before_any_run(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**LLAMA_CONFIG, "hidden_size": 250}))
+    suite = suite_with(tmp_path, 'preset = "opt-13b"', f'config = "{cfg}"')
+    out = tmp_path / "out"
+    proc = kvbench("run", suite, "--out", str(out), "--quiet")
+    assert_one_line_error(proc, "suite.toml", str(cfg), "62.5")
+    assert not (out / "runs").exists()
+
+
+def test_an_explicit_head_dim_is_honoured(tmp_path):
+    # hidden 250 over 4 heads has no integral head size, but a config may say its head_dim (as
+    # Gemma's and Qwen3's do, with heads × head_dim ≠ hidden): KV bytes follow head_dim.
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**LLAMA_CONFIG, "hidden_size": 250, "head_dim": 96}))
+    proc = kvbench("calc", "--block-size", "16", "--tokens", "35", "--model", str(cfg), "--budget", "1GiB", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["kv_bytes_per_token"] == 2 * 2 * 2 * 96 * 2  # K,V × layers × KV heads × 96 × fp16

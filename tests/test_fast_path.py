@@ -147,6 +147,7 @@ def bulk_counter(monkeypatch):
 def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_counter):
     suite = parse_suite(_suite(**CASES[case]), "fast.toml")
     fast, ref = tmp_path / "fast", tmp_path / "ref"
+    ref.mkdir()  # build_cells creates fast/; the results directory exists before a run is recorded
     preempted = evicted = steps = 0
     fewest_steps = None
     for cell in build_cells(suite, fast, lambda m: None):
@@ -217,6 +218,8 @@ def test_bulk_recording_is_row_by_row_recording(tmp_path, measured):
     """add_steps / add_step_rows give the same file bytes and summary floats as add_step."""
     rng = np.random.default_rng(7)
     rows = _random_rows(rng, BATCH_ROWS + 5000, measured)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "bulk").mkdir()
     one = RunRecorder(tmp_path / "one", "r", 10**6)
     for row in rows:
         one.add_step(row)

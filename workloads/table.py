@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.errors import KvbenchError
+from harness.errors import KvbenchError, StorageError, os_cause
 from harness.geometry import ModelGeometry
 
 SCHEMA_VERSION = 1
@@ -150,7 +150,7 @@ def write_workload(w: Workload, path: str | Path) -> Path:
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise KvbenchError(f"workload {p}: cannot create folder {p.parent} ({exc.strerror or exc})") from None
+        raise StorageError(f"workload {p}: cannot create folder {p.parent} ({os_cause(exc)})") from None
     table = pa.Table.from_pandas(w.requests, preserve_index=False)
     metadata = dict(table.schema.metadata or {})
     metadata.update({
@@ -169,10 +169,13 @@ def write_workload(w: Workload, path: str | Path) -> Path:
         pq.write_table(table, tmp)
         os.replace(tmp, p)
     except OSError as exc:
-        raise KvbenchError(f"workload {p}: cannot write ({exc.strerror or exc})") from None
-    finally:
+        raise StorageError(f"workload {p}: cannot write ({os_cause(exc)})") from None
+    finally:  # on an error or an interrupt, the temporary file goes too
         if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
     return p
 
 
