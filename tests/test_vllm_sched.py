@@ -86,11 +86,13 @@ def test_unsupported_version_is_one_line_naming_the_range(monkeypatch: pytest.Mo
     fake.__version__ = "0.35.2"  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    # A CUDA build whose metadata says one supported version and whose module says another.
+    monkeypatch.setattr(vllm_adapter, "installed_build", lambda: vllm_adapter.Build("vllm", "0.33.0"))
     with pytest.raises(KvbenchError) as exc:
         vllm_adapter.load()
     msg = str(exc.value)
     assert "\n" not in msg and "0.35.2" in msg and "0.33.x" in msg
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.2")
+    monkeypatch.setattr(vllm_adapter, "installed_build", lambda: vllm_adapter.Build("vllm", "0.35.2"))
     reason = vllm_adapter.unavailable()
     assert reason is not None and "0.33.x" in reason
 
@@ -118,6 +120,7 @@ def test_unavailable_runner_is_a_failed_row(tmp_path: Path, monkeypatch: pytest.
     ({"kv_dtype": "int8"}, "kv_dtype int8 cannot be hosted"),
     ({"preemption": "swap"}, "recompute only"),
 ])
+@needs_vllm  # without vLLM the row says so first (the runner is unavailable), whatever the cell
 def test_unhostable_cells_are_failed_rows(tmp_path: Path, kw: dict, needle: str) -> None:
     (cell,) = cells_for(tmp_path, **kw)
     row = run_cell(cell)
