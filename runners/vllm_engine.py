@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import math
 import os
 import platform
@@ -234,7 +235,7 @@ def check_spec(spec: RunSpec, device: str) -> None:
                                f"{', '.join(map(str, CPU_HEAD_SIZES))})")
 
 
-def kv_settings(spec: RunSpec, device: str = "cuda") -> tuple[str, str]:
+def kv_settings(spec: RunSpec, device: str) -> tuple[str, str]:
     """(vLLM ``kv_cache_dtype``, model ``dtype``) for the spec's KV precision on ``device``."""
     kv = spec.model.kv_dtype
     refused = UNSUPPORTED_KV_DTYPES[device]
@@ -419,8 +420,6 @@ def make_engine(args: Any) -> EngineHandle:
 
 def architectures(model: Path) -> list[str]:
     """The architectures a model directory's config.json names (none when unreadable: vLLM will say)."""
-    import json
-
     try:
         config = json.loads((model / "config.json").read_text())
     except (OSError, ValueError):
@@ -565,9 +564,10 @@ class VllmRunner:
         row["cuda_version"] = device.cuda_version()
         eager = device.kind == "cpu" or enforce_eager_default()
         with tempfile.TemporaryDirectory(prefix="kvbench-vllm-") as tmp:
-            util = gpu_memory_utilization(CUDA.free_fraction()) if device.kind == "cuda" else 0.0
+            per_device = ({"gpu_memory_utilization": gpu_memory_utilization(CUDA.free_fraction())}
+                          if device.kind == "cuda" else {})  # on CPU the KV space is set from the budget
             args = engine_args(spec, model_dir(spec, Path(tmp)), device=device.kind, enforce_eager=eager,
-                               gpu_memory_utilization=util or MAX_GPU_MEMORY_UTILIZATION)
+                               **per_device)
             handle: EngineHandle | None = None
             oom: str | None = None
             try:
