@@ -26,6 +26,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "workloads.commands": ("workload",),
     "reports.commands": ("report", "compare"),
     "reports.diverge_cmd": ("diverge",),
+    "reports.calibrate_cmd": ("calibrate",),
     "harness.doctor": ("doctor",),
 }
 

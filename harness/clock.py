@@ -4,10 +4,19 @@
 ``roofline`` prices a step from the model geometry and a GPU preset: a step
 reads the weights once and the KV of every scheduled request's context, and
 performs 2 FLOPs per parameter per scheduled token plus attention; its time is
-the larger of bytes over bandwidth and FLOPs over the peak rate. It ignores
-kernel launch overheads and the sampler, which is why its absolute numbers sit
-below a real engine's; it exists so that Poisson and trace arrivals interact
-with step durations in a meaningful way.
+the larger of bytes over bandwidth and FLOPs over the peak rate. Bandwidth and
+peak are the achieved rates, not the datasheet's: each preset carries two
+efficiency factors measured on real kernels (Vidur's profiled fp16 GEMMs:
+about 0.77 of peak bandwidth for decode-sized GEMMs on A100, 0.85 on H100;
+0.74 and 0.69 of peak FLOPs for prefill-sized ones; docs/clock-presets.md).
+It still ignores everything outside the GEMMs' byte and FLOP streams (kernel
+launch gaps, norms and activations, the sampler, the engine's CPU work), which
+is why its absolute numbers sit below a real engine's; it exists so that
+Poisson and trace arrivals interact with step durations in a meaningful way.
+``profile`` prices a step with terms fitted to a real engine's measured steps
+(``ClockTerms``, ``kvbench calibrate``). ``measured`` is no model at all: the
+engine runners time each step and that time is the clock (``make_clock``
+returns None). docs/clock.md has the whole story.
 """
 
 from __future__ import annotations
@@ -23,17 +32,37 @@ from harness.geometry import ModelGeometry
 class GpuPreset:
     name: str
     memory_bytes: int
-    bandwidth_bytes_s: float
-    peak_flops: float  # dense fp16/bf16 tensor-core rate
+    bandwidth_bytes_s: float  # datasheet HBM bandwidth
+    peak_flops: float  # datasheet dense fp16/bf16 tensor-core rate
+    # Achieved fractions of the two datasheet peaks, measured on real kernels (1.0: the datasheet).
+    bandwidth_efficiency: float = 1.0  # weight (and KV) reads of decode-sized GEMMs
+    flops_efficiency: float = 1.0  # prefill-sized fp16 GEMMs
+    source: str = "datasheet"  # where the two factors come from (docs/clock-presets.md)
+
+    def __post_init__(self) -> None:
+        for field in ("bandwidth_efficiency", "flops_efficiency"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+                raise ValueError(f"GPU preset {self.name}: {field} must be in (0, 1], got {value!r}")
+
+    def describe(self) -> str:
+        """One line, e.g. ``A100-40GB: 1.555 TB/s × 0.77, 312 TFLOP/s × 0.74 (…)``."""
+        return (f"{self.name}: {self.bandwidth_bytes_s / 1e12:.4g} TB/s × {self.bandwidth_efficiency:.2f}, "
+                f"{self.peak_flops / 1e12:.4g} TFLOP/s × {self.flops_efficiency:.2f} ({self.source})")
 
 
+# Factors: medians over Vidur's profiled fp16 linear layers (microsoft/vidur, MIT,
+# data/profiling/compute/{a100,h100}/*/mlp.csv, tensor parallel 1, five models):
+# num_tokens ≤ 32 for bandwidth, ≥ 2048 for FLOPs. Derivation: docs/clock-presets.md.
+_VIDUR_A100 = "Vidur A100-80GB linear-layer profiles"
+_VIDUR_H100 = "Vidur H100 linear-layer profiles"
 GPU_PRESETS: dict[str, GpuPreset] = {
     g.name: g
     for g in (
-        GpuPreset("A100-40GB", 40 * 10**9, 1.555e12, 312e12),
-        GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12),
-        GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12),
-        GpuPreset("H200", 141 * 10**9, 4.8e12, 989e12),
+        GpuPreset("A100-40GB", 40 * 10**9, 1.555e12, 312e12, 0.77, 0.74, f"{_VIDUR_A100}, same GA100 die"),
+        GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12, 0.77, 0.74, _VIDUR_A100),
+        GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12, 0.85, 0.69, _VIDUR_H100),
+        GpuPreset("H200", 141 * 10**9, 4.8e12, 989e12, 0.85, 0.69, f"{_VIDUR_H100}, carried over: not measured on H200"),
     )
 }
 
@@ -45,6 +74,7 @@ class StepWork:
     scheduled_tokens: int  # new tokens computed this step
     context_tokens: int  # Σ over scheduled requests of their context after the step (KV read)
     attention_pairs: int  # Σ new_tokens × context, for attention FLOPs
+    scheduled_seqs: int  # requests scheduled this step (per-request work: inputs, sampling, outputs)
 
 
 class Clock:
@@ -56,10 +86,10 @@ class Clock:
         return 1.0
 
     def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
-                   attention_pairs: np.ndarray) -> np.ndarray:
-        """``step_time`` of many steps at once (int64 arrays; ``scheduled_tokens`` one int for
-        every step or an int64 array, one per step): the same floats, bit for bit, as calling
-        ``step_time`` step by step."""
+                   attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
+        """``step_time`` of many steps at once (int64 arrays; ``scheduled_tokens`` and
+        ``scheduled_seqs`` one int for every step or an int64 array, one per step): the same
+        floats, bit for bit, as calling ``step_time`` step by step."""
         return np.ones(len(context_tokens))
 
 
@@ -70,8 +100,9 @@ class RooflineClock(Clock):
                  weight_dtype_bytes: int = 2) -> None:
         self._weight_bytes = float(geometry.weight_bytes(weight_dtype_bytes))
         self._kv_bytes_per_token = float(kv_bytes_per_token)
-        self._bw = gpu.bandwidth_bytes_s
-        self._peak = gpu.peak_flops
+        # Achieved, not datasheet, rates: the preset's measured efficiency factors fold in here.
+        self._bw = gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency
+        self._peak = gpu.peak_flops * gpu.flops_efficiency
         self._flops_per_token = 2.0 * geometry.num_params
         # QK^T and PV: 2 matmuls × 2 FLOPs × heads × head_dim per (query, key) pair per layer
         self._attn_flops_per_pair = 4.0 * geometry.num_layers * geometry.num_attention_heads * geometry.head_dim
@@ -82,7 +113,7 @@ class RooflineClock(Clock):
         return max(bytes_moved / self._bw, flops / self._peak)
 
     def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
-                   attention_pairs: np.ndarray) -> np.ndarray:
+                   attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
         # The same IEEE operations in the same order as step_time: int → float64, ×, +, /, max.
         bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
         tokens = scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
@@ -90,7 +121,67 @@ class RooflineClock(Clock):
         return np.maximum(bytes_moved / self._bw, flops / self._peak)
 
 
-def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: str) -> Clock:
+@dataclasses.dataclass(frozen=True)
+class ClockTerms:
+    """A fitted step-time model, linear in a step's work; every term means something physical:
+
+    - ``step_s``: fixed cost of a step (scheduling, launching the forward pass, the sampler);
+    - ``per_token_s``: each computed token (the dense layers: 2 FLOPs per parameter per token);
+    - ``per_seq_s``: each scheduled request (its inputs, block table, sampling and output);
+    - ``per_context_token_s``: each KV position attended (decode attention reads the KV cache);
+    - ``per_attention_pair_s``: each query–key pair (prefill attention's quadratic FLOPs).
+    """
+
+    step_s: float
+    per_token_s: float
+    per_seq_s: float
+    per_context_token_s: float
+    per_attention_pair_s: float
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+                raise ValueError(f"{field.name} must be a finite number ≥ 0, got {value!r}")
+
+    def describe(self) -> str:
+        return (f"{self.step_s * 1e3:.3g} ms/step + {self.per_token_s * 1e6:.3g} µs/token + "
+                f"{self.per_seq_s * 1e6:.3g} µs/request + {self.per_context_token_s * 1e9:.3g} ns/KV position + "
+                f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair")
+
+
+class ProfileClock(Clock):
+    """Step time from a fitted ``ClockTerms`` (``kvbench calibrate``)."""
+
+    name = "profile"
+
+    def __init__(self, terms: ClockTerms) -> None:
+        self.terms = terms
+        self._c = (float(terms.step_s), float(terms.per_token_s), float(terms.per_seq_s),
+                   float(terms.per_context_token_s), float(terms.per_attention_pair_s))
+
+    def step_time(self, work: StepWork) -> float:
+        c0, tok, seq, ctx, pair = self._c
+        return (c0 + work.scheduled_tokens * tok + work.scheduled_seqs * seq + work.context_tokens * ctx
+                + work.attention_pairs * pair)
+
+    def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
+                   attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
+        # The same IEEE operations in the same order as step_time: int → float64, ×, + left to right.
+        c0, tok, seq, ctx, pair = self._c
+        tokens = scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
+        seqs = scheduled_seqs.astype(np.float64) if isinstance(scheduled_seqs, np.ndarray) else float(scheduled_seqs)
+        return (c0 + tokens * tok + seqs * seq + context_tokens * ctx) + attention_pairs * pair
+
+
+def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: str,
+               terms: ClockTerms | None = None) -> Clock | None:
+    """The clock a run's steps are priced by; None for ``measured`` (the runner's own step time)."""
     if kind == "steps":
         return Clock()
+    if kind == "measured":
+        return None
+    if kind == "profile":
+        assert terms is not None, "a profile clock needs the profile's terms"
+        return ProfileClock(terms)
     return RooflineClock(geometry, kv_bytes_per_token, GPU_PRESETS[gpu])

@@ -142,7 +142,7 @@ class FastScheduler(QuietStretches, Scheduler):
         decoders = self.num_decoders
         implicit = self.dec_sum + tick * decoders  # Σ computed of the decoders after this step
         return StepPlan(self.step_index, self.now, scheduled, admitted, [], hit_tokens,
-                        self._compute(scheduled, decoders, implicit, implicit))
+                        self._compute(scheduled, decoders, implicit, implicit, decoders))
 
     def finish_step(self, plan: StepPlan) -> list[Seq]:
         if not self._simple:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harness.clock import StepWork
-from harness.recorder import STEP_FIELDS
+from harness.recorder import MEASURED_FIELDS, STEP_FIELDS
 from harness.sequence import FINISHED, RUNNING, Seq
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ _PER_TOKEN[USED] = 1
 _PER_TOKEN[RESERVED] = -1
 
 # A quiet step's row before its varying columns are filled in: zeros, the unmeasured columns null.
-_QUIET_ROW = np.array([math.nan if c in ("kv_bytes_allocated", "step_wall_s") else 0.0 for c in STEP_FIELDS])
+_QUIET_ROW = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in STEP_FIELDS])
 _RUN_POS = operator.attrgetter("run_pos")
 # The columns a counting stretch fills from its per-step lists, in their order.
 _VARYING = [STEP_FIELDS.index(c) for c in ("allocated_blocks", "internal_frag_positions", "used_positions",
@@ -137,11 +137,11 @@ class QuietStretches:
             # While the decoders stay, steps only get longer (context grows); a finish may make
             # them shorter, but never shorter than an empty step. That bounds the stretch by
             # the arrival; the exact cut comes below.
-            dt0 = clock.step_time(StepWork(n, ctx0, ctx0))
+            dt0 = clock.step_time(StepWork(n, ctx0, ctx0, n))
             room = pending[0].arrival_s - now
             if room <= (BULK_MIN - 1) * dt0:
                 return 0
-            floor = clock.step_time(StepWork(0, 0, 0))
+            floor = clock.step_time(StepWork(0, 0, 0, 0))
             limit = min(limit, int(room / floor) + 2)
 
         # The finishes due in the stretch: (step, finishers in running order, Σ computed − dec_tick).
@@ -186,7 +186,7 @@ class QuietStretches:
             step_n = n
         ts = np.empty(limit + 1)
         ts[0] = now
-        ts[1:] = clock.step_times(step_n, context, context)
+        ts[1:] = clock.step_times(step_n, context, context, step_n)
         np.add.accumulate(ts, out=ts)  # t_s of each step, then the end: sequential sums
         k = limit
         if pending:

@@ -38,7 +38,8 @@ STEP_FIELDS = tuple(STEPS.names)
 _I = {name: i for i, name in enumerate(STEP_FIELDS)}
 _FLOAT = [pa.types.is_floating(f.type) for f in STEPS]
 _EXACT = float(2**53)
-_MEASURED = ("kv_bytes_allocated", "step_wall_s")  # null unless a runner measures them  # integers held in a float64 buffer are exact below this
+# Null unless a runner measures steps (integers held in the float64 buffer are exact below 2**53).
+MEASURED_FIELDS = ("kv_bytes_allocated", "step_wall_s", "scheduled_seqs", "context_tokens", "attention_pairs")
 
 
 def _seq_sum(start: float, terms: np.ndarray) -> float:
@@ -70,7 +71,7 @@ class StepSummary:
 
     def add(self, row: Sequence[object]) -> None:
         (_, _, dt, running, _, _, _, preempted, scheduled, _, _, used, reserved, internal, external, free,
-         evicted, hit, kv, wall) = row
+         evicted, hit, kv, wall) = row[:20]
         self.steps += 1
         self.time += dt
         self.w_used += dt * used
@@ -171,7 +172,7 @@ class RunRecorder:
             raise self._failed("steps", exc) from None
         # Buffered steps, one row per step, one float64 column per field (NaN: null). Unused
         # rows hold the "nothing" row (0, nulls as NaN), so bulk writes skip such columns.
-        self._blank = np.array([math.nan if name in _MEASURED else 0.0 for name in STEP_FIELDS])
+        self._blank = np.array([math.nan if name in MEASURED_FIELDS else 0.0 for name in STEP_FIELDS])
         self._buf = np.tile(self._blank, (2 * BATCH_ROWS, 1))
         self._n = 0
         self._summarized = 0  # rows of the buffer already in the summary

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 from pathlib import Path
@@ -31,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rerun", action="store_true", help="run cells again even when their records exist")
     p.add_argument("--quiet", action="store_true", help="no progress lines (for CI logs)")
     p.add_argument("--no-report", action="store_true", help="skip writing DIR/report")
+    p.add_argument("--clock-profile", type=Path, metavar="FILE.json",
+                   help='the profile for cells on clock = "profile" (instead of the suite\'s clock_profile); '
+                        "made by `kvbench calibrate`")
     p.set_defaults(func=run)
 
 
@@ -73,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
     suite = load_suite(args.suite or default_suite_path())
+    if args.clock_profile is not None:
+        suite = dataclasses.replace(suite, settings={**suite.settings,
+                                                     "clock_profile": str(args.clock_profile.resolve())})
     out = results_dir(args, suite.name)
 
     def log(msg: str) -> None:

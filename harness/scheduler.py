@@ -65,7 +65,8 @@ class StepMeasure:
 class Scheduler:
     needs_block_ids = True  # the reference may be driven with an executor that reads block tables
     def __init__(self, seqs: Iterable[Seq], policy: Policy, config: SchedulerSpec,
-                 max_model_len: int, clock: Clock) -> None:
+                 max_model_len: int, clock: Clock | None) -> None:
+        """``clock`` None: every step's duration is measured by the caller (``finish_step``)."""
         self.pending: deque[Seq] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
         self.num_seqs = len(self.pending)
         self.waiting: deque[Seq] = deque()
@@ -137,7 +138,7 @@ class Scheduler:
                         self._compute(scheduled))
 
     def _compute(self, scheduled: list[tuple[Seq, int]], new_tokens: int = 0, context: int = 0,
-                 pairs: int = 0) -> StepWork:
+                 pairs: int = 0, seqs: int = 0) -> StepWork:
         """Advance the scheduled sequences by their new tokens; the step's work, starting
         from what the caller already counted. Tokens computed now count as used."""
         for seq, n in scheduled:
@@ -146,7 +147,7 @@ class Scheduler:
             context += seq.num_computed
             pairs += n * seq.num_computed
         self.used_positions += new_tokens
-        return StepWork(new_tokens, context, pairs)
+        return StepWork(new_tokens, context, pairs, seqs + len(scheduled))
 
     def _admit(self, budget: int, scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
         """Admit waiting requests FCFS while budget, ``max_num_seqs`` and memory allow;
@@ -198,9 +199,14 @@ class Scheduler:
                 policy.external_frag(waiting[0] if waiting else None), policy.budget_positions - allocated,
                 evictions)
 
-    def finish_step(self, plan: StepPlan) -> list[Seq]:
-        """Sample a token for every request whose prefill is complete; free the finished."""
-        dt = self.clock.step_time(plan.work)
+    def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
+        """Sample a token for every request whose prefill is complete; free the finished.
+        The step lasts ``measured_s`` on a measured clock (no ``Clock``), else the clock's price."""
+        if self.clock is None:
+            assert measured_s is not None, "a measured clock needs each step's measured time"
+            dt = measured_s
+        else:
+            dt = self.clock.step_time(plan.work)
         self.now = plan.t_s + dt
         done: list[Seq] = []
         for seq, _ in plan.scheduled:

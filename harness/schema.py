@@ -34,6 +34,11 @@ STEPS = pa.schema([
     ("prefix_hit_tokens", pa.int64()),
     ("kv_bytes_allocated", pa.int64()),  # null where not measured
     ("step_wall_s", pa.float64()),  # null for sim
+    # The step's work, recorded beside step_wall_s by the runners that measure steps (torch,
+    # vllm; null for sim and vllm-sched): the features `kvbench calibrate` fits step time on.
+    ("scheduled_seqs", pa.int32()),  # requests scheduled this step
+    ("context_tokens", pa.int64()),  # Σ over them of their context after the step (KV positions attended)
+    ("attention_pairs", pa.int64()),  # Σ new tokens × context (query-key pairs)
 ])
 
 REQUESTS = pa.schema([
@@ -97,6 +102,18 @@ RUNS = pa.schema([
     ("peak_kv_bytes_allocated", pa.int64()),
     ("device_peak_bytes", pa.int64()),  # CUDA allocator peak during the run (torch, vllm on CUDA)
     ("mean_step_wall_s", pa.float64()),
+    # Per-request latency on the run's clock (harness.latency), over finished requests.
+    ("ttft_p50_s", pa.float64()),
+    ("ttft_p90_s", pa.float64()),
+    ("tpot_p50_s", pa.float64()),
+    ("tpot_p90_s", pa.float64()),
+    ("latency_p50_s", pa.float64()),
+    ("latency_p90_s", pa.float64()),
+    ("normalized_latency_mean_s", pa.float64()),  # latency ÷ generated tokens
+    ("normalized_latency_p50_s", pa.float64()),
+    ("normalized_latency_p90_s", pa.float64()),
+    ("clock_detail", pa.string()),  # the clock in one line: preset and factors, profile terms, or "measured"
+    ("clock_profile", pa.string()),  # profile clock: the whole profile file (JSON), for the report
     ("git_sha", pa.string()),
     ("git_dirty", pa.bool_()),
     ("host", pa.string()),

@@ -12,15 +12,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import KvbenchError
 from harness.geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from workloads.spec import WorkloadSpec
 
+if TYPE_CHECKING:
+    from harness.clock import Clock
+    from harness.clock_profile import ClockProfile
+
 POLICIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous")
 PREEMPTION_MODES = ("recompute", "swap")
-CLOCKS = ("steps", "roofline")
+CLOCKS = ("steps", "roofline", "profile", "measured")
+MEASURING_RUNNERS = ("torch", "vllm")  # runners that time their steps: the only ones with a measured clock
 
 
 def _positive_int(owner: str, field: str, value: object, upper: int | None = None) -> None:
@@ -62,6 +67,7 @@ class SchedulerSpec:
     preemption: str = "recompute"
     clock: str = "steps"
     gpu: str = "A100-40GB"  # roofline clock only
+    clock_profile: str | None = None  # profile clock only: a `kvbench calibrate` file
     max_stall_steps: int = 10_000  # livelock guard: steps without progress before a run fails
 
     def __post_init__(self) -> None:
@@ -76,6 +82,26 @@ class SchedulerSpec:
 
         if self.gpu not in GPU_PRESETS:
             raise KvbenchError(f"[scheduler] unknown gpu {self.gpu!r} (known: {', '.join(GPU_PRESETS)})")
+        if self.clock == "profile":
+            if not isinstance(self.clock_profile, str) or not self.clock_profile:
+                raise KvbenchError('[scheduler] clock = "profile" needs clock_profile = "FILE.json" '
+                                   "(made by `kvbench calibrate`)")
+            self.profile()  # a missing or corrupt file is an error now, not mid-sweep
+        elif self.clock_profile is not None:
+            raise KvbenchError(f'[scheduler] clock_profile is read only with clock = "profile" (clock is {self.clock!r})')
+
+    def profile(self) -> "ClockProfile":
+        from harness.clock_profile import load_profile  # local: only profile clocks read files
+
+        assert self.clock_profile is not None
+        return load_profile(self.clock_profile)
+
+    def make_clock(self, geometry: ModelGeometry, kv_bytes_per_token: int) -> "Clock | None":
+        """The clock the cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
+        from harness.clock import make_clock
+
+        terms = self.profile().terms if self.clock == "profile" else None
+        return make_clock(self.clock, geometry, kv_bytes_per_token, self.gpu, terms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +129,14 @@ class RunSpec:
             raise KvbenchError(f"cell: repeat must be a non-negative integer, got {self.repeat!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise KvbenchError(f"cell: unknown device {self.device!r} (known: auto, cpu, cuda)")
+        clock = self.scheduler.clock
+        if clock == "measured" and self.runner not in MEASURING_RUNNERS:
+            raise KvbenchError(f'runner {self.runner}: clock = "measured" is an engine\'s own step time; only '
+                               f'{" and ".join(MEASURING_RUNNERS)} measure steps (give {self.runner} '
+                               f'"profile" or "roofline", e.g. in [runners.{self.runner}])')
+        if clock == "profile":
+            self.scheduler.profile().check(self.geometry, self.model.kv_dtype, self.block_size, self.policy,
+                                           f"clock profile {self.scheduler.clock_profile}")
 
     # -- derived quantities every runner must agree on --------------------
     @property
@@ -132,7 +166,7 @@ class RunSpec:
             "geometry": dataclasses.asdict(self.geometry),
             "budget_bytes": self.memory.kv_budget_bytes,
             "max_model_len": self.memory.max_model_len,
-            "scheduler": dataclasses.asdict(self.scheduler),
+            "scheduler": self._scheduler_identity(),
             "workload_id": workload_id,
             "repeat": self.repeat,
         }
@@ -141,6 +175,13 @@ class RunSpec:
         if self.runner in ("torch", "vllm"):
             spec["device"] = self.device
         return spec
+
+    def _scheduler_identity(self) -> dict[str, Any]:
+        sched = dataclasses.asdict(self.scheduler)
+        if sched.pop("clock_profile") is not None:
+            # The profile's content, not its path: a recalibrated file is a different clock.
+            sched["clock_profile_digest"] = self.scheduler.profile().digest
+        return sched
 
     def run_id(self, workload_id: str) -> str:
         blob = json.dumps(self.canonical(workload_id), sort_keys=True, separators=(",", ":"))

@@ -187,7 +187,10 @@ def read_table(out: Path, table: str, run_ids: set[str] | None = None) -> pd.Dat
     for f in files:
         check_file(f)
     try:
-        dataset = ds.dataset([str(f) for f in files], format="parquet", partitioning="hive",
+        # The declared schema, not the first file's: a column added since older files were
+        # written reads as null in them instead of vanishing from every file.
+        schema = TABLES[table].append(pa.field("run_id", pa.string()))
+        dataset = ds.dataset([str(f) for f in files], schema=schema, format="parquet", partitioning="hive",
                              partition_base_dir=str(root))
         frame = dataset.to_table().to_pandas()
     except (pa.ArrowInvalid, OSError) as exc:

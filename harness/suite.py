@@ -92,7 +92,16 @@ class Suite:
                               config=s.get("config"), kv_dtype=s.get("kv_dtype", "fp16"))
             memory = MemorySpec(kv_budget_bytes=parse_size(s.get("kv_budget", "12GiB"), "[memory] kv_budget"),
                                 max_model_len=s.get("max_model_len", 2048))
-            scheduler = SchedulerSpec(**{k: s[k] for k in SCHEDULER_KEYS if k in s})
+            sched = {k: s[k] for k in SCHEDULER_KEYS if k in s}
+            if sched.get("clock", "steps") != "profile":
+                # A suite-wide profile does not concern a runner on another clock (an engine
+                # timing its own steps beside sim on the profile): not part of its spec.
+                sched.pop("clock_profile", None)
+            profile = sched.get("clock_profile")
+            if isinstance(profile, str) and profile and not Path(profile).is_absolute():
+                # Relative to the suite file, so a suite and its profile travel together.
+                sched["clock_profile"] = str(Path(where).resolve().parent / profile)
+            scheduler = SchedulerSpec(**sched)
             policy = s["policy"]
             block_size = s["block_size"]
             if isinstance(policy, str) and policy.startswith("contiguous-"):

@@ -9,6 +9,7 @@ import dataclasses
 import pandas as pd
 
 from reports.decomposition import decompose
+from reports.prediction import prediction_summary, prediction_table
 from reports.tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
 
@@ -29,10 +30,22 @@ class ReportTables:
     decomposition: pd.DataFrame
     reference: pd.DataFrame | None  # published vs reproduced
     warnings: list[str]  # shown in red
+    clocks: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # which clock every run used
+    prediction: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # sim on a profile vs the engine
+
+
+def clock_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (runner, clock, detail): how many runs priced their steps that way."""
+    if runs.empty or "clock" not in runs:
+        return pd.DataFrame()
+    detail = runs["clock_detail"] if "clock_detail" in runs else pd.Series([None] * len(runs), index=runs.index)
+    frame = pd.DataFrame({"runner": runs["runner"], "clock": runs["clock"],
+                          "clock_detail": detail.fillna("(not recorded: written before kvbench recorded it)")})
+    return (frame.groupby(["runner", "clock", "clock_detail"], sort=True).size().rename("runs").reset_index())
 
 
 def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
-                  reference_problem: str | None = None) -> ReportTables:
+                  reference_problem: str | None = None, steps: pd.DataFrame | None = None) -> ReportTables:
     baseline = choose_baseline(runs)
     cells = summary(runs)
     cells = ratios(cells, baseline) if baseline else cells
@@ -51,4 +64,6 @@ def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
         for item, sub in ref.dropna(subset=["runner"]).groupby("item", sort=False):
             matched = runs[runs["run_id"].isin(set(sub["run_id"]))]
             warnings += [f"published item {item!r}: {w}" for w in mismatches(matched)]
-    return ReportTables(cells, baseline, geo, decomp, ref, warnings)
+    prediction = (prediction_summary(prediction_table(runs, steps)) if steps is not None and len(steps)
+                  else pd.DataFrame())
+    return ReportTables(cells, baseline, geo, decomp, ref, warnings, clock_table(runs), prediction)

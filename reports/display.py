@@ -24,6 +24,9 @@ CELL_COLUMNS: tuple[Column, ...] = (
     ("preemptions", "preemptions", "int"),
     ("tokens_per_s", "tokens/s", "f1"),
     ("wall_tokens_per_s", "wall tokens/s", "wall"),
+    ("ttft_p50_s", "TTFT p50", "g"),
+    ("latency_p50_s", "latency p50", "g"),
+    ("latency_p90_s", "latency p90", "g"),
     ("mean_running_x", "× mean running", "ratio"),
     ("peak_running_x", "× peak running", "ratio"),
     ("tokens_per_s_x", "× tokens/s", "ratio"),
@@ -68,6 +71,36 @@ REFERENCE_COLUMNS: tuple[Column, ...] = (
     ("source", "source", "note"),
     ("note", "note", "note"),
 )
+PREDICTION_COLUMNS: tuple[Column, ...] = (
+    ("workload", "workload", "text"),
+    ("policy", "policy", "text"),
+    ("engine", "engine", "text"),
+    ("repeats", "engine runs", "int"),
+    ("measured_total_s", "measured s (median)", "g"),
+    ("measured_min_s", "min", "g"),
+    ("measured_max_s", "max", "g"),
+    ("predicted_total_s", "predicted s", "g"),
+    ("total_err", "total error", "err"),
+    ("step_median_err", "per-step median |error|", "pct"),
+    ("step_p90_err", "per-step p90 |error|", "pct"),
+    ("ttft_p50_s_err", "TTFT p50 error", "err"),
+    ("ttft_p90_s_err", "TTFT p90 error", "err"),
+    ("latency_p50_s_err", "latency p50 error", "err"),
+    ("latency_p90_s_err", "latency p90 error", "err"),
+)
+PREDICTION_NOTE = ("sim on a fitted clock profile (predicted) beside the engine timing its own steps (measured), on "
+                   "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
+                   "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
+                   "step against its measured time, |error| median and p90 (median over the engine's runs).")
+CLOCK_COLUMNS: tuple[Column, ...] = (
+    ("runner", "runner", "text"),
+    ("clock", "clock", "text"),
+    ("clock_detail", "what priced each step", "note"),
+    ("runs", "runs", "int"),
+)
+CLOCKS_NOTE = ("steps: one step is one second; roofline: a GPU preset's bandwidth and FLOPs times measured "
+               "efficiency factors (fitted to published kernel timings); profile: terms fitted by `kvbench "
+               "calibrate` to an engine's measured steps; measured: the engine's own step times.")
 GLOSSARY: tuple[tuple[str, str], ...] = (
     ("token states %", "time-weighted mean share of the KV budget holding computed tokens' K/V (useful memory)"),
     ("reservation %", "share reserved for a request's future tokens, filled later"),
@@ -78,6 +111,8 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
                  "runner; tokens/step under the steps clock"),
     ("wall tokens/s", "computed tokens per wall-clock second, torch and vllm only (sim's would be simulator speed)"),
     ("× …", "ratio to the baseline policy of the same runner in the same comparison group"),
+    ("TTFT / latency p50, p90", "time to first token and end-to-end latency (arrival to finish) over finished "
+                                "requests, in seconds of the run's clock (steps under the steps clock)"),
 )
 
 
@@ -111,6 +146,8 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
         return "-"
     if kind == "pct":
         return f"{100 * value:.1f}"
+    if kind == "err":
+        return f"{100 * value:+.1f}%"
     if kind == "ratio":
         return f"{value:.2f}×"
     if kind == "int":

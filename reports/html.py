@@ -96,9 +96,17 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
         parts.append("<h2>Decomposition: naive = allocation × runtime</h2>")
         parts.append(f"<p>{_e(display.DECOMP_NOTE)}</p>")
         parts.append(table(display.visible(display.DECOMP_COLUMNS, d, runners), d))
+    if len(tables.prediction):
+        parts.append("<h2>Predicted vs measured</h2>")
+        parts.append(f"<p>{_e(display.PREDICTION_NOTE)}</p>")
+        parts.append(table(display.PREDICTION_COLUMNS, tables.prediction))
     if tables.reference is not None:
         parts.append("<h2>Published vs reproduced</h2>")
         parts.append(table(display.REFERENCE_COLUMNS, tables.reference))
+    if len(tables.clocks):
+        parts.append("<h2>Clocks</h2>")
+        parts.append(f"<p>{_e(display.CLOCKS_NOTE)}</p>")
+        parts.append(table(display.CLOCK_COLUMNS, tables.clocks))
     parts.append("<h2>Figures</h2>")
     for i, p in enumerate(plots, 1):
         if p.name in pngs:
@@ -125,7 +133,7 @@ def write_report(out: Path) -> Path:
     naming the file."""
     out = Path(out)
     records = load(out)
-    tables = report_tables(records.runs, records.reference, records.reference_problem)
+    tables = report_tables(records.runs, records.reference, records.reference_problem, records.steps)
     plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition)
     pngs = {p.name: png_bytes(p) for p in plots if p.figure is not None}
     files = {f"{name}.png": data for name, data in pngs.items()}

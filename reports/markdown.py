@@ -65,9 +65,15 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     if len(decomp):
         out += ["## Decomposition: naive = allocation × runtime", "", display.DECOMP_NOTE, ""]
         out += table(display.visible(display.DECOMP_COLUMNS, decomp, runners), decomp) + [""]
+    if len(tables.prediction):
+        out += ["## Predicted vs measured", "", display.PREDICTION_NOTE, ""]
+        out += table(display.PREDICTION_COLUMNS, tables.prediction) + [""]
     if tables.reference is not None:
         out += ["## Published vs reproduced", ""]
         out += table(display.REFERENCE_COLUMNS, tables.reference) + [""]
+    if len(tables.clocks):
+        out += ["## Clocks", "", display.CLOCKS_NOTE, ""]
+        out += table(display.CLOCK_COLUMNS, tables.clocks) + [""]
     if plots:
         out += ["## Figures", "", "In `report/` next to this file (open `index.html`):", ""]
         for p in plots:

@@ -170,6 +170,10 @@ def time_axis_label(clock: Any) -> str:
         return "scheduler step (steps clock: 1 step = 1 s)"
     if clock == "roofline":
         return "simulated time, s (roofline clock)"
+    if clock == "profile":
+        return "simulated time, s (profile clock: fitted to an engine's steps)"
+    if clock == "measured":
+        return "measured time, s (the engine's own step times)"
     return "time, s"
 
 
@@ -179,4 +183,8 @@ def throughput_note(clocks: set[Any], runners: set[Any]) -> str:
         return "generated tokens per scheduler step (steps clock)"
     if clocks == {"roofline"}:
         return "generated tokens per simulated second (roofline clock)"
+    if clocks == {"profile"}:
+        return "generated tokens per simulated second (profile clock, fitted to an engine)"
+    if clocks == {"measured"}:
+        return "generated tokens per measured second of the engine"
     return "generated tokens per second of kvbench's clock"

@@ -26,7 +26,7 @@ from reports.records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_labe
 METRICS: tuple[str, ...] = (
     "token_states_frac", "reservation_frac", "internal_frag_frac", "external_frag_frac", "free_frac",
     "mean_running", "peak_running", "preemptions", "tokens_per_s", "wall_tokens_per_s", "mean_step_wall_s",
-    "prefix_hit_rate",
+    "prefix_hit_rate", "ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s",
 )
 # Ratios are taken only of metrics where higher is better and zero is not the norm.
 RATIO_METRICS: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s")

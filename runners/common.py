@@ -4,6 +4,7 @@ the feasibility gate, and the step loop that ``sim`` and ``torch`` both drive.""
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import os
 import sys
@@ -11,8 +12,9 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-from harness.clock import make_clock
+from harness.clock import GPU_PRESETS
 from harness.feasibility import Shortfall, explain
+from harness.latency import latency_summary
 from harness.policies import make_policy
 from harness.policies.base import Policy
 from harness.provenance import provenance
@@ -20,6 +22,7 @@ from harness.recorder import RunRecorder
 from harness.scheduler import Scheduler, StepPlan
 from harness.schema import REQUESTS
 from harness.sequence import FINISHED, Seq
+from harness.specs import RunSpec
 from runners.base import Cell
 
 
@@ -93,12 +96,26 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         "max_num_seqs": spec.scheduler.max_num_seqs,
         "max_num_batched_tokens": spec.scheduler.max_num_batched_tokens,
         "clock": spec.scheduler.clock,
+        **clock_columns(spec),
         "repeat": spec.repeat,
         "device": "cpu",
         "started_at": _dt.datetime.now(_dt.timezone.utc),
         "spec_json": spec.to_json(),
         **provenance(),
     }
+
+
+def clock_columns(spec: RunSpec) -> dict[str, object]:
+    """``clock_detail`` (what priced each step, in one line) and ``clock_profile`` (the profile's JSON)."""
+    sched = spec.scheduler
+    if sched.clock == "profile":
+        profile = sched.profile()
+        return {"clock_detail": profile.describe(), "clock_profile": json.dumps(profile.document, sort_keys=True)}
+    if sched.clock == "roofline":
+        return {"clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}", "clock_profile": None}
+    if sched.clock == "measured":
+        return {"clock_detail": "measured: each step's wall time", "clock_profile": None}
+    return {"clock_detail": "steps: 1 step = 1 s", "clock_profile": None}
 
 
 def requests_columns(seqs: list[Seq]) -> dict[str, list]:
@@ -140,6 +157,7 @@ def complete_row(row: dict[str, object], recorder: RunRecorder, seqs: list[Seq],
         "mean_running": summ.w_running / summ.time if summ.time > 0 else None,
         "peak_kv_bytes_allocated": summ.peak_kv_bytes,
         "mean_step_wall_s": summ.wall_sum / summ.wall_n if summ.wall_n else None,
+        **latency_summary(seqs),
     })
     return row
 
@@ -197,7 +215,8 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
     short = shortfall(cell, seqs, policy)
     if short is not None:
         return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
-    clock = make_clock(spec.scheduler.clock, spec.geometry, spec.kv_bytes_per_token, spec.scheduler.gpu)
+    clock = spec.scheduler.make_clock(spec.geometry, spec.kv_bytes_per_token)
+    assert clock is not None or executor is not None, "a measured clock needs a runner that measures steps"
     sched = scheduler_cls(seqs, policy, spec.scheduler, spec.memory.max_model_len, clock)
     recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
     stall = 0
@@ -218,11 +237,15 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
             plan = sched.schedule()
             m = sched.measure_values()
             wall, kv_bytes = executor.execute(plan) if executor is not None else (None, None)
-            done = sched.finish_step(plan)
-            scheduled_tokens = plan.work.scheduled_tokens
+            done = sched.finish_step(plan, wall) if clock is None else sched.finish_step(plan)
+            work = plan.work
+            scheduled_tokens = work.scheduled_tokens
+            # The step's work beside its measured time (calibrate's features); null when not measured.
+            features = ((work.scheduled_seqs, work.context_tokens, work.attention_pairs) if wall is not None
+                        else (None, None, None))
             recorder.add_step((
                 plan.step, plan.t_s, sched.now - plan.t_s, m[0], m[1], plan.admitted, len(done),
-                len(plan.preempted), scheduled_tokens, *m[2:], plan.prefix_hit_tokens, kv_bytes, wall,
+                len(plan.preempted), scheduled_tokens, *m[2:], plan.prefix_hit_tokens, kv_bytes, wall, *features,
             ))
             # Livelock guard: steps that compute nothing while work waits.
             stall = stall + 1 if scheduled_tokens == 0 and not sched.pending else 0

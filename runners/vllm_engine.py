@@ -40,7 +40,9 @@ Requests. The same sequences and token ids as ``vllm-sched``
 (``expand_seqs``, ``vllm_prompts.PromptIds``), as ``TokensPrompt`` with
 ``SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True,
 temperature=0)``, so every output has exactly the workload's length, released
-by the simulator's rule against kvbench's clock (``runners.vllm_loop``).
+by the simulator's rule against the run's clock (``runners.vllm_loop``): a
+model clock runs sim's schedule step for step; ``clock = "measured"`` releases
+arrivals against the engine's own measured time, as a server would.
 
 Per step, what the scheduler decided is read where ``sim`` and ``vllm-sched``
 read it: right after the engine core's ``schedule()`` returns and before the
@@ -51,7 +53,8 @@ allocation column equals ``vllm-sched``'s definition (``vllm_loop``). Then:
 
 - ``step_wall_s``: wall time of ``engine.step()`` (schedule, the model,
   sampling, output processing), followed by ``torch.cuda.synchronize()`` on
-  CUDA;
+  CUDA; beside it the step's work (``scheduled_seqs``, ``context_tokens``,
+  ``attention_pairs``), what ``kvbench calibrate`` fits;
 - ``kv_bytes_allocated`` = ``allocated_blocks`` × the bytes of one block in
   the engine's KV cache tensors (the KV spec's page size × its layers, read
   from the engine's ``kv_cache_config``; it must equal ``block_size`` ×
@@ -64,7 +67,8 @@ allocation column equals ``vllm-sched``'s definition (``vllm_loop``). Then:
 Run row: ``wall_tokens_per_s`` = generated tokens / Σ ``step_wall_s``
 (measured engine time; the ``torch`` runner's wall definition, so the
 decomposition's runtime factor compares like with like); ``tokens_per_s``
-and ``sim_time_s`` are on kvbench's clock, as for every runner; ``device`` = the CPU's or GPU's name;
+and ``sim_time_s`` are on the run's clock, as for every runner (measured
+seconds on ``clock = "measured"``); ``device`` = the CPU's or GPU's name;
 ``attention_backend`` = the backends of the worker's attention groups;
 ``engine_start_s`` is not a column: the start-up time is printed on stderr.
 Running out of memory (at start-up or mid-run) makes an ``oom`` row.

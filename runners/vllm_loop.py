@@ -8,9 +8,10 @@ finishes in a step still holds its blocks in that step's row, in all three
 runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
 (``kvbench diverge``).
 
-- arrivals: released by kvbench's clock with the simulator's rule (jump to the
+- arrivals: released by the run's clock with the simulator's rule (jump to the
   next arrival when idle; release everything that has arrived before each
-  step); step time from the same ``StepWork``;
+  step); step time from the same ``StepWork``, or, on ``clock = "measured"``,
+  the step's measured wall time (``vllm`` only: ``vllm-sched`` measures nothing);
 - ``allocated_blocks`` from vLLM's block pool (usable − free);
   ``used_positions`` = Σ ``num_computed_tokens`` of running requests, minus
   the positions of blocks held by more than one request beyond the first
@@ -29,7 +30,8 @@ import time
 from collections import deque
 from typing import Protocol
 
-from harness.clock import StepWork, make_clock
+from harness.clock import StepWork
+from harness.errors import KvbenchError
 from harness.recorder import RunRecorder
 from harness.sequence import FINISHED, Seq
 from runners.base import Cell
@@ -62,7 +64,7 @@ def drive(cell: Cell, seqs: list[Seq], source: StepSource, row: dict[str, object
     bs = spec.block_size
     budget = spec.budget_positions
     external_when_waiting = budget - source.usable_blocks * bs
-    clock = make_clock(spec.scheduler.clock, spec.geometry, spec.kv_bytes_per_token, spec.scheduler.gpu)
+    clock = spec.scheduler.make_clock(spec.geometry, spec.kv_bytes_per_token)  # None: measured step time
     prompts = PromptIds(cell)
     pending = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
     recorder = RunRecorder(cell.out, cell.run_id, budget)
@@ -107,7 +109,13 @@ def drive(cell: Cell, seqs: list[Seq], source: StepSource, row: dict[str, object
                 seq = seqs[idx]
                 if blocks * bs > seq.peak_allocated:
                     seq.peak_allocated = blocks * bs
-            now = t_s + clock.step_time(StepWork(out.scheduled_tokens, context, pairs))
+            work = StepWork(out.scheduled_tokens, context, pairs, len(out.scheduled))
+            if clock is not None:
+                now = t_s + clock.step_time(work)
+            elif done.wall_s is not None:
+                now = t_s + done.wall_s
+            else:
+                raise KvbenchError(f'{runner}: clock = "measured" but this runner measures no step time')
             for idx in done.got:
                 seq = seqs[idx]
                 seq.num_output += 1
@@ -132,6 +140,8 @@ def drive(cell: Cell, seqs: list[Seq], source: StepSource, row: dict[str, object
                 out.scheduled_tokens, occ.allocated_blocks, allocated, used, allocated - used - internal,
                 internal, external_when_waiting if occ.waiting else 0, budget - allocated, evicted, hit_tokens,
                 done.kv_bytes, done.wall_s,
+                *((work.scheduled_seqs, work.context_tokens, work.attention_pairs) if done.wall_s is not None
+                  else (None, None, None)),
             ))
             step += 1
             if beat is not None:

@@ -78,7 +78,8 @@ def steps_for(row: dict[str, Any], running: Iterable[int]) -> pd.DataFrame:
         "used_positions": used, "reserved_positions": reserved, "internal_frag_positions": [0] * n,
         "external_frag_positions": [0] * n, "free_positions": [budget - u - v for u, v in zip(used, reserved)],
         "evicted_blocks": [0] * n, "prefix_hit_tokens": [0] * n, "kv_bytes_allocated": [None] * n,
-        "step_wall_s": [None] * n,
+        "step_wall_s": [None] * n, "scheduled_seqs": [None] * n, "context_tokens": [None] * n,
+        "attention_pairs": [None] * n,
     })
 
 

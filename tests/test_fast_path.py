@@ -46,6 +46,7 @@ block_size = {block_sizes}
 """
 
 AZURE = DATA / "azure-conv-slice.csv"
+PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written terms: a fixture, not a measurement
 
 CASES = {
     "roomy-sharegpt": dict(budget="12GiB", workload='source = "sharegpt"\nnum_requests = 300'),
@@ -58,6 +59,9 @@ CASES = {
     "poisson-roofline": dict(budget="3GiB", clock="roofline",
                              workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
     "swap": dict(budget="2300MiB", preemption="swap", workload='source = "sharegpt"\nnum_requests = 150'),
+    # A calibrated clock (a fixture profile): Poisson arrivals priced by fitted terms, with preemption.
+    "poisson-profile-preempting": dict(budget="2300MiB", clock=f'profile"\nclock_profile = "{PROFILE}', block_sizes="[16]",
+                                       workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0'),
     "azure-slice": dict(preset="llama-3-8b", budget="1200MiB", max_len=8192, tokens=4096,
                         workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 300\n'
                                  'arrival = "trace"\ntime_scale = 0.02'),
@@ -170,7 +174,7 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         evicted += b["evictions"]
         steps += b["steps"]
         fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
-    if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions"):
+    if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting"):
         assert preempted > 0  # the case really exercises the fallback path
     if case == "prefix-evictions":
         assert evicted > 0
@@ -196,8 +200,8 @@ def test_roofline_step_times_are_step_time_bit_for_bit():
     for n in (1, 3, 250, 4096):
         context = rng.integers(0, 10**9, 500)
         pairs = context + rng.integers(0, 10**6, 500)
-        assert clock.step_times(n, context, pairs).tolist() == [
-            clock.step_time(StepWork(n, int(c), int(p))) for c, p in zip(context, pairs)]
+        assert clock.step_times(n, context, pairs, n).tolist() == [
+            clock.step_time(StepWork(n, int(c), int(p), n)) for c, p in zip(context, pairs)]
 
 
 def _random_rows(rng, n, measured=False):
@@ -208,7 +212,8 @@ def _random_rows(rng, n, measured=False):
         ints = [int(v) for v in rng.integers(0, 10**6, 15)]
         kv = int(rng.integers(0, 10**9)) if measured and i % 3 else None
         wall = float(rng.random()) if measured and i % 2 else None
-        rows.append((i, t, dt, *ints, kv, wall))
+        work = tuple(int(v) for v in rng.integers(0, 10**6, 3)) if wall is not None else (None,) * 3
+        rows.append((i, t, dt, *ints, kv, wall, *work))
         t += dt
     return rows
 
@@ -248,7 +253,8 @@ def test_bulk_recording_is_row_by_row_recording(tmp_path, measured):
     table = pq.read_table(a)
     assert table.num_rows == len(rows) and pq.ParquetFile(a).metadata.num_row_groups == 2
     assert table.column("step").to_pylist() == [r[0] for r in rows]
-    assert table.column("kv_bytes_allocated").to_pylist() == [r[STEP_FIELDS.index("kv_bytes_allocated")] for r in rows]
+    for name in ("kv_bytes_allocated", "context_tokens"):
+        assert table.column(name).to_pylist() == [r[STEP_FIELDS.index(name)] for r in rows]
 
 
 def _empty_requests():

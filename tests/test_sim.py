@@ -192,3 +192,26 @@ def test_same_spec_same_records_whatever_the_global_rng(out, tmp_path):
     assert rows_a[0]["run_id"] == rows_b[0]["run_id"]
     a, b = steps_a[rows_a[0]["run_id"]], steps_b[rows_b[0]["run_id"]]
     assert a.drop(columns=["run_id"]).equals(b.drop(columns=["run_id"]))
+
+
+def test_gpu_presets_fold_measured_efficiency_into_the_roofline():
+    import dataclasses
+
+    from harness.clock import GPU_PRESETS, GpuPreset, RooflineClock
+    from harness.geometry import preset
+
+    g = preset("opt-13b")
+    for gpu in GPU_PRESETS.values():
+        assert 0.0 < gpu.bandwidth_efficiency <= 1.0 and 0.0 < gpu.flops_efficiency <= 1.0, gpu
+        assert gpu.source and gpu.name in gpu.describe() and f"× {gpu.bandwidth_efficiency:.2f}" in gpu.describe()
+        clock = RooflineClock(g, g.kv_bytes_per_token("fp16"), gpu)
+        assert clock._bw == gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency
+        assert clock._peak == gpu.peak_flops * gpu.flops_efficiency
+    # Measured factors slow the roofline down; the datasheet (factors 1) is the old price.
+    a100 = GPU_PRESETS["A100-40GB"]
+    datasheet = dataclasses.replace(a100, bandwidth_efficiency=1.0, flops_efficiency=1.0)
+    assert RooflineClock(g, 819200, datasheet)._bw == 1.555e12
+    assert RooflineClock(g, 819200, a100)._bw < 1.555e12
+    for bad in (0.0, -0.5, 1.01, float("nan"), True):
+        with pytest.raises(ValueError, match="bandwidth_efficiency"):
+            GpuPreset("X", 1, 1e12, 1e14, bandwidth_efficiency=bad)

@@ -18,6 +18,7 @@ import torch
 
 from harness import store
 from harness.errors import KvbenchError
+from harness.recorder import MEASURED_FIELDS
 from harness.sequence import Seq
 from harness.suite import parse_suite
 from harness.sweep import build_cells, run_cell
@@ -224,7 +225,7 @@ def test_low_precision_caches_run(tmp_path: Path, kv_dtype: str, element_bytes: 
 
 # -- consistency with sim -------------------------------------------------------------
 
-ALLOCATION_COLUMNS_EXCLUDED = {"step_wall_s", "kv_bytes_allocated", "run_id"}
+ALLOCATION_COLUMNS_EXCLUDED = {*MEASURED_FIELDS, "run_id"}  # what only a measuring runner records
 
 
 def test_sim_and_torch_make_identical_allocation_decisions(tight: dict) -> None:

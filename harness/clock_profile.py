@@ -1,0 +1,139 @@
+"""Clock profiles: the JSON file ``kvbench calibrate`` writes and ``clock = "profile"`` reads.
+
+A profile is a fitted step-time model (``ClockTerms``) plus what it is valid
+for and where it came from. Its step time is only meaningful for the model
+geometry, KV precision and block size it was measured on, so a cell that
+differs in any of them is refused with one line naming the mismatch.
+Contiguous policies have no block table; their cells are priced by the same
+terms whatever their block size, since kvbench asks what the *allocation*
+changes under one runtime.
+
+Format (``format`` = "kvbench.clock_profile", ``version`` = 1)::
+
+    {"format": ..., "version": 1,
+     "terms": {"step_s": ..., "per_token_s": ..., "per_seq_s": ...,
+               "per_context_token_s": ..., "per_attention_pair_s": ...},
+     "valid_for": {"model": NAME, "geometry": {...}, "kv_dtype": ..., "block_size": ...},
+     "measured_on": {"runner": ..., "device": ..., "engine": ..., "attention_backend": ...},
+     "fit": {...quality on held-out steps...}, "data": {...runs fitted on...},
+     "kvbench_version": ..., "git_sha": ..., "created_at": ...}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from harness.clock import ClockTerms
+from harness.errors import KvbenchError
+from harness.geometry import ModelGeometry
+
+FORMAT = "kvbench.clock_profile"
+VERSION = 1
+BLOCK_TABLE_POLICIES = ("paged", "paged-prefix")  # policies whose engine step sees block_size
+
+
+@dataclasses.dataclass(frozen=True)
+class ClockProfile:
+    terms: ClockTerms
+    model: str
+    geometry: Mapping[str, Any]  # ModelGeometry's fields
+    kv_dtype: str
+    block_size: int
+    document: Mapping[str, Any]  # the whole file, for provenance
+    digest: str  # sha256 of the file's bytes (first 16 hex digits): what run ids hash
+
+    def check(self, geometry: ModelGeometry, kv_dtype: str, block_size: int, policy: str, where: str) -> None:
+        """Refuse a cell this profile was not measured for: one line naming the mismatch."""
+        mine = dataclasses.asdict(geometry)
+        theirs = {k: v for k, v in self.geometry.items() if k != "name"}
+        diff = [k for k in theirs if mine.get(k) != theirs[k]]
+        if diff:
+            k = diff[0]
+            raise KvbenchError(f"{where} was fitted on model {self.model} ({k} {theirs[k]}), not on "
+                               f"{geometry.name} ({k} {mine.get(k)}): calibrate on this model")
+        if kv_dtype != self.kv_dtype:
+            raise KvbenchError(f"{where} was fitted with KV {self.kv_dtype}, not {kv_dtype}: calibrate with this precision")
+        if policy in BLOCK_TABLE_POLICIES and block_size != self.block_size:
+            raise KvbenchError(f"{where} was fitted with block size {self.block_size}, not {block_size}: "
+                               f"calibrate with this block size")
+
+    def describe(self) -> str:
+        """One line: the terms and what they were measured on."""
+        on = self.document.get("measured_on", {})
+        return (f"profile {self.digest[:8]} ({self.terms.describe()}; fitted on {on.get('runner', '?')} "
+                f"{on.get('engine') or ''} {on.get('device') or ''})").replace("  ", " ")
+
+
+def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = doc.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise KvbenchError(f"{where}: not a kvbench clock profile (missing or malformed {key!r})")
+    return value
+
+
+def parse_profile(data: bytes, where: str) -> ClockProfile:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise KvbenchError(f"{where}: not a kvbench clock profile (not JSON)") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise KvbenchError(f"{where}: not a kvbench clock profile (format is not {FORMAT!r})")
+    version = _require(doc, "version", int, where)
+    if version > VERSION:
+        raise KvbenchError(f"{where}: clock profile format version {version} is newer than this kvbench reads "
+                           f"({VERSION}); upgrade kvbench or recalibrate")
+    terms_doc = _require(doc, "terms", dict, where)
+    try:
+        terms = ClockTerms(**{f.name: terms_doc[f.name] for f in dataclasses.fields(ClockTerms)})
+    except KeyError as exc:
+        raise KvbenchError(f"{where}: not a kvbench clock profile (terms lack {exc.args[0]!r})") from None
+    except ValueError as exc:
+        raise KvbenchError(f"{where}: corrupt clock profile ({exc})") from None
+    valid = _require(doc, "valid_for", dict, where)
+    geometry = _require(valid, "geometry", dict, where)
+    return ClockProfile(terms=terms, model=str(valid.get("model", "?")), geometry=geometry,
+                        kv_dtype=_require(valid, "kv_dtype", str, where),
+                        block_size=_require(valid, "block_size", int, where), document=doc,
+                        digest=hashlib.sha256(data).hexdigest()[:16])
+
+
+@functools.lru_cache(maxsize=32)
+def _load(path: str, mtime_ns: int, size: int) -> ClockProfile:
+    return parse_profile(Path(path).read_bytes(), path)
+
+
+def load_profile(path: str | Path) -> ClockProfile:
+    """Read a profile file (cached while the file is unchanged); a bad one is one line."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        if not p.is_file():
+            raise KvbenchError(f"{p}: is not a clock profile file")
+        return _load(str(p), st.st_mtime_ns, st.st_size)
+    except FileNotFoundError:
+        raise KvbenchError(f"{p}: no such clock profile (make one with `kvbench calibrate`)") from None
+    except OSError as exc:
+        raise KvbenchError(f"{p}: cannot read clock profile ({exc.__class__.__name__})") from None
+
+
+def profile_document(terms: ClockTerms, geometry: ModelGeometry, kv_dtype: str, block_size: int,
+                     measured_on: Mapping[str, Any], fit: Mapping[str, Any], data: Mapping[str, Any],
+                     provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON document of a new profile."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "terms": dataclasses.asdict(terms),
+        "terms_readable": terms.describe(),
+        "valid_for": {"model": geometry.name, "geometry": dataclasses.asdict(geometry), "kv_dtype": kv_dtype,
+                      "block_size": block_size},
+        "measured_on": dict(measured_on),
+        "fit": dict(fit),
+        "data": dict(data),
+        **dict(provenance),
+    }

@@ -1,0 +1,119 @@
+"""Predicted vs measured: a sim run on a profile clock beside an engine run of the same work.
+
+Pairs every ok ``sim`` run whose clock is ``profile`` with the ok ``torch``/``vllm``
+runs on the ``measured`` clock that did the same work (same workload, model, KV
+precision, budget, max_model_len, policy, block size and scheduler limits). For each
+pair it gives:
+
+- total time: sim's ``sim_time_s`` (predicted) against the engine's (measured: the sum
+  of its step times, plus idle gaps to arrivals);
+- per-step error: the profile's price of each *measured* engine step (from the step's
+  recorded work) against its measured time, median and p90 of |predicted − measured| ÷
+  measured. On arrivals that all come at once sim's schedule is the engine's, step for
+  step, so this is sim's own per-step error; under Poisson arrivals the schedules part
+  (time decides who has arrived), and pricing the engine's own steps keeps the error a
+  property of the clock, not of which steps happened;
+- TTFT and end-to-end latency p50/p90, predicted and measured.
+
+Several engine repeats give one row each in ``prediction_table``; ``prediction_summary``
+sets the prediction beside their median, with their range: an engine's own run-to-run
+spread on a shared CPU (±10–15% here) is as large as the errors in question, so a single
+measurement cannot judge a prediction.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from harness.clock_profile import parse_profile
+from harness.errors import KvbenchError
+from reports.calibration import FEATURES, error_stats, predict
+
+# What "the same work" means here: the run columns that change what a run computes, except
+# the runner and its clock (the two sides of the comparison).
+PAIR_KEYS: tuple[str, ...] = ("workload_id", "model", "kv_dtype", "budget_bytes", "max_model_len", "policy",
+                              "block_size", "max_num_seqs", "max_num_batched_tokens")
+LATENCY_PAIRS: tuple[str, ...] = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
+
+
+def _rel(predicted: float, measured: float) -> float:
+    return predicted / measured - 1.0 if measured and measured == measured and predicted == predicted else float("nan")
+
+
+def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per (sim profile run, measured engine run) pair; empty when there is none."""
+    ok = runs[runs["status"] == "ok"]
+    sims = ok[(ok["runner"] == "sim") & (ok["clock"] == "profile")]
+    engines = ok[ok["runner"].isin(("torch", "vllm")) & (ok["clock"] == "measured")]
+    if sims.empty or engines.empty:
+        return pd.DataFrame()
+    pairs = sims.merge(engines, on=list(PAIR_KEYS), suffixes=("_sim", "_eng"))
+    rows = []
+    for r in pairs.to_dict("records"):
+        profile = _profile(r.get("clock_profile_sim"))
+        eng_steps = steps[steps["run_id"] == r["run_id_eng"]].dropna(subset=["step_wall_s", *FEATURES])
+        per_step = None
+        if profile is not None and len(eng_steps):
+            per_step = error_stats(predict(profile.terms, eng_steps), eng_steps["step_wall_s"].to_numpy(np.float64))
+        row = {
+            "workload": r.get("workload_sim", r["workload_id"]), "policy": r["policy"],
+            "engine": r["runner_eng"], "repeat": r.get("repeat_eng"),
+            "run_id_sim": r["run_id_sim"], "run_id_eng": r["run_id_eng"],
+            "measured_total_s": r["sim_time_s_eng"], "predicted_total_s": r["sim_time_s_sim"],
+            "total_err": _rel(r["sim_time_s_sim"], r["sim_time_s_eng"]),
+            "steps_measured": r["steps_eng"], "steps_predicted": r["steps_sim"],
+            "step_median_err": per_step.median_abs if per_step else float("nan"),
+            "step_p90_err": per_step.p90_abs if per_step else float("nan"),
+        }
+        for key in LATENCY_PAIRS:
+            row[f"{key}_measured"] = r.get(f"{key}_eng")
+            row[f"{key}_predicted"] = r.get(f"{key}_sim")
+            row[f"{key}_err"] = _rel(r.get(f"{key}_sim", float("nan")), r.get(f"{key}_eng", float("nan")))
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["workload", "policy", "engine", "repeat"], kind="stable").reset_index(drop=True)
+
+
+def prediction_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (workload, policy, engine): the prediction against the median of the engine's
+    repeats (errors are predicted ÷ median − 1), the repeats' range, and the per-step errors'
+    medians over repeats."""
+    if table.empty:
+        return pd.DataFrame()
+    rows = []
+    for (workload, policy, engine), g in table.groupby(["workload", "policy", "engine"], sort=True):
+        measured = g["measured_total_s"].astype(float)
+        predicted = float(g["predicted_total_s"].iloc[0])
+        row = {"workload": workload, "policy": policy, "engine": engine, "repeats": len(g),
+               "measured_total_s": float(measured.median()), "measured_min_s": float(measured.min()),
+               "measured_max_s": float(measured.max()), "predicted_total_s": predicted,
+               "total_err": _rel(predicted, float(measured.median())),
+               "step_median_err": float(g["step_median_err"].median()),
+               "step_p90_err": float(g["step_p90_err"].median())}
+        for key in LATENCY_PAIRS:
+            m = pd.to_numeric(g[f"{key}_measured"], errors="coerce").median()
+            row[f"{key}_err"] = _rel(float(g[f"{key}_predicted"].iloc[0]), float(m))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _profile(text: object):  # type: ignore[no-untyped-def]
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return parse_profile(text.encode(), "the run's clock profile")
+    except KvbenchError:
+        return None
+
+
+def profile_of(runs: pd.DataFrame) -> dict | None:
+    """The profile document the sim runs used (the first one), for a report's provenance line."""
+    texts = runs.loc[runs["clock"] == "profile", "clock_profile"].dropna() if "clock_profile" in runs else []
+    for text in texts:
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    return None

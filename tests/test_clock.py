@@ -1,0 +1,303 @@
+"""The calibrated clock: profile clocks, the measured clock, `kvbench calibrate`, latency columns,
+and predicted-vs-measured; with their bad input.
+
+Fits are tested on synthetic steps with known terms (a pure function: exact expectations), and
+end to end on the torch runner's real measured steps (structure, never timing: a unit test must
+not depend on how fast this machine is). The engine comparison runs the real vLLM engine where
+the CPU build is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import store
+from harness.clock import ClockTerms, ProfileClock, StepWork
+from harness.clock_profile import load_profile
+from harness.errors import KvbenchError
+from reports.calibration import fit, fit_terms, nnls, predict
+from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
+
+PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written fixture terms
+
+TERMS = ClockTerms(step_s=3e-3, per_token_s=3.5e-5, per_seq_s=5e-5, per_context_token_s=3e-7,
+                   per_attention_pair_s=2e-8)
+
+
+def test_profile_step_times_are_step_time_bit_for_bit():
+    clock = ProfileClock(TERMS)
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 64):
+        context = rng.integers(0, 10**7, 300)
+        pairs = context + rng.integers(0, 10**5, 300)
+        seqs = rng.integers(1, 64, 300)
+        assert clock.step_times(n, context, pairs, seqs).tolist() == [
+            clock.step_time(StepWork(n, int(c), int(p), int(s))) for c, p, s in zip(context, pairs, seqs)]
+        assert clock.step_times(n, context, pairs, n).tolist() == [
+            clock.step_time(StepWork(n, int(c), int(p), n)) for c, p in zip(context, pairs)]
+
+
+def _synthetic_steps(rng: np.random.Generator, n: int, noise: float) -> pd.DataFrame:
+    seqs = rng.integers(1, 64, n)
+    prefill = rng.random(n) < 0.2
+    tokens = np.where(prefill, seqs + rng.integers(10, 1000, n), seqs)
+    context = seqs * rng.integers(20, 900, n)
+    pairs = np.where(prefill, context + (tokens - seqs) * rng.integers(10, 900, n), context)
+    steps = pd.DataFrame({"step": np.arange(n), "scheduled_tokens": tokens, "scheduled_seqs": seqs,
+                          "context_tokens": context, "attention_pairs": pairs})
+    exact = predict(TERMS, steps)
+    steps["step_wall_s"] = exact * (1 + noise * rng.standard_normal(n))
+    return steps
+
+
+def test_fit_recovers_known_terms_and_keeps_them_non_negative():
+    rng = np.random.default_rng(0)
+    exact = fit_terms(_synthetic_steps(rng, 2000, 0.0))
+    for name in ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s"):
+        assert getattr(exact, name) == pytest.approx(getattr(TERMS, name), rel=1e-6), name
+    noisy = fit(_synthetic_steps(rng, 3000, 0.05))
+    assert noisy.held_out.steps == (np.arange(3000) // 32 % 5 == 4).sum()
+    assert noisy.held_out.median_abs < 0.06 and abs(noisy.held_out.total) < 0.02
+    # A term the data contradict is held at zero, not fitted negative.
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    x = nnls(a, np.array([3.0, 2.0, 1.0]))
+    assert (x >= 0).all() and x[1] == 0.0
+
+
+def _profile_suite(profile: Path, clock_line: str = "", extra: str = "", policy: str = '"paged"',
+                   block: int = 16, kv: str = "fp16", preset: str = "opt-13b") -> str:
+    return f"""
+name = "profiled"
+[model]
+preset = "{preset}"
+kv_dtype = "{kv}"
+[memory]
+kv_budget = "2GiB"
+max_model_len = 2048
+[scheduler]
+clock = "profile"
+clock_profile = "{profile}"
+{clock_line}
+[workload]
+source = "sharegpt"
+num_requests = 40
+arrival = "poisson"
+rate = 4.0
+{extra}
+[grid]
+policy = [{policy}]
+block_size = [{block}]
+"""
+
+
+def test_sim_on_a_profile_prices_each_step_with_its_terms(out):
+    rows, steps = run_suite_text(_profile_suite(PROFILE), out)
+    (row,) = rows
+    assert row["status"] == "ok" and row["clock"] == "profile"
+    assert row["clock_detail"].startswith(f"profile {load_profile(PROFILE).digest[:8]}")
+    assert json.loads(row["clock_profile"])["terms"] == json.loads(PROFILE.read_text())["terms"]
+    s = steps[row["run_id"]]
+    assert s["scheduled_seqs"].isna().all() and s["step_wall_s"].isna().all()  # sim measures nothing
+    assert row["sim_time_s"] == pytest.approx(float(s["t_s"].iloc[-1] + s["dt_s"].iloc[-1]))
+
+
+def test_profile_step_time_of_one_request_by_hand(out):
+    text = _profile_suite(PROFILE).replace('source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
+                                           'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1')
+    (row,), steps = run_suite_text(text, out)
+    t = load_profile(PROFILE).terms
+    # (tokens, seqs, context after the step, tokens × context): the prefill, then two decodes.
+    work = [(4, 1, 4, 16), (1, 1, 5, 5), (1, 1, 6, 6)]
+    expected = [t.step_s + n * t.per_token_s + q * t.per_seq_s + c * t.per_context_token_s + p * t.per_attention_pair_s
+                for n, q, c, p in work]
+    # Start times accumulate the step times left to right, exactly (dt_s is their difference).
+    assert steps[row["run_id"]]["t_s"].tolist() == [0.0, expected[0], expected[0] + expected[1]]
+    assert row["sim_time_s"] == expected[0] + expected[1] + expected[2]
+
+
+def test_run_id_follows_the_profile_content_not_its_path(tmp_path):
+    from harness.suite import parse_suite
+
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(PROFILE.read_bytes())
+    changed = tmp_path / "changed.json"
+    doc = json.loads(PROFILE.read_text())
+    doc["terms"]["step_s"] *= 2
+    changed.write_text(json.dumps(doc))
+
+    def run_id(path: Path) -> str:
+        suite = parse_suite(_profile_suite(path), str(tmp_path / "s.toml"))
+        (spec, wl), = list(suite.cells())
+        return spec.run_id("w")
+
+    assert run_id(PROFILE) == run_id(copy) != run_id(changed)
+
+
+def test_latency_columns_on_the_steps_clock(out):
+    text = """
+name = "lat"
+[model]
+preset = "opt-13b"
+[memory]
+kv_budget = "2GiB"
+[workload]
+source = "fixed"
+prompt_len = 4
+output_len = 3
+num_requests = 1
+[grid]
+policy = ["paged"]
+"""
+    (row,), _ = run_suite_text(text, out)
+    # Step 0 prefills and samples token 1 (t = 1); steps 1 and 2 decode tokens 2 and 3 (t = 3).
+    assert row["ttft_p50_s"] == 1.0 and row["latency_p50_s"] == 3.0 and row["latency_p90_s"] == 3.0
+    assert row["tpot_p50_s"] == 1.0 and row["normalized_latency_mean_s"] == 1.0
+
+
+TORCH_MEASURED = """
+name = "torch-measured"
+[model]
+preset = "llama-mini"
+kv_dtype = "fp32"
+[memory]
+kv_budget = "2MiB"
+max_model_len = 256
+[scheduler]
+max_num_seqs = 16
+max_num_batched_tokens = 256
+clock = "measured"
+[workload]
+source = "uniform"
+prompt_min = 8
+prompt_max = 120
+output_min = 4
+output_max = 40
+num_requests = 24
+arrival = "poisson"
+rate = 50.0
+[grid]
+runner = ["torch"]
+policy = ["paged"]
+block_size = [16]
+"""
+
+
+def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
+    """torch on the measured clock records its step times as dt_s and its work beside them;
+    calibrate fits a profile from them; sim runs on that profile and the report sets them side by side."""
+    pytest.importorskip("torch")
+    suite = tmp_path / "measured.toml"
+    suite.write_text(TORCH_MEASURED)
+    res = tmp_path / "res"
+    proc = kvbench("run", str(suite), "--out", str(res), "--quiet", "--no-report", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    runs = store.read_table(res, "runs")
+    steps = store.read_table(res, "steps").sort_values("step")
+    assert list(runs["clock"]) == ["measured"]
+    # Time is the measured step time (dt_s is t_s's difference: equal up to one rounding).
+    np.testing.assert_allclose(steps["dt_s"], steps["step_wall_s"], rtol=1e-9)
+    assert steps[["scheduled_seqs", "context_tokens", "attention_pairs"]].notna().all().all()
+    assert runs["ttft_p50_s"].iloc[0] > 0
+
+    profile = tmp_path / "p.json"
+    proc = kvbench("calibrate", str(res), "--out", str(profile))
+    assert proc.returncode == 0, proc.stderr
+    assert "held out:" in proc.stdout and "per-step median" in proc.stdout
+    doc = json.loads(profile.read_text())
+    assert doc["valid_for"]["model"] == "llama-mini" and doc["valid_for"]["kv_dtype"] == "fp32"
+    assert doc["valid_for"]["block_size"] == 16 and doc["measured_on"]["runner"] == "torch"
+    assert doc["data"]["steps"] == len(steps) and doc["kvbench_version"] and "created_at" in doc
+    assert all(v >= 0 for v in doc["terms"].values())
+    # Several directories pool their runs (the same run id in two directories counts twice).
+    pooled = tmp_path / "pooled.json"
+    assert kvbench("calibrate", str(res), str(res), "--out", str(pooled)).returncode == 0
+    assert json.loads(pooled.read_text())["data"]["steps"] == 2 * len(steps)
+
+    # sim on the profile beside torch on the measured clock, same work: the report pairs them.
+    both = TORCH_MEASURED.replace('clock = "measured"', f'clock = "profile"\nclock_profile = "{profile}"')
+    both = both.replace('runner = ["torch"]', 'runner = ["sim", "torch"]') + '[runners.torch]\nclock = "measured"\n'
+    suite.write_text(both)
+    proc = kvbench("run", str(suite), "--out", str(res), "--quiet", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = (res / "report" / "summary.md").read_text()
+    assert "## Predicted vs measured" in summary and "## Clocks" in summary
+    from reports.prediction import prediction_table
+    from reports.records import load
+
+    rec = load(res)
+    table = prediction_table(rec.runs, rec.steps)
+    assert len(table) == 1 and table["measured_total_s"].iloc[0] > 0 and table["predicted_total_s"].iloc[0] > 0
+    assert not math.isnan(table["step_median_err"].iloc[0])
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(preset="llama-3-8b"), "fitted on model opt-13b"),
+    (dict(kv="fp8"), "fitted with KV fp16, not fp8"),
+    (dict(block=32), "fitted with block size 16, not 32"),
+])
+def test_a_profile_from_another_setup_is_refused(tmp_path, change, needle):
+    suite = tmp_path / "s.toml"
+    suite.write_text(_profile_suite(PROFILE, **change))
+    assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), needle)
+
+
+def test_contiguous_cells_take_the_profile_at_any_block_size(out):
+    rows, _ = run_suite_text(_profile_suite(PROFILE, policy='"contiguous-max"', block=32), out)
+    assert rows[0]["status"] == "ok"
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"{not json", "not JSON"),
+    (json.dumps({"format": "kvbench.clock_profile", "version": 99}).encode(), "format version 99 is newer"),
+    (json.dumps({"format": "something-else"}).encode(), "not a kvbench clock profile"),
+    (PROFILE.read_bytes().replace(b'"step_s": 0.012', b'"step_s": -1'), "corrupt clock profile"),
+])
+def test_a_corrupt_or_newer_profile_is_one_line(tmp_path, content, needle):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    suite = tmp_path / "s.toml"
+    suite.write_text(_profile_suite(bad))
+    assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), needle)
+
+
+def test_profile_clock_settings_are_checked(tmp_path):
+    suite = tmp_path / "s.toml"
+    suite.write_text(_profile_suite(tmp_path / "missing.json"))
+    assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), "no such clock profile")
+    suite.write_text(_profile_suite(PROFILE).replace(f'clock_profile = "{PROFILE}"', ""))
+    assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), "needs clock_profile")
+    suite.write_text(_profile_suite(PROFILE).replace('clock = "profile"', 'clock = "measured"'))
+    assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")),
+                          'clock = "measured"', "only torch and vllm measure steps")
+    with pytest.raises(KvbenchError, match="not a kvbench clock profile"):
+        from harness.clock_profile import parse_profile
+        parse_profile(b"[]", "x")
+
+
+def test_calibrate_needs_measured_steps(tmp_path, out):
+    assert_one_line_error(kvbench("calibrate", str(tmp_path / "nope"), "--out", str(tmp_path / "p.json")),
+                          "no such results directory")
+    run_suite_text(_profile_suite(PROFILE), out)  # sim only: no measured steps
+    assert_one_line_error(kvbench("calibrate", str(out), "--out", str(tmp_path / "p.json")),
+                          "no ok runs of a runner that measures steps")
+    assert not (tmp_path / "p.json").exists()
+    assert_one_line_error(kvbench("calibrate", str(out), "--out", str(tmp_path / "p.txt")), "a profile is a .json")
+
+
+def test_calibrate_refuses_too_few_steps(tmp_path):
+    pytest.importorskip("torch")
+    suite = tmp_path / "few.toml"
+    suite.write_text(TORCH_MEASURED.replace("num_requests = 24", "num_requests = 1")
+                     .replace("output_max = 40", "output_max = 5"))
+    res = tmp_path / "res"
+    assert kvbench("run", str(suite), "--out", str(res), "--quiet", "--no-report", timeout=600).returncode == 0
+    assert_one_line_error(kvbench("calibrate", str(res), "--out", str(tmp_path / "p.json")),
+                          "measured steps; calibrate needs at least 50")
