@@ -133,7 +133,7 @@ def write_json(path: Path, doc: dict) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.clock_profile import profile_document
     from harness.provenance import provenance
-    from reports.calibration import fit
+    from reports.calibration import DISTURBED_RATIO, DISTURBED_WARN, fit
     from reports.records import workload_label
 
     dirs: list[Path] = args.dirs
@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         "model": "step_s + per_token_s·scheduled_tokens + per_seq_s·scheduled_seqs + "
                  "per_context_token_s·context_tokens + per_attention_pair_s·attention_pairs",
         "method": "non-negative least squares on relative error, Huber-robust (IRLS)",
+        "disturbed_steps_frac": result.disturbed,
         "held_out": "every 5th block of 32 consecutive steps of every run",
         "train_error": dataclasses.asdict(result.train), "held_out_error": dataclasses.asdict(result.held_out),
     }
@@ -176,5 +177,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"  terms:    {result.terms.describe()}")
     print(f"  fit:      {result.train.line()}")
     print(f"  held out: {result.held_out.line()}")
+    if result.disturbed > DISTURBED_WARN:
+        print(f"kvbench calibrate: warning: {result.disturbed:.1%} of the measured steps took over "
+              f"{DISTURBED_RATIO:g}x their fitted time (an idle machine gives under 0.2%): another process was "
+              "probably using the cores; this profile is unreliable, recalibrate on an idle machine", file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

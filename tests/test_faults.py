@@ -32,7 +32,8 @@ from tests.faultkit import kvbench_failing_at, read_log, tmpfs, tmpfs_unavailabl
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text()
 SMALL = EXAMPLE.replace("num_requests = 200", "num_requests = 20")  # 4 cells, a second each at most
 CELLS = 4
-# 3 cells of about half a second each on two cores: long enough to signal one mid-flight.
+# 3 cells of about a second each on two cores: long enough to signal one mid-flight (the
+# roofline's efficiency factors made steps longer, so fewer steps: 1,500 requests got too quick).
 SLOW = """
 name = "slow"
 [model]
@@ -42,7 +43,7 @@ kv_budget = "1GiB"
 max_model_len = 4096
 [workload]
 source = "sharegpt"
-num_requests = 1500
+num_requests = 5000
 arrival = "poisson"
 rate = 4.0
 [scheduler]
