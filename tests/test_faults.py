@@ -341,11 +341,20 @@ def test_unwritable_output_as_an_unprivileged_user():
 
 # -- signals --------------------------------------------------------------------------------------
 
+def _interactive_signals() -> None:
+    # What a terminal's child gets: SIGINT at its default. A test runner started in the
+    # background of a non-interactive shell (`cmd &`) ignores SIGINT, an ignored disposition
+    # survives exec, and Python then installs no Ctrl-C handler: the Ctrl-C cases would test
+    # the launcher, not kvbench.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(suite: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(out), "--quiet",
                              "--no-report", *extra], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_interactive_signals)
 
 
 def _wait_for_runs(proc: subprocess.Popen, out: Path, n: int) -> None:
