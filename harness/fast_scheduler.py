@@ -144,9 +144,10 @@ class FastScheduler(QuietStretches, Scheduler):
         return StepPlan(self.step_index, self.now, scheduled, admitted, [], hit_tokens,
                         self._compute(scheduled, decoders, implicit, implicit, decoders))
 
-    def finish_step(self, plan: StepPlan) -> list[Seq]:
+    def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
+        # sim only: always a Clock, so measured_s never sets the step's duration here.
         if not self._simple:
-            done = super().finish_step(plan)
+            done = super().finish_step(plan, measured_s)
             self.explicit = []
             for seq in self.running:
                 if seq.num_tokens - seq.num_computed == 1 and seq.num_output:

@@ -39,7 +39,7 @@ def latency_summary(seqs: list[Seq]) -> dict[str, float | None]:
     latency = finish - arrival
     many = generated > 1
     tpot = (finish[many] - first[many]) / (generated[many] - 1)
-    normalized = latency / generated if len(done) else latency
+    normalized = latency / generated
     return {
         "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90),
         "tpot_p50_s": _pct(tpot, 50), "tpot_p90_s": _pct(tpot, 90),

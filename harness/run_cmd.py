@@ -78,8 +78,14 @@ def run(args: argparse.Namespace) -> int:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
     suite = load_suite(args.suite or default_suite_path())
     if args.clock_profile is not None:
+        from harness.clock_profile import load_profile
+
+        load_profile(args.clock_profile)  # missing or corrupt: one line now
         suite = dataclasses.replace(suite, settings={**suite.settings,
                                                      "clock_profile": str(args.clock_profile.resolve())})
+        if not any(spec.scheduler.clock == "profile" for spec, _ in suite.cells()):
+            raise KvbenchError(f'--clock-profile: no cell of suite {suite.name!r} runs on clock = "profile" '
+                               '(set it in [scheduler] or [runners.NAME])')
     out = results_dir(args, suite.name)
 
     def log(msg: str) -> None:

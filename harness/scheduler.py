@@ -201,7 +201,8 @@ class Scheduler:
 
     def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
         """Sample a token for every request whose prefill is complete; free the finished.
-        The step lasts ``measured_s`` on a measured clock (no ``Clock``), else the clock's price."""
+        The step lasts ``measured_s`` on a measured clock (no ``Clock``), else the clock's price
+        (``measured_s`` is then only the runner's record, not the step's duration)."""
         if self.clock is None:
             assert measured_s is not None, "a measured clock needs each step's measured time"
             dt = measured_s

@@ -96,14 +96,13 @@ def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
         frames.append(steps)
     steps = pd.concat(frames, ignore_index=True)
     steps["run_id"] = steps.pop("run_key")
-    out = where
     usable = steps.dropna(subset=["step_wall_s", *FEATURES])
     usable = usable[usable["step_wall_s"] > 0]
     if usable.empty:
-        raise KvbenchError(f"{out}: its runs hold no measured steps with their work (step_wall_s and "
+        raise KvbenchError(f"{where}: its runs hold no measured steps with their work (step_wall_s and "
                            f"{', '.join(FEATURES)}); rerun them with this kvbench")
     if len(usable) < MIN_STEPS:
-        raise KvbenchError(f"{out}: only {len(usable)} measured steps; calibrate needs at least {MIN_STEPS} "
+        raise KvbenchError(f"{where}: only {len(usable)} measured steps; calibrate needs at least {MIN_STEPS} "
                            "(run more requests)")
     return usable.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
 

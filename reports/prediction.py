@@ -23,8 +23,6 @@ measurement cannot judge a prediction.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 
@@ -106,14 +104,3 @@ def _profile(text: object):  # type: ignore[no-untyped-def]
         return parse_profile(text.encode(), "the run's clock profile")
     except KvbenchError:
         return None
-
-
-def profile_of(runs: pd.DataFrame) -> dict | None:
-    """The profile document the sim runs used (the first one), for a report's provenance line."""
-    texts = runs.loc[runs["clock"] == "profile", "clock_profile"].dropna() if "clock_profile" in runs else []
-    for text in texts:
-        try:
-            return json.loads(text)
-        except ValueError:
-            continue
-    return None

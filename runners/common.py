@@ -237,7 +237,7 @@ def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
             plan = sched.schedule()
             m = sched.measure_values()
             wall, kv_bytes = executor.execute(plan) if executor is not None else (None, None)
-            done = sched.finish_step(plan, wall) if clock is None else sched.finish_step(plan)
+            done = sched.finish_step(plan, wall)
             work = plan.work
             scheduled_tokens = work.scheduled_tokens
             # The step's work beside its measured time (calibrate's features); null when not measured.

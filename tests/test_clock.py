@@ -290,6 +290,15 @@ def test_profile_clock_settings_are_checked(tmp_path):
         parse_profile(b"[]", "x")
 
 
+def test_clock_profile_option_is_checked(tmp_path):
+    example = str(Path(__file__).resolve().parents[1] / "suites" / "example.toml")
+    assert_one_line_error(kvbench("run", example, "--clock-profile", str(tmp_path / "nope.json"),
+                                  "--out", str(tmp_path / "o")), "no such clock profile")
+    assert_one_line_error(kvbench("run", example, "--clock-profile", str(PROFILE), "--out", str(tmp_path / "o")),
+                          'no cell of suite', 'clock = "profile"')
+    assert not (tmp_path / "o").exists()
+
+
 def test_calibrate_needs_measured_steps(tmp_path, out):
     assert_one_line_error(kvbench("calibrate", str(tmp_path / "nope"), "--out", str(tmp_path / "p.json")),
                           "no such results directory")
