@@ -31,17 +31,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from reports.prediction import prediction_summary, prediction_table  # noqa: E402
-from reports.records import load  # noqa: E402
+from kvbench.reports.prediction import prediction_summary, prediction_table
+from kvbench.reports.records import load
 
 GOAL_TOTAL = 0.10
 GOAL_STEP_MEDIAN = 0.25
 
 
 def kvbench(*args: str) -> None:
-    cmd = [sys.executable, "-m", "harness.cli", *args]
+    cmd = [sys.executable, "-m", "kvbench.app.cli", *args]
     print("$ kvbench " + " ".join(args), flush=True)
     done = subprocess.run(cmd, cwd=ROOT)
     if done.returncode != 0:

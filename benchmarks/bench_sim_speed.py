@@ -30,18 +30,16 @@ import argparse
 import multiprocessing
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from harness.suite import parse_suite  # noqa: E402
-from harness.sweep import build_cells  # noqa: E402
-from runners.base import Cell  # noqa: E402
-from runners.sim import SimRunner  # noqa: E402
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells
+from kvbench.runners.base import Cell
+from kvbench.runners.sim import SimRunner
 
 TRACE = Path("/work/shared/data/azure-llm-inference-2023-conv.csv")
 
@@ -89,7 +87,7 @@ def run_once(cell: Cell, kind: str) -> dict:
     """Run ``cell`` with one runner into a fresh directory; the row plus end-to-end seconds."""
     out = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     if kind == "vllm-sched":
-        from runners.vllm_sched import VllmSchedRunner
+        from kvbench.runners.vllm_sched import VllmSchedRunner
 
         c = Cell(spec=cell.spec.replace(runner="vllm-sched"), workload=cell.workload, out=out)
         runner = VllmSchedRunner()

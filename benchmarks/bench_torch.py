@@ -26,21 +26,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from harness import store  # noqa: E402
-from harness.geometry import preset  # noqa: E402
-from harness.suite import load_suite, parse_suite  # noqa: E402
-from harness.sweep import build_cells  # noqa: E402
-from runners.base import Cell  # noqa: E402
-from runners.torch_runner import cpu_threads, resolve_device, run_torch  # noqa: E402
+from kvbench.harness import store
+from kvbench.harness.geometry import preset
+from kvbench.app.suite import load_suite, parse_suite
+from kvbench.app.sweep import build_cells
+from kvbench.runners.base import Cell
+from kvbench.runners.torch_runner import cpu_threads, resolve_device, run_torch
 
 EQUAL_BATCH_SUITE = """
 name = "bench-equal-batch"

@@ -25,7 +25,7 @@ import dataclasses
 
 import numpy as np
 
-from harness.geometry import ModelGeometry
+from .geometry import ModelGeometry
 
 
 @dataclasses.dataclass(frozen=True)

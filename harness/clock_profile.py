@@ -28,9 +28,9 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.clock import ClockTerms
-from harness.errors import KvbenchError
-from harness.geometry import ModelGeometry
+from .clock import ClockTerms
+from .errors import KvbenchError
+from .geometry import ModelGeometry
 
 FORMAT = "kvbench.clock_profile"
 VERSION = 1

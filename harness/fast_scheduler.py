@@ -30,10 +30,10 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 
-from harness.clock import RooflineClock
-from harness.quiet_stretches import MERGE, QuietStretches
-from harness.scheduler import Scheduler, StepPlan
-from harness.sequence import Seq
+from .clock import RooflineClock
+from .quiet_stretches import MERGE, QuietStretches
+from .scheduler import Scheduler, StepPlan
+from .sequence import Seq
 
 
 class FastScheduler(QuietStretches, Scheduler):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.geometry import KV_DTYPE_BYTES, ModelGeometry
-from harness.units import format_bytes
+from .geometry import KV_DTYPE_BYTES, ModelGeometry
+from .units import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from harness.errors import KvbenchError
+from .errors import KvbenchError
 
 # Bytes per element of each supported KV cache dtype. fp8 means e4m3, the
 # format vLLM's "fp8" cache dtype resolves to.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.sequence import FINISHED, Seq
+from .sequence import FINISHED, Seq
 
 LATENCY_COLUMNS: tuple[str, ...] = (
     "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s",

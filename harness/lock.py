@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from harness.errors import ResultsBusy, StorageError, storage_error
+from .errors import ResultsBusy, StorageError, storage_error
 
 LOCK_NAME = ".kvbench.lock"
 

@@ -9,12 +9,16 @@ import socket
 import subprocess
 from pathlib import Path
 
-from harness import __version__
+from . import __version__
 
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[1]  # the clone's root, when running from a clone
 
 
 def _git(*args: str) -> str | None:
+    # Installed (not editable), this file sits in site-packages/kvbench/harness: no clone of
+    # its own, and asking git there would report whatever repository encloses the venv.
+    if not (_REPO / ".git").exists():
+        return None
     try:
         out = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.clock import StepWork
-from harness.recorder import MEASURED_FIELDS, STEP_FIELDS
-from harness.sequence import FINISHED, RUNNING, Seq
+from .clock import StepWork
+from .recorder import MEASURED_FIELDS, STEP_FIELDS
+from .sequence import FINISHED, RUNNING, Seq
 
 if TYPE_CHECKING:
-    from harness.recorder import RunRecorder
+    from .recorder import RunRecorder
 
 # Columns of a step row (harness.recorder.STEP_FIELDS), for the bulk rows.
 STEP, T_S, DT_S, USED, RESERVED, EVICTED = (STEP_FIELDS.index(c) for c in (

@@ -29,9 +29,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness import store
-from harness.errors import StorageError, storage_error
-from harness.schema import REQUESTS, RUNS, STEPS, with_version
+from . import store
+from .errors import StorageError, storage_error
+from .schema import REQUESTS, RUNS, STEPS, with_version
 
 BATCH_ROWS = 16_384
 STEP_FIELDS = tuple(STEPS.names)

@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.errors import KvbenchError, os_cause, storage_error
-from harness.schema import RUNS, with_version
+from .errors import KvbenchError, os_cause, storage_error
+from .schema import RUNS, with_version
 
 REFERENCE = pa.schema([
     ("suite", pa.string()),

@@ -27,10 +27,10 @@ import dataclasses
 from collections import deque
 from typing import Iterable
 
-from harness.clock import Clock, StepWork
-from harness.policies.base import Policy
-from harness.sequence import FINISHED, RUNNING, WAITING, Seq
-from harness.specs import SchedulerSpec
+from .clock import Clock, StepWork
+from .policies.base import Policy
+from .sequence import FINISHED, RUNNING, WAITING, Seq
+from .specs import SchedulerSpec
 
 
 @dataclasses.dataclass

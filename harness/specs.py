@@ -14,13 +14,13 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import KvbenchError
-from harness.geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
-from workloads.spec import WorkloadSpec
+from .errors import KvbenchError
+from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
+from .workload_spec import WorkloadSpec
 
 if TYPE_CHECKING:
-    from harness.clock import Clock
-    from harness.clock_profile import ClockProfile
+    from .clock import Clock
+    from .clock_profile import ClockProfile
 
 POLICIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -78,7 +78,7 @@ class SchedulerSpec:
             raise KvbenchError(f"[scheduler] unknown preemption {self.preemption!r} (known: {', '.join(PREEMPTION_MODES)})")
         if self.clock not in CLOCKS:
             raise KvbenchError(f"[scheduler] unknown clock {self.clock!r} (known: {', '.join(CLOCKS)})")
-        from harness.clock import GPU_PRESETS  # local: clock imports specs' neighbours only
+        from .clock import GPU_PRESETS  # local: clock imports specs' neighbours only
 
         if self.gpu not in GPU_PRESETS:
             raise KvbenchError(f"[scheduler] unknown gpu {self.gpu!r} (known: {', '.join(GPU_PRESETS)})")
@@ -91,14 +91,14 @@ class SchedulerSpec:
             raise KvbenchError(f'[scheduler] clock_profile is read only with clock = "profile" (clock is {self.clock!r})')
 
     def profile(self) -> "ClockProfile":
-        from harness.clock_profile import load_profile  # local: only profile clocks read files
+        from .clock_profile import load_profile  # local: only profile clocks read files
 
         assert self.clock_profile is not None
         return load_profile(self.clock_profile)
 
     def make_clock(self, geometry: ModelGeometry, kv_bytes_per_token: int) -> "Clock | None":
         """The clock the cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
-        from harness.clock import make_clock
+        from .clock import make_clock
 
         terms = self.profile().terms if self.clock == "profile" else None
         return make_clock(self.clock, geometry, kv_bytes_per_token, self.gpu, terms)

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from harness.errors import KvbenchError, StorageError, storage_error
-from harness.schema import SCHEMA_VERSION, TABLES, VERSION_KEY, with_version
+from .errors import KvbenchError, StorageError, storage_error
+from .schema import SCHEMA_VERSION, TABLES, VERSION_KEY, with_version
 
 PART = "part-0.parquet"
 

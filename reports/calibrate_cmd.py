@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.errors import KvbenchError, storage_error
-from harness.specs import MEASURING_RUNNERS
+from ..harness.errors import KvbenchError, storage_error
+from ..harness.specs import MEASURING_RUNNERS
 
 KIND_KEYS = ("runner", "model", "kv_dtype", "block_size", "device", "engine")
 
@@ -69,7 +69,7 @@ def select_runs(runs: pd.DataFrame, runner: str | None, policy: str, where: str)
 def read_runs(dirs: list[Path]) -> pd.DataFrame:
     """The runs of every directory; with several, each run id is prefixed with its directory's
     index (the same cell run in two directories has the same id)."""
-    from harness import store
+    from ..harness import store
 
     frames = []
     for i, out in enumerate(dirs):
@@ -86,8 +86,8 @@ def read_runs(dirs: list[Path]) -> pd.DataFrame:
 
 
 def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
-    from harness import store
-    from reports.calibration import FEATURES, MIN_STEPS
+    from ..harness import store
+    from .calibration import FEATURES, MIN_STEPS
 
     frames = []
     for out, group in runs.groupby("dir", sort=False):
@@ -108,8 +108,8 @@ def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _geometry(run: dict, where: str):  # type: ignore[no-untyped-def]
-    from harness.geometry import resolve_model
-    from reports.records import parse_spec
+    from ..harness.geometry import resolve_model
+    from .records import parse_spec
 
     model = parse_spec(run.get("spec_json")).get("model") or {}
     try:
@@ -130,10 +130,10 @@ def write_json(path: Path, doc: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.clock_profile import profile_document
-    from harness.provenance import provenance
-    from reports.calibration import DISTURBED_RATIO, DISTURBED_WARN, fit
-    from reports.records import workload_label
+    from ..harness.clock_profile import profile_document
+    from ..harness.provenance import provenance
+    from .calibration import DISTURBED_RATIO, DISTURBED_WARN, fit
+    from .records import workload_label
 
     dirs: list[Path] = args.dirs
     where = ", ".join(map(str, dirs))

@@ -35,7 +35,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from harness.clock import ClockTerms
+from ..harness.clock import ClockTerms
 
 FEATURES: tuple[str, ...] = ("scheduled_tokens", "scheduled_seqs", "context_tokens", "attention_pairs")
 TERM_NAMES: tuple[str, ...] = ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s")

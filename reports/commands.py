@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.errors import KvbenchError
+from ..harness.errors import KvbenchError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,8 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def report(args: argparse.Namespace) -> int:
     if not args.dir.is_dir():  # before the heavy imports: a typo answers at once
         raise KvbenchError(f"{args.dir}: no such results directory")
-    from harness.lock import ResultsLock
-    from reports.html import write_report
+    from ..harness.lock import ResultsLock
+    from .html import write_report
 
     with ResultsLock(args.dir, "report"):  # not while a run writes the same directory
         print(write_report(args.dir))
@@ -49,7 +49,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def _runs(path: Path, which: str) -> "pd.DataFrame":
-    from harness.store import read_table
+    from ..harness.store import read_table
 
     if not path.exists():
         raise KvbenchError(f"{which} {path}: no such directory")
@@ -64,7 +64,7 @@ def _runs(path: Path, which: str) -> "pd.DataFrame":
 
 
 def compare(args: argparse.Namespace) -> int:
-    from reports.compare import BASE_ONLY, CAND_ONLY, compare as diff, regressions, to_json, to_markdown
+    from .compare import BASE_ONLY, CAND_ONLY, compare as diff, regressions, to_json, to_markdown
 
     tol = args.tolerance
     if not (tol >= 0 and tol < float("inf")):

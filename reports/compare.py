@@ -30,8 +30,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.units import format_bytes
-from reports.records import cell_label, with_keys
+from ..harness.units import format_bytes
+from .records import cell_label, with_keys
 
 MATCH_KEYS: tuple[str, ...] = ("runner", "policy", "block_size", "kv_dtype", "budget_bytes", "max_model_len",
                                "model", "workload_id", "scheduler")

@@ -8,9 +8,9 @@ import dataclasses
 
 import pandas as pd
 
-from reports.decomposition import decompose
-from reports.prediction import prediction_summary, prediction_table
-from reports.tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
+from .decomposition import decompose
+from .prediction import prediction_summary, prediction_table
+from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
 
 def choose_baseline(runs: pd.DataFrame) -> str | None:

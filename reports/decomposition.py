@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from reports.tables import mismatches
+from .tables import mismatches
 
 KEYS: tuple[str, ...] = ("workload_id", "kv_dtype", "budget_bytes")
 THROUGHPUT: tuple[str, ...] = ("tokens_per_s", "wall_tokens_per_s")

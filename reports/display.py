@@ -161,7 +161,7 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     if kind == "id":
         return str(value)[:8]
     if kind == "bytes":
-        from harness.units import format_bytes
+        from ..harness.units import format_bytes
 
         return format_bytes(value)
     return str(value)

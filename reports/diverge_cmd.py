@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.errors import KvbenchError
+from ..harness.errors import KvbenchError
 
 # Run columns that must match for a step-by-step comparison to mean anything.
 SAME_WORK = ("workload_id", "kv_dtype", "budget_bytes", "block_size", "max_model_len",
@@ -13,7 +13,7 @@ SAME_WORK = ("workload_id", "kv_dtype", "budget_bytes", "block_size", "max_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from reports.divergence import DEFAULT_COLUMNS
+    from .divergence import DEFAULT_COLUMNS
 
     p = subparsers.add_parser(
         "diverge", help="first step where two runs' step records differ, and why",
@@ -41,9 +41,9 @@ def _resolve(out: Path, ids: set[str], given: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness import store
-    from harness.schema import STEPS
-    from reports.divergence import first_divergence
+    from ..harness import store
+    from ..harness.schema import STEPS
+    from .divergence import first_divergence
 
     out: Path = args.dir
     if not out.is_dir():

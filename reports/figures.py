@@ -18,9 +18,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
-from harness.units import format_bytes
-from reports import figdata
-from reports.records import cell_label, time_axis_label, throughput_note
+from ..harness.units import format_bytes
+from . import figdata
+from .records import cell_label, time_axis_label, throughput_note
 
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
     ("token_states_frac", "token states (K/V of computed tokens)", "#3a8a3a"),

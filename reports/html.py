@@ -14,13 +14,13 @@ from typing import Sequence
 
 import pandas as pd
 
-from harness.errors import storage_error
-from harness.store import publish
-from reports import display, markdown
-from reports.display import Column
-from reports.figures import Plot, all_plots
-from reports.records import load
-from reports.contents import ReportTables, report_tables
+from ..harness.errors import storage_error
+from ..harness.store import publish
+from . import display, markdown
+from .display import Column
+from .figures import Plot, all_plots
+from .records import load
+from .contents import ReportTables, report_tables
 
 FIGURE_DPI = 110
 CELL_CLASS = {"text": "text", "id": "text", "note": "note"}  # any other kind is a number

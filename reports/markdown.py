@@ -10,10 +10,10 @@ from typing import Sequence
 
 import pandas as pd
 
-from reports import display
-from reports.display import Column
-from reports.figures import Plot
-from reports.contents import ReportTables
+from . import display
+from .display import Column
+from .figures import Plot
+from .contents import ReportTables
 
 
 def table(columns: Sequence[Column], frame: pd.DataFrame) -> list[str]:

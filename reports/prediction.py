@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.clock_profile import parse_profile
-from harness.errors import KvbenchError
-from reports.calibration import FEATURES, error_stats, predict
+from ..harness.clock_profile import parse_profile
+from ..harness.errors import KvbenchError
+from .calibration import FEATURES, error_stats, predict
 
 # What "the same work" means here: the run columns that change what a run computes, except
 # the runner and its clock (the two sides of the comparison).

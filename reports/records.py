@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import pandas as pd
 
-from harness.errors import KvbenchError
-from harness.units import format_bytes
+from ..harness.errors import KvbenchError
+from ..harness.units import format_bytes
 
 # What a comparison holds fixed (DESIGN.md, "same work, one variable"): runs
 # that share all of these may be put side by side; only the runner, the policy
@@ -36,7 +36,7 @@ class Records:
 
 def load(out: Path) -> Records:
     """Read a results directory; a missing or empty one is a one-line error."""
-    from harness.store import read_table
+    from ..harness.store import read_table
 
     out = Path(out)
     if not out.is_dir():

@@ -20,7 +20,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from reports.records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
+from .records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
 
 # Per-cell metrics the summary keeps (medians over ok repetitions).
 METRICS: tuple[str, ...] = (

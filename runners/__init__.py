@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import importlib
 
-from harness.errors import KvbenchError
-from runners.base import Runner
+from ..harness.errors import KvbenchError
+from .base import Runner
 
-RUNNERS: dict[str, str] = {
-    "sim": "runners.sim:SimRunner",
-    "vllm-sched": "runners.vllm_sched:VllmSchedRunner",
-    "torch": "runners.torch_runner:TorchRunner",
-    "vllm": "runners.vllm_engine:VllmRunner",
+RUNNERS: dict[str, str] = {  # module relative to this package : class
+    "sim": ".sim:SimRunner",
+    "vllm-sched": ".vllm_sched:VllmSchedRunner",
+    "torch": ".torch_runner:TorchRunner",
+    "vllm": ".vllm_engine:VllmRunner",
 }
 
 
@@ -26,9 +26,9 @@ def get_runner(name: str) -> Runner:
         raise KvbenchError(f"unknown runner {name!r} (known: {', '.join(RUNNERS)})") from None
     module_name, cls_name = target.split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name, __name__)
     except ModuleNotFoundError as exc:
-        if exc.name == module_name:
+        if exc.name == f"{__name__}{module_name}":
             raise KvbenchError(f"runner {name!r} is not built yet") from None
         raise
     runner = getattr(module, cls_name)()

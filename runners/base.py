@@ -6,8 +6,8 @@ import dataclasses
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from harness.specs import RunSpec
-from workloads.table import Workload
+from ..harness.specs import RunSpec
+from ..workloads.table import Workload
 
 
 @dataclasses.dataclass(frozen=True)

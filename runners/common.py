@@ -12,18 +12,18 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
-from harness.clock import GPU_PRESETS
-from harness.feasibility import Shortfall, explain
-from harness.latency import latency_summary
-from harness.policies import make_policy
-from harness.policies.base import Policy
-from harness.provenance import provenance
-from harness.recorder import RunRecorder
-from harness.scheduler import Scheduler, StepPlan
-from harness.schema import REQUESTS
-from harness.sequence import FINISHED, Seq
-from harness.specs import RunSpec
-from runners.base import Cell
+from ..harness.clock import GPU_PRESETS
+from ..harness.feasibility import Shortfall, explain
+from ..harness.latency import latency_summary
+from ..harness.policies import make_policy
+from ..harness.policies.base import Policy
+from ..harness.provenance import provenance
+from ..harness.recorder import RunRecorder
+from ..harness.scheduler import Scheduler, StepPlan
+from ..harness.schema import REQUESTS
+from ..harness.sequence import FINISHED, Seq
+from ..harness.specs import RunSpec
+from .base import Cell
 
 
 def expand_seqs(cell: Cell) -> list[Seq]:

@@ -7,10 +7,10 @@ record for record.
 
 from __future__ import annotations
 
-from harness.fast_scheduler import FastScheduler
-from harness.scheduler import Scheduler
-from runners.base import Cell
-from runners.common import drive
+from ..harness.fast_scheduler import FastScheduler
+from ..harness.scheduler import Scheduler
+from .base import Cell
+from .common import drive
 
 
 class SimRunner:

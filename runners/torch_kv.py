@@ -36,7 +36,7 @@ from typing import Iterable, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from harness.sequence import Seq
+from ..harness.sequence import Seq
 
 
 @runtime_checkable

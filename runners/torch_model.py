@@ -25,8 +25,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from harness.errors import KvbenchError
-from harness.geometry import ModelGeometry, llama_param_count
+from ..harness.errors import KvbenchError
+from ..harness.geometry import ModelGeometry, llama_param_count
 
 ROPE_THETA = 10_000.0
 RMS_EPS = 1e-5

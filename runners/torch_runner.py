@@ -42,17 +42,17 @@ import types
 import numpy as np
 import torch
 
-from harness.errors import KvbenchError, one_line
-from harness.geometry import ModelGeometry
-from harness.policies import make_policy
-from harness.scheduler import StepPlan
-from harness.sequence import RUNNING, Seq
-from harness.specs import RunSpec
-from harness.units import format_bytes
-from runners.base import Cell
-from runners.common import base_row, drive, expand_seqs, host_available_bytes, shortfall, write_status_only
-from runners.torch_kv import ContiguousKVCache, KVCache, PagedKVCache
-from runners.torch_model import (Attend, DecoderModel, attention, compute_dtype, decode_attention,
+from ..harness.errors import KvbenchError, one_line
+from ..harness.geometry import ModelGeometry
+from ..harness.policies import make_policy
+from ..harness.scheduler import StepPlan
+from ..harness.sequence import RUNNING, Seq
+from ..harness.specs import RunSpec
+from ..harness.units import format_bytes
+from .base import Cell
+from .common import base_row, drive, expand_seqs, host_available_bytes, shortfall, write_status_only
+from .torch_kv import ContiguousKVCache, KVCache, PagedKVCache
+from .torch_model import (Attend, DecoderModel, attention, compute_dtype, decode_attention,
                                  kv_storage_dtype, layer_param_count, param_count)
 
 MODEL_SEED = 0  # the weights; token ids follow the workload's seed

@@ -60,8 +60,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from harness.errors import KvbenchError, one_line
-from harness.specs import RunSpec
+from ..harness.errors import KvbenchError, one_line
+from ..harness.specs import RunSpec
 
 SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
 SUPPORTED = " or ".join(f"{series}.x" for series in SUPPORTED_SERIES)

@@ -88,16 +88,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from harness.errors import KvbenchError, one_line
-from harness.feasibility import explain
-from harness.policies import make_policy
-from harness.sequence import Seq
-from harness.specs import RunSpec
-from harness.units import format_bytes
-from runners import vllm_adapter, vllm_loop
-from runners.base import Cell
-from runners.common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
-from runners.vllm_adapter import (EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule,
+from ..harness.errors import KvbenchError, one_line
+from ..harness.feasibility import explain
+from ..harness.policies import make_policy
+from ..harness.sequence import Seq
+from ..harness.specs import RunSpec
+from ..harness.units import format_bytes
+from . import vllm_adapter, vllm_loop
+from .base import Cell
+from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
+from .vllm_adapter import (EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule,
                                   request_blocks)
 
 NO_CUDA = ("no CUDA device: vLLM's CUDA build (extra vllm) needs an NVIDIA GPU; on a CPU-only machine "

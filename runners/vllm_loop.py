@@ -30,13 +30,13 @@ import time
 from collections import deque
 from typing import Protocol
 
-from harness.clock import StepWork
-from harness.recorder import RunRecorder
-from harness.sequence import FINISHED, Seq
-from runners.base import Cell
-from runners.common import Heartbeat, complete_row, requests_columns
-from runners.vllm_adapter import VllmStep
-from runners.vllm_prompts import PromptIds
+from ..harness.clock import StepWork
+from ..harness.recorder import RunRecorder
+from ..harness.sequence import FINISHED, Seq
+from .base import Cell
+from .common import Heartbeat, complete_row, requests_columns
+from .vllm_adapter import VllmStep
+from .vllm_prompts import PromptIds
 
 
 class StepSource(Protocol):

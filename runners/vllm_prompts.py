@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.sequence import Seq
-from runners.base import Cell
+from ..harness.sequence import Seq
+from .base import Cell
 
 
 class PromptIds:

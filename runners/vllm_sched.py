@@ -18,11 +18,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from harness.feasibility import explain
-from harness.policies import make_policy
-from runners import vllm_adapter, vllm_loop
-from runners.base import Cell
-from runners.common import base_row, expand_seqs, shortfall, write_status_only
+from ..harness.feasibility import explain
+from ..harness.policies import make_policy
+from . import vllm_adapter, vllm_loop
+from .base import Cell
+from .common import base_row, expand_seqs, shortfall, write_status_only
 
 
 class VllmSchedRunner:

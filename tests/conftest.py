@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import store
-from harness.suite import parse_suite
-from harness.sweep import build_cells, run_cell
+from kvbench.harness import store
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells, run_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -31,7 +31,7 @@ def run_suite_text(text: str, out: Path) -> tuple[list[dict], dict[str, pd.DataF
 def kvbench(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", *args], capture_output=True, text=True,
                           cwd=cwd or ROOT, env=env, timeout=timeout)
 
 

@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
     fail_at, mode, log, sep, *args = argv
     assert sep == "--" and mode in ("full", "once"), argv
     _install(_DiskFull(int(fail_at), mode == "once", Path(log)))
-    from harness.cli import main as cli
+    from kvbench.app.cli import main as cli
 
     return cli(args)
 

@@ -18,8 +18,8 @@ from typing import Any, Iterable
 import pandas as pd
 import pyarrow as pa
 
-from harness import store
-from harness.schema import REQUESTS, RUNS, STEPS
+from kvbench.harness import store
+from kvbench.harness.schema import REQUESTS, RUNS, STEPS
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -113,7 +113,7 @@ def write_records(out: Path, rows: list[dict[str, Any]], steps: dict[str, pd.Dat
 
 def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The rows as ``read_table`` would return them (for the pure functions)."""
-    from reports.records import with_keys
+    from kvbench.reports.records import with_keys
 
     return with_keys(pd.DataFrame(rows))
 
@@ -121,7 +121,7 @@ def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def kvbench(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=timeout)
 
 

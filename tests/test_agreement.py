@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from harness import store  # noqa: E402
-from harness.suite import parse_suite  # noqa: E402
-from harness.sweep import build_cells, run_cell  # noqa: E402
-from reports.divergence import DEFAULT_COLUMNS, first_divergence  # noqa: E402
+from kvbench.harness import store  # noqa: E402
+from kvbench.app.suite import parse_suite  # noqa: E402
+from kvbench.app.sweep import build_cells, run_cell  # noqa: E402
+from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence  # noqa: E402
 
 AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
 

@@ -17,11 +17,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import store
-from harness.clock import ClockTerms, ProfileClock, StepWork
-from harness.clock_profile import load_profile
-from harness.errors import KvbenchError
-from reports.calibration import fit, fit_terms, nnls, predict
+from kvbench.harness import store
+from kvbench.harness.clock import ClockTerms, ProfileClock, StepWork
+from kvbench.harness.clock_profile import load_profile
+from kvbench.harness.errors import KvbenchError
+from kvbench.reports.calibration import fit, fit_terms, nnls, predict
 from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
 
 PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written fixture terms
@@ -130,7 +130,7 @@ def test_profile_step_time_of_one_request_by_hand(out):
 
 
 def test_run_id_follows_the_profile_content_not_its_path(tmp_path):
-    from harness.suite import parse_suite
+    from kvbench.app.suite import parse_suite
 
     copy = tmp_path / "copy.json"
     copy.write_bytes(PROFILE.read_bytes())
@@ -235,8 +235,8 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = (res / "report" / "summary.md").read_text()
     assert "## Predicted vs measured" in summary and "## Clocks" in summary
-    from reports.prediction import prediction_table
-    from reports.records import load
+    from kvbench.reports.prediction import prediction_table
+    from kvbench.reports.records import load
 
     rec = load(res)
     table = prediction_table(rec.runs, rec.steps)
@@ -286,7 +286,7 @@ def test_profile_clock_settings_are_checked(tmp_path):
     assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")),
                           'clock = "measured"', "only torch and vllm measure steps")
     with pytest.raises(KvbenchError, match="not a kvbench clock profile"):
-        from harness.clock_profile import parse_profile
+        from kvbench.harness.clock_profile import parse_profile
         parse_profile(b"[]", "x")
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from reportkit import W2, kvbench, run, write_records
-from reports.compare import (BASE_ONLY, CAND_ONLY, IMPROVEMENT, NOISE, REGRESSION, SAME, TOO_FEW, WITHIN, compare,
+from kvbench.reports.compare import (BASE_ONLY, CAND_ONLY, IMPROVEMENT, NOISE, REGRESSION, SAME, TOO_FEW, WITHIN, compare,
                              to_json, to_markdown)
 
 TOL = 0.02

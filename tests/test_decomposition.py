@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reportkit import W1, W2, run, runs_frame
-from reports.decomposition import METRICS, decompose
+from kvbench.reports.decomposition import METRICS, decompose
 
 
 def row(table: pd.DataFrame, metric: str, baseline: str | None = "contiguous-max", **keys: object) -> dict:

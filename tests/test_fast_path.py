@@ -12,14 +12,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from harness import store
-from harness.clock import GPU_PRESETS, RooflineClock, StepWork
-from harness.fast_scheduler import FastScheduler
-from harness.geometry import resolve_model
-from harness.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
-from harness.suite import parse_suite
-from harness.sweep import build_cells
-from runners.sim import SimRunner
+from kvbench.harness import store
+from kvbench.harness.clock import GPU_PRESETS, RooflineClock, StepWork
+from kvbench.harness.fast_scheduler import FastScheduler
+from kvbench.harness.geometry import resolve_model
+from kvbench.harness.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells
+from kvbench.runners.sim import SimRunner
 from tests.conftest import DATA
 
 ALL_POLICIES = '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
@@ -258,5 +258,5 @@ def test_bulk_recording_is_row_by_row_recording(tmp_path, measured):
 
 
 def _empty_requests():
-    from harness.schema import REQUESTS
+    from kvbench.harness.schema import REQUESTS
     return {name: [] for name in REQUESTS.names}

@@ -24,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import store
-from harness.lock import LOCK_NAME
+from kvbench.harness import store
+from kvbench.harness.lock import LOCK_NAME
 from tests.conftest import ROOT, assert_one_line_error, kvbench
 from tests.faultkit import kvbench_failing_at, read_log, tmpfs, tmpfs_unavailable
 
@@ -86,7 +86,7 @@ def assert_whole(out: Path) -> set[str]:
             assert (steps.run_id == r.run_id).sum() == r.steps, r.run_id
             assert (requests.run_id == r.run_id).sum() == r.num_requests, r.run_id
     for w in (out / "workloads").glob("*") if (out / "workloads").is_dir() else ():
-        from workloads import read_workload
+        from kvbench.workloads import read_workload
 
         read_workload(w)  # checks content against its id
     report = out / "report"
@@ -329,7 +329,7 @@ def test_unwritable_output_as_an_unprivileged_user():
         (base / "empty").mkdir()
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         for out in (base / "new", base / "empty", done, base / "new" / "deeper"):
-            proc = subprocess.run([*NOBODY, sys.executable, "-m", "harness.cli", "run", str(suite),
+            proc = subprocess.run([*NOBODY, sys.executable, "-m", "kvbench.app.cli", "run", str(suite),
                                    "--out", str(out), "--quiet"], capture_output=True, text=True, cwd=ROOT, env=env)
             assert_one_line_error(proc, str(out), "Permission denied")
             assert proc.returncode == 74
@@ -351,7 +351,7 @@ def _interactive_signals() -> None:
 
 def _start(suite: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(out), "--quiet",
+    return subprocess.Popen([sys.executable, "-m", "kvbench.app.cli", "run", str(suite), "--out", str(out), "--quiet",
                              "--no-report", *extra], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=_interactive_signals)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
-from harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
-from harness.sequence import Seq
+from kvbench.harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
+from kvbench.harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from kvbench.harness.sequence import Seq
 
 BUDGET = 600
 MAX_LEN = 160

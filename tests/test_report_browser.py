@@ -29,7 +29,7 @@ def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from reports.html import write_report
+    from kvbench.reports.html import write_report
 
     return write_report(write_golden(tmp_path_factory.mktemp("browser") / "results"))
 

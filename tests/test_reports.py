@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 
 from reportkit import GIB, W1, W2, golden_rows, kvbench, run, runs_frame, workload, write_golden, write_records
-from reports import figdata, figures
-from reports.decomposition import decompose
-from reports.tables import geometric_mean, geomean, mismatches, published_vs_reproduced, ratios, summary
+from kvbench.reports import figdata, figures
+from kvbench.reports.decomposition import decompose
+from kvbench.reports.tables import geometric_mean, geomean, mismatches, published_vs_reproduced, ratios, summary
 
 GOLDEN = Path(__file__).parent / "golden" / "summary.md"
 
 
 @pytest.fixture(scope="module")
 def golden_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from reports.html import write_report
+    from kvbench.reports.html import write_report
 
     out = write_golden(tmp_path_factory.mktemp("golden") / "results")
     write_report(out)
@@ -195,7 +195,7 @@ def test_summary_md_states_the_hand_computed_answers(golden_dir: Path) -> None:
 
 
 def test_index_html_embeds_every_figure_and_flags_mismatches_in_red(tmp_path: Path) -> None:
-    from reports.html import write_report
+    from kvbench.reports.html import write_report
 
     rows = [r for r in golden_rows() if r["workload_id"] == W1["workload_id"]]
     # torch ran another model than vllm: the decomposition compares runs that are not the same work.
@@ -213,7 +213,7 @@ def test_index_html_embeds_every_figure_and_flags_mismatches_in_red(tmp_path: Pa
 
 
 def test_published_vs_reproduced_table_when_reference_exists(tmp_path: Path) -> None:
-    from reports.html import write_report
+    from kvbench.reports.html import write_report
 
     out = write_records(tmp_path / "r", [run("sim", "contiguous-max", peak_running=7, mean_running=6.9)])
     pd.DataFrame({"suite": ["golden"], "item": ["OPT-13B 12 GiB admits 7"], "policy": ["contiguous-max"],
@@ -226,7 +226,7 @@ def test_published_vs_reproduced_table_when_reference_exists(tmp_path: Path) -> 
 
 
 def test_bad_reference_file_is_a_warning_not_a_crash(tmp_path: Path) -> None:
-    from reports.html import write_report
+    from kvbench.reports.html import write_report
 
     out = write_records(tmp_path / "r", [run("sim", "paged", 16)])
     pd.DataFrame({"item": ["x"]}).to_parquet(out / "reference.parquet")

@@ -7,13 +7,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from harness.clock import Clock
-from harness.policies import make_policy
-from harness.scheduler import Scheduler
-from harness.schema import RUNS, STEPS, VERSION_KEY
-from harness.suite import parse_suite
-from harness.sweep import build_cells
-from runners.common import expand_seqs
+from kvbench.harness.clock import Clock
+from kvbench.harness.policies import make_policy
+from kvbench.harness.scheduler import Scheduler
+from kvbench.harness.schema import RUNS, STEPS, VERSION_KEY
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells
+from kvbench.runners.common import expand_seqs
 from tests.conftest import run_suite_text
 
 OPT13B = """
@@ -197,8 +197,8 @@ def test_same_spec_same_records_whatever_the_global_rng(out, tmp_path):
 def test_gpu_presets_fold_measured_efficiency_into_the_roofline():
     import dataclasses
 
-    from harness.clock import GPU_PRESETS, GpuPreset, RooflineClock
-    from harness.geometry import preset
+    from kvbench.harness.clock import GPU_PRESETS, GpuPreset, RooflineClock
+    from kvbench.harness.geometry import preset
 
     g = preset("opt-13b")
     for gpu in GPU_PRESETS.values():

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import store
-from harness.errors import KvbenchError
-from harness.schema import SCHEMA_VERSION, STEPS, VERSION_KEY
-from harness.suite import parse_suite
+from kvbench.harness import store
+from kvbench.harness.errors import KvbenchError
+from kvbench.harness.schema import SCHEMA_VERSION, STEPS, VERSION_KEY
+from kvbench.app.suite import parse_suite
 from tests.conftest import ROOT, run_suite_text
-from workloads.spec import WorkloadSpec
+from kvbench.harness.workload_spec import WorkloadSpec
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text()
 
@@ -104,7 +104,7 @@ def test_fuzzed_toml_text_never_crashes_the_parser(text):
                                         st.text(alphabet="0123456789.-: abcxT", max_size=8)),
                               min_size=0, max_size=4), max_size=6))
 def test_fuzzed_traces_give_a_workload_or_one_kvbench_error(tmp_path, header, rows):
-    from workloads import build_workload
+    from kvbench.workloads import build_workload
 
     path = tmp_path / "trace.csv"
     path.write_text(header + "\n" + "\n".join(",".join(str(v) for v in r) for r in rows) + "\n")

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from harness import store
-from harness.suite import parse_suite
-from harness.sweep import build_cells, run_cells
+from kvbench.harness import store
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells, run_cells
 from tests.conftest import ROOT, kvbench
 
 GRID = """
@@ -54,7 +54,7 @@ def test_sigkill_mid_sweep_then_resume_gives_every_cell_exactly_once(tmp_path, s
     suite.write_text(GRID)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", str(suite), "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "kvbench.app.cli", "run", str(suite), "--out", str(out),
                              "--jobs", "2", "--quiet", "--no-report"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     target = random.Random(seed).randint(1, CELLS - 3)

@@ -21,13 +21,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import store
-from harness.errors import KvbenchError
-from harness.suite import parse_suite
-from harness.sweep import build_cells, run_cell
-from reports.divergence import DEFAULT_COLUMNS, first_divergence
-from runners import vllm_adapter, vllm_engine
-from runners.vllm_engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
+from kvbench.harness import store
+from kvbench.harness.errors import KvbenchError
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells, run_cell
+from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
+from kvbench.runners import vllm_adapter, vllm_engine
+from kvbench.runners.vllm_engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
 from tests.conftest import kvbench
 
 BUILD = vllm_adapter.installed_build()

@@ -18,13 +18,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import store
-from harness.cli import main
-from harness.errors import KvbenchError
-from harness.suite import parse_suite
-from harness.sweep import build_cells, run_cell
-from reports.divergence import DEFAULT_COLUMNS, first_divergence
-from runners import get_runner, vllm_adapter
+from kvbench.harness import store
+from kvbench.app.cli import main
+from kvbench.harness.errors import KvbenchError
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells, run_cell
+from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
+from kvbench.runners import get_runner, vllm_adapter
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
@@ -209,8 +209,8 @@ def test_geometry_budget_and_dtype_mapping(tmp_path: Path, kv_dtype: str, torch_
 
 @needs_vllm
 def test_token_ids_deterministic_and_shared(tmp_path: Path) -> None:
-    from runners.vllm_prompts import PromptIds
-    from runners.common import expand_seqs
+    from kvbench.runners.vllm_prompts import PromptIds
+    from kvbench.runners.common import expand_seqs
 
     (cell,) = cells_for(tmp_path)
     seqs = expand_seqs(cell)

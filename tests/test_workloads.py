@@ -12,14 +12,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from harness.errors import KvbenchError
-from harness.geometry import preset
-from workloads.arrivals import gamma_arrivals, poisson_arrivals
-from workloads.build import build_workload
-from workloads.distributions import ALPACA_OUTPUT, ALPACA_PROMPT, SHAREGPT_OUTPUT, SHAREGPT_PROMPT
-from workloads.spec import SOURCES, WorkloadSpec
-from workloads.table import COLUMNS, Workload, read_workload, summarize, write_workload
-from workloads.traces import approx_token_count, read_sharegpt_json, read_trace
+from kvbench.harness.errors import KvbenchError
+from kvbench.harness.geometry import preset
+from kvbench.workloads.arrivals import gamma_arrivals, poisson_arrivals
+from kvbench.workloads.build import build_workload
+from kvbench.workloads.distributions import ALPACA_OUTPUT, ALPACA_PROMPT, SHAREGPT_OUTPUT, SHAREGPT_PROMPT
+from kvbench.harness.workload_spec import SOURCES, WorkloadSpec
+from kvbench.workloads.table import COLUMNS, Workload, read_workload, summarize, write_workload
+from kvbench.workloads.traces import approx_token_count, read_sharegpt_json, read_trace
 
 DATA = Path(__file__).parent / "data"
 AZURE_SLICE = DATA / "azure-conv-slice.csv"

@@ -16,7 +16,7 @@ AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
 
 def kvbench(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "harness.cli", "workload", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", "workload", *map(str, args)],
                           capture_output=True, text=True, env=env, cwd=cwd or ROOT, timeout=60)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workloads.spec import ARRIVALS, SOURCES, WorkloadSpec
+from ..harness.workload_spec import ARRIVALS, SOURCES, WorkloadSpec
 
 __all__ = [
     "ARRIVALS",
@@ -27,11 +27,11 @@ __all__ = [
 ]
 
 _LAZY = {
-    "COLUMNS": "workloads.table",
-    "Workload": "workloads.table",
-    "read_workload": "workloads.table",
-    "write_workload": "workloads.table",
-    "build_workload": "workloads.build",
+    "COLUMNS": ".table",
+    "Workload": ".table",
+    "read_workload": ".table",
+    "write_workload": ".table",
+    "build_workload": ".build",
 }
 
 
@@ -42,4 +42,4 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'workloads' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    return getattr(importlib.import_module(module, __name__), name)

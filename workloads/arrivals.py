@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.errors import KvbenchError
-from workloads.spec import WorkloadSpec
+from ..harness.errors import KvbenchError
+from ..harness.workload_spec import WorkloadSpec
 
 
 def batch_arrivals(count: int) -> np.ndarray:

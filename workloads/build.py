@@ -20,13 +20,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness.errors import KvbenchError
-from workloads.arrivals import make_arrivals
-from workloads.distributions import clamp_lengths, sample_lengths
-from workloads.prefix import assign_prefix_groups, raise_prompts_for_prefix
-from workloads.spec import WorkloadSpec
-from workloads.table import Workload
-from workloads.traces import read_sharegpt_json, read_trace
+from ..harness.errors import KvbenchError
+from .arrivals import make_arrivals
+from .distributions import clamp_lengths, sample_lengths
+from .prefix import assign_prefix_groups, raise_prompts_for_prefix
+from ..harness.workload_spec import WorkloadSpec
+from .table import Workload
+from .traces import read_sharegpt_json, read_trace
 
 
 def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Workload:

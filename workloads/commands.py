@@ -13,8 +13,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from harness.errors import KvbenchError, one_line
-from workloads.spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
+from ..harness.errors import KvbenchError, one_line
+from ..harness.workload_spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
 
 _TYPES = {"int": int, "float": float, "str": str}
 _CHOICES = {"source": SOURCES, "arrival": ARRIVALS}
@@ -125,8 +125,8 @@ def load_suite_workload(path: str | Path) -> tuple[dict[str, Any], int | None, l
 
 
 def cmd_make(args: argparse.Namespace) -> int:
-    from workloads.build import build_workload
-    from workloads.table import write_workload
+    from .build import build_workload
+    from .table import write_workload
 
     table: dict[str, Any] = {}
     max_model_len: int | None = None
@@ -157,8 +157,8 @@ def cmd_make(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from harness.geometry import resolve_model
-    from workloads.table import read_workload, summarize
+    from ..harness.geometry import resolve_model
+    from .table import read_workload, summarize
 
     workload = read_workload(args.file)
     geometry = None
@@ -176,7 +176,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def format_summary(s: dict[str, Any]) -> str:
     """Aligned plain text for ``summarize``'s dict."""
-    from harness.units import format_bytes
+    from ..harness.units import format_bytes
 
     def num(value: float) -> str:
         return f"{value:,.1f}"

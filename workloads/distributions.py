@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from harness.errors import KvbenchError
-from workloads.spec import WorkloadSpec
+from ..harness.errors import KvbenchError
+from ..harness.workload_spec import WorkloadSpec
 
 
 class LognormalFit(NamedTuple):

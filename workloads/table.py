@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.errors import KvbenchError, StorageError, os_cause
-from harness.geometry import ModelGeometry
+from ..harness.errors import KvbenchError, StorageError, os_cause
+from ..harness.geometry import ModelGeometry
 
 SCHEMA_VERSION = 1
 # Column -> dtype, in canonical order (the order the hash reads them in).

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from harness.errors import KvbenchError
-from harness.policies.base import Policy
-from harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
-from harness.policies.paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
-from harness.specs import RunSpec
+from ..errors import KvbenchError
+from .base import Policy
+from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
+from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from ..specs import RunSpec
 
 
 def page_tokens(spec: RunSpec) -> int:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from harness.sequence import Seq
+from ..sequence import Seq
 
 
 @runtime_checkable

@@ -7,9 +7,9 @@ these policies never preempt. They differ only in how much they reserve.
 
 from __future__ import annotations
 
-from harness.policies.arena import Arena
-from harness.policies.base import internal_of
-from harness.sequence import Seq
+from .arena import Arena
+from .base import internal_of
+from ..sequence import Seq
 
 
 def next_pow2(n: int) -> int:

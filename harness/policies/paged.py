@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from harness.policies.base import internal_of
-from harness.sequence import Seq
+from .base import internal_of
+from ..sequence import Seq
 
 BlockKey = tuple[str, int, int]
 

@@ -17,12 +17,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from harness.errors import KvbenchError
-from harness.names import path_component
-from harness.reference import parse_references
-from harness.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
-from harness.units import parse_size
-from workloads.spec import FIELD_KINDS, WorkloadSpec
+from ..harness.errors import KvbenchError
+from ..harness.names import path_component
+from ..harness.reference import parse_references
+from ..harness.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
+from ..harness.units import parse_size
+from ..harness.workload_spec import FIELD_KINDS, WorkloadSpec
 
 MODEL_KEYS = ("preset", "config", "kv_dtype")
 MEMORY_KEYS = ("kv_budget", "max_model_len")
@@ -111,7 +111,7 @@ class Suite:
                            memory=memory, workload=workload, scheduler=scheduler, page_bytes=page_bytes,
                            repeat=s.get("repeat", 0), device=s.get("device", "auto"), suite=self.name)
             if policy == "virtual-contiguous":
-                from harness.policies import page_tokens
+                from ..harness.policies import page_tokens
 
                 spec = spec.replace(block_size=page_tokens(spec))
             return spec
@@ -198,7 +198,7 @@ def parse_suite(text: str, where: str) -> Suite:
                   runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
                   reference=tuple(parse_references(doc.get("reference", []), where)))
     for runner in suite.runners():
-        from runners import RUNNERS
+        from ..runners import RUNNERS
 
         if runner not in RUNNERS:
             raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNERS)})")
@@ -219,4 +219,7 @@ def load_suite(path: str | Path) -> Suite:
 
 
 def default_suite_path() -> Path:
-    return Path(__file__).resolve().parents[1] / "suites" / "default.toml"
+    """The embedded default suite: package data of ``kvbench.suites``, in a clone and installed alike."""
+    from .. import suites
+
+    return Path(suites.__file__).resolve().parent / "default.toml"

@@ -119,8 +119,8 @@ def table(rows: list[dict[str, object]], columns: tuple[tuple[str, str], ...]) -
 def write_model(directory: Path) -> Path:
     """Llama-3-8B's layers, ``LAYERS`` of them, a 32k vocabulary (fewer random weights to draw):
     vLLM's config.json, from vllm_adapter's generator."""
-    from harness.geometry import llama_param_count, preset
-    from runners.vllm_adapter import write_model_dir
+    from ..harness.geometry import llama_param_count, preset
+    from ..runners.vllm_adapter import write_model_dir
 
     g = preset("llama-3-8b").replace(num_layers=LAYERS, vocab_size=VOCAB)
     g = g.replace(name=MODEL_NAME, num_params=llama_param_count(
@@ -156,11 +156,11 @@ def run_smoke(out: Path | None = None) -> int:
 def _smoke(out: Path) -> int:
     import torch
 
-    from harness import store
-    from harness.provenance import provenance
-    from harness.suite import parse_suite
-    from harness.sweep import build_cells, run_cells
-    from runners.vllm_engine import EAGER_ENV, VllmRunner
+    from ..harness import store
+    from ..harness.provenance import provenance
+    from .suite import parse_suite
+    from .sweep import build_cells, run_cells
+    from ..runners.vllm_engine import EAGER_ENV, VllmRunner
 
     t0 = time.monotonic()
     prov = provenance()
@@ -201,7 +201,7 @@ def _smoke(out: Path) -> int:
         if r.get("status") != "ok":
             problems.append(f"{r.get('runner')}/{r.get('policy')} {r.get('status')}: {r.get('error')}")
             print(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('status')}: {r.get('error')}")
-    from reports.decomposition import decompose
+    from ..reports.decomposition import decompose
 
     decomp = decompose(runs.drop(columns="_order"))
     # tokens_per_s is on kvbench's clock in both (same steps: runtime factor 1 by construction);

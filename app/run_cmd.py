@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
-from harness.lock import ResultsLock
+from ..harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
+from ..harness.lock import ResultsLock
 
 if TYPE_CHECKING:
-    from harness.suite import Suite
-    from runners.base import Cell
+    from .suite import Suite
+    from ..runners.base import Cell
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _available(runner: str) -> str | None:
-    from runners import get_runner
+    from ..runners import get_runner
 
     try:
         return get_runner(runner).unavailable()
@@ -72,13 +72,13 @@ def create_results_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.suite import default_suite_path, load_suite
+    from .suite import default_suite_path, load_suite
 
     if args.jobs < 1:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
     suite = load_suite(args.suite or default_suite_path())
     if args.clock_profile is not None:
-        from harness.clock_profile import load_profile
+        from ..harness.clock_profile import load_profile
 
         load_profile(args.clock_profile)  # missing or corrupt: one line now
         suite = dataclasses.replace(suite, settings={**suite.settings,
@@ -116,8 +116,8 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
                 log: Callable[[str], None]) -> int:
     """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
     environment leaves only whole runs behind and says how many cells are complete."""
-    from harness import store
-    from harness.sweep import build_cells, run_cells
+    from ..harness import store
+    from .sweep import build_cells, run_cells
 
     store.clean_stale_temps(out)
     cells: list[Cell] = []
@@ -133,7 +133,7 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
                          check=lock.check)
 
         # The table is read back from disk: what is printed is what was recorded.
-        from reports.console import render_rows
+        from ..reports.console import render_rows
 
         ids = {c.run_id for c in cells}
         runs = store.read_table(out, "runs", ids)
@@ -144,7 +144,7 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
         if not args.no_report:
             stage = "writing the report"
             try:
-                from reports.html import write_report
+                from ..reports.html import write_report
             except ModuleNotFoundError:
                 log("report: not built yet (reports.html missing)")
             else:
@@ -179,7 +179,7 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
 def _progress(out: Path, cells: list["Cell"], stage: str) -> str:
     """How far the run got, and how to finish it: the end of the one line an interrupted or
     faulted run prints."""
-    from harness import store
+    from ..harness import store
 
     if not cells:
         return f"stopped {stage}; run the same command to start"

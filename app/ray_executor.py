@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from harness.errors import KvbenchError
-from runners.base import Cell
+from ..harness.errors import KvbenchError
+from ..runners.base import Cell
+from .cell import run_cell
 
 GPU_RUNNERS = ("vllm",)
 
@@ -30,8 +31,6 @@ def run_on_ray(cells: list[Cell], address: str | None) -> Iterator[tuple[Cell, d
         import ray
     except ImportError:
         raise KvbenchError('Ray is not installed: pip install -e ".[ray]"') from None
-    from harness.sweep import run_cell
-
     if not ray.is_initialized():
         kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False}
         if address:

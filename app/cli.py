@@ -11,23 +11,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from typing import NoReturn, Sequence
 
-from harness import __version__
-from harness.errors import KvbenchError, one_line
-from harness.signals import sigterm_as_interrupt
+from ..harness import __version__
+from ..harness.errors import KvbenchError, one_line
+from .signals import sigterm_as_interrupt
 
-# Modules that register subcommands, in help order. Importing them must stay
+# Modules that register subcommands (relative to this package), in help order. Importing them must stay
 # cheap: heavy imports (torch, vllm) happen inside the command functions.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "harness.run_cmd": ("run",),
-    "harness.calc": ("calc",),
-    "workloads.commands": ("workload",),
-    "reports.commands": ("report", "compare"),
-    "reports.diverge_cmd": ("diverge",),
-    "reports.calibrate_cmd": ("calibrate",),
-    "harness.doctor": ("doctor",),
+    ".run_cmd": ("run",),
+    ".calc": ("calc",),
+    "..workloads.commands": ("workload",),
+    "..reports.commands": ("report", "compare"),
+    "..reports.diverge_cmd": ("diverge",),
+    "..reports.calibrate_cmd": ("calibrate",),
+    ".doctor": ("doctor",),
 }
 
 
@@ -47,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, commands in COMMAND_MODULES.items():
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(name, __package__)
         except ModuleNotFoundError as exc:
-            if exc.name != name:
+            if exc.name != importlib.util.resolve_name(name, __package__):
                 raise
             for command in commands:  # not built yet: say so instead of pretending
                 stub = subparsers.add_parser(command, help="(not built yet)")

@@ -13,21 +13,21 @@ import dataclasses
 import signal
 import sys
 import time
-import traceback
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Callable, Iterable
 
-from harness.errors import KvbenchError, StorageError, one_line
-from harness.specs import RunSpec
-from harness.suite import Suite
-from runners.base import Cell
+from ..harness.errors import KvbenchError
+from ..harness.specs import RunSpec
+from .suite import Suite
+from ..runners.base import Cell
+from .cell import run_cell
 
 
 def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cell]:
     """Expand the grid and build each distinct workload once (also written to DIR/workloads);
     write the suite's published reference values beside them."""
-    from workloads import build_workload, write_workload
+    from ..workloads import build_workload, write_workload
 
     built: dict[tuple[str, int], object] = {}
     cells: list[Cell] = []
@@ -51,38 +51,10 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
         if spec.runner == "sim":
             names.setdefault(name, built[key].workload_id)  # type: ignore[attr-defined]
     if suite.reference:
-        from harness.reference import write_references
+        from ..harness.reference import write_references
 
         write_references(out, suite.name, list(suite.reference), names)
     return cells
-
-
-def run_cell(cell: Cell) -> dict[str, object]:
-    """Run one cell; any failure becomes a ``failed`` row, never a lost run."""
-    from runners import get_runner
-    from runners.common import base_row, write_status_only
-
-    row = _run_cell(cell, get_runner, base_row, write_status_only)
-    row["run_id"] = cell.run_id
-    return row
-
-
-def _run_cell(cell: Cell, get_runner, base_row, write_status_only) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    try:
-        runner = get_runner(cell.spec.runner)
-        reason = runner.unavailable()
-        if reason is not None:
-            return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", reason)
-        return runner.run(cell)
-    except StorageError:
-        raise  # the environment, not the cell: recording a failed row would need the same disk
-    except KvbenchError as exc:
-        return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(str(exc)))
-    except MemoryError:
-        return write_status_only(cell, base_row(cell, cell.spec.runner), "oom", "out of host memory")
-    except Exception as exc:  # a bug in a runner must not end the sweep
-        detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(detail))
 
 
 class Progress:
@@ -128,7 +100,7 @@ def run_cells(cells: Iterable[Cell], jobs: int = 1, quiet: bool = False,
     progress = Progress(len(cells), quiet)
     rows: list[dict[str, object]] = []
     if executor == "ray":
-        from harness.ray_executor import run_on_ray
+        from .ray_executor import run_on_ray
 
         check()
         for cell, row in run_on_ray(cells, address):

@@ -11,10 +11,10 @@ import argparse
 import json
 from typing import Any
 
-from harness.errors import KvbenchError
-from harness.feasibility import levers
-from harness.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
-from harness.units import format_bytes, parse_size
+from ..harness.errors import KvbenchError
+from ..harness.feasibility import levers
+from ..harness.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
+from ..harness.units import format_bytes, parse_size
 
 
 def block_arithmetic(block_size: int, tokens: int) -> dict[str, Any]:
@@ -49,7 +49,7 @@ def capacity(row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, budget
 
 def workload_fit(path: str, geometry: ModelGeometry, kv_dtype: str, budget_bytes: int) -> dict[str, Any]:
     """Does the workload's raw KV fit: all requests at full length, and its largest one?"""
-    from workloads import read_workload
+    from ..workloads import read_workload
 
     w = read_workload(path)
     total, largest = w.raw_kv_bytes(geometry, kv_dtype)

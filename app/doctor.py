@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.provenance import provenance
+from ..harness.provenance import provenance
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,8 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def runner_status() -> dict[str, str | None]:
-    from runners import RUNNERS, get_runner
-    from harness.errors import KvbenchError
+    from ..runners import RUNNERS, get_runner
+    from ..harness.errors import KvbenchError
 
     status: dict[str, str | None] = {}
     for name in RUNNERS:
@@ -32,7 +32,7 @@ def _where(runner: str, reason: str | None) -> str:
     """Which vLLM build the full engine would run, and on what device."""
     if runner != "vllm" or reason is not None:
         return ""
-    from runners.vllm_adapter import installed_build
+    from ..runners.vllm_adapter import installed_build
 
     build = installed_build()
     return "" if build is None else f" ({build.distribution} {build.version}: the engine runs on {build.device})"
@@ -40,11 +40,11 @@ def _where(runner: str, reason: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.gpu:
-        from harness.gpu_smoke import run_smoke
+        from .gpu_smoke import run_smoke
 
         return run_smoke()
-    from harness.clock import GPU_PRESETS
-    from harness.geometry import PRESETS
+    from ..harness.clock import GPU_PRESETS
+    from ..harness.geometry import PRESETS
 
     prov = provenance()
     for key in ("kvbench_version", "python_version", "torch_version", "vllm_version", "git_sha", "host"):

@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from harness.errors import KvbenchError
+from .errors import KvbenchError
 
 SOURCES: tuple[str, ...] = ("fixed", "uniform", "lognormal", "sharegpt", "alpaca", "trace", "sharegpt-json")
 # Sources whose requests come from a file (``path``); ``num_requests`` does not

@@ -14,7 +14,7 @@ import threading
 from types import FrameType
 from typing import Iterator
 
-from harness.errors import Interrupted
+from ..harness.errors import Interrupted
 
 
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:

@@ -1,0 +1,38 @@
+"""Running one cell where a sweep puts it (this process, a worker process, a Ray task): any
+failure of the cell becomes a ``failed`` (or ``oom``) row, never a lost run; a fault of the
+environment (``StorageError``) or an interrupt propagates, because it says nothing about the
+cell and the sweep must stop."""
+
+from __future__ import annotations
+
+import traceback
+
+from ..harness.errors import KvbenchError, StorageError, one_line
+from ..runners import get_runner
+from ..runners.base import Cell
+from ..runners.common import base_row, write_status_only
+
+
+def run_cell(cell: Cell) -> dict[str, object]:
+    """Run one cell and return its run row (with ``run_id``)."""
+    row = _run_or_fail(cell)
+    row["run_id"] = cell.run_id
+    return row
+
+
+def _run_or_fail(cell: Cell) -> dict[str, object]:
+    try:
+        runner = get_runner(cell.spec.runner)
+        reason = runner.unavailable()
+        if reason is not None:
+            return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", reason)
+        return runner.run(cell)
+    except StorageError:
+        raise  # the environment, not the cell: recording a failed row would need the same disk
+    except KvbenchError as exc:
+        return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(str(exc)))
+    except MemoryError:
+        return write_status_only(cell, base_row(cell, cell.spec.runner), "oom", "out of host memory")
+    except Exception as exc:  # a bug in a runner must not end the sweep
+        detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(detail))
