@@ -5,7 +5,7 @@
 #   1. kvbench doctor --gpu: vllm/paged (block 16) + torch on CUDA (contiguous-max,
 #      contiguous-oracle, paged) + sim on a 2-layer Llama-3-8B shape, 96 requests,
 #      128 MiB of fp16 KV; prints the per-cell table and the decomposition
-#      (harness/gpu_smoke.py). Records: $OUT/smoke.
+#      (app/gpu_smoke.py). Records: $OUT/smoke.
 #   2. the torch runner on CUDA end to end through the CLI: kvbench run on the
 #      tiny preset, all five policies beside sim; prints kvbench's summary table and
 #      writes the report. Records: $OUT/torch-cuda.
@@ -39,7 +39,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 
 echo
 echo "== 1/2 kvbench doctor --gpu   (records: $OUT/smoke)"
-KVBENCH_SMOKE_OUT="$OUT/smoke" timeout 240 "$PY" -m harness.cli doctor --gpu
+KVBENCH_SMOKE_OUT="$OUT/smoke" timeout 240 "$PY" -m kvbench.app.cli doctor --gpu
 rc_smoke=$?
 if [ "$rc_smoke" -eq 2 ]; then
   echo "gpu-check: no CUDA device here; nothing more to check ($((SECONDS - t0)) s)"
@@ -77,12 +77,12 @@ runner = ["torch", "sim"]
 policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix"]
 block_size = [16]
 TOML
-timeout 120 "$PY" -m harness.cli run "$OUT/torch-cuda.toml" --out "$OUT/torch-cuda"
+timeout 120 "$PY" -m kvbench.app.cli run "$OUT/torch-cuda.toml" --out "$OUT/torch-cuda"
 rc_run=$?
 "$PY" - "$OUT/torch-cuda" <<'PYEOF' || true
 import sys
 from pathlib import Path
-from harness import store
+from kvbench.harness import store
 runs = store.read_table(Path(sys.argv[1]), "runs")
 cols = ["runner", "policy", "status", "device", "attention_backend", "steps", "wall_tokens_per_s",
         "mean_step_wall_s", "peak_kv_bytes_allocated"]

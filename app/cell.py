@@ -9,18 +9,16 @@ import traceback
 
 from ..harness.errors import KvbenchError, StorageError, one_line
 from ..runners import get_runner
-from ..runners.base import Cell
+from ..runners.base import Cell, RunResult
 from ..runners.common import base_row, write_status_only
 
 
 def run_cell(cell: Cell) -> dict[str, object]:
-    """Run one cell and return its run row (with ``run_id``)."""
-    row = _run_or_fail(cell)
-    row["run_id"] = cell.run_id
-    return row
+    """Run one cell and return its run row as recorded (with ``run_id``)."""
+    return _run_or_fail(cell).to_row()
 
 
-def _run_or_fail(cell: Cell) -> dict[str, object]:
+def _run_or_fail(cell: Cell) -> RunResult:
     try:
         runner = get_runner(cell.spec.runner)
         reason = runner.unavailable()

@@ -35,7 +35,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (and exit 2), like every other error."""
 
-    def error(self, message: str) -> "NoReturn":  # type: ignore[override]
+    def error(self, message: str) -> "NoReturn":
         self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 

@@ -23,7 +23,7 @@ bound on the engine's speed.
 Exit codes: 0 every cell ok; 1 a cell failed (or vLLM was unavailable); 2 no
 CUDA device (one line, nothing run).
 
-    python -m harness.gpu_smoke [--out DIR]      # keep the records in DIR
+    python -m kvbench.app.gpu_smoke [--out DIR]      # keep the records in DIR
     KVBENCH_SMOKE_OUT=DIR kvbench doctor --gpu   # the same
 """
 
@@ -38,6 +38,8 @@ import tempfile
 import time
 import types
 from pathlib import Path
+
+from ..harness.capabilities import MEASURING_RUNNERS
 
 NO_CUDA_LINE = ("kvbench doctor --gpu: no CUDA device (torch.cuda.is_available() is False); "
                 "the GPU smoke test needs one")
@@ -193,7 +195,7 @@ def _smoke(out: Path) -> int:
           f"budget {first.get('budget_bytes') or 0:,} B ({first.get('budget_positions') or 0:,} positions)")
     print(table(records, CELL_COLUMNS))
     for r in records:
-        if r.get("runner") in ("torch", "vllm") and r.get("status") == "ok":
+        if r.get("runner") in MEASURING_RUNNERS and r.get("status") == "ok":
             peak = r.get("peak_kv_bytes_allocated")
             peak_text = "-" if peak is None or peak != peak else f"{int(peak):,} B"
             print(f"  {r['runner']}/{r['policy']}: device {r.get('device')}, attention {r.get('attention_backend')}, "
@@ -223,7 +225,7 @@ def _smoke(out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.gpu_smoke", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m kvbench.app.gpu_smoke", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="keep the records here (default: a temporary directory)")
     args = parser.parse_args(argv)
     return run_smoke(args.out)

@@ -13,16 +13,14 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
+from ..harness.capabilities import needs_gpu
 from ..harness.errors import KvbenchError
 from ..runners.base import Cell
 from .cell import run_cell
 
-GPU_RUNNERS = ("vllm",)
-
 
 def resources(cell: Cell) -> dict[str, float]:
-    spec = cell.spec
-    gpu = spec.runner in GPU_RUNNERS or (spec.runner == "torch" and spec.device == "cuda")
+    gpu = needs_gpu(cell.spec.runner, cell.spec.device)
     return {"num_cpus": 1, "num_gpus": 1 if gpu else 0}
 
 

@@ -21,8 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "run", help="run a suite (the embedded default suite when none is given)",
         description="Run every cell of a suite, write Parquet records under --out, print a summary "
-                    "table and write the report. Cells already present in --out are skipped.")
-    p.add_argument("suite", nargs="?", help="suite TOML file (default: the embedded default suite)")
+                    "table and write the report. Cells already present in --out are skipped, unless "
+                    "other kvbench code recorded them (see --keep-stale).")
+    p.add_argument("suite", nargs="?", help="suite TOML file, or the name of a shipped suite such as "
+                   "paper-block-size (default: the embedded default suite)")
     p.add_argument("--out", type=Path, help="results directory (default: kvbench-results/<suite name>)")
     p.add_argument("--runner", action="append", metavar="R",
                    help="run only these runners of the suite (repeatable)")
@@ -30,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--address", help="Ray cluster address (with --executor ray)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes for the local executor")
     p.add_argument("--rerun", action="store_true", help="run cells again even when their records exist")
+    p.add_argument("--keep-stale", action="store_true",
+                   help="keep cells recorded by other kvbench code (another code_digest) instead of running "
+                        "them again")
     p.add_argument("--quiet", action="store_true", help="no progress lines (for CI logs)")
     p.add_argument("--no-report", action="store_true", help="skip writing DIR/report")
     p.add_argument("--clock-profile", type=Path, metavar="FILE.json",
@@ -76,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.rerun and args.keep_stale:
+        raise KvbenchError("--rerun runs every cell again and --keep-stale keeps some: give one of them")
     suite = load_suite(args.suite or default_suite_path())
     if args.clock_profile is not None:
         from ..harness.clock_profile import load_profile
@@ -117,15 +124,22 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
     """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
     environment leaves only whole runs behind and says how many cells are complete."""
     from ..harness import store
-    from .sweep import build_cells, run_cells
+    from .sweep import build_cells, plan_resume, run_cells
 
     store.clean_stale_temps(out)
     cells: list[Cell] = []
     stage = "before any cell ran"
     try:
         cells = [c for c in build_cells(suite, out, log) if c.spec.runner in wanted]
-        existing = set() if args.rerun else store.existing_run_ids(out)
-        todo = [c for c in cells if c.run_id not in existing]
+        plan = plan_resume(cells, out, rerun=args.rerun, keep_stale=args.keep_stale)
+        todo = plan.todo
+        # Not progress: these say what the results will mean, so they are printed even with --quiet.
+        if plan.stale_rerun:
+            print(f"{plan.stale_rerun} cell(s) in {out} were recorded by other kvbench code; running them "
+                  f"again (--keep-stale keeps them)", file=sys.stderr)
+        if plan.stale_kept:
+            print(f"keeping {plan.stale_kept} cell(s) in {out} recorded by other kvbench code (--keep-stale); "
+                  f"the report says which runs come from which code", file=sys.stderr)
         if len(todo) < len(cells):
             log(f"{len(cells) - len(todo)} of {len(cells)} cells already in {out}; skipping them (--rerun to force)")
         log(f"suite {suite.name}: running {len(todo)} cell(s) into {out}")

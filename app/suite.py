@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from ..harness.capabilities import RUNNER_NAMES, is_contiguous
 from ..harness.errors import KvbenchError
 from ..harness.names import path_component
 from ..harness.reference import parse_references
@@ -104,7 +105,7 @@ class Suite:
             scheduler = SchedulerSpec(**sched)
             policy = s["policy"]
             block_size = s["block_size"]
-            if isinstance(policy, str) and policy.startswith("contiguous-"):
+            if isinstance(policy, str) and is_contiguous(policy):
                 block_size = 1  # one reservation per request: the arena's unit is a position
             page_bytes = parse_size(s.get("page_bytes", 2 * 2**20), "page_bytes")
             spec = RunSpec(runner=s["runner"], policy=policy, block_size=block_size, model=model,
@@ -198,24 +199,31 @@ def parse_suite(text: str, where: str) -> Suite:
                   runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
                   reference=tuple(parse_references(doc.get("reference", []), where)))
     for runner in suite.runners():
-        from ..runners import RUNNERS
-
-        if runner not in RUNNERS:
-            raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNERS)})")
+        if runner not in RUNNER_NAMES:
+            raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNER_NAMES)})")
     return suite
 
 
 def load_suite(path: str | Path) -> Suite:
+    """A suite file, or a shipped suite by name (``paper-block-size``) when no such file exists."""
     p = Path(path)
+    shipped = shipped_suites()
+    if not p.exists() and str(path) in shipped:
+        p = shipped[str(path)]
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise KvbenchError(f"{p}: no such suite file") from None
+        raise KvbenchError(f"{p}: no such suite file (shipped suites: {', '.join(sorted(shipped))})") from None
     except IsADirectoryError:
         raise KvbenchError(f"{p}: is a directory, not a suite file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise KvbenchError(f"{p}: cannot read ({exc.__class__.__name__})") from None
     return parse_suite(text, str(p))
+
+
+def shipped_suites() -> dict[str, Path]:
+    """The suites installed with kvbench, by name (the file name without .toml)."""
+    return {p.stem: p for p in sorted(default_suite_path().parent.glob("*.toml"))}
 
 
 def default_suite_path() -> Path:

@@ -1,5 +1,5 @@
-"""Running a suite's cells: workloads built once, cells skipped when already on disk,
-failures isolated as rows, progress on stderr, local processes or Ray.
+"""Running a suite's cells: workloads built once, cells skipped when already on disk (and
+recorded by the same code), failures isolated as rows, progress on stderr, local processes or Ray.
 
 A cell that fails is a row; a fault of the environment (``StorageError``: the disk
 full, the directory unwritable or gone) or an interrupt is not, because it says
@@ -53,8 +53,39 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
     if suite.reference:
         from ..harness.reference import write_references
 
-        write_references(out, suite.name, list(suite.reference), names)
+        write_references(out, suite.name, [dict(r) for r in suite.reference], names)
     return cells
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    """Which cells a run runs, and why the others are not run."""
+
+    todo: list[Cell]  # the rest are recorded by this code (or kept as asked): skipped
+    stale_rerun: int  # recorded by other code (or by a kvbench that did not say which): run again
+    stale_kept: int  # recorded by other code, kept as asked (--keep-stale)
+
+
+def plan_resume(cells: list[Cell], out: Path, rerun: bool = False, keep_stale: bool = False,
+                code: str | None = None) -> Resume:
+    """Skip the cells already recorded in ``out`` by this code (``code``: the current
+    ``code_digest`` by default); run the rest. A cell recorded by other code is run again, its
+    partitions replaced as ``--rerun`` replaces them, unless ``keep_stale``."""
+    from ..harness import store
+    from ..harness.code_identity import code_digest
+
+    if rerun:
+        return Resume(list(cells), 0, 0)
+    on_disk = store.existing_run_ids(out) & {c.run_id for c in cells}
+    recorded_by: dict[str, object] = {}
+    if on_disk:
+        runs = store.read_table(out, "runs", on_disk)
+        recorded_by = dict(zip(runs["run_id"], runs["code_digest"]))
+    current = code or code_digest()
+    stale = {rid for rid in on_disk if recorded_by.get(rid) != current}
+    skip = on_disk if keep_stale else on_disk - stale
+    todo = [c for c in cells if c.run_id not in skip]
+    return Resume(todo, 0 if keep_stale else len(stale), len(stale) if keep_stale else 0)
 
 
 class Progress:

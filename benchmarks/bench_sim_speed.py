@@ -95,7 +95,7 @@ def run_once(cell: Cell, kind: str) -> dict:
         c = Cell(spec=cell.spec, workload=cell.workload, out=out)
         runner = SimRunner(reference=(kind == "reference"))
     t = time.perf_counter()
-    row = runner.run(c)
+    row = dict(runner.run(c).row)
     row["end_to_end_s"] = time.perf_counter() - t
     assert row["status"] == "ok", row.get("error")
     return row

@@ -93,7 +93,7 @@ def equal_batch_cells(out: Path, model: str, batch: int, context: int, decode_st
 
 def decode_step_times(out: Path, cell: Cell, batch: int, batch_decode: bool) -> float:
     """Median wall time of the run's decode steps with exactly ``batch`` requests decoding."""
-    row, _ = run_torch(cell, batch_decode=batch_decode)
+    row = run_torch(cell, batch_decode=batch_decode)[0].row
     assert row["status"] == "ok", row["error"]
     steps = store.read_table(out, "steps", {cell.run_id})
     decode = steps[(steps["scheduled_tokens"] == batch) & (steps["running"] == batch) & (steps["admitted"] == 0)]
@@ -125,7 +125,7 @@ def allocation_effect(out: Path, suite_path: Path, repeats: int, device: str | N
     rows: dict[str, list[dict[str, object]]] = {c.spec.policy: [] for c in cells}
     for _ in range(repeats + 1):
         for cell in cells:
-            row, _ = run_torch(cell)
+            row = dict(run_torch(cell)[0].row)
             assert row["status"] == "ok", (cell.spec.policy, row["error"])
             rows[cell.spec.policy].append(row)
     table = []

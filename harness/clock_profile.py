@@ -28,13 +28,13 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from .capabilities import BLOCK_TABLE_POLICIES
 from .clock import ClockTerms
 from .errors import KvbenchError
 from .geometry import ModelGeometry
 
 FORMAT = "kvbench.clock_profile"
 VERSION = 1
-BLOCK_TABLE_POLICIES = ("paged", "paged-prefix")  # policies whose engine step sees block_size
 
 
 @dataclasses.dataclass(frozen=True)

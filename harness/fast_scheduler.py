@@ -98,7 +98,6 @@ class FastScheduler(QuietStretches, Scheduler):
 
     # -- scheduling ----------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        self._release_arrivals()
         policy = self.policy
         budget = self.config.max_num_batched_tokens
         tick = self.tick + 1
@@ -147,16 +146,18 @@ class FastScheduler(QuietStretches, Scheduler):
     def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
         # sim only: always a Clock, so measured_s never sets the step's duration here.
         if not self._simple:
-            done = super().finish_step(plan, measured_s)
+            finished = super().finish_step(plan, measured_s)
             self.explicit = []
             for seq in self.running:
                 if seq.num_tokens - seq.num_computed == 1 and seq.num_output:
                     self._register(seq)
                 else:
                     self.explicit.append(seq)  # still prefilling
-            return done
+            return finished
 
-        dt = self.clock.step_time(plan.work)
+        clock = self.clock
+        assert clock is not None
+        dt = clock.step_time(plan.work)
         self.now = plan.t_s + dt
         done: list[Seq] = []
         newly_decoding: list[Seq] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 from pathlib import Path
 
 from .errors import KvbenchError
@@ -77,7 +78,7 @@ class ModelGeometry:
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
 
-    def replace(self, **changes: object) -> "ModelGeometry":
+    def replace(self, **changes: Any) -> "ModelGeometry":
         return dataclasses.replace(self, **changes)
 
 

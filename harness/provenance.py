@@ -1,4 +1,4 @@
-"""Provenance collected automatically into every run row."""
+"""Provenance collected automatically into every run row (``runners.common.base_row`` merges it in)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from . import __version__
+from .code_identity import code_digest
 
 _REPO = Path(__file__).resolve().parents[1]  # the clone's root, when running from a clone
 
@@ -55,4 +56,7 @@ def provenance() -> dict[str, object]:
         "torch_version": _version("torch"),
         "vllm_version": _vllm_version(),
         "kvbench_version": __version__,
+        # The source that decides results, hashed: git_sha is absent outside a clone and
+        # git_dirty cannot say *what* changed, so resume and reports go by this.
+        "code_digest": code_digest(),
     }

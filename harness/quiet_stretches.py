@@ -3,8 +3,8 @@
 A mixin of ``harness.fast_scheduler.FastScheduler`` (it uses the implicit-decoder
 state kept there).
 
-``record_quiet_steps`` (called by ``runners.common.drive``
-before each step): while only decoders run — no prefill in flight, nothing admitted,
+``record_quiet_steps`` (called by ``runners.driver.drive`` before each step, once the
+arrivals due are released): while only decoders run — no prefill in flight, nothing admitted,
 no arrival due, crossings fitting the free blocks — a whole run of steps is computed
 at once (step times by ``Clock.step_times``, start times by a sequential
 ``np.add.accumulate``) and handed to the recorder as one block of rows. Decoders may
@@ -37,33 +37,34 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .clock import StepWork
-from .recorder import MEASURED_FIELDS, STEP_FIELDS
+from .clock import RooflineClock, StepWork
+from .policies.paged import CountingPagedPolicy, PagedPolicy
+from .recorder import MEASURED_FIELDS
+from .schema import StepRow
 from .sequence import FINISHED, RUNNING, Seq
 
 if TYPE_CHECKING:
-    from .recorder import RunRecorder
+    from collections import defaultdict, deque
 
-# Columns of a step row (harness.recorder.STEP_FIELDS), for the bulk rows.
-STEP, T_S, DT_S, USED, RESERVED, EVICTED = (STEP_FIELDS.index(c) for c in (
-    "step", "t_s", "dt_s", "used_positions", "reserved_positions", "evicted_blocks"))
-BLOCKS, FREE = STEP_FIELDS.index("allocated_blocks"), STEP_FIELDS.index("free_positions")
-RUNNING_COL, WAITING_COL, FINISHED_COL, SCHEDULED_COL, ADMITTED_COL = (STEP_FIELDS.index(c) for c in (
-    "running", "waiting", "finished", "scheduled_tokens", "admitted"))
-assert STEP_FIELDS[BLOCKS:FREE + 1] == ("allocated_blocks", "allocated_positions", "used_positions", "reserved_positions",
-                                        "internal_frag_positions", "external_frag_positions", "free_positions")
-_PER_STEP = np.zeros(len(STEP_FIELDS))  # a quiet step's row minus the previous one: step + 1, …
-_PER_STEP[STEP] = 1
-_PER_TOKEN = np.zeros(len(STEP_FIELDS))  # … and per decoder: used + 1, reserved − 1
-_PER_TOKEN[USED] = 1
-_PER_TOKEN[RESERVED] = -1
+    from .clock import Clock
+    from .policies.base import Policy
+    from .recorder import RunRecorder
+    from .specs import SchedulerSpec
+
+# The bulk rows are float64 blocks in the recorder's layout: one column per StepRow field.
+_WIDTH = len(StepRow._fields)
+_col = StepRow._fields.index
+STEP, T_S, DT_S, RUNNING_COL, WAITING_COL, ADMITTED_COL, FINISHED_COL, SCHEDULED_COL = map(_col, (
+    "step", "t_s", "dt_s", "running", "waiting", "admitted", "finished", "scheduled_tokens"))
+BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED = map(_col, (
+    "allocated_blocks", "allocated_positions", "used_positions", "reserved_positions", "internal_frag_positions",
+    "external_frag_positions", "free_positions", "evicted_blocks"))
 
 # A quiet step's row before its varying columns are filled in: zeros, the unmeasured columns null.
-_QUIET_ROW = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in STEP_FIELDS])
+_QUIET_ROW = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in StepRow._fields])
 _RUN_POS = operator.attrgetter("run_pos")
 # The columns a counting stretch fills from its per-step lists, in their order.
-_VARYING = [STEP_FIELDS.index(c) for c in ("allocated_blocks", "internal_frag_positions", "used_positions",
-                                           "scheduled_tokens", "running")]
+_VARYING = [BLOCKS, INTERNAL, USED, SCHEDULED_COL, RUNNING_COL]
 
 BULK_MIN = 3  # a quiet stretch shorter than this is not worth the arrays
 BULK_MAX = 512  # steps per bulk call (longer stretches take several calls)
@@ -74,6 +75,34 @@ MERGE = True  # quiet stretches run on through simple admissions (``_quiet_merge
 
 class QuietStretches:
     """Bulk recording of quiet steps; mixed into ``FastScheduler``."""
+
+    if TYPE_CHECKING:  # the host's state this mixin reads and writes (``Scheduler``, ``FastScheduler``)
+        pending: deque[Seq]
+        waiting: deque[Seq]
+        running: list[Seq]
+        policy: Policy
+        config: SchedulerSpec
+        max_model_len: int
+        clock: Clock | None
+        now: float
+        step_index: int
+        finished: int
+        used_positions: int
+        _evictions_seen: int
+        tick: int
+        num_decoders: int
+        dec_sum: int
+        crossing: defaultdict[int, list[tuple[Seq, int]]]
+        finishing: dict[int, list[tuple[Seq, int]]]
+        _finish_ticks: list[int]
+        explicit: list[Seq]
+        _caching: bool
+        _merge: bool
+        merged_admissions: int
+
+        def _append_running(self, seq: Seq) -> None: ...
+
+        def _register(self, seq: Seq) -> None: ...
 
     def _next_finish_tick(self) -> int | None:
         """The first tick at which a live decoder finishes (stale events dropped)."""
@@ -120,14 +149,14 @@ class QuietStretches:
         n = self.num_decoders
         if self._caching or self.explicit or n == 0 or n > self.config.max_num_batched_tokens:
             return 0
-        self._release_arrivals()  # what schedule() would do first; a no-op when repeated
-        waiting = self.waiting
+        waiting = self.waiting  # arrivals due by now are in it: the driver released them
         if not waiting and self._merge:
             return self._quiet_merged(recorder)
         if waiting and not self._admission_blocked(n):
             return 0
         tick0 = self.tick
         clock = self.clock
+        assert clock is not None, "the simulator always runs on a clock"
         now = self.now
         dec_sum = self.dec_sum
         ctx0 = dec_sum + (tick0 + 1) * n
@@ -201,8 +230,8 @@ class QuietStretches:
             return self._quiet_counting(recorder, events, ts, k, limit, n)
 
         # Crossings and finishes, step by step, while the crossings fit the free blocks.
-        has_free = hasattr(policy, "free_blocks")
-        free = policy.free_blocks() if has_free else math.inf
+        paged = policy if isinstance(policy, PagedPolicy) else None  # the ones that count free blocks
+        free = paged.free_blocks() if paged is not None else math.inf
         head = waiting[0] if waiting else None
         running = len(self.running)
         used = self.used_positions
@@ -231,11 +260,8 @@ class QuietStretches:
                         seq.num_computed += d
                         seq.num_output += d
                         seq.dec_tick = tm1
-                    if counting:
-                        policy.grow_by_one_block(crossers)
-                    else:
-                        for seq in crossers:
-                            policy.allocate(seq, seq.num_computed + 1)
+                    for seq in crossers:  # not counting here: counting policies took _quiet_counting
+                        policy.allocate(seq, seq.num_computed + 1)
                     for seq in crossers:
                         nxt = seq.allocated - seq.num_computed + t
                         if nxt <= seq.output_len - seq.num_output + tm1:
@@ -254,8 +280,8 @@ class QuietStretches:
                 gone = set(map(id, live))
                 self.running = [s for s in self.running if id(s) not in gone]
                 c = len(live)
-                if has_free:
-                    free = policy.free_blocks()
+                if paged is not None:
+                    free = paged.free_blocks()
                 finished_rows.append((j, c))
                 levels.append((j + 1, lv[1] - c, lv[2] - c, policy.allocated_blocks(), policy.allocated_positions,
                                used, policy.internal_positions, policy.external_frag(head)))
@@ -274,7 +300,7 @@ class QuietStretches:
             raise AssertionError("level past the stretch")
         rep = np.repeat(np.array(levels, dtype=np.float64), counts, axis=0)
         steps = np.arange(k, dtype=np.float64)
-        rows = np.empty((k, len(STEP_FIELDS)))
+        rows = np.empty((k, _WIDTH))
         rows[:] = _QUIET_ROW
         rows[:, STEP] = steps + self.step_index
         rows[:, T_S] = ts[:k]
@@ -284,14 +310,14 @@ class QuietStretches:
         rows[:, SCHEDULED_COL] = rep[:, 2]
         rows[:, BLOCKS] = rep[:, 3]
         alloc = rep[:, 4]
-        rows[:, BLOCKS + 1] = alloc
+        rows[:, ALLOCATED] = alloc
         used_col = rep[:, 5] + rep[:, 2] * (steps + 1 - rep[:, 0])
         used_col -= policy.shared_excess_positions
         rows[:, USED] = used_col
         internal = rep[:, 6]
         rows[:, RESERVED] = alloc - used_col - internal
-        rows[:, USED + 2] = internal
-        rows[:, USED + 3] = rep[:, 7]
+        rows[:, INTERNAL] = internal
+        rows[:, EXTERNAL] = rep[:, 7]
         rows[:, FREE] = policy.budget_positions - alloc
         for j, c in finished_rows:
             rows[j, FINISHED_COL] = c
@@ -311,6 +337,7 @@ class QuietStretches:
         arithmetic: decoder i needs a block at ticks c_i, c_i + bs, … up to its finish, so the
         allocation columns are cumulative counts, with no per-step Python."""
         policy = self.policy
+        assert isinstance(policy, CountingPagedPolicy)
         bs = policy.block_size
         tick0 = self.tick
         # Per step (0-based, within ``limit``): blocks taken by crossings, internal fragmentation added.
@@ -396,16 +423,16 @@ class QuietStretches:
         # The rows (float64, the recorder's layout; integers exact below 2**53).
         cols = np.array((c_blocks, c_internal, c_used, c_n, c_run), dtype=np.float64)
         alloc = cols[0] * bs
-        rows = np.empty((k, len(STEP_FIELDS)))
+        rows = np.empty((k, _WIDTH))
         rows[:] = _QUIET_ROW
         rows[:, STEP] = np.arange(self.step_index, self.step_index + k, dtype=np.float64)
         rows[:, T_S] = ts[:k]
         rows[:, DT_S] = ts[1:k + 1] - ts[:k]
         rows[:, _VARYING] = cols.T
-        rows[:, BLOCKS + 1] = alloc
+        rows[:, ALLOCATED] = alloc
         rows[:, RESERVED] = alloc - cols[2] - cols[1]
         rows[:, WAITING_COL] = len(self.waiting)
-        rows[:, USED + 3] = policy.external_frag(self.waiting[0] if self.waiting else None)
+        rows[:, EXTERNAL] = policy.external_frag(self.waiting[0] if self.waiting else None)
         rows[:, FREE] = policy.budget_positions - alloc
         for j, fc in c_fin:
             rows[j, FINISHED_COL] = fc
@@ -452,9 +479,10 @@ class QuietStretches:
         counted arithmetically per window of ticks; rows are built once per stretch. Any other
         arrival, a crossing that would not fit, or too many decoders for the budget ends it."""
         clock = self.clock
-        W, kvb, bw = clock._weight_bytes, clock._kv_bytes_per_token, clock._bw  # type: ignore[attr-defined]
-        fpt, apf, peak = clock._flops_per_token, clock._attn_flops_per_pair, clock._peak  # type: ignore[attr-defined]
         policy = self.policy
+        assert isinstance(clock, RooflineClock) and isinstance(policy, CountingPagedPolicy)  # as _merge requires
+        W, kvb, bw = clock._weight_bytes, clock._kv_bytes_per_token, clock._bw
+        fpt, apf, peak = clock._flops_per_token, clock._attn_flops_per_pair, clock._peak
         bs = policy.block_size
         cfg = self.config
         B, max_seqs, mml = cfg.max_num_batched_tokens, cfg.max_num_seqs, self.max_model_len
@@ -659,17 +687,17 @@ class QuietStretches:
         # The rows (float64, the recorder's layout; integers exact below 2**53).
         c_ts.append(t)
         tsa = np.array(c_ts)
-        rows = np.empty((k, len(STEP_FIELDS)))
+        rows = np.empty((k, _WIDTH))
         rows[:] = _QUIET_ROW
         rows[:, STEP] = np.arange(self.step_index, self.step_index + k, dtype=np.float64)
         rows[:, T_S] = tsa[:k]
         np.subtract(tsa[1:], tsa[:k], out=rows[:, DT_S])
         cols = np.array((c_blocks, c_internal, c_used, c_sched, c_run), dtype=np.float64)
         rows[:, _VARYING] = cols.T
-        alloc = rows[:, BLOCKS + 1]
+        alloc = rows[:, ALLOCATED]
         np.multiply(cols[0], bs, out=alloc)
         rows[:, RESERVED] = alloc - cols[2] - cols[1]
-        rows[:, USED + 3] = policy.external_frag(None)
+        rows[:, EXTERNAL] = policy.external_frag(None)
         np.subtract(policy.budget_positions, alloc, out=rows[:, FREE])
         for jj, cnt in fin_rows:
             rows[jj, FINISHED_COL] = cnt

@@ -5,8 +5,8 @@ flushed as Parquet row groups every ``BATCH_ROWS`` rows. The run summary
 (time-weighted fractions of the budget, running-request statistics) is
 accumulated from the same rows, a buffer at a time.
 
-Steps arrive one row at a time (``add_step``) or a run of rows at a time,
-column-wise (``add_steps``, the simulator's quiet stretches). Either way they
+Steps arrive one ``StepRow`` at a time (``add_step``) or a run of rows at a time
+(``add_step_rows``, the simulator's quiet stretches; ``add_steps``, column-wise). Either way they
 land in one float64 buffer (a null is NaN there; integers are exact below
 2**53, which is checked), and the Parquet file and the summary are the same,
 bit for bit, however the rows were added: row groups always hold
@@ -15,7 +15,9 @@ bit for bit, however the rows were added: row groups always hold
 Every file is written under a temporary name first; ``finish`` writes all three
 tables' data before it publishes any of them, so a full disk or an interrupt
 leaves either the whole run or none of it (``store.clean_stale_temps`` removes
-what a killed process left), never a run row over steps that did not land.
+what a killed process left), never a run row over steps that did not land. A run
+row with a key that ``RUNS`` does not declare is refused (``UnknownColumns``): a
+column silently dropped would be a measurement silently lost.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,15 +33,21 @@ import pyarrow.parquet as pq
 
 from . import store
 from .errors import StorageError, storage_error
-from .schema import REQUESTS, RUNS, STEPS, with_version
+from .schema import REQUESTS, RUNS, STEPS, StepRow, with_version
 
 BATCH_ROWS = 16_384
-STEP_FIELDS = tuple(STEPS.names)
+STEP_FIELDS: tuple[str, ...] = StepRow._fields  # STEPS's columns (checked where StepRow is declared)
 _I = {name: i for i, name in enumerate(STEP_FIELDS)}
 _FLOAT = [pa.types.is_floating(f.type) for f in STEPS]
 _EXACT = float(2**53)
 # Null unless a runner measures steps (integers held in the float64 buffer are exact below 2**53).
 MEASURED_FIELDS = ("kv_bytes_allocated", "step_wall_s", "scheduled_seqs", "context_tokens", "attention_pairs")
+_RUNS_NAMES = frozenset(RUNS.names)
+
+
+class UnknownColumns(ValueError):
+    """A run row names a column the schema does not declare: a programming error, not a fault of
+    the run (``app.cell.run_cell`` still records the cell as failed, with this message)."""
 
 
 def _seq_sum(start: float, terms: np.ndarray) -> float:
@@ -69,33 +77,10 @@ class StepSummary:
         self.wall_sum = 0.0
         self.wall_n = 0
 
-    def add(self, row: Sequence[object]) -> None:
-        (_, _, dt, running, _, _, _, preempted, scheduled, _, _, used, reserved, internal, external, free,
-         evicted, hit, kv, wall) = row[:20]
-        self.steps += 1
-        self.time += dt
-        self.w_used += dt * used
-        self.w_reserved += dt * reserved
-        self.w_internal += dt * internal
-        self.w_external += dt * external
-        self.w_free += dt * free
-        self.w_running += dt * running
-        if running > self.peak_running:
-            self.peak_running = running
-        self.preemptions += preempted
-        self.evictions += evicted
-        self.computed_tokens += scheduled
-        self.prefix_hit_tokens += hit
-        if kv is not None and (self.peak_kv_bytes is None or kv > self.peak_kv_bytes):
-            self.peak_kv_bytes = kv
-        if wall is not None:
-            self.wall_sum += wall
-            self.wall_n += 1
-
     def add_many(self, columns: Sequence[np.ndarray]) -> None:
-        """``add`` of every row of ``columns`` (``STEP_FIELDS`` order, float64 or int arrays
-        of equal length; NaN is a null), with the same results: the time-weighted sums are
-        accumulated in row order, so they are the floats ``add`` row by row would give."""
+        """Add the rows of ``columns`` (``STEP_FIELDS`` order, float64 or int arrays of equal
+        length; NaN is a null). The time-weighted sums are accumulated in row order, so they are
+        the floats a row-by-row loop would give, however the rows were buffered."""
         n = len(columns[0])
         if n == 0:
             return
@@ -184,8 +169,8 @@ class RunRecorder:
         self._flush()
         return self._summary
 
-    def add_step(self, row: tuple) -> None:
-        self._buf[self._n] = row  # None → NaN
+    def add_step(self, row: StepRow) -> None:
+        self._buf[self._n] = row  # a tuple: None → NaN
         self._n += 1
         if self._n >= BATCH_ROWS:
             self._flush()
@@ -265,12 +250,17 @@ class RunRecorder:
     def _failed(self, table: str, exc: OSError) -> StorageError:
         return storage_error(store.partition_dir(self.out, table, self.run_id), exc)
 
-    def finish(self, requests: dict[str, list], run_row: dict[str, object]) -> None:
+    def finish(self, requests: dict[str, list], run_row: Mapping[str, object]) -> dict[str, object]:
         """Write steps, requests and the run row under temporary names, then publish them in
-        that order: the run row last, since it is what makes the run exist."""
+        that order: the run row last, since it is what makes the run exist. Returns the run row
+        as written: every ``RUNS`` column, in order, a missing one and NaN as None."""
         tmps: list[Path] = [self._tmp_steps]
         published: list[str] = []
         try:
+            unknown = [key for key in run_row if key not in _RUNS_NAMES]
+            if unknown:
+                raise UnknownColumns(f"run row: {', '.join(map(repr, unknown))} not in harness.schema.RUNS "
+                                     f"(declare the column there, or stop setting it)")
             self._flush(final=True)
             if self._writer is not None:
                 writer, self._writer = self._writer, None
@@ -301,6 +291,7 @@ class RunRecorder:
                 for table in published:
                     shutil.rmtree(store.partition_dir(self.out, table, self.run_id), ignore_errors=True)
             raise
+        return row
 
     def abort(self) -> None:
         """Drop the run's temporary files; never raises (it runs on the way out of a failure)."""

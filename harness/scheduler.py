@@ -19,13 +19,20 @@ The rules, as in ``vllm/v1/core/sched/scheduler.py`` (0.33):
 
 ``swap`` preemption keeps a preempted request's computed tokens (its K/V is
 assumed copied to host memory) so resuming re-allocates but does not recompute.
+
+Arrivals are not the scheduler's: as vLLM's front end adds requests to its
+scheduler, the runners' driver loop (``runners.driver``) releases them with
+``Arrivals.release`` before every step, into ``waiting``. The scheduler holds
+the requests still to come (``pending``, shared with ``Arrivals``) only for the
+fast path's look-ahead: a quiet stretch ends at the next arrival, or admits it
+inside the stretch, at the step the driver would have released it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .clock import Clock, StepWork
 from .policies.base import Policy
@@ -46,29 +53,32 @@ class StepPlan:
     work: StepWork
 
 
-@dataclasses.dataclass(frozen=True)
-class StepMeasure:
-    """Allocation state while the step computes (after scheduling, before frees)."""
+class Arrivals:
+    """The requests still to arrive, in arrival order, and the one rule every runner releases
+    them by, against its run's clock: an idle engine jumps to the next arrival; then every
+    request that has arrived is released, in order."""
 
-    running: int
-    waiting: int
-    allocated_blocks: int
-    allocated_positions: int
-    used_positions: int
-    reserved_positions: int
-    internal_frag_positions: int
-    external_frag_positions: int
-    free_positions: int
-    evicted_blocks: int
+    def __init__(self, seqs: Iterable[Seq]) -> None:
+        self.pending: deque[Seq] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
+
+    def release(self, now: float, idle: bool, admit: Callable[[Seq], None]) -> float:
+        """Hand every request arrived by ``now`` to ``admit``; return the clock (moved on to the
+        next arrival first when ``idle``: nothing running or waiting). Repeated before the engine
+        steps, it does nothing: whatever it released has made the engine busy."""
+        pending = self.pending
+        if pending and idle and pending[0].arrival_s > now:
+            now = pending[0].arrival_s
+        while pending and pending[0].arrival_s <= now:
+            admit(pending.popleft())
+        return now
 
 
 class Scheduler:
     needs_block_ids = True  # the reference may be driven with an executor that reads block tables
-    def __init__(self, seqs: Iterable[Seq], policy: Policy, config: SchedulerSpec,
+    def __init__(self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec,
                  max_model_len: int, clock: Clock | None) -> None:
         """``clock`` None: every step's duration is measured by the caller (``finish_step``)."""
-        self.pending: deque[Seq] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
-        self.num_seqs = len(self.pending)
+        self.pending = arrivals.pending  # the driver releases them; the fast path looks ahead (module docstring)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.policy = policy
@@ -82,17 +92,6 @@ class Scheduler:
         self.used_positions = 0  # Σ computed positions over sequences holding memory
         self._evictions_seen = 0
 
-    def has_work(self) -> bool:
-        return bool(self.pending or self.waiting or self.running)
-
-    # -- arrivals ------------------------------------------------------------
-    def _release_arrivals(self) -> None:
-        pending = self.pending
-        if pending and not self.running and not self.waiting and pending[0].arrival_s > self.now:
-            self.now = pending[0].arrival_s  # idle: jump to the next arrival
-        while pending and pending[0].arrival_s <= self.now:
-            self.waiting.append(pending.popleft())
-
     # -- scheduling ----------------------------------------------------------
     def _preempt(self, seq: Seq) -> None:
         self.policy.free(seq)
@@ -104,7 +103,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def schedule(self) -> StepPlan:
-        self._release_arrivals()
+        """The next step's plan, over what has been released to ``waiting`` by now."""
         policy = self.policy
         budget = self.config.max_num_batched_tokens
         # vLLM keeps input positions below max_model_len − 1 (one sampled token per step).
@@ -182,11 +181,10 @@ class Scheduler:
     def _append_running(self, seq: Seq) -> None:
         self.running.append(seq)
 
-    def measure(self) -> StepMeasure:
-        return StepMeasure(*self.measure_values())
-
     def measure_values(self) -> tuple[int, ...]:
-        """``measure()``'s fields as a plain tuple, in ``StepMeasure``'s order (the step loop's form)."""
+        """The allocation state while the step computes (after scheduling, before frees), as a
+        plain tuple: running, waiting, allocated blocks, allocated, used, reserved, internal,
+        external and free positions, blocks evicted since the last call."""
         policy = self.policy
         blocks = policy.allocated_blocks()
         allocated = policy.allocated_positions

@@ -6,6 +6,8 @@ Writers and readers both use these objects. Every file carries
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pyarrow as pa
 
 SCHEMA_VERSION = 1
@@ -40,6 +42,39 @@ STEPS = pa.schema([
     ("context_tokens", pa.int64()),  # Σ over them of their context after the step (KV positions attended)
     ("attention_pairs", pa.int64()),  # Σ new tokens × context (query-key pairs)
 ])
+
+
+class StepRow(NamedTuple):
+    """One row of ``STEPS``, as every runner records it (``RunRecorder.add_step``). A NamedTuple,
+    not a dataclass: the simulator builds one per step, and the recorder stores it as the tuple
+    it is. None is a null (the measured columns, for runners that measure nothing)."""
+
+    step: int
+    t_s: float
+    dt_s: float
+    running: int
+    waiting: int
+    admitted: int
+    finished: int
+    preempted: int
+    scheduled_tokens: int
+    allocated_blocks: int
+    allocated_positions: int
+    used_positions: int
+    reserved_positions: int
+    internal_frag_positions: int
+    external_frag_positions: int
+    free_positions: int
+    evicted_blocks: int
+    prefix_hit_tokens: int
+    kv_bytes_allocated: int | None
+    step_wall_s: float | None
+    scheduled_seqs: int | None
+    context_tokens: int | None
+    attention_pairs: int | None
+
+
+assert StepRow._fields == tuple(STEPS.names), "StepRow must name STEPS's columns, in their order"
 
 REQUESTS = pa.schema([
     ("request_id", pa.int64()),
@@ -123,6 +158,7 @@ RUNS = pa.schema([
     ("cuda_version", pa.string()),
     ("device", pa.string()),
     ("kvbench_version", pa.string()),
+    ("code_digest", pa.string()),  # harness.code_identity: which code produced the run (null: older kvbench)
     ("attention_backend", pa.string()),
     ("started_at", pa.timestamp("us", tz="UTC")),
     ("spec_json", pa.string()),

@@ -50,7 +50,7 @@ class Seq:
 
     @property
     def final_len(self) -> int:
-        """F in the DESIGN: prompt + output."""
+        """F in the measurement definitions (README): prompt + output."""
         return self.prompt_len + self.output_len
 
     @property

@@ -10,10 +10,11 @@ gets the same id and sweeps can resume by id.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
+from .capabilities import MEASURING_RUNNERS, POLICIES
+from . import identity
 from .errors import KvbenchError
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .workload_spec import WorkloadSpec
@@ -22,10 +23,8 @@ if TYPE_CHECKING:
     from .clock import Clock
     from .clock_profile import ClockProfile
 
-POLICIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous")
 PREEMPTION_MODES = ("recompute", "swap")
 CLOCKS = ("steps", "roofline", "profile", "measured")
-MEASURING_RUNNERS = ("torch", "vllm")  # runners that time their steps: the only ones with a measured clock
 
 
 def _positive_int(owner: str, field: str, value: object, upper: int | None = None) -> None:
@@ -157,35 +156,29 @@ class RunSpec:
         return self.budget_positions // self.block_size
 
     def canonical(self, workload_id: str) -> dict[str, Any]:
-        """What the run id hashes: everything that changes the measurement."""
-        spec = {
-            "runner": self.runner,
-            "policy": self.policy,
-            "block_size": self.block_size,
+        """What the run id hashes: everything that changes the measurement (``harness.identity``)."""
+        return identity.run_canonical({
+            "model": dataclasses.asdict(self.geometry),  # the shapes, not the name: a config file has no preset
+            "workload_id": workload_id,
             "kv_dtype": self.model.kv_dtype,
-            "geometry": dataclasses.asdict(self.geometry),
             "budget_bytes": self.memory.kv_budget_bytes,
             "max_model_len": self.memory.max_model_len,
             "scheduler": self._scheduler_identity(),
-            "workload_id": workload_id,
+            "runner": self.runner,
+            "policy": self.policy,
+            "block_size": self.block_size,
+            "device": self.device,  # as requested: "auto" resumes as the same cell on any machine
+            "page_bytes": self.page_bytes,
             "repeat": self.repeat,
-        }
-        if self.policy == "virtual-contiguous":
-            spec["page_bytes"] = self.page_bytes
-        if self.runner in ("torch", "vllm"):
-            spec["device"] = self.device
-        return spec
+        })
 
     def _scheduler_identity(self) -> dict[str, Any]:
-        sched = dataclasses.asdict(self.scheduler)
-        if sched.pop("clock_profile") is not None:
-            # The profile's content, not its path: a recalibrated file is a different clock.
-            sched["clock_profile_digest"] = self.scheduler.profile().digest
-        return sched
+        # The profile's content, not its path: a recalibrated file is a different clock.
+        profile = {"clock_profile_digest": self.scheduler.profile().digest} if self.scheduler.clock_profile else {}
+        return identity.scheduler_identity(dataclasses.asdict(self.scheduler), profile)
 
     def run_id(self, workload_id: str) -> str:
-        blob = json.dumps(self.canonical(workload_id), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return identity.digest(self.canonical(workload_id))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..harness.errors import KvbenchError, storage_error
-from ..harness.specs import MEASURING_RUNNERS
+from ..harness.capabilities import MEASURING_RUNNERS
 
 KIND_KEYS = ("runner", "model", "kv_dtype", "block_size", "device", "engine")
 

@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare", help="compare two results directories cell by cell; exit 1 on a regression",
         description="Match the cells of BASE_DIR and CAND_DIR by what they measure and report each metric's "
                     "change. Exits 1 when a matched cell regresses beyond the tolerance (capacity or throughput "
-                    "down, waste or preemptions up), 0 otherwise.")
+                    "down, waste or preemptions up), 0 otherwise. Notes say when the two sides, or the runs "
+                    "within one side, come from different kvbench code (code_digest).")
     c.add_argument("base", type=Path, metavar="BASE_DIR")
     c.add_argument("cand", type=Path, metavar="CAND_DIR")
     c.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="F",
@@ -64,13 +65,15 @@ def _runs(path: Path, which: str) -> "pd.DataFrame":
 
 
 def compare(args: argparse.Namespace) -> int:
-    from .compare import BASE_ONLY, CAND_ONLY, compare as diff, regressions, to_json, to_markdown
+    from .compare import BASE_ONLY, CAND_ONLY, code_notes, compare as diff, regressions, to_json, to_markdown
 
     tol = args.tolerance
     if not (tol >= 0 and tol < float("inf")):
         raise KvbenchError(f"--tolerance must be a non-negative number, got {tol}")
-    result = diff(_runs(args.base, "BASE_DIR"), _runs(args.cand, "CAND_DIR"), tol)
-    print(to_json(result, tol) if args.format == "json" else to_markdown(result, tol), end="")
+    base, cand = _runs(args.base, "BASE_DIR"), _runs(args.cand, "CAND_DIR")
+    result = diff(base, cand, tol)
+    notes = code_notes(base, cand)  # a note, not a failure: comparing code is what the gate is for
+    print(to_json(result, tol, notes) if args.format == "json" else to_markdown(result, tol, notes), end="")
     reg = regressions(result)
     if not (~result["verdict"].isin((BASE_ONLY, CAND_ONLY))).any():
         # A gate that compared nothing must not pass: the directories measure different cells.

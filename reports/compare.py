@@ -1,9 +1,11 @@
 """``compare``: two results directories, cell by cell — the nightly gate.
 
-Cells are matched by what they measure (runner, policy, block size, precision,
-budget, max_model_len, model, workload content id and the scheduler settings
-parsed from ``spec_json``), never by run id, suite name, provenance or
-repetition index. Each metric's change gets a verdict:
+Cells are matched by what they measure — ``harness.identity``'s work and cell:
+runner, policy, block size, the device the runner computed on, page size,
+precision, budget, max_model_len, model, workload content id and the scheduler
+settings (a profile clock by the profile's content, not its path) — never by run
+id, suite name, provenance, code version or repetition index. Each metric's
+change gets a verdict:
 
 - capacity (``mean_running``, ``peak_running``) and throughput
   (``tokens_per_s``) down, or waste (``*_frag_frac``, ``reservation_frac``)
@@ -19,22 +21,26 @@ repetition index. Each metric's change gets a verdict:
 - a cell on one side only is listed, never dropped;
 - a cell that was ok in base and is not in the candidate is a regression.
 
-``compare`` returns a DataFrame; ``to_markdown`` and ``to_json`` render it.
+``compare`` returns a DataFrame; ``to_markdown`` and ``to_json`` render it, with
+``code_notes``: base and candidate normally ran different code (that is what a
+regression gate compares), but a directory whose runs come from several versions
+of the code is said out loud, since its cells' repetitions may not agree.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
+from ..harness import identity
 from ..harness.units import format_bytes
-from .records import cell_label, with_keys
+from .records import cell_label, code_versions, describe_versions, with_keys
 
-MATCH_KEYS: tuple[str, ...] = ("runner", "policy", "block_size", "kv_dtype", "budget_bytes", "max_model_len",
-                               "model", "workload_id", "scheduler")
+MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
+NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says
 HIGHER_BETTER: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s", "wall_tokens_per_s")
 LOWER_BETTER: tuple[str, ...] = ("reservation_frac", "internal_frag_frac", "external_frag_frac", "preemptions",
                                  "mean_step_wall_s")
@@ -123,10 +129,11 @@ def compare(base_runs: pd.DataFrame, cand_runs: pd.DataFrame, tolerance: float) 
     rows: list[dict[str, Any]] = []
     for key in sorted(set(b_by) | set(c_by)):
         b, c = b_by.get(key), c_by.get(key)
-        first = (b if b is not None else c).iloc[0].to_dict()  # type: ignore[union-attr]
+        side = b if b is not None else c  # base's runs, or the candidate's where base lacks the cell
+        assert side is not None
+        first = side.iloc[0].to_dict()
         ident = {"cell": labels[key], **{k: first.get(k) for k in MATCH_KEYS}}
         if b is None or c is None:
-            side: pd.DataFrame = c if b is None else b  # type: ignore[assignment]
             rows.append({**ident, "metric": None, "n_base": 0 if b is None else len(b),
                          "n_cand": 0 if c is None else len(c), "verdict": CAND_ONLY if b is None else BASE_ONLY,
                          "detail": f"status {'/'.join(sorted(set(side['status'])))}"})
@@ -166,7 +173,7 @@ def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, toleranc
 
 def _labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
     """'sim/paged b16', plus whichever group keys vary among the compared cells."""
-    varying = [k for k in MATCH_KEYS[3:] if len({str(r.get(k)) for r in firsts}) > 1]
+    varying = [k for k in MATCH_KEYS if k not in NAMED_KEYS and len({str(r.get(k)) for r in firsts}) > 1]
     out = {}
     for r in firsts:
         parts = [cell_label(r)]
@@ -174,15 +181,35 @@ def _labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
             v = r.get(k)
             if k == "budget_bytes":
                 parts.append(f"budget {format_bytes(float(str(v)))}")
+            elif k == "page_bytes":
+                parts.append(f"page {format_bytes(float(str(v)))}" if v is not None and v == v else "page -")
             elif k == "workload_id":
                 parts.append(f"workload {str(v)[:8]}")
             elif k == "scheduler":
-                parts.append("scheduler " + ",".join(f"{a}={b}" for a, b in json.loads(str(v)).items()
-                                                      if a in ("max_num_seqs", "max_num_batched_tokens", "clock", "preemption")))
+                parts.append("scheduler " + ",".join(f"{a}={str(b)[:8]}" for a, b in json.loads(str(v)).items()
+                                                      if a in ("max_num_seqs", "max_num_batched_tokens", "clock",
+                                                               "preemption", "clock_profile_content")))
             else:
                 parts.append(f"{k} {v}")
         out[_key(r)] = " · ".join(parts)
     return out
+
+
+def code_notes(base_runs: pd.DataFrame, cand_runs: pd.DataFrame) -> list[str]:
+    """Notes on the code behind the two sides: each side that mixes runs of several versions
+    of kvbench's code (``code_digest``), and whether the two sides ran different code."""
+    sides = {"base": code_versions(_digests(base_runs)), "candidate": code_versions(_digests(cand_runs))}
+    notes = [f"{side} mixes runs of {len(counts)} versions of kvbench's code ({describe_versions(counts)}): "
+             "its repetitions of one cell may disagree because the code changed between them"
+             for side, counts in sides.items() if len(counts) > 1]
+    if set(sides["base"]) != set(sides["candidate"]):
+        notes.append(f"base and candidate ran different code (base {', '.join(sides['base'])}; "
+                     f"candidate {', '.join(sides['candidate'])}): changes below may come from the code")
+    return notes
+
+
+def _digests(runs: pd.DataFrame) -> list[object]:
+    return runs["code_digest"].tolist() if "code_digest" in runs else [None] * len(runs)
 
 
 def regressions(result: pd.DataFrame) -> pd.DataFrame:
@@ -205,10 +232,12 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}"
 
 
-def to_markdown(result: pd.DataFrame, tolerance: float) -> str:
+def to_markdown(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = ()) -> str:
     reg = regressions(result)
     matched = result[~result["verdict"].isin((BASE_ONLY, CAND_ONLY))]["cell"].nunique()
     lines = ["## kvbench compare", ""]
+    if notes:
+        lines += [f"Note: {n}." for n in notes] + [""]
     if matched == 0:
         lines.append("**No cell matched**: the two directories measure different cells, so nothing was compared.")
     elif len(reg):
@@ -245,7 +274,7 @@ def to_markdown(result: pd.DataFrame, tolerance: float) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_json(result: pd.DataFrame, tolerance: float) -> str:
+def to_json(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = ()) -> str:
     def clean(v: Any) -> Any:
         if isinstance(v, float) and not math.isfinite(v):
             return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
@@ -255,4 +284,4 @@ def to_json(result: pd.DataFrame, tolerance: float) -> str:
     reg = regressions(result)
     return json.dumps({"tolerance": tolerance, "regressed_cells": list(dict.fromkeys(reg["cell"])),
                        "matched_cells": int(result.loc[~result["verdict"].isin((BASE_ONLY, CAND_ONLY)), "cell"].nunique()),
-                       "rows": rows}, indent=2, default=str, ensure_ascii=False)
+                       "notes": list(notes), "rows": rows}, indent=2, default=str, ensure_ascii=False)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ..harness.capabilities import is_contiguous
+from .records import code_note
+
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("runner", "runner"),
     ("policy", "policy"),
@@ -27,13 +30,14 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
         return f"{100 * value:.1f}"
     if key == "mean_running":
         return f"{value:.1f}"
-    if key == "block_size" and str(row.get("policy", "")).startswith("contiguous-"):
+    if key == "block_size" and is_contiguous(str(row.get("policy", ""))):
         return "-"  # one reservation per request: no block size
     return str(value)
 
 
 def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows grouped by workload, precision and budget, one aligned table each."""
+    """Rows grouped by workload, precision and budget, one aligned table each; a note when they
+    come from more than one version of kvbench's code."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r.get("model"), r.get("workload_id"), r.get("kv_dtype"), r.get("budget_bytes")), []).append(r)
@@ -51,4 +55,7 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             if r.get("status") != "ok" and r.get("error"):
                 out.append(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('error')}")
         out.append("")
+    code = code_note(r.get("code_digest") for r in rows)
+    if code:  # e.g. cells kept by --keep-stale beside fresh ones
+        out += [f"note: {code}", ""]
     return "\n".join(out)

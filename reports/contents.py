@@ -8,8 +8,10 @@ import dataclasses
 
 import pandas as pd
 
+from ..harness.capabilities import is_contiguous
 from .decomposition import decompose
 from .prediction import prediction_summary, prediction_table
+from .records import code_note
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
 
@@ -17,7 +19,7 @@ def choose_baseline(runs: pd.DataFrame) -> str | None:
     """``contiguous-max`` when present, else the first contiguous policy run, else none."""
     policies = set(runs.loc[runs["status"] == "ok", "policy"]) if len(runs) else set()
     for p in POLICY_ORDER:
-        if p in policies and p.startswith("contiguous-"):
+        if p in policies and is_contiguous(p):
             return p
     return None
 
@@ -54,6 +56,9 @@ def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
     warnings = [f"decomposition ({r['workload_id'][:8]}, {r['kv_dtype']}): {r['warning']}"
                 for r in decomp.drop_duplicates(["workload_id", "kv_dtype", "budget_bytes", "warning"]).to_dict("records")
                 if r["warning"]]
+    code = code_note(runs["code_digest"] if "code_digest" in runs else [])
+    if code:  # results of different code side by side: said first, it qualifies every table below
+        warnings.insert(0, code)
     bad = runs[runs["status"].isin(("failed", "oom"))]
     if len(bad):
         warnings.append(f"{len(bad)} run(s) failed or ran out of memory; their rows show the error")

@@ -1,4 +1,4 @@
-"""The decomposition DESIGN.md asks for, per workload × precision × budget:
+"""The allocation × runtime decomposition (README, docs/runners.md), per workload × precision × budget:
 
     vllm/paged vs torch/contiguous-*     (naive: what a plain comparison shows)
       = torch/paged vs torch/contiguous-*  (allocation effect, same runtime)
@@ -31,13 +31,14 @@ from typing import Any
 
 import pandas as pd
 
+from ..harness.capabilities import MEASURING_RUNNERS, is_contiguous
 from .tables import mismatches
 
 KEYS: tuple[str, ...] = ("workload_id", "kv_dtype", "budget_bytes")
 THROUGHPUT: tuple[str, ...] = ("tokens_per_s", "wall_tokens_per_s")
 CAPACITY: tuple[str, ...] = ("mean_running", "peak_running")
 METRICS: tuple[str, ...] = THROUGHPUT + CAPACITY
-RUNTIMES: tuple[str, ...] = ("torch", "vllm")
+RUNTIMES: tuple[str, ...] = MEASURING_RUNNERS  # the runners whose time is a runtime's, not a clock's
 NEEDED: tuple[str, ...] = ("runner", "policy", "block_size", "status", "preemptions", *METRICS)
 COLUMNS: tuple[str, ...] = (
     *KEYS, "block_size", "baseline", "metric",
@@ -77,7 +78,7 @@ def decompose(runs: pd.DataFrame) -> pd.DataFrame:
         sizes = sorted({int(b) for b in timed.loc[timed["policy"] == "paged", "block_size"]})
         paged_sizes: list[int | None] = list(sizes) or [None]
         baselines: list[str | None] = sorted({p for p in timed.loc[timed["runner"] == "torch", "policy"]
-                            if str(p).startswith("contiguous-")}) or [None]
+                            if is_contiguous(str(p))}) or [None]
         for bs in paged_sizes:
             for base in baselines:
                 used = group[((group["policy"] == "paged") & ((group["block_size"] == bs) if bs else True))

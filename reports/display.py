@@ -7,6 +7,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from ..harness.capabilities import is_contiguous
+
 Column = tuple[str, str, str]  # (key, header, kind)
 SIMULATED = ("sim", "vllm-sched")  # runners with no runtime computing tensors
 
@@ -139,7 +141,7 @@ def is_missing(value: Any) -> bool:
 def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     if kind == "block":
         policy = (row or {}).get("policy", "")
-        return "-" if is_missing(value) or str(policy).startswith("contiguous-") else str(int(value))
+        return "-" if is_missing(value) or is_contiguous(str(policy)) else str(int(value))
     if kind == "wall" and (row or {}).get("runner") in SIMULATED:
         return "-"  # a simulator's wall speed is its own speed, not the runtime's: not comparable
     if is_missing(value):

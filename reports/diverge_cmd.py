@@ -7,9 +7,9 @@ from pathlib import Path
 
 from ..harness.errors import KvbenchError
 
-# Run columns that must match for a step-by-step comparison to mean anything.
-SAME_WORK = ("workload_id", "kv_dtype", "budget_bytes", "block_size", "max_model_len",
-             "max_num_seqs", "max_num_batched_tokens", "clock")
+# What must match for a step-by-step comparison to mean anything: the work (harness.identity),
+# and the block size, since blocks are what the steps count.
+STEP_KEYS: tuple[str, ...] = ("block_size",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ..harness import store
     from ..harness.schema import STEPS
     from .divergence import first_divergence
+    from .records import work_differences, with_keys
 
     out: Path = args.dir
     if not out.is_dir():
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     steps = store.read_table(out, "steps", {run_a, run_b})
     a = steps[steps["run_id"] == run_a]
     b = steps[steps["run_id"] == run_b]
-    runs = store.read_table(out, "runs", {run_a, run_b}).set_index("run_id")
+    runs = with_keys(store.read_table(out, "runs", {run_a, run_b})).set_index("run_id")
 
     def name(run_id: str) -> str:
         if run_id in runs.index:
@@ -70,10 +71,12 @@ def run(args: argparse.Namespace) -> int:
     if na == nb:
         na, nb = f"{na} {run_a[:6]}", f"{nb} {run_b[:6]}"
     if run_a in runs.index and run_b in runs.index:
-        for col in SAME_WORK:  # DESIGN: never compare different work without saying so
-            va, vb = runs.loc[run_a, col], runs.loc[run_b, col]
-            if va != vb:
-                print(f"note: not the same work: {col} {va} vs {vb}")
+        # docs/design.md: never compare different work without saying so
+        for difference in work_differences(runs.loc[run_a].to_dict(), runs.loc[run_b].to_dict(), STEP_KEYS):
+            print(f"note: not the same work: {difference}")
+        codes = [runs.loc[r, "code_digest"] for r in (run_a, run_b)]
+        if codes[0] != codes[1]:
+            print(f"note: not the same code: code_digest {codes[0] or 'not recorded'} vs {codes[1] or 'not recorded'}")
     for run_id in (run_a, run_b):
         if run_id in runs.index and runs.loc[run_id, "status"] != "ok":
             print(f"note: run {run_id} ({name(run_id)}) has status {runs.loc[run_id, 'status']}: "

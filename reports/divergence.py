@@ -10,7 +10,7 @@ needed to explain it, or ``None`` when they agree on every step. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:  # pandas loads on first use, so `kvbench --help` stays quick
     import pandas as pd
@@ -62,7 +62,7 @@ def _ordered(df: pd.DataFrame) -> pd.DataFrame:
     return df.sort_values("step", kind="stable").reset_index(drop=True)
 
 
-def _row(df: pd.DataFrame, i: int) -> dict[str, object]:
+def _row(df: pd.DataFrame, i: int) -> dict[str, Any]:
     if i < 0 or i >= len(df):
         return {}
     rec = df.iloc[i]

@@ -34,8 +34,10 @@ def provenance(runs: pd.DataFrame) -> str:
         return ", ".join(vals) or "?"
 
     dirty = " (uncommitted changes)" if "git_dirty" in runs and runs["git_dirty"].fillna(False).astype(bool).any() else ""
-    return (f"git {values('git_sha', 10)}{dirty} · kvbench {values('kvbench_version')} · host {values('host')} · "
-            f"python {values('python_version')}")
+    # The code digest only where recorded: rows from before it was say nothing new by "?".
+    code = f" · code {values('code_digest')}" if "code_digest" in runs and runs["code_digest"].notna().any() else ""
+    return (f"git {values('git_sha', 10)}{dirty} · kvbench {values('kvbench_version')}{code} · "
+            f"host {values('host')} · python {values('python_version')}")
 
 
 def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ()) -> str:

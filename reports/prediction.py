@@ -23,18 +23,34 @@ measurement cannot judge a prediction.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
+from ..harness import identity
+from ..harness.capabilities import MEASURING_RUNNERS
 from ..harness.clock_profile import parse_profile
 from ..harness.errors import KvbenchError
 from .calibration import FEATURES, error_stats, predict
+from .records import with_keys
 
-# What "the same work" means here: the run columns that change what a run computes, except
-# the runner and its clock (the two sides of the comparison).
-PAIR_KEYS: tuple[str, ...] = ("workload_id", "model", "kv_dtype", "budget_bytes", "max_model_len", "policy",
-                              "block_size", "max_num_seqs", "max_num_batched_tokens")
+# A sim run and an engine run pair when they did the same work (harness.identity) with the same
+# policy and block size; their clocks differ by design (a profile beside a measured one), so the
+# scheduler is compared by its scheduling settings alone.
+PAIR_CELL: tuple[str, ...] = ("policy", "block_size")
+PAIR_KEY = "_pair"
 LATENCY_PAIRS: tuple[str, ...] = ("ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s")
+
+
+def _with_pair_key(runs: pd.DataFrame) -> pd.DataFrame:
+    keyed = with_keys(runs)
+    work = [c for c in identity.WORK_COLUMNS if c != "scheduler"]
+    runs = runs.copy()
+    runs[PAIR_KEY] = [identity.canonical_json({**{c: str(r[c]) for c in work},  # equality is all a key needs
+                                               "scheduling": identity.scheduling_part(json.loads(r["scheduler"]))})
+                      for r in keyed.to_dict("records")]
+    return runs
 
 
 def _rel(predicted: float, measured: float) -> float:
@@ -45,10 +61,11 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (sim profile run, measured engine run) pair; empty when there is none."""
     ok = runs[runs["status"] == "ok"]
     sims = ok[(ok["runner"] == "sim") & (ok["clock"] == "profile")]
-    engines = ok[ok["runner"].isin(("torch", "vllm")) & (ok["clock"] == "measured")]
+    engines = ok[ok["runner"].isin(MEASURING_RUNNERS) & (ok["clock"] == "measured")]
     if sims.empty or engines.empty:
         return pd.DataFrame()
-    pairs = sims.merge(engines, on=list(PAIR_KEYS), suffixes=("_sim", "_eng"))
+    sims, engines = _with_pair_key(sims), _with_pair_key(engines)
+    pairs = sims.merge(engines, on=[PAIR_KEY, *PAIR_CELL], suffixes=("_sim", "_eng"))
     rows = []
     for r in pairs.to_dict("records"):
         profile = _profile(r.get("clock_profile_sim"))
@@ -57,7 +74,7 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         if profile is not None and len(eng_steps):
             per_step = error_stats(predict(profile.terms, eng_steps), eng_steps["step_wall_s"].to_numpy(np.float64))
         row = {
-            "workload": r.get("workload_sim", r["workload_id"]), "policy": r["policy"],
+            "workload": r.get("workload_sim", r["workload_id_sim"]), "policy": r["policy"],
             "engine": r["runner_eng"], "repeat": r.get("repeat_eng"),
             "run_id_sim": r["run_id_sim"], "run_id_eng": r["run_id_eng"],
             "measured_total_s": r["sim_time_s_eng"], "predicted_total_s": r["sim_time_s_sim"],

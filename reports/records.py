@@ -9,20 +9,21 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from ..harness import identity
+from ..harness.capabilities import is_contiguous
 from ..harness.errors import KvbenchError
 from ..harness.units import format_bytes
 
-# What a comparison holds fixed (DESIGN.md, "same work, one variable"): runs
-# that share all of these may be put side by side; only the runner, the policy
-# and its block size vary inside one comparison group.
-GROUP_KEYS: tuple[str, ...] = ("model", "workload_id", "kv_dtype", "budget_bytes", "max_model_len", "scheduler")
-CELL_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")
+# What a comparison holds fixed, and what varies inside it: harness.identity says it once
+# for run ids, compare, the report and diverge. Runs that share the group keys may be put
+# side by side; runs that also share the cell keys are repetitions of one cell.
+GROUP_KEYS: tuple[str, ...] = identity.WORK_COLUMNS
+CELL_KEYS: tuple[str, ...] = identity.CELL_COLUMNS
 REFERENCE_COLUMNS: tuple[str, ...] = ("suite", "item", "policy", "block_size", "metric", "published", "source", "note")
-PAGED_POLICIES: tuple[str, ...] = ("paged", "paged-prefix", "virtual-contiguous")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +78,48 @@ def parse_spec(spec_json: Any) -> dict[str, Any]:
 
 
 def scheduler_key(row: Mapping[str, Any]) -> str:
-    """Canonical JSON of the scheduler settings (from ``spec_json``; the run columns as a fallback)."""
+    """Canonical JSON of the scheduler identity (``harness.identity.scheduler_identity``): the
+    settings from ``spec_json`` (the run columns as a fallback), a profile clock identified by
+    the content of the profile the run recorded, never by the file's path."""
     sched = parse_spec(row.get("spec_json")).get("scheduler")
     if not isinstance(sched, dict):
         sched = {k: _plain(row.get(k)) for k in ("max_num_seqs", "max_num_batched_tokens", "clock")}
-    return json.dumps(sched, sort_keys=True, separators=(",", ":"))
+    document = row.get("clock_profile")
+    if isinstance(document, str) and document:
+        profile = {"clock_profile_content": identity.content_digest(document)}
+    else:  # not recorded: the path is all there is to tell profiles apart
+        profile = {"clock_profile_path": str(sched.get("clock_profile"))}
+    return identity.canonical_json(identity.scheduler_identity(sched, profile))
+
+
+def page_bytes_key(row: Mapping[str, Any]) -> int | None:
+    """The page size of a ``virtual-contiguous`` run (from ``spec_json``); None for the other policies."""
+    if not identity.applies("page_bytes", str(row.get("runner")), str(row.get("policy"))):
+        return None
+    value = parse_spec(row.get("spec_json")).get("page_bytes")
+    return int(value) if isinstance(value, (int, float)) and value == value else None
+
+
+def work_differences(a: Mapping[str, Any], b: Mapping[str, Any], extra: tuple[str, ...] = ()) -> list[str]:
+    """'column a vs b' for each work key (and each of ``extra``) on which two rows of
+    ``with_keys`` differ; the scheduler by the settings that differ."""
+    out = []
+    for col in (*identity.WORK_COLUMNS, *extra):
+        va, vb = a.get(col), b.get(col)
+        if col == "scheduler":
+            sa, sb = _settings(va), _settings(vb)
+            out += [f"{k} {sa.get(k)} vs {sb.get(k)}" for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
+        elif str(_plain(va)) != str(_plain(vb)):
+            out.append(f"{col} {va} vs {vb}")
+    return out
+
+
+def _settings(scheduler: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(scheduler) if isinstance(scheduler, str) else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def workload_family(row: Mapping[str, Any]) -> str:
@@ -93,11 +131,16 @@ def workload_family(row: Mapping[str, Any]) -> str:
 
 
 def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs plus the derived columns reports group by: ``scheduler``, ``family`` (the workload
-    spec without its rate), and the labels ``workload`` and ``family_label``."""
+    """Runs plus the derived columns reports group by: ``scheduler``, ``page_bytes``, ``family``
+    (the workload spec without its rate), and the labels ``workload`` and ``family_label``."""
     runs = runs.copy()
     rows = runs.to_dict("records")
     runs["scheduler"] = [scheduler_key(r) for r in rows]
+    # object dtype: ints and None as they are (a float column would spell 2097152 as 2097152.0)
+    runs["page_bytes"] = pd.Series([page_bytes_key(r) for r in rows], index=runs.index, dtype=object)
+    for col in ("device", "code_digest"):  # frames from before these columns: the keys still exist
+        if col not in runs:
+            runs[col] = None
     runs["family"] = [workload_family(r) for r in rows]
     runs["workload"] = [workload_label(r) for r in rows]
     runs["family_label"] = [workload_label(r, rate=False) for r in rows]
@@ -108,6 +151,36 @@ def _plain(value: Any) -> Any:
     if value is None or (isinstance(value, float) and value != value):
         return None
     return value.item() if hasattr(value, "item") else value
+
+
+# -- which code -------------------------------------------------------------------
+
+UNRECORDED_CODE = "not recorded"  # rows written before kvbench recorded code_digest
+
+
+def code_versions(digests: Iterable[Any]) -> dict[str, int]:
+    """Runs per ``code_digest`` (most runs first; ``UNRECORDED_CODE`` for rows without one)."""
+    counts: dict[str, int] = {}
+    for d in digests:
+        key = str(d) if isinstance(d, str) and d else UNRECORDED_CODE
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def describe_versions(counts: Mapping[str, int]) -> str:
+    """'3c4abd0c8771: 6 runs, not recorded: 1 run'."""
+    return ", ".join(f"{d}: {n} run{'s' if n != 1 else ''}" for d, n in counts.items())
+
+
+def code_note(digests: Iterable[Any]) -> str | None:
+    """One sentence when runs come from more than one version of kvbench's code, naming how
+    many runs each holds; None when one version (or none recorded) made them all."""
+    counts = code_versions(digests)
+    if len(counts) <= 1:
+        return None
+    return (f"these runs come from {len(counts)} versions of kvbench's code ({describe_versions(counts)}); "
+            "numbers set side by side may differ because the code did (`kvbench run` re-runs such cells "
+            "unless --keep-stale)")
 
 
 # -- labels ----------------------------------------------------------------------
@@ -145,7 +218,7 @@ def cell_label(row: Mapping[str, Any], with_runner: bool = True) -> str:
     """'sim/paged b16', 'torch/contiguous-max'."""
     name = f"{row['runner']}/{row['policy']}" if with_runner else str(row["policy"])
     bs = row.get("block_size")
-    if row["policy"] in PAGED_POLICIES and bs is not None and bs == bs and int(bs) > 1:
+    if not is_contiguous(str(row["policy"])) and bs is not None and bs == bs and int(bs) > 1:
         name += f" b{int(bs)}"
     return name
 

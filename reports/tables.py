@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from ..harness import identity
 from .records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
 
 # Per-cell metrics the summary keeps (medians over ok repetitions).
@@ -37,10 +39,12 @@ POLICY_ORDER: tuple[str, ...] = ("contiguous-max", "contiguous-pow2", "contiguou
 # Groups are listed by model, precision, budget, then workload (a rate sweep in rate order).
 GROUP_ORDER: tuple[str, ...] = ("model", "kv_dtype", "budget_bytes", "max_model_len", "family_label", "rate",
                                 "workload_id", "scheduler")
-# What must be equal for runs to be "the same work" (DESIGN.md); the model is
-# there because it sets bytes per token, hence positions for the same budget.
-SAME_WORK: dict[str, str] = {"workload_id": "workload", "kv_dtype": "KV precision", "budget_bytes": "KV budget",
-                             "model": "model"}
+# What must be equal for runs to be "the same work", with the words a sentence uses for each
+# (harness.identity); the model is there because it sets bytes per token, hence positions
+# for the same budget.
+SAME_WORK: dict[str, str] = {k.column: k.label for k in identity.WORK}
+# Inside a comparison group, ratios are to the baseline of the same runner on the same device.
+RATIO_WITHIN: tuple[str, ...] = ("group", "runner", "device")
 
 
 def summary(runs: pd.DataFrame) -> pd.DataFrame:
@@ -75,7 +79,8 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return table
     table["_policy_order"] = table["policy"].map(_policy_rank)
-    table = table.sort_values(list(GROUP_ORDER) + ["runner", "_policy_order", "block_size"], na_position="first")
+    table = table.sort_values(list(GROUP_ORDER) + ["runner", "_policy_order", "block_size", "device"],
+                              na_position="first")
     table = table.drop(columns="_policy_order")
     groups = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, table[list(GROUP_KEYS)].astype(str).values)))}
     table["group"] = [groups[tuple(v)] for v in table[list(GROUP_KEYS)].astype(str).values]
@@ -90,11 +95,13 @@ def _policy_rank(policy: str) -> int:
 def ratios(cells: pd.DataFrame, baseline: str = DEFAULT_BASELINE,
            metrics: Sequence[str] = RATIO_METRICS) -> pd.DataFrame:
     """``cells`` (from ``summary``) plus ``<metric>_x``: the cell over the baseline policy of its
-    group and runner. NaN where the group's runner has no ok baseline, or the baseline is 0."""
+    group, runner and device. NaN where that has no ok baseline, or the baseline is 0."""
     out = cells.copy()
-    base = cells[cells["policy"] == baseline].drop_duplicates(["group", "runner"]).set_index(["group", "runner"])
+    within = [c for c in RATIO_WITHIN if c in cells]
+    base = cells[cells["policy"] == baseline].drop_duplicates(within).set_index(within)
+    keys = list(zip(*(cells[c] for c in within)))
     for m in metrics:
-        denom = [base[m].get((g, r), math.nan) for g, r in zip(cells["group"], cells["runner"])]
+        denom = [base[m].get(k, math.nan) for k in keys]
         with np.errstate(divide="ignore", invalid="ignore"):
             x = cells[m].to_numpy(dtype=float) / np.asarray(denom, dtype=float)
         out[f"{m}_x"] = np.where(np.isfinite(x), x, math.nan)
@@ -113,11 +120,13 @@ def geometric_mean(values: Iterable[float]) -> float:
 
 
 def geomean(ratio_table: pd.DataFrame, metrics: Sequence[str] = RATIO_METRICS) -> pd.DataFrame:
-    """Per (runner, policy, block_size): the geometric mean of each ``<metric>_x`` over the
-    comparison groups where it exists, with ``groups`` = how many groups each one spans."""
+    """Per cell (runner, policy, block size, device, page size): the geometric mean of each
+    ``<metric>_x`` over the comparison groups where it exists, with ``groups`` = how many groups
+    each one spans."""
     rows = []
-    for (runner, policy, bs), sub in ratio_table.groupby(list(CELL_KEYS), sort=False):
-        row: dict[str, object] = {"runner": runner, "policy": policy, "block_size": bs}
+    keys = [k for k in CELL_KEYS if k in ratio_table]
+    for key, sub in ratio_table.groupby(keys, sort=False, dropna=False):
+        row: dict[str, object] = dict(zip(keys, key))
         for m in metrics:
             col = sub[f"{m}_x"].dropna()
             row[f"{m}_x"] = geometric_mean(col)
@@ -141,11 +150,31 @@ def mismatches(runs: pd.DataFrame, allow: Iterable[str] = ()) -> list[str]:
     for key, what in SAME_WORK.items():
         if key in allowed or key not in runs:
             continue
+        if key == "scheduler":
+            out += _scheduling_mismatches(runs[key].dropna(), what)
+            continue
         values = sorted({str(v) for v in runs[key].dropna()})
         if len(values) > 1:
-            shown = ", ".join(values[:4]) + (f" and {len(values) - 4} more" if len(values) > 4 else "")
-            out.append(f"not the same work: these runs differ in {what} ({key}: {shown})")
+            out.append(f"not the same work: these runs differ in {what} ({key}: {_shown(values)})")
     return out
+
+
+def _shown(values: list[str]) -> str:
+    return ", ".join(values[:4]) + (f" and {len(values) - 4} more" if len(values) > 4 else "")
+
+
+def _scheduling_mismatches(schedulers: pd.Series, what: str) -> list[str]:
+    """The scheduling settings (``identity.scheduling_part``) on which the runs differ, in one
+    sentence. Timing settings (the clock) are left to the Clocks section: a report sets an
+    engine's measured steps beside sim on a profile fitted to them on purpose."""
+    settings = [identity.scheduling_part(json.loads(s)) for s in set(schedulers) if isinstance(s, str)]
+    names = sorted({k for d in settings for k in d})
+    differ = []
+    for k in names:
+        values = sorted({str(d.get(k)) for d in settings})
+        if len(values) > 1:
+            differ.append(f"{k}: {_shown(values)}")
+    return [f"not the same work: these runs differ in {what} ({'; '.join(differ)})"] if differ else []
 
 
 def published_vs_reproduced(reference: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:

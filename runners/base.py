@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Mapping, Protocol, runtime_checkable
 
 from ..harness.specs import RunSpec
 from ..workloads.table import Workload
@@ -24,6 +24,29 @@ class Cell:
         return self.spec.run_id(self.workload.workload_id)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a run left: its run row exactly as recorded (``RunRecorder.finish``: every ``RUNS``
+    column, in order, nulls as None; read-only by contract, a plain dict so that it pickles
+    across worker processes and Ray) and its id (the partition key, not a column)."""
+
+    run_id: str
+    row: Mapping[str, object] = dataclasses.field(hash=False)
+
+    @property
+    def status(self) -> str:
+        return str(self.row["status"])
+
+    @property
+    def error(self) -> str | None:
+        error = self.row["error"]
+        return None if error is None else str(error)
+
+    def to_row(self) -> dict[str, object]:
+        """The run row with its ``run_id``: what ``app.cell.run_cell`` hands the sweep."""
+        return {**self.row, "run_id": self.run_id}
+
+
 @runtime_checkable
 class Runner(Protocol):
     name: str
@@ -31,5 +54,5 @@ class Runner(Protocol):
     def unavailable(self) -> str | None:
         """Why this runner cannot run on this machine (None when it can)."""
 
-    def run(self, cell: Cell) -> dict[str, object]:
-        """Run the cell, write its partitions, and return its run row."""
+    def run(self, cell: Cell) -> RunResult:
+        """Run the cell, write its partitions, and return what was recorded."""

@@ -1,5 +1,5 @@
-"""What every runner shares: sequences from a workload, run rows, request tables,
-the feasibility gate, and the step loop that ``sim`` and ``torch`` both drive."""
+"""What every runner shares: sequences from a workload, run rows, request tables and the
+feasibility gate (the step loop itself is ``runners.driver``)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,18 @@ import datetime as _dt
 import json
 import math
 import os
-import sys
-import time
 from pathlib import Path
-from typing import Callable, Protocol
 
 from ..harness.clock import GPU_PRESETS
-from ..harness.feasibility import Shortfall, explain
+from ..harness.feasibility import Shortfall
 from ..harness.latency import latency_summary
-from ..harness.policies import make_policy
 from ..harness.policies.base import Policy
 from ..harness.provenance import provenance
 from ..harness.recorder import RunRecorder
-from ..harness.scheduler import Scheduler, StepPlan
 from ..harness.schema import REQUESTS
 from ..harness.sequence import FINISHED, Seq
 from ..harness.specs import RunSpec
-from .base import Cell
+from .base import Cell, RunResult
 
 
 def expand_seqs(cell: Cell) -> list[Seq]:
@@ -162,107 +157,8 @@ def complete_row(row: dict[str, object], recorder: RunRecorder, seqs: list[Seq],
     return row
 
 
-def write_status_only(cell: Cell, row: dict[str, object], status: str, error: str) -> dict[str, object]:
+def write_status_only(cell: Cell, row: dict[str, object], status: str, error: str) -> RunResult:
     """A run that could not run is still a row (failed / infeasible / oom), with no steps."""
     recorder = RunRecorder(cell.out, cell.run_id, cell.spec.budget_positions)
     row.update(status=status, error=error, steps=0, wall_s=0.0)
-    recorder.finish({name: [] for name in REQUESTS.names}, row)
-    return row
-
-
-class Heartbeat:
-    """Progress inside one long cell: a line on stderr every few seconds (a TTY only)."""
-
-    def __init__(self, label: str, total: int, every_s: float = 2.0) -> None:
-        self.label, self.total, self.every_s = label, total, every_s
-        self.last = time.monotonic()
-        self.shown = False
-        self.live = sys.stderr.isatty()
-
-    def tick(self, step: int, finished: int) -> None:
-        now = time.monotonic()
-        if self.live and now - self.last >= self.every_s:
-            self.last = now
-            self.shown = True
-            sys.stderr.write(f"\r\033[K  {self.label}: step {step:,}, {finished:,}/{self.total:,} sequences finished")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-
-
-class StepExecutor(Protocol):
-    """Computes a planned step for real (the torch runner); returns (wall seconds, KV bytes)."""
-
-    def execute(self, plan: StepPlan) -> tuple[float | None, int | None]: ...
-
-
-def drive(cell: Cell, runner: str, executor: StepExecutor | None = None,
-          extra_row: Callable[[], dict[str, object]] | None = None,
-          scheduler_cls: type[Scheduler] = Scheduler) -> dict[str, object]:
-    """Run kvbench's scheduler over the cell, recording every step.
-
-    ``scheduler_cls`` may be the fast path (``FastScheduler``) only without an
-    executor: its plans list only the requests it touched, not every decoder.
-    """
-    assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
-    spec = cell.spec
-    seqs = expand_seqs(cell)
-    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids)
-    row = base_row(cell, runner)
-    short = shortfall(cell, seqs, policy)
-    if short is not None:
-        return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
-    clock = spec.scheduler.make_clock(spec.geometry, spec.kv_bytes_per_token)
-    assert clock is not None or executor is not None, "a measured clock needs a runner that measures steps"
-    sched = scheduler_cls(seqs, policy, spec.scheduler, spec.memory.max_model_len, clock)
-    recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
-    stall = 0
-    status, error = "ok", None
-    # The fast path records runs of quiet steps in bulk (never with an executor: it needs every plan).
-    bulk = getattr(sched, "record_quiet_steps", None) if executor is None else None
-    t0 = time.perf_counter()
-    beat = Heartbeat(f"{runner} {spec.policy}", sched.num_seqs) if cell.progress else None
-    next_beat = 0
-    try:
-        while sched.has_work():
-            if beat is not None and sched.step_index >= next_beat:
-                beat.tick(sched.step_index, sched.finished)
-                next_beat = sched.step_index + 1024
-            if bulk is not None and bulk(recorder):
-                stall = 0  # every quiet step computes a token per decoder
-                continue
-            plan = sched.schedule()
-            m = sched.measure_values()
-            wall, kv_bytes = executor.execute(plan) if executor is not None else (None, None)
-            done = sched.finish_step(plan, wall)
-            work = plan.work
-            scheduled_tokens = work.scheduled_tokens
-            # The step's work beside its measured time (calibrate's features); null when not measured.
-            features = ((work.scheduled_seqs, work.context_tokens, work.attention_pairs) if wall is not None
-                        else (None, None, None))
-            recorder.add_step((
-                plan.step, plan.t_s, sched.now - plan.t_s, m[0], m[1], plan.admitted, len(done),
-                len(plan.preempted), scheduled_tokens, *m[2:], plan.prefix_hit_tokens, kv_bytes, wall, *features,
-            ))
-            # Livelock guard: steps that compute nothing while work waits.
-            stall = stall + 1 if scheduled_tokens == 0 and not sched.pending else 0
-            if stall > spec.scheduler.max_stall_steps:
-                status = "failed"
-                error = (f"livelock: {stall} steps without progress with {len(sched.waiting)} waiting and "
-                         f"{len(sched.running)} running")
-                break
-    except BaseException:
-        recorder.abort()
-        raise
-    wall_s = time.perf_counter() - t0
-    if beat is not None:
-        beat.close()
-    row = complete_row(row, recorder, seqs, wall_s, sched.now)
-    row.update(status=status, error=error)
-    if extra_row is not None:
-        row.update(extra_row())
-    recorder.finish(requests_columns(seqs), row)
-    return row
+    return RunResult(cell.run_id, recorder.finish({name: [] for name in REQUESTS.names}, row))

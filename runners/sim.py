@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from ..harness.fast_scheduler import FastScheduler
 from ..harness.scheduler import Scheduler
-from .base import Cell
-from .common import drive
+from .base import Cell, RunResult
+from .sim_engine import run_scheduler
 
 
 class SimRunner:
@@ -22,5 +22,5 @@ class SimRunner:
     def unavailable(self) -> str | None:
         return None
 
-    def run(self, cell: Cell) -> dict[str, object]:
-        return drive(cell, self.name, scheduler_cls=self.scheduler_cls)
+    def run(self, cell: Cell) -> RunResult:
+        return run_scheduler(cell, self.name, scheduler_cls=self.scheduler_cls)

@@ -31,12 +31,16 @@ in two shapes:
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from ..harness.sequence import Seq
+
+
+# Opaque to the caller: what one layout's plan_reads returns and its contexts takes back.
+ReadPlan = Any
 
 
 @runtime_checkable
@@ -62,10 +66,10 @@ class KVCache(Protocol):
     def copy_in(self, slots: torch.Tensor, data: torch.Tensor) -> None:
         """Write ``copy_out``'s data back at new ``slots`` (swap in)."""
 
-    def plan_reads(self, spans: list[tuple[Seq, int]]) -> object:
+    def plan_reads(self, spans: list[tuple[Seq, int]]) -> ReadPlan:
         """What ``contexts`` needs to read each (sequence, context length) this step."""
 
-    def contexts(self, layer: int, plan: object) -> list[torch.Tensor]:
+    def contexts(self, layer: int, plan: ReadPlan) -> list[torch.Tensor]:
         """Per sequence, its [2, ctx, kv_heads, head_dim] K/V of ``layer``."""
 
     def plan_batch(self, spans: list[tuple[Seq, int]]) -> "BatchRead":

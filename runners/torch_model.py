@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..harness.capabilities import RUNNER_FACTS
 from ..harness.errors import KvbenchError
 from ..harness.geometry import ModelGeometry, llama_param_count
 
@@ -41,6 +42,7 @@ KV_TORCH_DTYPES: dict[str, torch.dtype] = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
+assert tuple(KV_TORCH_DTYPES) == RUNNER_FACTS["torch"].kv_dtypes, "harness/capabilities.py disagrees"
 
 # Attention = (layer index, q [T, heads, head_dim], k [T, kv_heads, head_dim], v) → [T, heads × head_dim]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -1,7 +1,7 @@
 """The ``torch`` runner: one real runtime, two KV caches.
 
 kvbench's scheduler and allocation policy decide every step exactly as in
-``sim`` (both go through ``runners.common.drive``); this runner's executor
+``sim`` (``runners.sim_engine.SimEngine``, stepped by the driver loop); its executor
 then computes each planned step for real with a small Llama-style decoder
 (``runners.torch_model``) over a contiguous arena or a paged block pool
 (``runners.torch_kv``), chosen by the policy:
@@ -15,12 +15,12 @@ then computes each planned step for real with a small Llama-style decoder
   host memory at preemption and back into its new placement on resumption;
 - a prefix-cache hit (``paged-prefix``) reuses the K/V already in the shared
   blocks, so token ids must agree with the policy's block keys
-  (``PagedPolicy.key_of``): a prefix group's tokens come from
-  ``np.random.default_rng([seed, 1, group])``, the rest of a request's prompt
-  from ``[seed, 2, request_id]``, and every sample of a request has the same
-  prompt. A block can be hit in the very step that first fills it (the policy
-  caches a block when its tokens are scheduled): each layer writes the whole
-  step's K/V before any sequence reads, so the hit reads what was just written;
+  (``PagedPolicy.key_of``): they come from ``runners.prompts.PromptIds``, as
+  for vLLM's runners (a prefix group's tokens are shared by the group, and
+  every sample of a request has the same prompt). A block can be hit in the
+  very step that first fills it (the policy caches a block when its tokens are
+  scheduled): each layer writes the whole step's K/V before any sequence
+  reads, so the hit reads what was just written;
 - ``step_wall_s`` is the device-synchronised wall time of a step's compute;
   ``kv_bytes_allocated`` the cache bytes backing the positions live sequences
   hold (paged: allocated blocks × bytes per block; contiguous: reserved
@@ -42,6 +42,7 @@ import types
 import numpy as np
 import torch
 
+from ..harness.capabilities import is_contiguous
 from ..harness.errors import KvbenchError, one_line
 from ..harness.geometry import ModelGeometry
 from ..harness.policies import make_policy
@@ -49,8 +50,11 @@ from ..harness.scheduler import StepPlan
 from ..harness.sequence import RUNNING, Seq
 from ..harness.specs import RunSpec
 from ..harness.units import format_bytes
-from .base import Cell
-from .common import base_row, drive, expand_seqs, host_available_bytes, shortfall, write_status_only
+from .base import Cell, RunResult
+from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
+from .oom import is_oom
+from .prompts import PromptIds
+from .sim_engine import run_scheduler
 from .torch_kv import ContiguousKVCache, KVCache, PagedKVCache
 from .torch_model import (Attend, DecoderModel, attention, compute_dtype, decode_attention,
                                  kv_storage_dtype, layer_param_count, param_count)
@@ -90,7 +94,7 @@ def available_bytes(device: torch.device) -> int:
 
 
 def is_paged(spec: RunSpec) -> bool:
-    return not spec.policy.startswith("contiguous")
+    return not is_contiguous(spec.policy)
 
 
 def cache_bytes(spec: RunSpec) -> int:
@@ -149,42 +153,10 @@ def cpu_threads(geometry: ModelGeometry) -> int:
     return 1 if geometry.hidden_size <= SINGLE_THREAD_HIDDEN else torch.get_num_threads()
 
 
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
-
-
-# -- token ids consistent with the prefix-cache block keys ---------------------------
-
-class PromptTokens:
-    """Deterministic prompt token ids: a prefix group's tokens are shared by the group,
-    a request's prompt by all its samples (what ``PagedPolicy.key_of`` assumes)."""
-
-    def __init__(self, seed: int, vocab_size: int, group_prefix_len: dict[int, int]) -> None:
-        self.seed = seed
-        self.vocab = vocab_size
-        self._group_len = group_prefix_len
-        self._groups: dict[int, np.ndarray] = {}
-
-    def group_prefix(self, group: int) -> np.ndarray:
-        if group not in self._groups:
-            rng = np.random.default_rng([self.seed, 1, group])
-            self._groups[group] = rng.integers(0, self.vocab, size=self._group_len[group], dtype=np.int64)
-        return self._groups[group]
-
-    def prompt(self, seq: Seq) -> np.ndarray:
-        shared = self.group_prefix(seq.prefix_group)[:seq.prefix_len] if seq.prefix_group >= 0 else \
-            np.empty(0, dtype=np.int64)
-        rng = np.random.default_rng([self.seed, 2, seq.request_id])
-        rest = rng.integers(0, self.vocab, size=seq.prompt_len - len(shared), dtype=np.int64)
-        return np.concatenate((shared, rest))
-
-
 # -- the executor ------------------------------------------------------------------
 
 class TorchExecutor:
-    """Computes each ``StepPlan`` with a real model and KV cache (``runners.common.StepExecutor``)."""
+    """Computes each ``StepPlan`` with a real model and KV cache (``runners.sim_engine.StepExecutor``)."""
 
     def __init__(self, cell: Cell, device: torch.device, record_logits: bool = False,
                  batch_decode: bool = True) -> None:
@@ -209,8 +181,7 @@ class TorchExecutor:
         df = cell.workload.requests
         if (df["prefix_len"] > df["prompt_len"]).any():
             raise KvbenchError("torch runner: a request's shared prefix is longer than its prompt")
-        grouped = df[df["prefix_group"] >= 0].groupby("prefix_group")["prefix_len"].max()
-        self.prompts = PromptTokens(spec.workload.seed, g.vocab_size, {int(k): int(v) for k, v in grouped.items()})
+        self.prompts = PromptIds(cell)
         self.swap = spec.scheduler.preemption == "swap"
         self.record_logits = record_logits
         self.batch_decode = batch_decode
@@ -229,7 +200,7 @@ class TorchExecutor:
         ids = self.tokens.get(seq.index)
         if ids is None:
             ids = np.zeros(seq.prompt_len + seq.output_len, dtype=np.int64)
-            ids[:seq.prompt_len] = self.prompts.prompt(seq)
+            ids[:seq.prompt_len] = self.prompts.of(seq)
             self.tokens[seq.index] = ids
             self.length[seq.index] = seq.prompt_len
             self.seqs[seq.index] = seq
@@ -360,12 +331,12 @@ class TorchExecutor:
 # -- the runner --------------------------------------------------------------------
 
 def run_torch(cell: Cell, record_logits: bool = False,
-              batch_decode: bool = True) -> tuple[dict[str, object], TorchExecutor | None]:
-    """Run one cell; the row, and the executor (its tokens and logits) when the run happened."""
+              batch_decode: bool = True) -> tuple[RunResult, TorchExecutor | None]:
+    """Run one cell; what was recorded, and the executor (its tokens and logits) when the run happened."""
     spec = cell.spec
     device = resolve_device(spec.device)
     if shortfall(cell, expand_seqs(cell), make_policy(spec)) is not None:
-        return drive(cell, "torch"), None  # writes the infeasible row; nothing to build
+        return run_scheduler(cell, "torch"), None  # writes the infeasible row; nothing to build
     check_fits(spec, device)
     executor: TorchExecutor | None = None
     oom: str | None = None
@@ -374,7 +345,7 @@ def run_torch(cell: Cell, record_logits: bool = False,
         if device.type == "cpu":
             torch.set_num_threads(cpu_threads(spec.geometry))
         executor = TorchExecutor(cell, device, record_logits, batch_decode)
-        row = drive(cell, "torch", executor=executor, extra_row=executor.extra_row)
+        result = run_scheduler(cell, "torch", executor=executor)
     except BaseException as exc:
         if not is_oom(exc):
             raise
@@ -382,7 +353,7 @@ def run_torch(cell: Cell, record_logits: bool = False,
     finally:
         torch.set_num_threads(threads)
     if oom is None:
-        return row, executor
+        return result, executor
     # Outside the except block, so the traceback no longer pins the model and cache.
     executor = None
     gc.collect()
@@ -400,5 +371,5 @@ class TorchRunner:
     def unavailable(self) -> str | None:
         return None
 
-    def run(self, cell: Cell) -> dict[str, object]:
+    def run(self, cell: Cell) -> RunResult:
         return run_torch(cell)[0]

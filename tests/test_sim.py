@@ -7,13 +7,17 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from kvbench.harness import store
 from kvbench.harness.clock import Clock
 from kvbench.harness.policies import make_policy
-from kvbench.harness.scheduler import Scheduler
+from kvbench.harness.scheduler import Arrivals, Scheduler
 from kvbench.harness.schema import RUNS, STEPS, VERSION_KEY
+from kvbench.harness.sequence import FINISHED
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
-from kvbench.runners.common import expand_seqs
+from kvbench.runners.common import base_row, expand_seqs
+from kvbench.runners.driver import drive
+from kvbench.runners.sim_engine import SimEngine
 from tests.conftest import run_suite_text
 
 OPT13B = """
@@ -117,14 +121,13 @@ def test_every_request_finishes_once_with_its_output_and_nothing_stays_allocated
     (cell,) = build_cells(parse_suite(text, "t.toml"), tmp_path, lambda m: None)
     seqs = expand_seqs(cell)
     policy_obj = make_policy(cell.spec)
-    sched = Scheduler(seqs, policy_obj, cell.spec.scheduler, cell.spec.memory.max_model_len, Clock())
-    finished = []
-    while sched.has_work():
-        plan = sched.schedule()
-        finished.extend(sched.finish_step(plan))
-        assert sched.step_index < 100_000
-    assert sorted(s.index for s in finished) == [s.index for s in seqs]
-    assert all(s.num_output == s.output_len for s in seqs)
+    arrivals = Arrivals(seqs)
+    sched = Scheduler(arrivals, policy_obj, cell.spec.scheduler, cell.spec.memory.max_model_len, Clock())
+    result = drive(cell, seqs, arrivals, SimEngine(sched), base_row(cell, "sim"))
+    assert result.status == "ok", result.error
+    steps = store.read_table(tmp_path, "steps", {cell.run_id})
+    assert steps["finished"].sum() == len(seqs)  # each finished once
+    assert all(s.status == FINISHED and s.num_output == s.output_len for s in seqs)
     assert policy_obj.allocated_positions == 0
     assert policy_obj.internal_positions == 0 and policy_obj.shared_excess_positions == 0
     assert sched.used_positions == 0

@@ -102,8 +102,8 @@ def tight(tmp_path_factory: pytest.TempPathFactory) -> dict:
     runs = {}
     for key, cell in cells.items():
         if key[0] == "torch":
-            row, ex = run_torch(cell, record_logits=True)
-            row["run_id"] = cell.run_id
+            result, ex = run_torch(cell, record_logits=True)
+            row = result.to_row()
         else:
             row, ex = run_cell(cell), None
         runs[key] = (row, ex)
@@ -118,8 +118,8 @@ def shared_prefix(tmp_path_factory: pytest.TempPathFactory) -> dict:
                               num_requests=12, groups=2, prefix_len=24, n=2))
     runs = {}
     for key, cell in cells.items():
-        row, ex = run_torch(cell, record_logits=True)
-        runs[key] = (row, ex)
+        result, ex = run_torch(cell, record_logits=True)
+        runs[key] = (result.row, ex)
     return {"out": out, "runs": runs}
 
 
@@ -187,10 +187,10 @@ def test_cached_decoding_matches_the_model_without_a_cache(tight: dict, shared_p
 
 def test_swap_preemption_restores_kv(tmp_path: Path) -> None:
     cells = by_key(make_cells(tmp_path, ["contiguous-oracle", "paged"], preemption="swap"))
-    c_row, contiguous = run_torch(cells[("torch", "contiguous-oracle", 1)], record_logits=True)
-    p_row, paged = run_torch(cells[("torch", "paged", 16)], record_logits=True)
-    assert p_row["preemptions"] > 0
-    assert p_row["computed_tokens"] == c_row["computed_tokens"]  # swapped K/V is not recomputed
+    c_run, contiguous = run_torch(cells[("torch", "contiguous-oracle", 1)], record_logits=True)
+    p_run, paged = run_torch(cells[("torch", "paged", 16)], record_logits=True)
+    assert p_run.row["preemptions"] > 0
+    assert p_run.row["computed_tokens"] == c_run.row["computed_tokens"]  # swapped K/V is not recomputed
     assert_same_generation(contiguous, paged)
 
 
@@ -217,8 +217,9 @@ def test_low_precision_caches_run(tmp_path: Path, kv_dtype: str, element_bytes: 
     cells = by_key(make_cells(tmp_path, ["contiguous-oracle", "paged"], kv_dtype=kv_dtype, budget="32KiB",
                               num_requests=6))
     for cell in cells.values():
-        row, ex = run_torch(cell)
-        assert row["status"] == "ok", row["error"]
+        result, ex = run_torch(cell)
+        assert result.status == "ok", result.error
+        row = result.row
         assert ex.cache.bytes_per_position == 2 * 2 * 2 * 16 * element_bytes == row["kv_bytes_per_token"]
         assert row["generated_tokens"] == sum(map(len, ex.outputs().values()))
 

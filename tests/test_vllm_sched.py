@@ -209,7 +209,7 @@ def test_geometry_budget_and_dtype_mapping(tmp_path: Path, kv_dtype: str, torch_
 
 @needs_vllm
 def test_token_ids_deterministic_and_shared(tmp_path: Path) -> None:
-    from kvbench.runners.vllm_prompts import PromptIds
+    from kvbench.runners.prompts import PromptIds
     from kvbench.runners.common import expand_seqs
 
     (cell,) = cells_for(tmp_path)

@@ -149,6 +149,7 @@ def _read_jsonl(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, L
 
 def _parse_frame(frame: pd.DataFrame, where: str, label: Label) -> TraceData:
     columns = list(frame.columns)
+    arrivals: np.ndarray | None
     if any(c in columns for c in AZURE_COLUMNS):
         _require(columns, AZURE_COLUMNS, where)
         prompts = _lengths(frame["ContextTokens"], "ContextTokens", where, label)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .. import capabilities
 from ..errors import KvbenchError
 from .base import Policy
 from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
@@ -31,6 +32,7 @@ POLICIES: dict[str, Callable[[RunSpec], Policy]] = {
     "paged-prefix": lambda s: PagedPrefixPolicy(s.budget_positions, s.block_size),
     "virtual-contiguous": lambda s: VirtualContiguousPolicy(s.budget_positions, page_tokens(s)),
 }
+assert tuple(POLICIES) == capabilities.POLICIES, "harness/capabilities.py and the policy registry disagree"
 
 
 # Block-count-only variants, for callers that never read block ids (the sim's fast path).

@@ -11,7 +11,7 @@ running totals so that a step's measurement costs O(1), not O(live requests):
   sequences reference one physical block (``used`` subtracts it).
 
 ``used`` comes from the scheduler (Σ computed positions of live sequences);
-``reserved`` is then allocated − used − internal, which equals the DESIGN's
+``reserved`` is then allocated − used − internal, which equals the README's
 Σ max(0, min(A, F) − U) because U ≤ min(A, F) always holds.
 """
 
@@ -27,10 +27,13 @@ class Policy(Protocol):
     name: str
     budget_positions: int
     block_size: int  # allocation granularity in positions (1 for contiguous arenas)
-    allocated_positions: int
     internal_positions: int
     shared_excess_positions: int
     evictions: int
+
+    @property
+    def allocated_positions(self) -> int:
+        """Positions physically taken from the budget (a property where it is derived from blocks)."""
 
     def prefix_hit(self, seq: Seq) -> int:
         """Tokens of ``seq`` already cached (whole blocks); remembered for the next ``allocate``."""

@@ -1,6 +1,12 @@
-"""Deterministic prompt token ids, the same for ``vllm-sched`` and ``vllm``:
-a prefix group's shared tokens from ``default_rng([seed, 1, group])``, the
-rest of the prompt from ``default_rng([seed, 2, request_id])``, ids in [1, vocab)."""
+"""Deterministic prompt token ids, the same in every runner that computes tokens (``torch``,
+``vllm-sched``, ``vllm``): a prefix group's shared tokens from ``default_rng([seed, 1, group])``,
+the rest of the prompt from ``default_rng([seed, 2, request_id])``, ids in [1, vocab).
+
+So every sample of a request has the same prompt and a group's members share their prefix,
+which is what the prefix-caching policy's block keys assume (``PagedPolicy.key_of``). The range
+starts at 1 because vLLM's runners always drew from there (``tests/test_vllm_sched.py`` pins it);
+the ``torch`` runner drew from 0 before this module was shared, but nothing it records depends on
+the ids' values, only on which prompts share them."""
 
 from __future__ import annotations
 

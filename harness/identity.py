@@ -1,0 +1,135 @@
+"""What "the same work" and "the same cell" mean, said once.
+
+Run ids (``specs.RunSpec.run_id``), ``kvbench compare``'s matching, the report's
+comparison groups and ``kvbench diverge``'s check all read these keys, so that
+they cannot drift apart:
+
+- **work** (``WORK``): what every comparison holds fixed (docs/design.md, "same work,
+  one variable"): the model, the workload's content id, the KV precision, the KV
+  budget, ``max_model_len`` and the scheduler settings. Runs that share it form
+  one comparison group of the report;
+- **cell** (``CELL``): on top of the work, what one comparison varies: the
+  runner, the policy, its block size, the device the runner computed on and the
+  page size of ``virtual-contiguous``. Runs that share work and cell are
+  repetitions of one cell: compare and the report pool them;
+- **run** (``RUN``): the cell plus the repetition index: what a run id hashes.
+
+Keys name run-row columns (``scheduler`` and ``page_bytes`` are derived from
+``spec_json`` by ``reports.records.with_keys``). Two keys count only where they
+mean something (``applies``): the device for the runners that run on a chosen
+device, the page size for ``virtual-contiguous``.
+
+Spec and row see a few keys differently, on purpose:
+
+- a run id hashes the model's *geometry* (its shapes) under the historical name
+  ``geometry``; a row holds the model's name, which the geometry determines;
+- a run id hashes the *requested* device (``auto`` resumes as the same cell on
+  any machine); a row holds the device the run really used (sim: always cpu),
+  which is what compare must not mix;
+- a profile clock is identified by its content, never its path: the run id by
+  the digest of the profile file's bytes (``clock_profile_digest``), a row by
+  the digest of the profile document it recorded (``clock_profile_content``),
+  the only thing a results directory still holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Mapping
+
+from .capabilities import DEVICE_RUNNERS, PAGE_SIZED_POLICIES
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    column: str  # the run-row column (or derived column) holding it
+    label: str  # what a sentence calls it
+
+
+WORK: tuple[Key, ...] = (
+    Key("workload_id", "workload"),
+    Key("kv_dtype", "KV precision"),
+    Key("budget_bytes", "KV budget"),
+    Key("model", "model"),  # sets bytes per token, hence positions for the same budget
+    Key("max_model_len", "max_model_len"),  # what contiguous-max reserves; which requests are dropped
+    Key("scheduler", "scheduler settings"),
+)
+CELL: tuple[Key, ...] = (
+    Key("runner", "runner"),
+    Key("policy", "policy"),
+    Key("block_size", "block size"),
+    Key("device", "device"),
+    Key("page_bytes", "page size"),
+)
+REPEAT = Key("repeat", "repetition")  # in the run id (each repetition is a run), never in a cell
+RUN: tuple[Key, ...] = (*WORK, *CELL, REPEAT)
+
+WORK_COLUMNS: tuple[str, ...] = tuple(k.column for k in WORK)
+CELL_COLUMNS: tuple[str, ...] = tuple(k.column for k in CELL)
+LABELS: dict[str, str] = {k.column: k.label for k in RUN}
+
+
+# Scheduler settings split by what they change: the timing settings price each step in
+# seconds; the others (max_num_seqs, max_num_batched_tokens, preemption, max_stall_steps)
+# change which request runs when. Both belong to the work (with timed arrivals a clock changes
+# who is waiting at each step), but a report deliberately sets runs on different clocks beside
+# each other (an engine's measured steps beside sim on a profile fitted to them), so only a
+# scheduling difference is called "not the same work" out loud.
+TIMING_SETTINGS: tuple[str, ...] = ("clock", "gpu", "clock_profile_digest", "clock_profile_content",
+                                    "clock_profile_path")
+
+# Names a run id hashes a key under, where it differs from the row's column: run ids written
+# before this module existed must stay the same, or every results directory would re-run.
+RUN_ID_NAMES: dict[str, str] = {"model": "geometry"}
+
+
+def applies(column: str, runner: str, policy: str) -> bool:
+    """Whether ``column`` is part of the identity of a run of ``runner`` with ``policy``."""
+    if column == "device":
+        return runner in DEVICE_RUNNERS
+    if column == "page_bytes":
+        return policy in PAGE_SIZED_POLICIES
+    return True
+
+
+def run_canonical(values: Mapping[str, Any]) -> dict[str, Any]:
+    """What a run id hashes, from a value for every ``RUN`` column (the keys that do not apply
+    to the runner or policy are left out)."""
+    missing = [k.column for k in RUN if k.column not in values]
+    if missing:
+        raise ValueError(f"run identity: no value for {', '.join(missing)}")
+    runner, policy = str(values["runner"]), str(values["policy"])
+    return {RUN_ID_NAMES.get(k.column, k.column): values[k.column] for k in RUN if applies(k.column, runner, policy)}
+
+
+def canonical_json(value: Any) -> str:
+    """The one JSON spelling identities are compared and hashed in."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def digest(value: Any) -> str:
+    """16 hex digits of sha256 over ``canonical_json(value)``: a run id."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()[:16]
+
+
+def content_digest(text: str) -> str:
+    """16 hex digits of sha256 over a text as it is (a recorded profile document)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def scheduler_identity(settings: Mapping[str, Any], profile: Mapping[str, str]) -> dict[str, Any]:
+    """The scheduler settings with the profile file's path replaced by what identifies its
+    content (``profile``: e.g. ``{"clock_profile_digest": ...}``; empty when there is no profile):
+    a recalibrated file at the same path is another clock, a copy at another path the same."""
+    sched = {k: v for k, v in settings.items() if k != "clock_profile"}
+    if settings.get("clock_profile") is not None:
+        sched.update(profile)
+    return sched
+
+
+def scheduling_part(scheduler: Mapping[str, Any]) -> dict[str, Any]:
+    """The scheduler identity without its timing settings (``TIMING_SETTINGS``): what decides
+    which request runs when."""
+    return {k: v for k, v in scheduler.items() if k not in TIMING_SETTINGS}

@@ -1,0 +1,101 @@
+"""kvbench's own scheduler as the driver's ``Engine``: the ``sim`` runner's (the reference or the
+fast path) and the ``torch`` runner's, whose executor computes each planned step for real."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..harness.feasibility import explain
+from ..harness.policies import make_policy
+from ..harness.recorder import RunRecorder
+from ..harness.scheduler import Arrivals, Scheduler, StepPlan
+from ..harness.schema import StepRow
+from ..harness.sequence import Seq
+from .base import Cell, RunResult
+from .common import base_row, expand_seqs, shortfall, write_status_only
+from .driver import drive
+
+
+class StepExecutor(Protocol):
+    """Computes each planned step for real (the torch runner)."""
+
+    def execute(self, plan: StepPlan) -> tuple[float | None, int | None]:
+        """Compute the step; (its wall seconds, the KV bytes allocated)."""
+
+    def extra_row(self) -> dict[str, object]:
+        """The run row's columns only the executor knows (device, measured throughput)."""
+
+
+class SimEngine:
+    """A ``Scheduler`` stepped by the driver: plan, measure, execute (when an executor is given),
+    sample and free; the step's row from the plan and the allocation state while it computes."""
+
+    def __init__(self, sched: Scheduler, executor: StepExecutor | None = None) -> None:
+        self.sched = sched
+        self.executor = executor
+        # The fast path records runs of quiet steps in bulk; never with an executor, which needs every plan.
+        self._quiet = getattr(sched, "record_quiet_steps", None) if executor is None else None
+
+    @property
+    def now(self) -> float:
+        return self.sched.now
+
+    @now.setter
+    def now(self, t_s: float) -> None:
+        self.sched.now = t_s
+
+    def busy(self) -> bool:
+        sched = self.sched
+        return bool(sched.waiting or sched.running)
+
+    def admit(self, seq: Seq) -> None:
+        self.sched.waiting.append(seq)
+
+    def record_quiet_steps(self, recorder: RunRecorder) -> int:
+        return self._quiet(recorder) if self._quiet is not None else 0
+
+    def step(self) -> StepRow:
+        sched = self.sched
+        plan = sched.schedule()
+        (running, waiting, blocks, allocated, used, reserved, internal, external, free,
+         evicted) = sched.measure_values()
+        wall, kv_bytes = self.executor.execute(plan) if self.executor is not None else (None, None)
+        done = sched.finish_step(plan, wall)
+        work = plan.work
+        measured = wall is not None  # the step's work beside its measured time (calibrate's features)
+        return StepRow(
+            step=plan.step, t_s=plan.t_s, dt_s=sched.now - plan.t_s, running=running, waiting=waiting,
+            admitted=plan.admitted, finished=len(done), preempted=len(plan.preempted),
+            scheduled_tokens=work.scheduled_tokens, allocated_blocks=blocks, allocated_positions=allocated,
+            used_positions=used, reserved_positions=reserved, internal_frag_positions=internal,
+            external_frag_positions=external, free_positions=free, evicted_blocks=evicted,
+            prefix_hit_tokens=plan.prefix_hit_tokens, kv_bytes_allocated=kv_bytes, step_wall_s=wall,
+            scheduled_seqs=work.scheduled_seqs if measured else None,
+            context_tokens=work.context_tokens if measured else None,
+            attention_pairs=work.attention_pairs if measured else None,
+        )
+
+    def finish(self) -> dict[str, object]:
+        return self.executor.extra_row() if self.executor is not None else {}
+
+
+def run_scheduler(cell: Cell, runner: str, executor: StepExecutor | None = None,
+                  scheduler_cls: type[Scheduler] = Scheduler) -> RunResult:
+    """Run kvbench's scheduler over the cell through the driver, recording every step.
+
+    ``scheduler_cls`` may be the fast path (``FastScheduler``) only without an
+    executor: its plans list only the requests it touched, not every decoder.
+    """
+    assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
+    spec = cell.spec
+    seqs = expand_seqs(cell)
+    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids)
+    row = base_row(cell, runner)
+    short = shortfall(cell, seqs, policy)
+    if short is not None:
+        return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
+    clock = spec.scheduler.make_clock(spec.geometry, spec.kv_bytes_per_token)
+    assert clock is not None or executor is not None, "a measured clock needs a runner that measures steps"
+    arrivals = Arrivals(seqs)
+    sched = scheduler_cls(arrivals, policy, spec.scheduler, spec.memory.max_model_len, clock)
+    return drive(cell, seqs, arrivals, SimEngine(sched, executor), row)

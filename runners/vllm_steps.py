@@ -1,0 +1,159 @@
+"""vLLM stepped by the driver loop (``runners.driver``): ``vllm-sched`` (vLLM's scheduler with a
+mocked model) and ``vllm`` (the full engine).
+
+Both hand ``VllmStepEngine`` a ``StepSource`` whose ``step()`` reports what vLLM's
+``schedule()`` decided and the allocation state right after it, before the
+step's outputs are applied: the simulator's sampling point. So a request that
+finishes in a step still holds its blocks in that step's row, in all three
+runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
+(``kvbench diverge``).
+
+- arrivals: released by the driver, with the simulator's rule
+  (``harness.scheduler.Arrivals``), against this engine's clock: step time
+  from the same ``StepWork`` as the simulator's, or, on ``clock = "measured"``,
+  the step's measured wall time (``vllm`` only: ``vllm-sched`` measures nothing);
+- ``allocated_blocks`` from vLLM's block pool (usable − free);
+  ``used_positions`` = Σ ``num_computed_tokens`` of running requests, minus
+  the positions of blocks held by more than one request beyond the first
+  holder (the simulator's "shared block counted once");
+  ``internal_frag_positions`` = Σ max(0, blocks × block_size − (prompt +
+  output)); ``reserved`` = allocated − used − internal; ``external`` = the
+  budget left below one whole block when anything waits; ``preempted`` from
+  the scheduler output; ``prefix_hit_tokens`` = the admitted requests'
+  computed tokens at admission;
+- per request: vLLM's own preemption count where it gives one.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..harness.clock import StepWork
+from ..harness.recorder import RunRecorder
+from ..harness.schema import StepRow
+from ..harness.sequence import FINISHED, Seq
+from .base import Cell
+from .prompts import PromptIds
+from .vllm_adapter import VllmStep
+
+
+class StepSource(Protocol):
+    """vLLM stepped one scheduler step at a time."""
+
+    usable_blocks: int
+
+    def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def step(self) -> VllmStep | None:
+        """One step; None when vLLM scheduled nothing (it held no request)."""
+
+    def num_preemptions(self, seq_index: int) -> int | None: ...
+
+    @property
+    def evictions(self) -> int: ...
+
+
+class VllmStepEngine:
+    """A ``StepSource`` as the driver's ``Engine``: kvbench's clock, the sequences' bookkeeping
+    from what vLLM decided, and each step's row (the module docstring's definitions)."""
+
+    def __init__(self, cell: Cell, seqs: list[Seq], source: StepSource) -> None:
+        spec = cell.spec
+        self.source = source
+        self.seqs = seqs
+        self.block_size = spec.block_size
+        self.budget = spec.budget_positions
+        self.external_when_waiting = self.budget - source.usable_blocks * self.block_size
+        self.clock = spec.scheduler.make_clock(spec.geometry, spec.kv_bytes_per_token)  # None: measured step time
+        self.prompts = PromptIds(cell)
+        self.now = 0.0
+        self.step_index = 0
+        self.evictions_seen = 0
+        self.measured_s = 0.0
+
+    def busy(self) -> bool:
+        return self.source.has_unfinished()
+
+    def admit(self, seq: Seq) -> None:
+        self.source.add(seq.index, self.prompts.of(seq), seq.output_len, seq.arrival_s)
+
+    def record_quiet_steps(self, recorder: RunRecorder) -> int:
+        return 0  # vLLM is stepped one schedule() at a time
+
+    def step(self) -> StepRow | None:
+        t_s = self.now
+        done = self.source.step()
+        if done is None:  # nothing scheduled: no step, no time
+            return None
+        seqs, bs = self.seqs, self.block_size
+        out, occ = done.schedule, done.occupancy
+        hit_tokens = 0
+        for idx, hit in out.admitted:
+            seq = seqs[idx]
+            if seq.num_preemptions == 0:
+                seq.first_scheduled_s = t_s
+            seq.prefix_hit_tokens += hit
+            hit_tokens += hit
+        for idx in out.preempted:
+            seqs[idx].num_preemptions += 1
+        context = pairs = 0
+        for idx, n, computed, blocks in out.scheduled:
+            context += computed
+            pairs += n * computed
+            seq = seqs[idx]
+            if blocks * bs > seq.peak_allocated:
+                seq.peak_allocated = blocks * bs
+        work = StepWork(out.scheduled_tokens, context, pairs, len(out.scheduled))
+        if self.clock is not None:
+            now = t_s + self.clock.step_time(work)
+        else:  # measured: RunSpec allows it only for runners that time their steps
+            assert done.wall_s is not None, "a measured clock needs the step's measured time"
+            now = t_s + done.wall_s
+        self.now = now
+        for idx in done.got:
+            seq = seqs[idx]
+            seq.num_output += 1
+            if seq.num_output == 1:
+                seq.first_token_s = now
+        for idx in done.finished:
+            seq = seqs[idx]
+            seq.status = FINISHED
+            seq.finished_s = now
+        measured = done.wall_s is not None
+        if done.wall_s is not None:
+            self.measured_s += done.wall_s
+
+        allocated = occ.allocated_blocks * bs
+        shared_excess = max(0, occ.held_blocks - occ.allocated_blocks) * bs
+        used = occ.computed_tokens - shared_excess
+        internal = occ.internal_positions
+        evictions = self.source.evictions
+        evicted, self.evictions_seen = evictions - self.evictions_seen, evictions
+        row = StepRow(
+            step=self.step_index, t_s=t_s, dt_s=now - t_s, running=occ.running, waiting=occ.waiting,
+            admitted=len(out.admitted), finished=len(done.finished), preempted=len(out.preempted),
+            scheduled_tokens=out.scheduled_tokens, allocated_blocks=occ.allocated_blocks,
+            allocated_positions=allocated, used_positions=used, reserved_positions=allocated - used - internal,
+            internal_frag_positions=internal,
+            external_frag_positions=self.external_when_waiting if occ.waiting else 0,
+            free_positions=self.budget - allocated, evicted_blocks=evicted, prefix_hit_tokens=hit_tokens,
+            kv_bytes_allocated=done.kv_bytes, step_wall_s=done.wall_s,
+            scheduled_seqs=work.scheduled_seqs if measured else None,
+            context_tokens=work.context_tokens if measured else None,
+            attention_pairs=work.attention_pairs if measured else None,
+        )
+        self.step_index += 1
+        return row
+
+    def finish(self) -> dict[str, object]:
+        for seq in self.seqs:  # vLLM's own count is the record
+            count = self.source.num_preemptions(seq.index)
+            if count is not None:
+                seq.num_preemptions = count
+        if self.measured_s > 0:
+            # Measured steps: generated tokens per measured second (the torch runner's wall definition);
+            # tokens_per_s stays on kvbench's clock, as for every runner.
+            return {"wall_tokens_per_s": sum(s.num_output for s in self.seqs) / self.measured_s}
+        return {}

@@ -1,0 +1,39 @@
+"""What a plain install needs: every package folder mapped into the wheel, the suites shipped
+as package data and found by name from any directory."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from kvbench.app.suite import default_suite_path, load_suite, shipped_suites
+from kvbench.harness.errors import KvbenchError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_package_folder_is_in_the_wheel() -> None:
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    mapped = {folder: name for name, folder in tool["package-dir"].items()}
+    assert set(tool["packages"]) == set(tool["package-dir"])
+    folders = {str(p.parent.relative_to(ROOT)) for top in ("harness", "workloads", "runners", "reports", "app", "suites")
+               for p in (ROOT / top).rglob("__init__.py")}
+    assert folders == set(mapped), "a package folder is missing from [tool.setuptools] (or mapped but gone)"
+    for folder in folders:  # typed packages say so (PEP 561), the suites ship their TOML
+        name = mapped[folder]
+        data = tool["package-data"].get(name, [])
+        if folder == "suites":
+            assert "*.toml" in data
+        elif "/" not in folder:
+            assert "py.typed" in data and (ROOT / folder / "py.typed").exists()
+
+
+def test_shipped_suites_load_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # an empty directory: nothing to find but the package data
+    assert default_suite_path().is_file()
+    assert {"default", "paper-block-size", "paper-memory-waste"} <= set(shipped_suites())
+    assert load_suite("default").name == "default"
+    with pytest.raises(KvbenchError, match="no such suite file .*shipped suites: .*default"):
+        load_suite("no-such-suite")
