@@ -21,14 +21,14 @@ from ..harness.capabilities import RUNNER_NAMES, is_contiguous
 from ..harness.errors import KvbenchError
 from ..harness.names import path_component
 from ..harness.reference import parse_references
-from ..harness.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
+from ..harness.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
 from ..harness.units import parse_size
 from ..harness.workload_spec import FIELD_KINDS, WorkloadSpec
 
 MODEL_KEYS = ("preset", "config", "kv_dtype")
 MEMORY_KEYS = ("kv_budget", "max_model_len")
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerSpec))
-RUN_KEYS = ("runner", "policy", "block_size", "page_bytes", "repeat", "device")
+RUN_KEYS = ("runner", "policy", "block_size", "page_bytes", "arena", "repeat", "device")
 WORKLOAD_KEYS = tuple(FIELD_KINDS)
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "model": MODEL_KEYS, "memory": MEMORY_KEYS, "scheduler": SCHEDULER_KEYS, "run": RUN_KEYS,
@@ -108,9 +108,16 @@ class Suite:
             if isinstance(policy, str) and is_contiguous(policy):
                 block_size = 1  # one reservation per request: the arena's unit is a position
             page_bytes = parse_size(s.get("page_bytes", 2 * 2**20), "page_bytes")
+            arena = s.get("arena", ARENAS[0])
+            check_arena(arena, "cell")  # a typo is an error whatever the cell's policy
+            if not (isinstance(policy, str) and is_contiguous(policy)):
+                # The arena places contiguous reservations only: a suite-wide arena is ignored by
+                # the other policies (their specs keep the default, so no duplicate cells).
+                arena = ARENAS[0]
             spec = RunSpec(runner=s["runner"], policy=policy, block_size=block_size, model=model,
                            memory=memory, workload=workload, scheduler=scheduler, page_bytes=page_bytes,
-                           repeat=s.get("repeat", 0), device=s.get("device", "auto"), suite=self.name)
+                           arena=arena, repeat=s.get("repeat", 0), device=s.get("device", "auto"),
+                           suite=self.name)
             if policy == "virtual-contiguous":
                 from ..harness.policies import page_tokens
 

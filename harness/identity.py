@@ -9,15 +9,19 @@ they cannot drift apart:
   budget, ``max_model_len`` and the scheduler settings. Runs that share it form
   one comparison group of the report;
 - **cell** (``CELL``): on top of the work, what one comparison varies: the
-  runner, the policy, its block size, the device the runner computed on and the
-  page size of ``virtual-contiguous``. Runs that share work and cell are
-  repetitions of one cell: compare and the report pool them;
+  runner, the policy, its block size, the device the runner computed on, the
+  page size of ``virtual-contiguous`` and the arena of the contiguous policies.
+  Runs that share work and cell are repetitions of one cell: compare and the
+  report pool them;
 - **run** (``RUN``): the cell plus the repetition index: what a run id hashes.
 
 Keys name run-row columns (``scheduler`` and ``page_bytes`` are derived from
-``spec_json`` by ``reports.records.with_keys``). Two keys count only where they
+``spec_json`` by ``reports.records.with_keys``). Three keys count only where they
 mean something (``applies``): the device for the runners that run on a chosen
-device, the page size for ``virtual-contiguous``.
+device, the page size for ``virtual-contiguous``, the arena for the contiguous
+policies. A key added after run ids were first written counts only where it is not
+its default (``DEFAULTS``: the arena's ``first-fit``), so that every earlier run id
+stays the same; ``key_value`` says what a key is to identity (None: not counted).
 
 Spec and row see a few keys differently, on purpose:
 
@@ -39,7 +43,7 @@ import hashlib
 import json
 from typing import Any, Mapping
 
-from .capabilities import DEVICE_RUNNERS, PAGE_SIZED_POLICIES
+from .capabilities import DEVICE_RUNNERS, PAGE_SIZED_POLICIES, is_contiguous
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +66,7 @@ CELL: tuple[Key, ...] = (
     Key("block_size", "block size"),
     Key("device", "device"),
     Key("page_bytes", "page size"),
+    Key("arena", "arena"),  # contiguous policies: first-fit or buddy placement
 )
 REPEAT = Key("repeat", "repetition")  # in the run id (each repetition is a run), never in a cell
 RUN: tuple[Key, ...] = (*WORK, *CELL, REPEAT)
@@ -84,6 +89,10 @@ TIMING_SETTINGS: tuple[str, ...] = ("clock", "gpu", "clock_profile_digest", "clo
 # before this module existed must stay the same, or every results directory would re-run.
 RUN_ID_NAMES: dict[str, str] = {"model": "geometry"}
 
+# Keys added to the identity after run ids were first written: their default is what every
+# earlier run did, so a key at its default is left out (the run id stays what it was).
+DEFAULTS: dict[str, object] = {"arena": "first-fit"}
+
 
 def applies(column: str, runner: str, policy: str) -> bool:
     """Whether ``column`` is part of the identity of a run of ``runner`` with ``policy``."""
@@ -91,17 +100,35 @@ def applies(column: str, runner: str, policy: str) -> bool:
         return runner in DEVICE_RUNNERS
     if column == "page_bytes":
         return policy in PAGE_SIZED_POLICIES
+    if column == "arena":
+        return is_contiguous(policy)
     return True
+
+
+def counts(column: str, runner: str, policy: str, value: Any) -> bool:
+    """Whether ``column`` holding ``value`` is part of the identity: it applies, and it is not
+    a key at its default (``DEFAULTS``; a null there reads as the default: rows written
+    before the key existed)."""
+    if not applies(column, runner, policy):
+        return False
+    return column not in DEFAULTS or (value is not None and value == value and value != DEFAULTS[column])
+
+
+def key_value(column: str, runner: str, policy: str, value: Any) -> Any:
+    """The value of ``column`` as identity sees it: ``value`` where it counts, else None (so a
+    row of a paged run, a first-fit run and a row from before the arena existed agree)."""
+    return value if counts(column, runner, policy, value) else None
 
 
 def run_canonical(values: Mapping[str, Any]) -> dict[str, Any]:
     """What a run id hashes, from a value for every ``RUN`` column (the keys that do not apply
-    to the runner or policy are left out)."""
+    to the runner or policy, and those at their ``DEFAULTS`` value, are left out)."""
     missing = [k.column for k in RUN if k.column not in values]
     if missing:
         raise ValueError(f"run identity: no value for {', '.join(missing)}")
     runner, policy = str(values["runner"]), str(values["policy"])
-    return {RUN_ID_NAMES.get(k.column, k.column): values[k.column] for k in RUN if applies(k.column, runner, policy)}
+    return {RUN_ID_NAMES.get(k.column, k.column): values[k.column] for k in RUN
+            if counts(k.column, runner, policy, values[k.column])}
 
 
 def canonical_json(value: Any) -> str:

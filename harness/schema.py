@@ -98,6 +98,7 @@ RUNS = pa.schema([
     ("runner", pa.string()),
     ("policy", pa.string()),
     ("block_size", pa.int64()),
+    ("arena", pa.string()),  # where a contiguous policy placed reservations: first-fit or buddy (null: other policies)
     ("kv_dtype", pa.string()),
     ("kv_bytes_per_token", pa.int64()),
     ("budget_bytes", pa.int64()),

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 PREEMPTION_MODES = ("recompute", "swap")
 CLOCKS = ("steps", "roofline", "profile", "measured")
+# Where a contiguous policy places its reservations (harness/policies/arena.py); the first is
+# the default, left out of run ids so that ids from before the choice existed stay the same.
+ARENAS = ("first-fit", "buddy")
 
 
 def _positive_int(owner: str, field: str, value: object, upper: int | None = None) -> None:
@@ -32,6 +35,11 @@ def _positive_int(owner: str, field: str, value: object, upper: int | None = Non
         raise KvbenchError(f"{owner}: {field} must be a positive integer, got {value!r}")
     if upper is not None and value > upper:
         raise KvbenchError(f"{owner}: {field} = {value} is absurdly large (at most {upper})")
+
+
+def check_arena(value: object, owner: str) -> None:
+    if value not in ARENAS:
+        raise KvbenchError(f"{owner}: unknown arena {value!r} (known: {', '.join(ARENAS)})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +123,7 @@ class RunSpec:
     workload: WorkloadSpec
     scheduler: SchedulerSpec
     page_bytes: int = 2 * 2**20  # virtual-contiguous only
+    arena: str = ARENAS[0]  # contiguous policies only: first-fit or buddy placement (ignored by the others)
     repeat: int = 0  # repetition index, for timed metrics' spread
     device: str = "auto"  # torch / vllm runners: cpu, cuda or auto
     suite: str = "adhoc"
@@ -126,6 +135,7 @@ class RunSpec:
         _positive_int("cell", "page_bytes", self.page_bytes, upper=2**40)
         if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 0:
             raise KvbenchError(f"cell: repeat must be a non-negative integer, got {self.repeat!r}")
+        check_arena(self.arena, "cell")
         if self.device not in ("auto", "cpu", "cuda"):
             raise KvbenchError(f"cell: unknown device {self.device!r} (known: auto, cpu, cuda)")
         clock = self.scheduler.clock
@@ -169,6 +179,7 @@ class RunSpec:
             "block_size": self.block_size,
             "device": self.device,  # as requested: "auto" resumes as the same cell on any machine
             "page_bytes": self.page_bytes,
+            "arena": self.arena,
             "repeat": self.repeat,
         })
 

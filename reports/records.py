@@ -131,7 +131,7 @@ def workload_family(row: Mapping[str, Any]) -> str:
 
 
 def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs plus the derived columns reports group by: ``scheduler``, ``page_bytes``, ``family``
+    """Runs plus the derived columns reports group by: ``scheduler``, ``page_bytes``, ``arena``, ``family``
     (the workload spec without its rate), and the labels ``workload`` and ``family_label``."""
     runs = runs.copy()
     rows = runs.to_dict("records")
@@ -141,6 +141,10 @@ def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
     for col in ("device", "code_digest"):  # frames from before these columns: the keys still exist
         if col not in runs:
             runs[col] = None
+    # The arena as identity sees it: "buddy" for a buddy-placed contiguous run, None for first-fit
+    # (the default, and what rows from before the column mean) and for the other policies.
+    runs["arena"] = pd.Series([identity.key_value("arena", str(r.get("runner")), str(r.get("policy")), r.get("arena"))
+                               for r in rows], index=runs.index, dtype=object)
     runs["family"] = [workload_family(r) for r in rows]
     runs["workload"] = [workload_label(r) for r in rows]
     runs["family_label"] = [workload_label(r, rate=False) for r in rows]

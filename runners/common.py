@@ -9,6 +9,7 @@ import math
 import os
 from pathlib import Path
 
+from ..harness.capabilities import is_contiguous
 from ..harness.clock import GPU_PRESETS
 from ..harness.feasibility import Shortfall
 from ..harness.latency import latency_summary
@@ -76,6 +77,7 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         "runner": runner,
         "policy": spec.policy,
         "block_size": spec.block_size,
+        "arena": spec.arena if is_contiguous(spec.policy) else None,
         "kv_dtype": spec.model.kv_dtype,
         "kv_bytes_per_token": spec.kv_bytes_per_token,
         "budget_bytes": spec.memory.kv_budget_bytes,

@@ -1,8 +1,8 @@
 """The simulator's fast path produces byte-identical steps and requests tables to the
 step-by-step reference scheduler, and the same run rows, on workloads that exercise every
 path: quiet stretches recorded in bulk, preemptions (fallback to the reference), chunked
-prefill, prefix caching with evictions, contiguous arenas, roofline clocks, Poisson and
-trace arrivals, and runs long enough to span several Parquet row groups."""
+prefill, prefix caching with evictions, contiguous arenas (first-fit and buddy), roofline
+clocks, Poisson and trace arrivals, and runs long enough to span several Parquet row groups."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ gpu = "{gpu}"
 [grid]
 policy = {policies}
 block_size = {block_sizes}
+{grid_extra}
 """
 
 AZURE = DATA / "azure-conv-slice.csv"
@@ -98,12 +99,19 @@ CASES = {
                               workload='source = "uniform"\nprompt_min = 10\nprompt_max = 700\n'
                                        'output_min = 1\noutput_max = 500\nnum_requests = 220\nn = 2\n'
                                        'arrival = "poisson"\nrate = 2.0\nseed = 11'),
+    # The buddy arena: contiguous reservations rounded to powers of two, queued admissions
+    # (external fragmentation of the head), quiet stretches with a blocked queue, roofline.
+    "buddy-arena": dict(budget="2300MiB", seqs=32, clock="roofline", block_sizes="[16]",
+                        policies='["contiguous-max", "contiguous-pow2", "contiguous-oracle"]',
+                        grid_extra='arena = ["buddy"]',
+                        workload='source = "uniform"\nprompt_min = 10\nprompt_max = 500\noutput_min = 1\n'
+                                 'output_max = 400\nnum_requests = 150\narrival = "poisson"\nrate = 4.0\nseed = 2'),
 }
 
 
 def _suite(**kw) -> str:
     values = dict(preset="opt-13b", max_len=2048, seqs=64, tokens=2048, preemption="recompute", clock="steps",
-                  gpu="A100-40GB", policies=ALL_POLICIES, block_sizes="[16, 32]")
+                  gpu="A100-40GB", policies=ALL_POLICIES, block_sizes="[16, 32]", grid_extra="")
     values.update(kw)
     return BASE.format(**values)
 
@@ -155,6 +163,7 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
     ref.mkdir()  # build_cells creates fast/; the results directory exists before a run is recorded
     preempted = evicted = steps = 0
     fewest_steps = None
+    arenas: set[object] = set()
     for cell in build_cells(suite, fast, lambda m: None):
         ref_cell = cell.__class__(spec=cell.spec, workload=cell.workload, out=ref)
         a = SimRunner().run(cell).row
@@ -171,6 +180,7 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
                 va, vb = a.get(key), b.get(key)
                 same = va == vb or (isinstance(va, float) and isinstance(vb, float) and math.isnan(va) and math.isnan(vb))
                 assert same, (case, cell.spec.policy, key, va, vb)
+        arenas.add(b["arena"])
         preempted += b["preemptions"]
         evicted += b["evictions"]
         steps += b["steps"]
@@ -192,6 +202,8 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert bulk_counter["merged"] > 0 and bulk_counter["merged_admissions"] > 0
     if case == "merged-admissions":
         assert preempted > 0
+    if case == "buddy-arena":
+        assert arenas == {"buddy"} and bulk_counter["steps"] > 0  # quiet stretches on a buddy arena
 
 
 def test_roofline_step_times_are_step_time_bit_for_bit():

@@ -49,13 +49,38 @@ def test_run_ids_of_existing_specs_did_not_change() -> None:
 
 def test_run_id_hashes_every_identity_key_and_only_where_it_applies() -> None:
     canon = spec(runner="torch", policy="virtual-contiguous").canonical("w")
-    assert set(canon) == {identity.RUN_ID_NAMES.get(k.column, k.column) for k in identity.RUN}
+    # Every key but the arena (contiguous policies only, and only when not first-fit).
+    assert set(canon) == {identity.RUN_ID_NAMES.get(k.column, k.column) for k in identity.RUN} - {"arena"}
     assert "device" not in spec().canonical("w") and "page_bytes" not in spec().canonical("w")
     # The device counts for torch, not for sim; the page size for virtual-contiguous only.
     assert spec(runner="torch", device="cpu").run_id("w") != spec(runner="torch", device="cuda").run_id("w")
     assert spec(device="cpu").run_id("w") == spec(device="cuda").run_id("w")
     assert spec(page_bytes=2**20).run_id("w") == spec(page_bytes=2**21).run_id("w")
     assert spec(repeat=1).run_id("w") != spec().run_id("w")  # each repetition is a run of its own
+
+
+def test_the_arena_counts_for_contiguous_policies_only_and_only_when_not_first_fit() -> None:
+    ff = spec(policy="contiguous-oracle", block_size=1)
+    buddy = ff.replace(arena="buddy")
+    assert "arena" not in ff.canonical("w")  # the default: run ids from before the arena existed stay
+    assert buddy.canonical("w")["arena"] == "buddy" and buddy.run_id("w") != ff.run_id("w")
+    assert spec(arena="buddy").run_id("w") == spec().run_id("w")  # paged: the arena means nothing
+    assert identity.key_value("arena", "sim", "contiguous-max", None) is None  # a row from before the column
+    assert identity.key_value("arena", "sim", "contiguous-max", "first-fit") is None
+    assert identity.key_value("arena", "sim", "contiguous-max", "buddy") == "buddy"
+    assert identity.key_value("arena", "sim", "paged", "buddy") is None
+
+
+def test_compare_pairs_first_fit_runs_with_rows_from_before_the_arena_column() -> None:
+    old = run("sim", "contiguous-oracle", mean_running=2.0)  # arena null, as in older files
+    new = dict(old, arena="first-fit")
+    buddy = dict(old, arena="buddy", run_id=old["run_id"] + "b")
+    assert set(compare(pd.DataFrame([old]), pd.DataFrame([new]), TOL)["verdict"]) == {SAME}
+    sided = compare(pd.DataFrame([old]), pd.DataFrame([buddy]), TOL)
+    assert set(sided["verdict"]) == {BASE_ONLY, CAND_ONLY}
+    cells = summary(runs_frame([new, buddy]))  # two cells of one comparison group
+    assert len(cells) == 2 and cells["group"].nunique() == 1
+    assert sorted(cells["arena"].map(lambda a: a if isinstance(a, str) else "-")) == ["-", "buddy"]
 
 
 def test_a_copied_profile_is_the_same_run_id_its_path_is_not_identity(tmp_path: Path) -> None:

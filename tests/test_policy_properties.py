@@ -1,10 +1,14 @@
-"""Property tests: random admit / grow / free / preempt sequences against every policy."""
+"""Property tests: random admit / grow / free / preempt sequences against every policy, and
+random allocate / free sequences against the buddy arena."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pytest
+
+from kvbench.harness.policies.arena import Arena, BuddyArena, top_blocks
 from kvbench.harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
 from kvbench.harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from kvbench.harness.sequence import Seq
@@ -13,11 +17,11 @@ BUDGET = 600
 MAX_LEN = 160
 
 
-def make(name: str, block_size: int):
+def make(name: str, block_size: int, arena: str = "first-fit"):
     return {
-        "contiguous-max": lambda: ContiguousMax(BUDGET, MAX_LEN),
-        "contiguous-pow2": lambda: ContiguousPow2(BUDGET, MAX_LEN),
-        "contiguous-oracle": lambda: ContiguousOracle(BUDGET, MAX_LEN),
+        "contiguous-max": lambda: ContiguousMax(BUDGET, MAX_LEN, arena),
+        "contiguous-pow2": lambda: ContiguousPow2(BUDGET, MAX_LEN, arena),
+        "contiguous-oracle": lambda: ContiguousOracle(BUDGET, MAX_LEN, arena),
         "paged": lambda: PagedPolicy(BUDGET, block_size),
         "paged-prefix": lambda: PagedPrefixPolicy(BUDGET, block_size),
         "virtual-contiguous": lambda: VirtualContiguousPolicy(BUDGET, block_size),
@@ -46,6 +50,16 @@ def check(policy, live: list[Seq]) -> None:
             pos += length
         assert pos == policy.budget_positions
         assert policy.allocated_positions == sum(s.allocated for s in live)
+        assert policy.allocated_positions + policy.arena.free_total == policy.budget_positions
+        # What each request holds is what the arena took: its reservation, or the 2^k block around it.
+        for s in live:
+            assert s.allocated == policy.arena.footprint(policy.reservation(s)) >= policy.reservation(s)
+        assert policy.rounding_positions == sum(s.allocated - policy.reservation(s) for s in live)
+        assert policy.internal_positions == sum(max(0, s.allocated - s.final_len) for s in live)
+        if isinstance(policy.arena, BuddyArena):
+            assert policy.arena.live_blocks() == sorted((s.alloc_start, s.allocated) for s in live)
+        else:
+            assert policy.rounding_positions == 0
         return
     refs: dict[int, int] = {}
     for s in live:
@@ -65,10 +79,11 @@ def check(policy, live: list[Seq]) -> None:
 @given(policy_name=st.sampled_from(["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged",
                                     "paged-prefix", "virtual-contiguous"]),
        block_size=st.sampled_from([1, 4, 16]),
+       arena=st.sampled_from(["first-fit", "buddy"]),
        specs=st.lists(seq_strategy, min_size=1, max_size=12),
        ops=st.lists(op_strategy, max_size=80))
-def test_random_operations_keep_every_invariant(policy_name, block_size, specs, ops):
-    policy = make(policy_name, block_size)
+def test_random_operations_keep_every_invariant(policy_name, block_size, arena, specs, ops):
+    policy = make(policy_name, block_size, arena)
     seqs = []
     for i, (p, o, g, rid) in enumerate(specs):
         prefix_len = min(48, p - 1) if g >= 0 and p > 1 else 0
@@ -102,6 +117,10 @@ def test_random_operations_keep_every_invariant(policy_name, block_size, specs, 
         live.remove(seq)
     check(policy, live)
     assert policy.allocated_positions == 0 and policy.internal_positions == 0
+    if isinstance(policy, ContiguousPolicy):
+        assert policy.rounding_positions == 0
+        whole = top_blocks(BUDGET) if arena == "buddy" else [(0, BUDGET)]
+        assert policy.arena.free_ranges() == whole  # everything freed: coalesced back to the start
 
 
 def _write(policy, seq: Seq, start: int, end: int) -> None:
@@ -111,3 +130,86 @@ def _write(policy, seq: Seq, start: int, end: int) -> None:
         for pos in range(start, end):
             assert policy.writable(seq, pos), (seq, pos)
     seq.num_computed = end
+
+
+# -- the buddy arena on its own --------------------------------------------------------------
+
+def test_top_blocks_are_the_binary_decomposition_of_the_size() -> None:
+    assert top_blocks(600) == [(0, 512), (512, 64), (576, 16), (592, 8)]
+    assert top_blocks(1024) == [(0, 1024)] and top_blocks(1) == [(0, 1)] and top_blocks(0) == []
+    for size in (3, 600, 2944, 15728, 2**20 - 1):
+        blocks = top_blocks(size)
+        assert sum(n for _, n in blocks) == size
+        assert all(start % n == 0 for start, n in blocks)  # each aligned to its size: XOR finds buddies
+
+
+def test_buddy_takes_the_smallest_block_and_coalesces() -> None:
+    a = BuddyArena(600)
+    assert a.footprint(100) == 128 and a.footprint(128) == 128 and a.footprint(1) == 1
+    assert a.allocate(100) == 0  # 512 split: 0+128 taken, 128+128 and 256+256 free
+    assert a.allocate(3) == 592  # the 8-block is the smallest that holds 4
+    assert a.free_ranges() == [(128, 128), (256, 256), (512, 64), (576, 16), (596, 4)]
+    assert a.free_total == 600 - 128 - 4 and a.largest_free() == 256
+    assert a.free_smaller_than(100) == 64 + 16 + 4  # blocks under 128 cannot hold a 100-long request
+    assert a.allocate(513) == -1  # no block of 1024 exists: the arena is not a power of two
+    with pytest.raises(AssertionError):
+        a.free(0, 64)  # the block at 0 is 128 long
+    a.free(0, 100)
+    a.free(592, 4)
+    assert a.free_ranges() == top_blocks(600) and a.free_total == 600
+
+
+arena_op = st.tuples(st.booleans(), st.integers(1, 300), st.integers(0, 10**6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 2000), ops=st.lists(arena_op, max_size=120))
+def test_buddy_arena_random_operations(size, ops) -> None:
+    a = BuddyArena(size)
+    live: dict[int, int] = {}  # start → requested length
+    for is_alloc, length, pick in ops:
+        if is_alloc or not live:
+            largest = a.largest_free()
+            start = a.allocate(length)
+            assert (start >= 0) == (largest >= a.footprint(length))  # fails only when no block is big enough
+            if start >= 0:
+                assert start not in live and start % a.footprint(length) == 0
+                live[start] = length
+        else:
+            start = sorted(live)[pick % len(live)]
+            a.free(start, live.pop(start))
+        taken = sorted((s, a.footprint(n)) for s, n in live.items())
+        assert a.live_blocks() == taken
+        for (s1, n1), (s2, _) in zip(taken, taken[1:]):
+            assert s1 + n1 <= s2  # no two live blocks overlap
+        tiles = sorted(taken + a.free_ranges())
+        pos = 0
+        for s, n in tiles:  # live and free blocks tile the arena exactly
+            assert s == pos and n > 0 and n & (n - 1) == 0
+            pos += n
+        assert pos == size
+        assert a.free_total + sum(n for _, n in taken) == size
+        free = a.free_ranges()
+        assert a.largest_free() == max((n for _, n in free), default=0)
+        for probe in (1, 2, 7, 64, 100, 300):
+            assert a.free_smaller_than(probe) == sum(n for _, n in free if n < a.footprint(probe))
+        # Fully coalesced: no free block has its buddy free and whole (inside one top-level block).
+        free_set = set(free)
+        tops = set(top_blocks(size))
+        for s, n in free:
+            if (s, n) not in tops:
+                assert (s ^ n, n) not in free_set
+    for start in list(live):
+        a.free(start, live.pop(start))
+    assert a.free_ranges() == top_blocks(size) and a.free_total == size
+
+
+def test_first_fit_and_buddy_share_one_interface() -> None:
+    for cls in (Arena, BuddyArena):
+        a = cls(100)
+        start = a.allocate(10)
+        assert start >= 0 and a.version > 0 and a.free_total == 100 - a.footprint(10)
+        assert sum(n for _, n in a.free_ranges()) == a.free_total and a.largest_free() > 0
+        assert a.free_smaller_than(1) == 0
+        a.free(start, 10)
+        assert a.free_total == 100

@@ -94,21 +94,88 @@ block_size = [16, 64]
 """, out)
     assert len(rows) == 3 + 2 * 2 + 1  # contiguous and virtual policies ignore block_size
     for row in rows:
-        assert row["status"] == "ok", row["error"]
-        s = steps[row["run_id"]]
-        budget = row["budget_positions"]
-        assert (s.allocated_positions + s.free_positions == budget).all()
-        assert (s.used_positions <= s.allocated_positions).all()
-        assert (s.external_frag_positions <= s.free_positions).all()
-        assert (s.reserved_positions >= 0).all() and (s.internal_frag_positions >= 0).all()
-        assert (s.used_positions + s.reserved_positions + s.internal_frag_positions == s.allocated_positions).all()
-        assert (s.external_frag_positions[s.waiting == 0] == 0).all()
-        if row["policy"] == "paged":
-            # Paging wastes at most one partial block per live request.
-            waste = s.allocated_positions - s.used_positions
-            assert (waste <= s.running * (row["block_size"] - 1)).all()
-        fracs = sum(row[k] for k in ("token_states_frac", "reservation_frac", "internal_frag_frac", "free_frac"))
-        assert fracs == pytest.approx(1.0)
+        assert_step_invariants(row, steps[row["run_id"]])
+
+
+def assert_step_invariants(row: dict, s) -> None:
+    """The README's measurement definitions, on every step of one run."""
+    assert row["status"] == "ok", row["error"]
+    budget = row["budget_positions"]
+    assert (s.allocated_positions + s.free_positions == budget).all()
+    assert (s.used_positions <= s.allocated_positions).all()
+    assert (s.external_frag_positions <= s.free_positions).all()
+    assert (s.reserved_positions >= 0).all() and (s.internal_frag_positions >= 0).all()
+    assert (s.used_positions + s.reserved_positions + s.internal_frag_positions == s.allocated_positions).all()
+    assert (s.external_frag_positions[s.waiting == 0] == 0).all()
+    if row["policy"] == "paged":
+        # Paging wastes at most one partial block per live request.
+        waste = s.allocated_positions - s.used_positions
+        assert (waste <= s.running * (row["block_size"] - 1)).all()
+    fracs = sum(row[k] for k in ("token_states_frac", "reservation_frac", "internal_frag_frac", "free_frac"))
+    assert fracs == pytest.approx(1.0)
+
+
+CONTIGUOUS = '["contiguous-max", "contiguous-pow2", "contiguous-oracle"]'
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_invariants_every_step_buddy_arena(out, workload):
+    rows, steps = run_suite_text(OPT13B.replace('"12GiB"', '"2300MiB"') + "[workload]\n" + WORKLOADS[workload] + """
+[grid]
+policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"]
+arena = ["first-fit", "buddy"]
+""", out)
+    # The arena varies the contiguous cells only: paged runs once, and records no arena.
+    assert sorted((r["policy"], str(r["arena"])) for r in rows) == sorted(
+        [(p, a) for p in ("contiguous-max", "contiguous-pow2", "contiguous-oracle") for a in ("first-fit", "buddy")]
+        + [("paged", "None")])
+    by = {(r["policy"], r["arena"]): r for r in rows}
+    for row in rows:
+        assert_step_invariants(row, steps[row["run_id"]])
+    # max_model_len 2048 is a power of two: buddy takes what first-fit takes, step for step.
+    a, b = (steps[by[("contiguous-max", arena)]["run_id"]].drop(columns="run_id") for arena in ("first-fit", "buddy"))
+    assert a.equals(b)
+    # Oracle reserves exactly F: under buddy, every allocation beyond F is the 2^k rounding.
+    ff, bd = (steps[by[("contiguous-oracle", arena)]["run_id"]] for arena in ("first-fit", "buddy"))
+    assert (ff.internal_frag_positions == 0).all() and (bd.internal_frag_positions > 0).any()
+
+
+def test_buddy_arena_rounds_each_reservation_to_a_power_of_two(out):
+    rows, steps = run_suite_text(OPT13B + """
+[workload]
+source = "fixed"
+prompt_len = 100
+output_len = 100
+num_requests = 200
+[run]
+arena = "buddy"
+[grid]
+policy = ["contiguous-max", "contiguous-oracle", "contiguous-pow2", "paged"]
+""", out)
+    by = {r["policy"]: r for r in rows}
+    assert {p: r["arena"] for p, r in by.items()} == {
+        "contiguous-max": "buddy", "contiguous-oracle": "buddy", "contiguous-pow2": "buddy", "paged": None}
+    # 15,728 positions = 8192 + 4096 + 2048 + 1024 + 256 + 64 + 32 + 16: 61 blocks of 256 (200 and
+    # 228 both round to 256), 7 of 2048 (as first-fit: 2048 is a power of two).
+    assert by["contiguous-oracle"]["peak_running"] == by["contiguous-pow2"]["peak_running"] == 61
+    assert by["contiguous-max"]["peak_running"] == 7
+    s = steps[by["contiguous-oracle"]["run_id"]]
+    full = s[s.running == 61].iloc[0]
+    assert full.allocated_positions == 61 * 256 and full.internal_frag_positions == 61 * (256 - 200)
+    assert full.free_positions == 15728 - 61 * 256 == 112
+    # Nothing left can hold a 256-block: every free position is external to the waiting head.
+    assert full.waiting > 0 and full.external_frag_positions == full.free_positions
+
+
+def test_unknown_arena_is_a_one_line_error(tmp_path, capsys):
+    from kvbench.app.cli import main
+
+    suite = tmp_path / "s.toml"
+    suite.write_text(OPT13B + '[workload]\nsource = "fixed"\n[run]\narena = "best-fit"\n'
+                     '[grid]\npolicy = ["paged"]\n')
+    assert main(["run", str(suite), "--out", str(tmp_path / "out"), "--no-report", "--quiet"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "unknown arena 'best-fit' (known: first-fit, buddy)" in err[0]
 
 
 

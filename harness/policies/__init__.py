@@ -6,10 +6,11 @@ from typing import Callable
 
 from .. import capabilities
 from ..errors import KvbenchError
+from .arena import ARENA_TYPES
 from .base import Policy
 from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
 from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
-from ..specs import RunSpec
+from ..specs import ARENAS, RunSpec
 
 
 def page_tokens(spec: RunSpec) -> int:
@@ -25,14 +26,15 @@ def page_tokens(spec: RunSpec) -> int:
 
 
 POLICIES: dict[str, Callable[[RunSpec], Policy]] = {
-    "contiguous-max": lambda s: ContiguousMax(s.budget_positions, s.memory.max_model_len),
-    "contiguous-pow2": lambda s: ContiguousPow2(s.budget_positions, s.memory.max_model_len),
-    "contiguous-oracle": lambda s: ContiguousOracle(s.budget_positions, s.memory.max_model_len),
+    "contiguous-max": lambda s: ContiguousMax(s.budget_positions, s.memory.max_model_len, s.arena),
+    "contiguous-pow2": lambda s: ContiguousPow2(s.budget_positions, s.memory.max_model_len, s.arena),
+    "contiguous-oracle": lambda s: ContiguousOracle(s.budget_positions, s.memory.max_model_len, s.arena),
     "paged": lambda s: PagedPolicy(s.budget_positions, s.block_size),
     "paged-prefix": lambda s: PagedPrefixPolicy(s.budget_positions, s.block_size),
     "virtual-contiguous": lambda s: VirtualContiguousPolicy(s.budget_positions, page_tokens(s)),
 }
 assert tuple(POLICIES) == capabilities.POLICIES, "harness/capabilities.py and the policy registry disagree"
+assert tuple(ARENA_TYPES) == ARENAS, "harness/specs.py's ARENAS and the arena registry disagree"
 
 
 # Block-count-only variants, for callers that never read block ids (the sim's fast path).

@@ -1,13 +1,23 @@
-"""Contiguous policies: one reservation per request, placed in a first-fit arena.
+"""Contiguous policies: one reservation per request, placed in an arena of positions.
 
 The reservation is made once, at admission, for the request's whole life, as
 FasterTransformer/Orca-style systems do; growth within it never fails, so
 these policies never preempt. They differ only in how much they reserve.
+
+The arena places it (``harness/policies/arena.py``): first-fit takes exactly the
+reservation; buddy takes the block of 2^k ≥ the reservation. A request's allocation A
+(``seq.allocated``, ``allocated_positions``) is what the arena really took, so the
+README's definitions hold unchanged: internal = Σ max(0, A − F) counts the buddy rounding
+2^k − reservation as internal fragmentation (allocated to a request, never filled), beside
+the over-reservation reservation − F. The vLLM paper's Fig. 2 counts the allocator's
+rounding as external fragmentation instead; ``rounding_positions`` (Σ 2^k − reservation
+over live requests, 0 under first-fit) is that share, so the paper's split is
+internal − rounding and external + rounding.
 """
 
 from __future__ import annotations
 
-from .arena import Arena
+from .arena import ARENA_TYPES
 from .base import internal_of
 from ..sequence import Seq
 
@@ -20,12 +30,13 @@ class ContiguousPolicy:
     name = "contiguous"
     block_size = 1
 
-    def __init__(self, budget_positions: int, max_model_len: int) -> None:
+    def __init__(self, budget_positions: int, max_model_len: int, arena: str = "first-fit") -> None:
         self.budget_positions = budget_positions
         self.max_model_len = max_model_len
-        self.arena = Arena(budget_positions)
+        self.arena = ARENA_TYPES[arena](budget_positions)
         self.allocated_positions = 0
         self.internal_positions = 0
+        self.rounding_positions = 0  # Σ (what the arena took − the reservation): buddy rounding
         self.shared_excess_positions = 0
         self.evictions = 0
         self._live = 0
@@ -36,7 +47,7 @@ class ContiguousPolicy:
         raise NotImplementedError
 
     def needs_positions(self, seq: Seq) -> int:
-        return self.reservation(seq)
+        return self.arena.footprint(self.reservation(seq))
 
     def prefix_hit(self, seq: Seq) -> int:
         return 0
@@ -46,21 +57,23 @@ class ContiguousPolicy:
             # Growth inside the reservation: always fits by construction.
             assert num_tokens <= seq.allocated, (seq, num_tokens)
             return True
-        need = self.reservation(seq)
-        start = self.arena.allocate(need)
+        want = self.reservation(seq)
+        start = self.arena.allocate(want)
         if start < 0:
             return False
+        need = self.arena.footprint(want)  # what the arena really took (2^k under buddy)
         seq.alloc_start = start
         seq.allocated = need
         seq.peak_allocated = max(seq.peak_allocated, need)
         self.allocated_positions += need
         self.internal_positions += internal_of(need, seq.final_len)
+        self.rounding_positions += need - want
         self._live += 1
         return True
 
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
-        return bool(seq.allocated) or self.arena.largest_free() >= self.reservation(seq)
+        return bool(seq.allocated) or self.arena.largest_free() >= self.arena.footprint(self.reservation(seq))
 
     def free(self, seq: Seq) -> None:
         if not seq.allocated:
@@ -68,6 +81,7 @@ class ContiguousPolicy:
         self.arena.free(seq.alloc_start, seq.allocated)
         self.allocated_positions -= seq.allocated
         self.internal_positions -= internal_of(seq.allocated, seq.final_len)
+        self.rounding_positions -= seq.allocated - self.reservation(seq)
         seq.allocated = 0
         seq.alloc_start = -1
         self._live -= 1
@@ -81,7 +95,8 @@ class ContiguousPolicy:
     def external_frag(self, head_of_line: Seq | None) -> int:
         if head_of_line is None:
             return 0
-        need = self.reservation(head_of_line)
+        # Free positions in ranges (buddy: blocks) smaller than what the arena would take for it.
+        need = self.arena.footprint(self.reservation(head_of_line))
         # The arena changes only on allocate/free: reuse the scan while it and the need stand.
         key = (self.arena.version, need)
         if key != self._frag_key:
