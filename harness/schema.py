@@ -135,6 +135,9 @@ RUNS = pa.schema([
     ("internal_frag_frac", pa.float64()),
     ("external_frag_frac", pa.float64()),
     ("free_frac", pa.float64()),
+    # Contiguous policies: the time-weighted share of the budget that a buddy arena's rounding
+    # (2^k − reservation) took; part of internal_frag_frac (0 first-fit, null other policies).
+    ("rounding_frac", pa.float64()),
     ("peak_kv_bytes_allocated", pa.int64()),
     ("device_peak_bytes", pa.int64()),  # CUDA allocator peak during the run (torch, vllm on CUDA)
     ("mean_step_wall_s", pa.float64()),

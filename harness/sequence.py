@@ -15,7 +15,7 @@ class Seq:
         "first_scheduled_s", "first_token_s", "finished_s",
         "peak_allocated", "prefix_hit_tokens",
         # allocation state, owned by the policy
-        "allocated", "blocks", "alloc_start", "pending_hits", "num_cached_blocks",
+        "allocated", "blocks", "alloc_start", "pending_hits", "num_cached_blocks", "rounding",
         # the fast scheduler's implicit decode state (see harness.fast_scheduler)
         "dec_tick", "epoch", "run_pos",
     )
@@ -40,6 +40,7 @@ class Seq:
         self.peak_allocated = 0
         self.prefix_hit_tokens = 0
         self.allocated = 0  # positions backed by the policy (A)
+        self.rounding = 0  # positions a buddy arena added to the reservation (2^k − R), kept after the free
         self.blocks: list[int] = []
         self.alloc_start = -1
         self.pending_hits: list[int] = []

@@ -15,6 +15,7 @@ import pandas as pd
 
 from ..harness import identity
 from ..harness.capabilities import is_contiguous
+from ..harness.reference import PAPER_SPLIT
 from ..harness.errors import KvbenchError
 from ..harness.units import format_bytes
 
@@ -148,7 +149,19 @@ def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
     runs["family"] = [workload_family(r) for r in rows]
     runs["workload"] = [workload_label(r) for r in rows]
     runs["family_label"] = [workload_label(r, rate=False) for r in rows]
+    for col, values in paper_split(runs).items():
+        runs[col] = values
     return runs
+
+
+def paper_split(runs: pd.DataFrame) -> dict[str, pd.Series]:
+    """The columns of ``harness.reference.PAPER_SPLIT`` for ``runs`` (none when the fractions
+    are not there)."""
+    if "internal_frag_frac" not in runs or "external_frag_frac" not in runs:
+        return {}
+    rounding = pd.to_numeric(runs["rounding_frac"], errors="coerce").fillna(0.0) if "rounding_frac" in runs else 0.0
+    return {name: pd.to_numeric(runs[base], errors="coerce") + sign * rounding
+            for name, (base, sign) in PAPER_SPLIT.items()}
 
 
 def _plain(value: Any) -> Any:

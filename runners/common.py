@@ -133,12 +133,24 @@ def requests_columns(seqs: list[Seq]) -> dict[str, list]:
     return cols
 
 
+def rounding_frac(seqs: list[Seq], denominator: float) -> float | None:
+    """The time-weighted share of the budget held as buddy rounding. A contiguous request never
+    preempts: it holds its block from the step that admits it (``first_scheduled_s``) to the end
+    of the step it finishes in (``finished_s``), the same steps whose rows count its allocation,
+    so this weighs exactly as the step-row fractions do."""
+    if denominator <= 0:
+        return None
+    held = sum(s.rounding * (s.finished_s - s.first_scheduled_s) for s in seqs if s.rounding)
+    return held / denominator
+
+
 def complete_row(row: dict[str, object], recorder: RunRecorder, seqs: list[Seq], wall_s: float,
                  sim_time_s: float) -> dict[str, object]:
     summ = recorder.summary
     generated = sum(s.num_output for s in seqs)
     prompt_tokens = sum(s.prompt_len for s in seqs)
     row.update(summ.fractions())
+    row["rounding_frac"] = rounding_frac(seqs, summ.time * summ.budget) if is_contiguous(str(row["policy"])) else None
     row.update({
         "wall_s": wall_s,
         "sim_time_s": sim_time_s,

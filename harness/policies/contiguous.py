@@ -68,6 +68,7 @@ class ContiguousPolicy:
         self.allocated_positions += need
         self.internal_positions += internal_of(need, seq.final_len)
         self.rounding_positions += need - want
+        seq.rounding = need - want
         self._live += 1
         return True
 
@@ -81,7 +82,7 @@ class ContiguousPolicy:
         self.arena.free(seq.alloc_start, seq.allocated)
         self.allocated_positions -= seq.allocated
         self.internal_positions -= internal_of(seq.allocated, seq.final_len)
-        self.rounding_positions -= seq.allocated - self.reservation(seq)
+        self.rounding_positions -= seq.rounding
         seq.allocated = 0
         seq.alloc_start = -1
         self._live -= 1
