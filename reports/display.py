@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..harness.capabilities import is_contiguous
+from ..harness.capabilities import MEASURING_RUNNERS, is_contiguous
 
 Column = tuple[str, str, str]  # (key, header, kind)
 SIMULATED = ("sim", "vllm-sched")  # runners with no runtime computing tensors
@@ -16,6 +16,8 @@ CELL_COLUMNS: tuple[Column, ...] = (
     ("runner", "runner", "text"),
     ("policy", "policy", "text"),
     ("block_size", "block", "block"),
+    ("device", "device", "text"),  # these two only where they differ (VARYING_ONLY)
+    ("arena", "arena", "text"),
     ("status", "status", "text"),
     ("token_states_frac", "token states %", "pct"),
     ("reservation_frac", "reservation %", "pct"),
@@ -119,7 +121,8 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
 
 
 GROUPS_NOTE = ("A comparison group holds the model, workload, KV precision, KV budget, max_model_len and scheduler "
-               "fixed; only runner, policy and block size vary inside it.")
+               "fixed; only runner, policy and block size vary inside it (and, where shown, the device and the "
+               "contiguous policies' arena).")
 DECOMP_NOTE = ("naive: vllm/paged ÷ torch/contiguous; allocation: torch/paged ÷ torch/contiguous (same runtime); "
                "runtime: vllm/paged ÷ torch/paged (same allocation); naive = allocation × runtime. “-”: that run is "
                "missing. tokens_per_s is on kvbench's clock in every runner, where torch and vllm take the same steps: "
@@ -169,6 +172,9 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     return str(value)
 
 
+VARYING_ONLY = ("device", "arena")  # cell keys shown only in a table where they take two values
+
+
 def visible(columns: Sequence[Column], table: pd.DataFrame, runners: set[str]) -> list[Column]:
     """The columns worth showing: present and not all missing; wall tokens/s only for real runtimes;
     the run count only when some cell was repeated."""
@@ -176,8 +182,10 @@ def visible(columns: Sequence[Column], table: pd.DataFrame, runners: set[str]) -
     for key, header, kind in columns:
         if key not in table.columns or table[key].isna().all():
             continue
-        if key == "wall_tokens_per_s" and not runners & {"torch", "vllm"}:
+        if key == "wall_tokens_per_s" and not runners & set(MEASURING_RUNNERS):
             continue
+        if key in VARYING_ONLY and table[key].nunique(dropna=False) < 2:
+            continue  # the same for every cell: a column of one value says nothing
         if key == "repeats" and not (table[key] > 1).any():
             continue
         out.append((key, header, kind))

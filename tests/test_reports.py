@@ -252,3 +252,16 @@ def test_decomposition_caption_speaks_of_n_a_only_when_a_factor_is_missing() -> 
     assert full.figure is not None and "n/a" not in full.note
     no_engine = plots_for(both[:2], pd.DataFrame(), pd.DataFrame())["7-decomposition"]
     assert no_engine.figure is not None and "n/a: the runs for that factor are missing" in no_engine.note
+
+
+def test_device_and_arena_columns_only_where_they_differ() -> None:
+    from kvbench.reports.display import cell_columns
+
+    base = {"runner": "torch", "policy": "contiguous-max", "block_size": 1, "status": "ok", "clock": "roofline",
+            "token_states_frac": 0.5, "arena": None}
+    one = pd.DataFrame([{**base, "device": "cpu"}, {**base, "policy": "paged", "block_size": 16, "device": "cpu"}])
+    both = pd.DataFrame([{**base, "device": "cpu"}, {**base, "device": "cuda"},
+                         {**base, "device": "cpu", "arena": "buddy"}])
+    keys = lambda t: [k for k, _, _ in cell_columns(t, {"torch"})]  # noqa: E731
+    assert "device" not in keys(one) and "arena" not in keys(one)
+    assert "device" in keys(both) and "arena" in keys(both)
