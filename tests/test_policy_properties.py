@@ -54,12 +54,12 @@ def check(policy, live: list[Seq]) -> None:
         # What each request holds is what the arena took: its reservation, or the 2^k block around it.
         for s in live:
             assert s.allocated == policy.arena.footprint(policy.reservation(s)) >= policy.reservation(s)
-        assert policy.rounding_positions == sum(s.allocated - policy.reservation(s) for s in live)
+        assert all(s.rounding == s.allocated - policy.reservation(s) for s in live)
         assert policy.internal_positions == sum(max(0, s.allocated - s.final_len) for s in live)
         if isinstance(policy.arena, BuddyArena):
             assert policy.arena.live_blocks() == sorted((s.alloc_start, s.allocated) for s in live)
         else:
-            assert policy.rounding_positions == 0
+            assert all(s.rounding == 0 for s in live)
         return
     refs: dict[int, int] = {}
     for s in live:
@@ -118,7 +118,6 @@ def test_random_operations_keep_every_invariant(policy_name, block_size, arena, 
     check(policy, live)
     assert policy.allocated_positions == 0 and policy.internal_positions == 0
     if isinstance(policy, ContiguousPolicy):
-        assert policy.rounding_positions == 0
         whole = top_blocks(BUDGET) if arena == "buddy" else [(0, BUDGET)]
         assert policy.arena.free_ranges() == whole  # everything freed: coalesced back to the start
 

@@ -10,9 +10,9 @@ reservation; buddy takes the block of 2^k ≥ the reservation. A request's alloc
 README's definitions hold unchanged: internal = Σ max(0, A − F) counts the buddy rounding
 2^k − reservation as internal fragmentation (allocated to a request, never filled), beside
 the over-reservation reservation − F. The vLLM paper's Fig. 2 counts the allocator's
-rounding as external fragmentation instead; ``rounding_positions`` (Σ 2^k − reservation
-over live requests, 0 under first-fit) is that share, so the paper's split is
-internal − rounding and external + rounding.
+rounding as external fragmentation instead; ``seq.rounding`` (2^k − reservation, 0 under
+first-fit) is that share per request, from which the run records ``rounding_frac``, so the
+paper's split is internal − rounding and external + rounding.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class ContiguousPolicy:
         self.arena = ARENA_TYPES[arena](budget_positions)
         self.allocated_positions = 0
         self.internal_positions = 0
-        self.rounding_positions = 0  # Σ (what the arena took − the reservation): buddy rounding
         self.shared_excess_positions = 0
         self.evictions = 0
         self._live = 0
@@ -67,7 +66,6 @@ class ContiguousPolicy:
         seq.peak_allocated = max(seq.peak_allocated, need)
         self.allocated_positions += need
         self.internal_positions += internal_of(need, seq.final_len)
-        self.rounding_positions += need - want
         seq.rounding = need - want
         self._live += 1
         return True
@@ -82,7 +80,6 @@ class ContiguousPolicy:
         self.arena.free(seq.alloc_start, seq.allocated)
         self.allocated_positions -= seq.allocated
         self.internal_positions -= internal_of(seq.allocated, seq.final_len)
-        self.rounding_positions -= seq.rounding
         seq.allocated = 0
         seq.alloc_start = -1
         self._live -= 1
