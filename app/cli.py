@@ -28,6 +28,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "..reports.commands": ("report", "compare"),
     "..reports.diverge_cmd": ("diverge",),
     "..reports.calibrate_cmd": ("calibrate",),
+    ".fit_roofline": ("fit-roofline",),
     ".doctor": ("doctor",),
 }
 

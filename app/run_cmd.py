@@ -154,6 +154,17 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
         order = {c.run_id: i for i, c in enumerate(cells)}
         runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
         print(render_rows(runs.to_dict("records")))
+        if suite.reference:
+            from ..reports.console import render_reference
+            from ..reports.records import read_reference, with_keys
+            from ..reports.tables import published_vs_reproduced
+
+            reference, problem = read_reference(out / "reference.parquet")
+            if reference is not None:
+                reference = reference[reference["suite"] == suite.name]
+                print(render_reference(published_vs_reproduced(reference, with_keys(runs))))
+            elif problem:
+                log(f"published values not shown: {problem}")
 
         if not args.no_report:
             stage = "writing the report"

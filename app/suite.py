@@ -98,6 +98,10 @@ class Suite:
                 # A suite-wide profile does not concern a runner on another clock (an engine
                 # timing its own steps beside sim on the profile): not part of its spec.
                 sched.pop("clock_profile", None)
+            if sched.get("clock", "steps") != "roofline" and self.settings.get("clock") == "roofline":
+                # Likewise a suite-wide roofline's factor, for a runner that overrides the clock
+                # (without a roofline anywhere, SchedulerSpec refuses it: a misplaced setting).
+                sched.pop("roofline_scale", None)
             profile = sched.get("clock_profile")
             if isinstance(profile, str) and profile and not Path(profile).is_absolute():
                 # Relative to the suite file, so a suite and its profile travel together.

@@ -97,7 +97,11 @@ class RooflineClock(Clock):
     name = "roofline"
 
     def __init__(self, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: GpuPreset,
-                 weight_dtype_bytes: int = 2) -> None:
+                 weight_dtype_bytes: int = 2, scale: float = 1.0) -> None:
+        # ``scale``: a real engine's step time over the roofline's, fitted to what an engine reports
+        # (``[scheduler] roofline_scale``; 1.0: the roofline itself). Multiplying by 1.0 is exact,
+        # so an unscaled clock prices every step as it did before the factor existed.
+        self.scale = float(scale)
         self._weight_bytes = float(geometry.weight_bytes(weight_dtype_bytes))
         self._kv_bytes_per_token = float(kv_bytes_per_token)
         # Achieved, not datasheet, rates: the preset's measured efficiency factors fold in here.
@@ -110,15 +114,15 @@ class RooflineClock(Clock):
     def step_time(self, work: StepWork) -> float:
         bytes_moved = self._weight_bytes + work.context_tokens * self._kv_bytes_per_token
         flops = work.scheduled_tokens * self._flops_per_token + work.attention_pairs * self._attn_flops_per_pair
-        return max(bytes_moved / self._bw, flops / self._peak)
+        return max(bytes_moved / self._bw, flops / self._peak) * self.scale
 
     def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
                    attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
-        # The same IEEE operations in the same order as step_time: int → float64, ×, +, /, max.
+        # The same IEEE operations in the same order as step_time: int → float64, ×, +, /, max, × scale.
         bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
         tokens = scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
         flops = tokens * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
-        return np.maximum(bytes_moved / self._bw, flops / self._peak)
+        return np.maximum(bytes_moved / self._bw, flops / self._peak) * self.scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +179,7 @@ class ProfileClock(Clock):
 
 
 def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: str,
-               terms: ClockTerms | None = None) -> Clock | None:
+               terms: ClockTerms | None = None, roofline_scale: float = 1.0) -> Clock | None:
     """The clock a run's steps are priced by; None for ``measured`` (the runner's own step time)."""
     if kind == "steps":
         return Clock()
@@ -184,4 +188,4 @@ def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu:
     if kind == "profile":
         assert terms is not None, "a profile clock needs the profile's terms"
         return ProfileClock(terms)
-    return RooflineClock(geometry, kv_bytes_per_token, GPU_PRESETS[gpu])
+    return RooflineClock(geometry, kv_bytes_per_token, GPU_PRESETS[gpu], scale=roofline_scale)

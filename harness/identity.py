@@ -83,7 +83,11 @@ LABELS: dict[str, str] = {k.column: k.label for k in RUN}
 # each other (an engine's measured steps beside sim on a profile fitted to them), so only a
 # scheduling difference is called "not the same work" out loud.
 TIMING_SETTINGS: tuple[str, ...] = ("clock", "gpu", "clock_profile_digest", "clock_profile_content",
-                                    "clock_profile_path")
+                                    "clock_profile_path", "roofline_scale")
+
+# Scheduler settings added after run ids were first written, left out of the identity at their
+# default (what every earlier run did), as ``DEFAULTS`` does for run keys.
+SCHEDULER_DEFAULTS: dict[str, object] = {"roofline_scale": 1.0}
 
 # Names a run id hashes a key under, where it differs from the row's column: run ids written
 # before this module existed must stay the same, or every results directory would re-run.
@@ -150,7 +154,8 @@ def scheduler_identity(settings: Mapping[str, Any], profile: Mapping[str, str]) 
     """The scheduler settings with the profile file's path replaced by what identifies its
     content (``profile``: e.g. ``{"clock_profile_digest": ...}``; empty when there is no profile):
     a recalibrated file at the same path is another clock, a copy at another path the same."""
-    sched = {k: v for k, v in settings.items() if k != "clock_profile"}
+    sched = {k: v for k, v in settings.items()
+             if k != "clock_profile" and not (k in SCHEDULER_DEFAULTS and v == SCHEDULER_DEFAULTS[k])}
     if settings.get("clock_profile") is not None:
         sched.update(profile)
     return sched

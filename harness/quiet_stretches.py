@@ -483,6 +483,7 @@ class QuietStretches:
         assert isinstance(clock, RooflineClock) and isinstance(policy, CountingPagedPolicy)  # as _merge requires
         W, kvb, bw = clock._weight_bytes, clock._kv_bytes_per_token, clock._bw
         fpt, apf, peak = clock._flops_per_token, clock._attn_flops_per_pair, clock._peak
+        scale = clock.scale
         bs = policy.block_size
         cfg = self.config
         B, max_seqs, mml = cfg.max_num_batched_tokens, cfg.max_num_seqs, self.max_model_len
@@ -607,7 +608,7 @@ class QuietStretches:
             c_run.append(run)
             b_ = W + ctx * kvb
             f_ = new * fpt + pairs * apf
-            dt = max(b_ / bw, f_ / peak)
+            dt = max(b_ / bw, f_ / peak) * scale
             t_end = t + dt
             # The end of the step: finishers freed, then the admitted decode from the next tick on.
             if heap and heap[0] <= T:

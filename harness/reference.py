@@ -31,8 +31,13 @@ REFERENCE = pa.schema([
     ("published", pa.float64()),
     ("source", pa.string()),
     ("note", pa.string()),
+    # "fitted": the number a clock was fitted to (it reproduces by construction); "predicted": not
+    # used in any fit. Written since the roofline's fitted scale; older files lack the column.
+    ("basis", pa.string()),
 ])
-KEYS = {"item", "workload", "policy", "block_size", "metric", "baseline_policy", "published", "source", "note"}
+KEYS = {"item", "workload", "policy", "block_size", "metric", "baseline_policy", "published", "source", "note",
+        "basis"}
+BASES = ("predicted", "fitted")
 
 # Metrics a reference row may name besides the runs columns: a run read the way a paper
 # counts it. The vLLM paper's Figure 2 counts a buddy allocator's rounding (2^k − reservation)
@@ -62,7 +67,11 @@ def parse_references(entries: Sequence[Mapping[str, Any]], where: str) -> list[d
             raise KvbenchError(f"{where}: [[reference]] #{i + 1}: metric {entry['metric']!r} is not a runs column")
         if isinstance(entry["published"], bool) or not isinstance(entry["published"], (int, float)):
             raise KvbenchError(f"{where}: [[reference]] #{i + 1}: published must be a number")
-        rows.append({k: entry.get(k) for k in KEYS})
+        basis = entry.get("basis", BASES[0])
+        if basis not in BASES:
+            raise KvbenchError(f"{where}: [[reference]] #{i + 1}: basis must be {' or '.join(map(repr, BASES))} "
+                               f"(fitted: a clock was fitted to this number), got {basis!r}")
+        rows.append({**{k: entry.get(k) for k in KEYS}, "basis": basis})
     return rows
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 from .capabilities import MEASURING_RUNNERS, POLICIES
@@ -75,6 +76,9 @@ class SchedulerSpec:
     clock: str = "steps"
     gpu: str = "A100-40GB"  # roofline clock only
     clock_profile: str | None = None  # profile clock only: a `kvbench calibrate` file
+    # roofline clock only: a real engine's step time over the roofline's, fitted to what an engine
+    # reports (`kvbench fit-roofline`); 1.0 is the roofline itself.
+    roofline_scale: float = 1.0
     max_stall_steps: int = 10_000  # livelock guard: steps without progress before a run fails
 
     def __post_init__(self) -> None:
@@ -96,6 +100,12 @@ class SchedulerSpec:
             self.profile()  # a missing or corrupt file is an error now, not mid-sweep
         elif self.clock_profile is not None:
             raise KvbenchError(f'[scheduler] clock_profile is read only with clock = "profile" (clock is {self.clock!r})')
+        scale = self.roofline_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1.0 <= scale < math.inf:
+            raise KvbenchError(f"[scheduler] roofline_scale must be a number ≥ 1 (a roofline is the fastest a step "
+                               f"can be: a scale below 1 prices steps faster than the hardware), got {scale!r}")
+        if scale != 1.0 and self.clock != "roofline":
+            raise KvbenchError(f'[scheduler] roofline_scale is read only with clock = "roofline" (clock is {self.clock!r})')
 
     def profile(self) -> "ClockProfile":
         from .clock_profile import load_profile  # local: only profile clocks read files
@@ -108,7 +118,7 @@ class SchedulerSpec:
         from .clock import make_clock
 
         terms = self.profile().terms if self.clock == "profile" else None
-        return make_clock(self.clock, geometry, kv_bytes_per_token, self.gpu, terms)
+        return make_clock(self.clock, geometry, kv_bytes_per_token, self.gpu, terms, float(self.roofline_scale))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,8 @@ from typing import Any, Mapping
 
 from .errors import KvbenchError
 
-SOURCES: tuple[str, ...] = ("fixed", "uniform", "lognormal", "sharegpt", "alpaca", "trace", "sharegpt-json")
+SOURCES: tuple[str, ...] = ("fixed", "uniform", "lognormal", "sharegpt", "alpaca", "sharegpt-quantiles",
+                            "alpaca-quantiles", "trace", "sharegpt-json")
 # Sources whose requests come from a file (``path``); ``num_requests`` does not
 # apply to them, ``limit`` does.
 FILE_SOURCES: tuple[str, ...] = ("trace", "sharegpt-json")
@@ -70,7 +71,8 @@ class WorkloadSpec:
     ``prompt_min..prompt_max``, ``output_min..output_max``), ``lognormal``
     (``prompt_mean``/``output_mean`` are the distribution means, ``sigma`` that
     of the underlying normal), ``sharegpt``/``alpaca`` (fixed lognormal fits,
-    see ``workloads.distributions``), ``trace`` (CSV/Parquet/JSONL at ``path``)
+    see ``workloads.distributions``), ``sharegpt-quantiles``/``alpaca-quantiles``
+    (published length data as quantile tables, ``workloads.length_tables``), ``trace`` (CSV/Parquet/JSONL at ``path``)
     and ``sharegpt-json`` (vLLM's ShareGPT JSON at ``path``). File sources take
     their request count from the file (first ``limit`` rows); ``num_requests``
     applies to the synthetic ones. ``max_prompt_len``/``max_output_len`` clamp

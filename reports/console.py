@@ -1,11 +1,15 @@
-"""The per-cell summary table ``kvbench run`` prints: a renderer over run rows."""
+"""What ``kvbench run`` prints: the per-cell summary table and, for a suite with published
+numbers, the published-vs-reproduced table; renderers over run rows."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..harness.capabilities import is_contiguous
 from .records import code_note
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("runner", "runner"),
@@ -59,3 +63,23 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     if code:  # e.g. cells kept by --keep-stale beside fresh ones
         out += [f"note: {code}", ""]
     return "\n".join(out)
+
+
+def render_reference(table: "pd.DataFrame") -> str:
+    """``tables.published_vs_reproduced`` as aligned text: each published number beside the
+    reproduced one, their relative difference, and whether a clock was fitted to it."""
+    if table.empty:
+        return ""
+    out = ["published vs reproduced (fitted: a clock was fitted to the number; predicted: it was not)"]
+    rows = [["item", "published", "reproduced", "diff", "basis", "runner"]]
+    for r in table.to_dict("records"):
+        rep = r.get("reproduced")
+        have = isinstance(rep, (int, float)) and rep == rep
+        diff = f"{rep / r['published'] - 1:+.1%}" if have and r["published"] else "-"
+        rows.append([str(r["item"]), f"{r['published']:g}", f"{rep:.3g}" if have else f"- ({r.get('problem')})",
+                     diff, str(r.get("basis") or "predicted"), str(r.get("runner") or "-")])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        out.append("  " + "  ".join(v.ljust(w) if i in (0, 4, 5) else v.rjust(w)
+                                    for i, (v, w) in enumerate(zip(row, widths))))
+    return "\n".join(out) + "\n"

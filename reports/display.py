@@ -71,6 +71,7 @@ REFERENCE_COLUMNS: tuple[Column, ...] = (
     ("metric", "metric", "text"),
     ("published", "published", "g"),
     ("reproduced", "reproduced", "g"),
+    ("basis", "fitted / predicted", "text"),
     ("runner", "runner", "text"),
     ("source", "source", "note"),
     ("note", "note", "note"),
@@ -103,7 +104,9 @@ CLOCK_COLUMNS: tuple[Column, ...] = (
     ("runs", "runs", "int"),
 )
 CLOCKS_NOTE = ("steps: one step is one second; roofline: a GPU preset's bandwidth and FLOPs times measured "
-               "efficiency factors (fitted to published kernel timings); profile: terms fitted by `kvbench "
+               "efficiency factors (fitted to published kernel timings), and where a suite sets roofline_scale, "
+               "every step time times that factor (fitted with `kvbench fit-roofline` to a number an engine "
+               "reports); profile: terms fitted by `kvbench "
                "calibrate` to an engine's measured steps; measured: the engine's own step times.")
 GLOSSARY: tuple[tuple[str, str], ...] = (
     ("token states %", "time-weighted mean share of the KV budget holding computed tokens' K/V (useful memory)"),

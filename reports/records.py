@@ -63,6 +63,8 @@ def read_reference(path: Path) -> tuple[pd.DataFrame | None, str | None]:
     missing = [c for c in REFERENCE_COLUMNS if c not in ref.columns]
     if missing:
         return None, f"{path}: missing column(s) {', '.join(missing)} (needs {', '.join(REFERENCE_COLUMNS)})"
+    if "basis" not in ref.columns:  # written before fitted clocks: nothing in it was fitted
+        ref["basis"] = "predicted"
     return ref, None
 
 

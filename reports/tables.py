@@ -196,6 +196,7 @@ def published_vs_reproduced(reference: pd.DataFrame, runs: pd.DataFrame) -> pd.D
         metric = ref["metric"]
         baseline = ref.get("baseline_policy")
         base = {k: ref.get(k) for k in REFERENCE_COLUMNS}
+        base["basis"] = ref.get("basis") or "predicted"
         if isinstance(baseline, str) and baseline:
             base["metric"] = f"{metric} ÷ {baseline}"
         if metric not in runs.columns:
@@ -219,4 +220,5 @@ def published_vs_reproduced(reference: pd.DataFrame, runs: pd.DataFrame) -> pd.D
                     value, problem = math.nan, f"no ok {baseline} run on the same workload"
             rows.append({**base, "runner": r["runner"], "workload": r.get("workload"), "run_id": r["run_id"],
                          "reproduced": value, "problem": problem})
-    return pd.DataFrame(rows, columns=[*REFERENCE_COLUMNS, "runner", "workload", "run_id", "reproduced", "problem"])
+    return pd.DataFrame(rows, columns=[*REFERENCE_COLUMNS, "basis", "runner", "workload", "run_id", "reproduced",
+                                       "problem"])

@@ -109,7 +109,9 @@ def clock_columns(spec: RunSpec) -> dict[str, object]:
         profile = sched.profile()
         return {"clock_detail": profile.describe(), "clock_profile": json.dumps(profile.document, sort_keys=True)}
     if sched.clock == "roofline":
-        return {"clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}", "clock_profile": None}
+        scaled = (f"; step time × {sched.roofline_scale:g} (roofline_scale, fitted)" if sched.roofline_scale != 1.0
+                  else "")
+        return {"clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}{scaled}", "clock_profile": None}
     if sched.clock == "measured":
         return {"clock_detail": "measured: each step's wall time", "clock_profile": None}
     return {"clock_detail": "steps: 1 step = 1 s", "clock_profile": None}

@@ -49,6 +49,16 @@ SUITE_EDITS = {
     "empty_grid_list": (('runner = ["sim"]', "runner = []"), ("runner",)),
     "grid_names_missing_workload": (('runner = ["sim"]', 'runner = ["sim"]\nworkload = ["nope"]'), ("nope",)),
     "malformed_toml": (("[memory]", "[memory"), ("suite.toml", "TOML")),
+    "roofline_scale_below_one": (("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\n'
+                                 "roofline_scale = 0.5"), ("roofline_scale", "0.5")),
+    "roofline_scale_text": (("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\n'
+                            'roofline_scale = "fast"'), ("roofline_scale", "fast")),
+    "roofline_scale_without_roofline": (("max_num_batched_tokens = 2048",
+                                         "max_num_batched_tokens = 2048\nroofline_scale = 2.0"),
+                                        ("roofline_scale", "roofline")),
+    "reference_basis_unknown": (("block_size = [16]", 'block_size = [16]\n[[reference]]\nitem = "x"\npolicy = "paged"\n'
+                                 'metric = "mean_running"\npublished = 1.0\nsource = "s"\nbasis = "guessed"'),
+                                ("basis", "guessed")),
     "trace_file_missing": (('source = "fixed"', 'source = "trace"\npath = "/nonexistent/trace.csv"'),
                            ("/nonexistent/trace.csv",)),
 }
@@ -132,6 +142,27 @@ def test_missing_and_non_suite_paths(tmp_path):
                                   ["workload", "show", "/nonexistent.parquet"]])
 def test_bad_command_lines(args):
     assert_one_line_error(kvbench(*args))
+
+
+FIT_ROOFLINE = {
+    # (arguments after `kvbench fit-roofline`): (expected words in the error line)
+    "not_a_roofline_suite": (["example", "--target", "5"], ("roofline",)),
+    "unknown_metric": (["paper-batched-requests", "--workload", "sharegpt", "--metric", "speed", "--target", "5"],
+                       ("speed",)),
+    "ambiguous_workload": (["paper-batched-requests", "--target", "5"], ("--workload", "sharegpt")),
+    "unknown_workload": (["paper-batched-requests", "--workload", "dolly", "--target", "5"], ("dolly", "sharegpt")),
+    "no_such_policy": (["paper-batched-requests", "--workload", "sharegpt", "--policy", "paged-prefix",
+                        "--target", "5"], ("paged-prefix",)),
+    # Memory-bound: no slowing of the clock takes Orca (Max) to 100 requests at once.
+    "unreachable_target": (["paper-batched-requests", "--workload", "sharegpt", "--policy", "contiguous-max",
+                            "--target", "100", "--max-scale", "2"], ("100", "outside")),
+}
+
+
+@pytest.mark.parametrize("case", list(FIT_ROOFLINE))
+def test_bad_fit_roofline(case):
+    args, needles = FIT_ROOFLINE[case]
+    assert_one_line_error(kvbench("fit-roofline", *args), *needles)
 
 
 def test_workload_show_names_a_corrupt_file(tmp_path):

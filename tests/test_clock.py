@@ -318,3 +318,17 @@ def test_calibrate_refuses_too_few_steps(tmp_path):
     assert kvbench("run", str(suite), "--out", str(res), "--quiet", "--no-report", timeout=600).returncode == 0
     assert_one_line_error(kvbench("calibrate", str(res), "--out", str(tmp_path / "p.json")),
                           "measured steps; calibrate needs at least 50")
+
+
+def test_fit_roofline_bisects_a_monotone_metric_to_its_target() -> None:
+    from kvbench.app.fit_roofline import bisect
+    from kvbench.harness.errors import KvbenchError
+
+    trials: list[tuple[float, float]] = []
+    scale, value = bisect(lambda s: 10.0 * s, 15.0, 1.0, 16.0, lambda s, v: trials.append((s, v)))
+    assert abs(value / 15.0 - 1) <= 0.002 and scale == pytest.approx(1.5, rel=0.002)
+    assert len(trials) > 3  # every trial was reported
+    falling, _ = bisect(lambda s: 100.0 / s, 40.0, 1.0, 16.0, lambda s, v: None)  # decreasing works too
+    assert falling == pytest.approx(2.5, rel=0.002)
+    with pytest.raises(KvbenchError, match="outside"):
+        bisect(lambda s: 10.0 * s, 500.0, 1.0, 16.0, lambda s, v: None)

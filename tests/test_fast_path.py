@@ -60,6 +60,9 @@ CASES = {
                                       'prefix_len = 64\nn = 3'),
     "poisson-roofline": dict(budget="3GiB", clock="roofline",
                              workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
+    # The roofline with a fitted factor (roofline_scale): merged stretches price steps with it too.
+    "scaled-roofline": dict(budget="3GiB", clock="roofline", gpu='A100-40GB"\nroofline_scale = 1.534\n#"',
+                            workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
     "swap": dict(budget="2300MiB", preemption="swap", workload='source = "sharegpt"\nnum_requests = 150'),
     # A calibrated clock (a fixture profile): Poisson arrivals priced by fitted terms, with preemption.
     "poisson-profile-preempting": dict(budget="2300MiB", clock=f'profile"\nclock_profile = "{PROFILE}', block_sizes="[16]",
@@ -197,7 +200,8 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert bulk_counter["finished"] > 0  # stretches really ran through finishes
         # Both ways of walking a stretch ran: block counts as arithmetic (paged), step by step (contiguous).
         assert 0 < bulk_counter["counting"] < bulk_counter["steps"]
-    if case in ("azure-trace-roofline", "poisson-roofline", "finishes-in-stretches", "merged-admissions"):
+    if case in ("azure-trace-roofline", "poisson-roofline", "finishes-in-stretches", "merged-admissions",
+                "scaled-roofline"):
         # Stretches ran on through admissions (paged/virtual-contiguous with the roofline clock).
         assert bulk_counter["merged"] > 0 and bulk_counter["merged_admissions"] > 0
     if case == "merged-admissions":
@@ -206,9 +210,10 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert arenas == {"buddy"} and bulk_counter["steps"] > 0  # quiet stretches on a buddy arena
 
 
-def test_roofline_step_times_are_step_time_bit_for_bit():
+@pytest.mark.parametrize("scale", [1.0, 1.534])
+def test_roofline_step_times_are_step_time_bit_for_bit(scale):
     g = resolve_model("llama-3-8b", None)
-    clock = RooflineClock(g, g.kv_bytes_per_token("fp16"), GPU_PRESETS["A100-80GB"])
+    clock = RooflineClock(g, g.kv_bytes_per_token("fp16"), GPU_PRESETS["A100-80GB"], scale=scale)
     rng = np.random.default_rng(1)
     for n in (1, 3, 250, 4096):
         context = rng.integers(0, 10**9, 500)

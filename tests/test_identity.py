@@ -71,6 +71,17 @@ def test_the_arena_counts_for_contiguous_policies_only_and_only_when_not_first_f
     assert identity.key_value("arena", "sim", "paged", "buddy") is None
 
 
+def test_the_roofline_scale_counts_only_when_not_1() -> None:
+    roof = spec(scheduler=SchedulerSpec(clock="roofline"))
+    same = spec(scheduler=SchedulerSpec(clock="roofline", roofline_scale=1.0))
+    scaled = spec(scheduler=SchedulerSpec(clock="roofline", roofline_scale=1.5))
+    assert "roofline_scale" not in roof.canonical("w")["scheduler"]  # run ids from before the factor stay
+    assert same.run_id("w") == roof.run_id("w") and scaled.run_id("w") != roof.run_id("w")
+    # A timing setting: runs on another scale are the same scheduling, on another clock.
+    assert identity.scheduling_part(scaled.canonical("w")["scheduler"]) == \
+        identity.scheduling_part(roof.canonical("w")["scheduler"])
+
+
 def test_compare_pairs_first_fit_runs_with_rows_from_before_the_arena_column() -> None:
     old = run("sim", "contiguous-oracle", mean_running=2.0)  # arena null, as in older files
     new = dict(old, arena="first-fit")

@@ -222,7 +222,7 @@ def test_published_vs_reproduced_table_when_reference_exists(tmp_path: Path) -> 
     page = write_report(out).read_text()
     md = (out / "report" / "summary.md").read_text()
     assert "Published vs reproduced" in page and "exactly 7 at once" in page
-    assert "| OPT-13B 12 GiB admits 7 | contiguous-max | - | peak_running | 7 | 7 | sim | vLLM paper §3 | exactly 7 at once |" in md
+    assert "| OPT-13B 12 GiB admits 7 | contiguous-max | - | peak_running | 7 | 7 | predicted | sim | vLLM paper §3 | exactly 7 at once |" in md
 
 
 def test_bad_reference_file_is_a_warning_not_a_crash(tmp_path: Path) -> None:

@@ -432,3 +432,36 @@ def test_summarize_exact() -> None:
     assert (s["raw_kv_bytes_total"], s["raw_kv_bytes_largest_request"]) == (21 * 256, 9 * 256)
     batch = summarize(build_workload(WorkloadSpec(num_requests=2)))
     assert batch["rate_per_s"] is None and batch["burstiness_cv"] is None and "model" not in batch
+
+
+# -- published length data as quantile tables (workloads.length_tables) ----------------------
+
+def test_quantile_sources_give_the_paper_s_means_and_dependence() -> None:
+    import numpy as np
+
+    from kvbench.workloads.length_tables import TABLES, table_lengths, table_means
+
+    paper = {"sharegpt-quantiles": (161.31, 337.99), "alpaca-quantiles": (19.31, 58.45)}
+    for name, table in TABLES.items():
+        prompts, outputs = table_lengths(np.random.default_rng(0), 200_000, table)
+        assert prompts.min() >= 1 and outputs.min() >= 1
+        for got, want in zip((prompts.mean(), outputs.mean()), paper[name]):
+            assert abs(got / want - 1) < 0.01, (name, got, want)  # the data's means, sampled
+        assert table_means(table)[0] == pytest.approx(paper[name][0], rel=0.005)
+        rank = np.corrcoef(np.argsort(np.argsort(prompts)), np.argsort(np.argsort(outputs)))[0, 1]
+        # The dependence the data has (ShareGPT +0.21, Alpaca -0.19), kept by the per-bin outputs.
+        assert (rank > 0.1) if name.startswith("sharegpt") else (rank < -0.1), (name, rank)
+    prompts, outputs = table_lengths(np.random.default_rng(1), 50_000, TABLES["sharegpt-quantiles"])
+    assert (prompts + outputs).max() <= 2048  # the filter the paper's data passed
+    assert np.median(prompts) == pytest.approx(35, abs=2)  # the data's median (a lognormal fit gives ~100)
+
+
+def test_a_quantile_source_is_a_workload_source(tmp_path) -> None:
+    from kvbench.harness.workload_spec import WorkloadSpec
+    from kvbench.workloads import build_workload
+
+    spec = WorkloadSpec(source="sharegpt-quantiles", num_requests=500, seed=3)
+    a, b = build_workload(spec, 2048), build_workload(spec, 2048)
+    assert a.workload_id == b.workload_id and len(a.requests) == 500 and a.dropped == 0
+    other = build_workload(spec.replace(seed=4), 2048)
+    assert other.workload_id != a.workload_id

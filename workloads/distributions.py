@@ -11,7 +11,8 @@ histograms (long right tail for ShareGPT, short and tight for Alpaca):
 Prompt and output lengths are drawn independently (the real data has some
 correlation; these fits ignore it). Nothing here caps the tails: requests too
 long for ``max_model_len`` are dropped, and counted, by ``build_workload``.
-For the real ShareGPT conversations use the ``sharegpt-json`` source.
+For the real ShareGPT conversations use the ``sharegpt-json`` source; for the lengths the
+paper measured, ``sharegpt-quantiles`` and ``alpaca-quantiles`` (``workloads.length_tables``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 
 from ..harness.errors import KvbenchError
 from ..harness.workload_spec import WorkloadSpec
+from .length_tables import TABLES, table_lengths
 
 
 class LognormalFit(NamedTuple):
@@ -76,6 +78,8 @@ def sample_lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[np.nda
     if spec.source == "lognormal":
         prompts = lognormal_lengths(rng, count, spec.prompt_mean, spec.sigma)
         return prompts, lognormal_lengths(rng, count, spec.output_mean, spec.sigma)
+    if spec.source in TABLES:
+        return table_lengths(rng, count, TABLES[spec.source])
     if spec.source in FITS:
         prompt_fit, output_fit = FITS[spec.source]
         prompts = lognormal_lengths(rng, count, prompt_fit.mean, prompt_fit.sigma)
