@@ -145,6 +145,13 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
         log(f"suite {suite.name}: running {len(todo)} cell(s) into {out}")
         rows = run_cells(todo, jobs=args.jobs, quiet=args.quiet, executor=args.executor, address=args.address,
                          check=lock.check)
+        if suite.slo is not None and suite.slo.refine:
+            from .capacity import refine
+
+            stage = "refining the capacities"
+            refine(suite, out, cells, lambda more: run_cells(more, jobs=args.jobs, quiet=args.quiet,
+                                                             executor=args.executor, address=args.address,
+                                                             check=lock.check), log)
 
         # The table is read back from disk: what is printed is what was recorded.
         from ..reports.console import render_rows
@@ -165,6 +172,11 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
                 print(render_reference(published_vs_reproduced(reference, with_keys(runs))))
             elif problem:
                 log(f"published values not shown: {problem}")
+        if suite.slo is not None:
+            from ..reports.console import render_capacity
+            from .capacity import capacity_report
+
+            print(render_capacity(*capacity_report(suite, out)))
 
         if not args.no_report:
             stage = "writing the report"

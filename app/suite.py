@@ -21,6 +21,7 @@ from ..harness.capabilities import RUNNER_NAMES, is_contiguous
 from ..harness.errors import KvbenchError
 from ..harness.names import path_component
 from ..harness.reference import parse_references
+from ..harness.slo import Slo, parse_slo
 from ..harness.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
 from ..harness.units import parse_size
 from ..harness.workload_spec import FIELD_KINDS, WorkloadSpec
@@ -36,7 +37,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
 }
 ALL_KEYS = frozenset(MODEL_KEYS + MEMORY_KEYS + SCHEDULER_KEYS + RUN_KEYS + WORKLOAD_KEYS + ("workload",))
 TOP_KEYS = ("name", "description", "optional_runners", "repeats", "model", "memory", "workload", "workloads",
-            "scheduler", "run", "grid", "runners", "reference")
+            "scheduler", "run", "grid", "runners", "reference", "slo")
 
 DEFAULTS: dict[str, Any] = {"runner": "sim", "policy": "paged", "block_size": 16}
 
@@ -52,6 +53,7 @@ class Suite:
     optional_runners: tuple[str, ...] = ()
     repeats: int = 1
     reference: tuple[Mapping[str, Any], ...] = ()
+    slo: Slo | None = None  # [slo]: the latency bound capacity is read against
 
     def runners(self) -> tuple[str, ...]:
         return tuple(self.grid.get("runner", (self.settings.get("runner", DEFAULTS["runner"]),)))
@@ -76,11 +78,15 @@ class Suite:
             keys = list(grid)
             for combo in itertools.product(*(grid[k] for k in keys)):
                 cell = dict(settings, runner=runner, **dict(zip(keys, combo)))
-                spec = self._spec(cell)
-                ident = spec.to_json()
-                if ident not in seen:
-                    seen.add(ident)
-                    yield spec, cell["workload"]
+                # A workload's own sweeps: a list in [workloads.NAME] (rate = [0.5, 1, 2]) is a grid
+                # axis of that workload alone (each dataset has its own range of rates).
+                own = {k: v for k, v in self.workloads[cell["workload"]].items() if isinstance(v, list)}
+                for values in itertools.product(*own.values()):
+                    spec = self._spec(dict(cell, **dict(zip(own, values))))
+                    ident = spec.to_json()
+                    if ident not in seen:
+                        seen.add(ident)
+                        yield spec, cell["workload"]
 
     def _spec(self, s: dict[str, Any]) -> RunSpec:
         where = self.path
@@ -166,6 +172,9 @@ def parse_suite(text: str, where: str) -> Suite:
             if not isinstance(table, dict):
                 raise KvbenchError(f"{where}: [workloads.{wname}] must be a table")
             _check_keys(table, WORKLOAD_KEYS, where, f"workloads.{wname}")
+            for key, value in table.items():
+                if isinstance(value, list) and not value:
+                    raise KvbenchError(f"{where}: [workloads.{wname}] {key} is an empty list")
             workloads[wname] = table
         if not workloads:
             raise KvbenchError(f"{where}: [workloads] holds no workload")
@@ -197,6 +206,11 @@ def parse_suite(text: str, where: str) -> Suite:
             raise KvbenchError(f"{where}: [runners.{runner}] must be a table")
         _check_keys(table, ALL_KEYS - {"runner"}, where, f"runners.{runner}")
         overrides[runner] = table
+    for wname, table in workloads.items():
+        for key, value in table.items():
+            if isinstance(value, list) and (key in grid or any(key in t for t in overrides.values())):
+                raise KvbenchError(f"{where}: {key} is swept both in [workloads.{wname}] and in [grid] or "
+                                   f"[runners.*]: sweep it in one place")
     optional = doc.get("optional_runners", [])
     repeats = doc.get("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -208,7 +222,8 @@ def parse_suite(text: str, where: str) -> Suite:
     path_component(name, f"{where}: name" if "name" in doc else f"{where}: name (from the file name; set name = ...)")
     suite = Suite(name=name, path=where, settings=settings, workloads=workloads, grid=grid,
                   runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
-                  reference=tuple(parse_references(doc.get("reference", []), where)))
+                  reference=tuple(parse_references(doc.get("reference", []), where)),
+                  slo=parse_slo(_table(doc, "slo", where), where) if "slo" in doc else None)
     for runner in suite.runners():
         if runner not in RUNNER_NAMES:
             raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNER_NAMES)})")

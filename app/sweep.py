@@ -54,6 +54,10 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
         from ..harness.reference import write_references
 
         write_references(out, suite.name, [dict(r) for r in suite.reference], names)
+    if suite.slo is not None:
+        from ..harness.slo import write_slo
+
+        write_slo(out, suite.name, suite.slo)
     return cells
 
 

@@ -9,15 +9,14 @@ that metric to the same metric under ``baseline_policy``.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .errors import KvbenchError, os_cause, storage_error
-from .schema import RUNS, with_version
+from .errors import KvbenchError
+from .schema import RUNS
+from .store import replace_suite_rows
 
 REFERENCE = pa.schema([
     ("suite", pa.string()),
@@ -34,9 +33,14 @@ REFERENCE = pa.schema([
     # "fitted": the number a clock was fitted to (it reproduces by construction); "predicted": not
     # used in any fit. Written since the roofline's fitted scale; older files lack the column.
     ("basis", pa.string()),
+    # A range (a paper's "1.7–2.7×" over several models): published is its low end, this its high end.
+    ("published_max", pa.float64()),
 ])
 KEYS = {"item", "workload", "policy", "block_size", "metric", "baseline_policy", "published", "source", "note",
-        "basis"}
+        "basis", "published_max"}
+# Metrics of a whole rate sweep rather than of one run: the report computes them
+# (``reports.capacity``) and sets them beside the published value there.
+SWEEP_METRICS: tuple[str, ...] = ("capacity_rps",)
 BASES = ("predicted", "fitted")
 
 # Metrics a reference row may name besides the runs columns: a run read the way a paper
@@ -63,8 +67,17 @@ def parse_references(entries: Sequence[Mapping[str, Any]], where: str) -> list[d
         for key in REQUIRED:
             if key not in entry:
                 raise KvbenchError(f"{where}: [[reference]] #{i + 1} is missing {key!r}")
-        if entry["metric"] not in RUNS.names and entry["metric"] not in PAPER_SPLIT:
+        if entry["metric"] not in RUNS.names and entry["metric"] not in PAPER_SPLIT \
+                and entry["metric"] not in SWEEP_METRICS:
             raise KvbenchError(f"{where}: [[reference]] #{i + 1}: metric {entry['metric']!r} is not a runs column")
+        if entry["metric"] in SWEEP_METRICS and not entry.get("baseline_policy"):
+            raise KvbenchError(f"{where}: [[reference]] #{i + 1}: {entry['metric']} is compared as a ratio: "
+                               "give baseline_policy")
+        high = entry.get("published_max")
+        if high is not None and (isinstance(high, bool) or not isinstance(high, (int, float))
+                                 or not isinstance(entry["published"], (int, float)) or high < entry["published"]):
+            raise KvbenchError(f"{where}: [[reference]] #{i + 1}: published_max must be a number ≥ published "
+                               f"(a published range), got {high!r}")
         if isinstance(entry["published"], bool) or not isinstance(entry["published"], (int, float)):
             raise KvbenchError(f"{where}: [[reference]] #{i + 1}: published must be a number")
         basis = entry.get("basis", BASES[0])
@@ -77,25 +90,8 @@ def parse_references(entries: Sequence[Mapping[str, Any]], where: str) -> list[d
 
 def write_references(out: Path, suite: str, rows: list[dict[str, Any]], workload_ids: Mapping[str, str]) -> Path:
     """Replace this suite's rows in ``out/reference.parquet`` (other suites' rows stay)."""
-    path = Path(out) / "reference.parquet"
-    keep: list[dict[str, Any]] = []
-    if path.exists():
-        try:
-            keep = [r for r in pq.read_table(path).to_pylist() if r["suite"] != suite]
-        except (pa.ArrowInvalid, OSError, KeyError) as exc:
-            raise KvbenchError(f"{path}: not a readable reference file ({os_cause(exc)}); remove it and "
-                               f"run again") from None
-    for r in rows:
-        name = r.get("workload") or next(iter(workload_ids))
-        keep.append(dict(r, suite=suite, workload=name, workload_id=workload_ids.get(name)))
-    table = pa.Table.from_pylist(keep, schema=REFERENCE).replace_schema_metadata(with_version(REFERENCE).metadata)
-    tmp = path.with_name(".reference.parquet.tmp")
-    try:
-        pq.write_table(table, tmp)
-        tmp.replace(path)
-    except OSError as exc:
-        raise storage_error(path, exc) from None
-    finally:  # on an error or an interrupt, no temporary file stays behind
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-    return path
+    first = next(iter(workload_ids), None)  # a suite with one [workload]: rows need not name it
+    named = [(r, r.get("workload") or first) for r in rows]
+    rows = [dict(r, suite=suite, workload=name, workload_id=workload_ids.get(name) if name else None)
+            for r, name in named]
+    return replace_suite_rows(Path(out) / "reference.parquet", suite, rows, REFERENCE, "reference")

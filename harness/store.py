@@ -152,6 +152,34 @@ def write_partition(out: Path, table: str, run_id: str, data: pa.Table) -> None:
     publish(write_temp_partition(out, table, run_id, data), partition_dir(out, table, run_id))
 
 
+def replace_suite_rows(path: Path, suite: str, rows: list[dict], schema: pa.Schema, what: str) -> Path:
+    """Replace ``suite``'s rows of a small per-directory file (``reference.parquet``,
+    ``slo.parquet``) with ``rows``; other suites' rows stay. Written to a temporary file and
+    renamed: an error or an interrupt never leaves half a file, nor the temporary one."""
+    import contextlib
+
+    from .errors import os_cause
+
+    keep: list[dict] = []
+    if path.exists():
+        try:
+            keep = [r for r in pq.read_table(path).to_pylist() if r["suite"] != suite]
+        except (pa.ArrowInvalid, OSError, KeyError) as exc:
+            raise KvbenchError(f"{path}: not a readable {what} file ({os_cause(exc)}); remove it and "
+                               f"run again") from None
+    table = pa.Table.from_pylist(keep + rows, schema=schema).replace_schema_metadata(with_version(schema).metadata)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        tmp.replace(path)
+    except OSError as exc:
+        raise storage_error(path, exc) from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return path
+
+
 # -- reading ---------------------------------------------------------------------
 
 def check_file(path: Path) -> None:

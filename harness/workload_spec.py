@@ -39,6 +39,7 @@ FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "limit": ("int", True),
     "arrival": ("str", False),
     "rate": ("float", True),
+    "duration_s": ("float", True),
     "cv": ("float", False),
     "time_scale": ("float", False),
     "prefix_groups": ("int", False),
@@ -101,6 +102,10 @@ class WorkloadSpec:
     limit: int | None = None
     arrival: str = "batch"
     rate: float | None = None
+    # With a rate: generate rate × duration_s requests (instead of num_requests), so that every
+    # point of a rate sweep covers the same span of arrivals: an overloaded rate then shows its
+    # growing queue alike at every rate, instead of a short run hiding it.
+    duration_s: float | None = None
     cv: float = 1.0
     time_scale: float = 1.0
     prefix_groups: int = 0
@@ -155,6 +160,15 @@ class WorkloadSpec:
             raise KvbenchError(f"workload: rate must be > 0 (requests/s), got {self.rate!r}")
         if self.arrival in RATE_ARRIVALS and self.rate is None:
             raise KvbenchError(f"workload: arrival {self.arrival!r} needs rate > 0 (requests/s), got None")
+        if self.duration_s is not None:
+            if not self.duration_s > 0:
+                raise KvbenchError(f"workload: duration_s must be > 0 (seconds of arrivals), got {self.duration_s!r}")
+            if self.arrival not in RATE_ARRIVALS:
+                raise KvbenchError(f"workload: duration_s needs a rate arrival ({', '.join(RATE_ARRIVALS)}), "
+                                   f"not {self.arrival!r}")
+            if self.source in FILE_SOURCES:
+                raise KvbenchError(f"workload: duration_s sets how many requests to generate; source "
+                                   f"{self.source!r} reads them from a file (use limit)")
         if self.arrival == "trace" and self.source != "trace":
             raise KvbenchError(f"workload: arrival 'trace' needs source 'trace' (timestamps), not {self.source!r}")
         if (self.prefix_groups > 0) != (self.prefix_len > 0):
@@ -166,6 +180,13 @@ class WorkloadSpec:
             raise KvbenchError(
                 f"workload: prefix_len ({self.prefix_len}) must be below max_prompt_len ({self.max_prompt_len})"
             )
+
+    @property
+    def request_count(self) -> int:
+        """Requests a synthetic source generates: ``num_requests``, or ⌈rate × duration_s⌉."""
+        if self.duration_s is not None and self.rate is not None:
+            return max(1, math.ceil(self.rate * self.duration_s))
+        return self.num_requests
 
     @classmethod
     def from_mapping(cls, d: Mapping[str, Any], where: str) -> "WorkloadSpec":

@@ -83,3 +83,46 @@ def render_reference(table: "pd.DataFrame") -> str:
         out.append("  " + "  ".join(v.ljust(w) if i in (0, 4, 5) else v.rjust(w)
                                     for i, (v, w) in enumerate(zip(row, widths))))
     return "\n".join(out) + "\n"
+
+
+def _rate(x: object) -> str:
+    return "-" if not isinstance(x, (int, float)) or x != x else f"{x:g}"
+
+
+def render_capacity(table: "pd.DataFrame", ratios: "pd.DataFrame", published: "pd.DataFrame") -> str:
+    """Capacity at the SLO per policy line, the capacity ratios, and the published ratios beside them."""
+    if table.empty:
+        return "capacity at the SLO: no policy was run at two or more request rates\n"
+    first = table.iloc[0]
+    out = [f"capacity at the SLO ({first['metric']} ≤ {first['bound']:g}): the highest request rate within it "
+           "(req/s); the next rate tried was over it"]
+    rows = [["workload", "runner", "policy", "block", "capacity", "next", "rates", "status"]]
+    for r in table.to_dict("records"):
+        block = "-" if is_contiguous(str(r["policy"])) else str(r["block_size"])
+        rows.append([str(r["family_label"])[:48], str(r["runner"]), str(r["policy"]), block,
+                     _rate(r["capacity_rps"]), _rate(r["next_rps"]), str(r["rates"]), str(r["status"])])
+    out += _aligned(rows, right={3, 4, 5, 6})
+    if len(ratios):
+        out.append("capacity ratios (= both within their sweeps; ≥ / ≤ one capacity is only a bound)")
+        rows = [["workload", "runner", "ratio", "value"]]
+        for r in ratios.to_dict("records"):
+            value = ("- (both capacities only bounds)" if r["kind"] == "?" or r["ratio"] != r["ratio"]
+                     else f"{r['kind'] if r['kind'] != '=' else ''}{r['ratio']:.2f}x")
+            rows.append([str(r["family_label"])[:48], str(r["runner"]), f"{r['policy']} ÷ {r['baseline']}", value])
+        out += _aligned(rows, right={3})
+    if len(published):
+        out.append("published vs reproduced capacity ratios (a range: the paper's, over its models)")
+        rows = [["item", "published", "reproduced", "off", "basis"]]
+        for r in published.to_dict("records"):
+            pub = f"{r['published']:g}" + (f"–{r['published_max']:g}" if r["published_max"] == r["published_max"] else "")
+            rep = "-" if r["reproduced"] != r["reproduced"] else f"{r['reproduced']:.2f}"
+            off = "-" if r["off"] != r["off"] else ("inside" if r["off"] == 0 else f"{r['off']:+.1%}")
+            rows.append([str(r["item"]), pub, rep, off, str(r["basis"])])
+        out += _aligned(rows, right={1, 2, 3})
+    return "\n".join(out) + "\n"
+
+
+def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+            for row in rows]

@@ -9,6 +9,7 @@ import dataclasses
 import pandas as pd
 
 from ..harness.capabilities import is_contiguous
+from .capacity import capacity_ratios, capacity_table, capacity_vs_published
 from .decomposition import decompose
 from .prediction import prediction_summary, prediction_table
 from .records import code_note
@@ -34,6 +35,9 @@ class ReportTables:
     warnings: list[str]  # shown in red
     clocks: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # which clock every run used
     prediction: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # sim on a profile vs the engine
+    capacity: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # per policy line: rate within the SLO
+    capacity_ratios: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    capacity_published: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
 
 def clock_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -47,7 +51,8 @@ def clock_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
-                  reference_problem: str | None = None, steps: pd.DataFrame | None = None) -> ReportTables:
+                  reference_problem: str | None = None, steps: pd.DataFrame | None = None,
+                  slo: pd.DataFrame | None = None) -> ReportTables:
     baseline = choose_baseline(runs)
     cells = summary(runs)
     cells = ratios(cells, baseline) if baseline else cells
@@ -71,4 +76,8 @@ def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
             warnings += [f"published item {item!r}: {w}" for w in mismatches(matched)]
     prediction = (prediction_summary(prediction_table(runs, steps)) if steps is not None and len(steps)
                   else pd.DataFrame())
-    return ReportTables(cells, baseline, geo, decomp, ref, warnings, clock_table(runs), prediction)
+    capacity = capacity_table(runs, slo) if slo is not None and len(slo) else pd.DataFrame()
+    cap_ratios = capacity_ratios(capacity) if len(capacity) else pd.DataFrame()
+    cap_published = capacity_vs_published(cap_ratios, reference, runs) if len(cap_ratios) else pd.DataFrame()
+    return ReportTables(cells, baseline, geo, decomp, ref, warnings, clock_table(runs), prediction, capacity,
+                        cap_ratios, cap_published)

@@ -97,6 +97,46 @@ PREDICTION_NOTE = ("sim on a fitted clock profile (predicted) beside the engine 
                    "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
                    "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
                    "step against its measured time, |error| median and p90 (median over the engine's runs).")
+CAPACITY_COLUMNS: tuple[Column, ...] = (
+    ("family_label", "workload (rate swept)", "text"),
+    ("runner", "runner", "text"),
+    ("policy", "policy", "text"),
+    ("block_size", "block", "block"),
+    ("capacity_rps", "capacity, req/s", "g"),
+    ("next_rps", "next rate tried, over the SLO", "g"),
+    ("metric_at_capacity", "SLO metric at capacity", "g"),
+    ("rates", "rates run", "int"),
+    ("status", "status", "text"),
+)
+CAPACITY_RATIO_COLUMNS: tuple[Column, ...] = (
+    ("family_label", "workload (rate swept)", "text"),
+    ("runner", "runner", "text"),
+    ("policy", "policy", "text"),
+    ("baseline", "over", "text"),
+    ("kind", "kind", "text"),
+    ("ratio", "capacity ratio", "ratio"),
+)
+CAPACITY_PUBLISHED_COLUMNS: tuple[Column, ...] = (
+    ("item", "item", "text"),
+    ("published", "published (low)", "g"),
+    ("published_max", "published (high)", "g"),
+    ("reproduced", "reproduced", "ratio"),
+    ("off", "off the published range", "err"),
+    ("basis", "fitted / predicted", "text"),
+    ("source", "source", "note"),
+    ("note", "note", "note"),
+)
+
+
+def capacity_note(table: pd.DataFrame) -> str:
+    """What the capacity table means, with the SLO it was read against."""
+    first = table.iloc[0]
+    return (f"SLO: {first['metric']} ≤ {first['bound']:g}. Capacity is the highest request rate run whose SLO "
+            "metric, and that at every lower rate of the same line, is within the bound; the true capacity lies "
+            "between it and the next rate tried (which was over it). Kind: = both capacities within their sweeps, "
+            "≥ / ≤ one of them is only a bound (every rate run was within the SLO).")
+
+
 CLOCK_COLUMNS: tuple[Column, ...] = (
     ("runner", "runner", "text"),
     ("clock", "clock", "text"),

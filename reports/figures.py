@@ -16,8 +16,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
+from matplotlib.lines import Line2D
+from matplotlib.axes import Axes
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
+from ..harness.capabilities import is_contiguous
 from ..harness.units import format_bytes
 from . import figdata
 from .records import cell_label, time_axis_label, throughput_note
@@ -95,6 +98,10 @@ def memory_breakdown(cells: pd.DataFrame) -> Plot:
         note += f" {failed} cell(s) with no ok run are not drawn (see the tables)."
     if omitted:
         note += f" {omitted} more comparison group(s) are in the tables only."
+    swept = figdata.swept_axes(ok)
+    if swept:  # one bar group per value reads poorly across a sweep: say where the curves are
+        note += (f" The swept {', '.join(a.label for a in swept)} "
+                 f"{'is' if len(swept) == 1 else 'are'} drawn as curves in figure 8.")
     return Plot(name, title, fig, note)
 
 
@@ -364,8 +371,232 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
     return Plot(name, title, fig, caption)
 
 
+# 8 -----------------------------------------------------------------------------
+MAX_CURVE_AXES = 3  # rows of panels; more and the figure no longer fits a window
+# One per workload (or other setting) that tells lines of one policy apart.
+CURVE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+TICK_CHAR_SHARE = 0.03  # of a ~2.5 in panel's width, one 8 pt character of a tick label
+LATENCY_COLUMN = "normalized_latency_mean_s"
+# Normalized latency (a request's latency ÷ its output tokens) in the units of the run's clock.
+LATENCY_UNITS = {"roofline": "simulated s per output token\n(roofline clock)",
+                 "profile": "simulated s per output token\n(profile clock)",
+                 "measured": "measured s per output token"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CurvePanel:
+    """One column of figure 8: a metric of the per-cell table against the swept axis."""
+
+    column: str
+    title: str
+    ylabel: str
+    scale: float = 1.0  # fractions are drawn as %
+    clocks: tuple[str, ...] | None = None  # only lines on these clocks (None: every line)
+
+
+def _curve_panels(lines: list[pd.DataFrame]) -> list[CurvePanel]:
+    """Mean running, token states and throughput always; normalized latency when some line has
+    it on a clock in seconds (on the steps clock it counts steps, which would not share an axis)."""
+    clocks = sorted({str(c) for line in lines for c in line["clock"]})
+    timed = [c for c in clocks if c != "steps"]
+    runners = {r for line in lines for r in line["runner"]}
+    panels = [CurvePanel("mean_running", "mean running requests", "requests in the batch\n(time-weighted mean)"),
+              CurvePanel("token_states_frac", "token states, % of KV budget",
+                         "% of KV budget holding token states\n(time-weighted mean)", scale=100.0)]
+    if any(LATENCY_COLUMN in line and line.loc[line["clock"].isin(timed), LATENCY_COLUMN].notna().any()
+           for line in lines):
+        unit = LATENCY_UNITS.get(timed[0], "s per output token") if len(timed) == 1 else \
+            "s per output token (several clocks)"
+        panels.append(CurvePanel(LATENCY_COLUMN, "normalized latency (mean)", unit, clocks=tuple(timed)))
+    panels.append(CurvePanel("tokens_per_s", "throughput",
+                             _wrap(throughput_note(set(clocks), runners), 38)))
+    return panels
+
+
+def _spaced_ticks(values: list[float], log: bool, min_gap: float) -> list[float]:
+    """The values to label: each at least ``min_gap`` (a share of the axis) from the last kept,
+    so labels never run into each other; the first and the last always."""
+    if len(values) <= 2:
+        return values
+    pos = np.log(values) if log else np.asarray(values, dtype=float)
+    span = float(pos[-1] - pos[0]) or 1.0
+    kept = [0]
+    for i in range(1, len(values)):
+        if (pos[i] - pos[kept[-1]]) / span >= min_gap:
+            kept.append(i)
+    if kept[-1] != len(values) - 1:  # the last value is labelled; its crowded neighbour is not
+        if len(kept) > 1:
+            kept.pop()
+        kept.append(len(values) - 1)
+    return [values[i] for i in kept]
+
+
+def _curve_x(ax: Axes, axis: figdata.SweptAxis) -> None:
+    if axis.log:
+        ax.set_xscale("log")
+    widest = max(len(axis.tick_label(v)) for v in axis.values)
+    ticks = _spaced_ticks(axis.values, axis.log, min(0.45, TICK_CHAR_SHARE * (widest + 1)))
+    ax.set_xticks(ticks, [axis.tick_label(v) for v in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())  # log minor ticks would sit between the measured values
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel(axis.axis_title(), fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+
+
+def _log_minor_label(value: float, _: object) -> str:
+    """Label the 2s and 5s between the powers of ten; the other minor ticks stay bare."""
+    lead = round(value / 10 ** np.floor(np.log10(value)), 6) if value > 0 else 0
+    return f"{value:g}" if lead in (2, 5) else ""
+
+
+def _curve_panel(ax: Axes, panel: CurvePanel, axis: figdata.SweptAxis, lines: list[pd.DataFrame],
+                 markers: list[str]) -> None:
+    drawn: list[float] = []
+    for line, marker in zip(lines, markers):
+        if panel.column not in line:
+            continue
+        sel = line[line["clock"].isin(panel.clocks)] if panel.clocks is not None else line
+        ys = panel.scale * pd.to_numeric(sel[panel.column], errors="coerce").to_numpy(dtype=float)
+        keep = np.isfinite(ys)
+        if not keep.any():
+            continue
+        r0 = line.iloc[0]
+        ax.plot(sel[axis.column].to_numpy(dtype=float)[keep], ys[keep], color=_color(str(r0["policy"])),
+                ls=RUNNER_STYLES.get(str(r0["runner"]), "-"), marker=marker, ms=5, lw=1.5)
+        drawn += list(ys[keep])
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_ylabel(panel.ylabel, fontsize=8)
+    _curve_x(ax, axis)
+    if not drawn:
+        ax.text(0.5, 0.5, "no values for these runs", transform=ax.transAxes, ha="center", va="center", fontsize=9,
+                color="#777")
+        ax.set_yticks([])
+        return
+    positive = [v for v in drawn if v > 0]
+    if panel.column == LATENCY_COLUMN and positive and max(positive) / min(positive) >= 10:
+        # Past saturation latency grows by orders of magnitude: a linear axis would flatten the rest.
+        ax.set_yscale("log")
+        ax.set_ylabel(panel.ylabel + ", log scale", fontsize=8)
+        # Plain numbers (0.2, 0.5, 1), not 2×10⁻¹: read at a glance.
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_log_minor_label))
+    elif panel.column == "token_states_frac":
+        ax.set_ylim(0, 100)
+    else:
+        ax.set_ylim(bottom=0, top=1.08 * max(drawn) if max(drawn) > 0 else 1)
+    if panel.column == "mean_running":
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class CurveRow:
+    """One swept axis as figure 8 draws it: its lines, and each line's legend names."""
+
+    axis: figdata.SweptAxis
+    shown: figdata.Readable
+    series: list[str]  # runner/policy per line: its colour and line style
+    contexts: list[str]  # what else tells the line apart ("" when nothing): its marker
+
+
+def _curve_rows(cells: pd.DataFrame, axes: list[figdata.SweptAxis]) -> list[CurveRow]:
+    multi = cells["runner"].nunique() > 1
+    # Where a row draws block size on x, "paged b16" elsewhere would name a second paged entry
+    # that looks the same; the note says which block size the other rows use instead.
+    with_block = not any(a.column == "block_size" for a in axes)
+    rows = []
+    for axis in axes:
+        shown = figdata.readable_lines(axis)
+        series = [figdata.series_label(line.iloc[0].to_dict(), multi, with_block) for line in shown.lines]
+        rows.append(CurveRow(axis, shown, series, figdata.context_labels(shown.lines, axis.column)))
+    return rows
+
+
+def _curve_legend(fig: Figure, rows: list[CurveRow], markers: dict[str, str]) -> None:
+    """One legend for every row, in two parts: colour and line style name the runner and policy,
+    marker names the workload (or other setting) where lines of one policy differ in it."""
+    styles: dict[str, tuple[str, str]] = {}
+    for row in rows:
+        for line, label in zip(row.shown.lines, row.series):
+            r0 = line.iloc[0]
+            styles.setdefault(label, (_color(str(r0["policy"])), RUNNER_STYLES.get(str(r0["runner"]), "-")))
+    contexts = [c for c in markers if c]
+    plain = "o" if not contexts else "None"  # markers name contexts when there are any
+    handles = [Line2D([], [], color=c, ls=ls, lw=1.8, marker=plain, ms=5) for c, ls in styles.values()]
+    labels = list(styles)
+    handles += [Line2D([], [], color="#444", ls="none", marker=markers[c], ms=6) for c in contexts]
+    labels += contexts
+    ncols = max(1, min(len(labels), 140 // (max(len(lab) for lab in labels) + 8)))
+    fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
+
+
+def _curve_note(rows: list[CurveRow], skipped: list[figdata.SweptAxis], panels: list[CurvePanel]) -> str:
+    parts = []
+    for row in rows:
+        axis, shown = row.axis, row.shown
+        vs = axis.values
+        span = f"{axis.tick_label(vs[0])}–{axis.tick_label(vs[-1])}" + ("" if axis.unit == "bytes" else f" {axis.unit}")
+        left = (f"; {shown.left_lines} more line(s) of {shown.left_contexts} other workload(s) or setting(s) are "
+                "in the tables only" if shown.left_lines else "")
+        parts.append(f"against {axis.label}, {len(shown.lines)} line(s) over {len(vs)} values ({span}){left}")
+    marked = any(c for row in rows for c in row.contexts)
+    note = ("Colour: policy; line style: runner"
+            + ("; marker: the workload or setting that differs between lines of one policy" if marked else "")
+            + ". Everything but the swept axis is held fixed along a line; markers at the measured cells (medians "
+              "over repetitions). Drawn: " + "; ".join(parts) + ".")
+    blocks = sorted({int(b) for row in rows if row.axis.column != "block_size" for line in row.shown.lines
+                     if not is_contiguous(str(line["policy"].iloc[0])) for b in line["block_size"]})
+    if blocks:
+        note += (f" Paged policies are drawn at block size {', '.join(map(str, blocks))} (the one nearest "
+                 f"{figdata.PREFERRED_BLOCK} of each)"
+                 + (" except against block size." if any(r.axis.column == "block_size" for r in rows) else "."))
+    if skipped:
+        note += (f" Also swept but not drawn (at most {MAX_CURVE_AXES} axes): "
+                 + ", ".join(a.label for a in skipped) + ".")
+    latency = any(p.column == LATENCY_COLUMN for p in panels)
+    if not latency:
+        note += " Normalized latency is not drawn: no cell here has it on a clock in seconds."
+    elif any((line["clock"] == "steps").any() for row in rows for line in row.shown.lines):
+        note += " Normalized latency leaves out the steps-clock runs, where it counts scheduler steps."
+    if latency:
+        note += " Normalized latency: each request's end-to-end latency ÷ its output tokens, mean over requests."
+    return note
+
+
+def swept_curves(cells: pd.DataFrame) -> Plot:
+    name, title = "8-swept-curves", "Metrics against each swept axis"
+    found = figdata.swept_axes(cells) if len(cells) else []
+    if not found:
+        return Plot(name, title, None, "no numeric axis swept: no request rate, KV budget, max_model_len, paged block "
+                                       f"size or page size was run at {figdata.MIN_CURVE_POINTS} or more values with "
+                                       "everything else fixed")
+    rows = _curve_rows(cells, found[:MAX_CURVE_AXES])
+    panels = _curve_panels([line for row in rows for line in row.shown.lines])
+    # One marker per context across the figure, so a workload keeps its marker from row to row.
+    contexts = dict.fromkeys(c for row in rows for c in row.contexts)
+    markers = {c: CURVE_MARKERS[i % len(CURVE_MARKERS)] for i, c in enumerate(contexts)}
+    if "" in markers:
+        markers[""] = "o"
+    n_entries = len({s for row in rows for s in row.series}) + len(contexts)
+    fig = Figure(figsize=(min(13.0, 3.2 * len(panels) + 0.6), 0.7 + 3.2 * len(rows) + 0.22 * -(-n_entries // 3)),
+                 layout="constrained")
+    # A sub-figure per row, so each row can say what its lines hold fixed above its panels.
+    subfigs = fig.subfigures(len(rows), 1, squeeze=False)[:, 0]
+    for sub, row in zip(subfigs, rows):
+        held = figdata.held_fixed(row.shown.lines, row.axis.column)
+        sub.suptitle(_wrap(f"Against {row.axis.label}" + (f" — {held}" if held else ""), 150), x=0.01, ha="left",
+                     fontsize=9, fontweight="bold")
+        for ax, panel in zip(sub.subplots(1, len(panels), squeeze=False)[0], panels):
+            _curve_panel(ax, panel, row.axis, row.shown.lines, [markers[c] for c in row.contexts])
+    _curve_legend(fig, rows, markers)
+    fig.suptitle("Metrics against each swept axis (one row per axis; everything else held fixed along a line)",
+                 fontsize=11)
+    return Plot(name, title, fig, _curve_note(rows, found[MAX_CURVE_AXES:], panels))
+
+
 def all_plots(cells: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame,
               decomp: pd.DataFrame) -> list[Plot]:
     """Every figure of the report, in order (drawn or with the reason it is not)."""
     return [memory_breakdown(cells), last_block_waste(runs, requests), allocation_over_time(cells, steps),
-            running_requests(cells, steps), rate_sweep(cells), block_size_ablation(cells), decomposition(decomp)]
+            running_requests(cells, steps), rate_sweep(cells), block_size_ablation(cells), decomposition(decomp),
+            swept_curves(cells)]

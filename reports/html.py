@@ -103,6 +103,14 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
     if tables.reference is not None:
         parts.append("<h2>Published vs reproduced</h2>")
         parts.append(table(display.REFERENCE_COLUMNS, tables.reference))
+    if len(tables.capacity):
+        parts.append("<h2>Capacity at the SLO</h2>")
+        parts.append(f"<p>{_e(display.capacity_note(tables.capacity))}</p>")
+        parts.append(table(display.CAPACITY_COLUMNS, tables.capacity))
+        if len(tables.capacity_ratios):
+            parts.append(table(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios))
+        if len(tables.capacity_published):
+            parts.append(table(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published))
     if len(tables.clocks):
         parts.append("<h2>Clocks</h2>")
         parts.append(f"<p>{_e(display.CLOCKS_NOTE)}</p>")
@@ -133,7 +141,7 @@ def write_report(out: Path) -> Path:
     naming the file."""
     out = Path(out)
     records = load(out)
-    tables = report_tables(records.runs, records.reference, records.reference_problem, records.steps)
+    tables = report_tables(records.runs, records.reference, records.reference_problem, records.steps, records.slo)
     plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition)
     pngs = {p.name: png_bytes(p) for p in plots if p.figure is not None}
     files = {f"{name}.png": data for name, data in pngs.items()}

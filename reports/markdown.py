@@ -73,6 +73,13 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     if tables.reference is not None:
         out += ["## Published vs reproduced", ""]
         out += table(display.REFERENCE_COLUMNS, tables.reference) + [""]
+    if len(tables.capacity):
+        out += ["## Capacity at the SLO", "", display.capacity_note(tables.capacity), ""]
+        out += table(display.CAPACITY_COLUMNS, tables.capacity) + [""]
+        if len(tables.capacity_ratios):
+            out += table(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios) + [""]
+        if len(tables.capacity_published):
+            out += table(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published) + [""]
     if len(tables.clocks):
         out += ["## Clocks", "", display.CLOCKS_NOTE, ""]
         out += table(display.CLOCK_COLUMNS, tables.clocks) + [""]

@@ -34,6 +34,7 @@ class Records:
     requests: pd.DataFrame
     reference: pd.DataFrame | None = None
     reference_problem: str | None = None  # why out/reference.parquet could not be used
+    slo: pd.DataFrame | None = None  # out/slo.parquet: the suites' latency bounds for capacity
 
 
 def load(out: Path) -> Records:
@@ -49,7 +50,12 @@ def load(out: Path) -> Records:
     steps = read_table(out, "steps", set(runs["run_id"])) if (out / "steps").is_dir() else pd.DataFrame()
     requests = read_table(out, "requests", set(runs["run_id"])) if (out / "requests").is_dir() else pd.DataFrame()
     reference, problem = read_reference(out / "reference.parquet")
-    return Records(with_keys(runs), steps, requests, reference, problem)
+    slo_path = out / "slo.parquet"
+    try:
+        slo = pd.read_parquet(slo_path) if slo_path.is_file() else None
+    except Exception as exc:  # a bad SLO file must not cost the rest of the report
+        slo, problem = None, (problem or f"{slo_path}: not readable ({type(exc).__name__})")
+    return Records(with_keys(runs), steps, requests, reference, problem, slo)
 
 
 def read_reference(path: Path) -> tuple[pd.DataFrame | None, str | None]:
@@ -227,8 +233,12 @@ def workload_label(row: Mapping[str, Any], rate: bool = True) -> str:
     if rate and isinstance(value, (int, float)) and value == value:
         arrival = f"{arrival} {value:g} req/s"
     n = row.get("num_requests")
-    parts = [source + (f" {lengths}" if lengths else ""),
-             f"{int(n)} req" if isinstance(n, (int, float)) and n == n else "", arrival]
+    span = wl.get("duration_s")
+    if isinstance(span, (int, float)) and not isinstance(span, bool) and (not rate or not isinstance(n, (int, float))):
+        count = f"{span:g} s of arrivals"  # a rate sweep's common part: the span, not the rate-dependent count
+    else:
+        count = f"{int(n)} req" if isinstance(n, (int, float)) and n == n else ""
+    parts = [source + (f" {lengths}" if lengths else ""), count, arrival]
     text = ", ".join(p for p in parts if p)
     return text + f" [{str(row.get('workload_id') or '')[:8]}]" if rate else text
 

@@ -21,6 +21,7 @@ _CHOICES = {"source": SOURCES, "arrival": ARRIVALS}
 _HELP = {
     "source": "where lengths come from (default fixed)",
     "num_requests": "requests to generate (synthetic sources; default 100)",
+    "duration_s": "with a rate: generate rate x duration_s requests instead of num_requests",
     "prompt_len": "fixed: prompt tokens (default 128)",
     "output_len": "fixed: output tokens (default 128)",
     "prompt_min": "uniform: smallest prompt, inclusive (default 1)",

@@ -69,7 +69,7 @@ def lognormal_lengths(rng: np.random.Generator, count: int, mean: float, sigma: 
 
 def sample_lengths(spec: WorkloadSpec, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(prompt_len, output_len) for a synthetic source; prompts are drawn before outputs."""
-    count = spec.num_requests
+    count = spec.request_count
     if spec.source == "fixed":
         return fixed_lengths(count, spec.prompt_len), fixed_lengths(count, spec.output_len)
     if spec.source == "uniform":

@@ -1,0 +1,105 @@
+"""Refining each policy's capacity by bisection between the rates a suite swept.
+
+A sweep brackets a line's capacity between its highest rate within the SLO and the
+next swept rate (``reports.capacity``). With ``[slo] refine = N``, ``kvbench run``
+then runs N more rounds: each line still bracketed gets one run at the bracket's
+geometric middle (rounded to 3 significant digits, so a resumed run finds the
+same cells), recorded like any cell; the capacity is recomputed from the records
+and the bracket halves (in log rate). Every number stays one derived from runs on
+disk: the refined capacity is simply the capacity over more points.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from ..harness import store
+from ..runners.base import Cell
+from .suite import Suite
+
+
+def middle(lo: float, hi: float) -> float:
+    """The geometric middle of (lo, hi), to 3 significant digits."""
+    return float(f"{math.sqrt(lo * hi):.3g}")
+
+
+def capacities(suite: Suite, out: Path, ids: set[str] | None = None) -> pd.DataFrame:
+    """The suite's capacity table from the records in ``out`` (empty without an SLO or a sweep);
+    with ``ids``, from those runs only."""
+    from ..reports.capacity import capacity_table
+    from ..reports.records import with_keys
+
+    if suite.slo is None:
+        return pd.DataFrame()
+    runs = store.read_table(out, "runs", ids)
+    if runs.empty:
+        return pd.DataFrame()
+    slo = pd.DataFrame([{"suite": suite.name, "metric": suite.slo.metric, "bound": suite.slo.bound}])
+    return capacity_table(with_keys(runs[runs["suite"] == suite.name]), slo)
+
+
+def capacity_report(suite: Suite, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The capacity table, the capacity ratios and the published ratios beside them, from ``out``."""
+    from ..reports.capacity import capacity_ratios, capacity_vs_published
+    from ..reports.records import read_reference, with_keys
+
+    table = capacities(suite, out)
+    ratios = capacity_ratios(table)
+    reference, _ = read_reference(out / "reference.parquet")
+    if reference is not None:
+        reference = reference[reference["suite"] == suite.name]
+    runs = store.read_table(out, "runs")
+    return table, ratios, capacity_vs_published(ratios, reference, with_keys(runs) if len(runs) else runs)
+
+
+def cell_at_rate(cell: Cell, rate: float, out: Path) -> Cell:
+    """``cell`` with its workload's arrival rate changed (the workload built and written once)."""
+    from ..workloads import build_workload, write_workload
+
+    spec = cell.spec.replace(workload=cell.spec.workload.replace(rate=rate))
+    workload = build_workload(spec.workload, spec.memory.max_model_len)
+    path = out / "workloads" / f"{workload.workload_id}.parquet"
+    if not path.exists():
+        write_workload(workload, path)
+    return Cell(spec=spec, workload=workload, out=out)
+
+
+def refine(suite: Suite, out: Path, cells: Sequence[Cell], run: Callable[[list[Cell]], object],
+           log: Callable[[str], None]) -> int:
+    """Bisect, ``suite.slo.refine`` times, every line whose capacity the suite's own rates bracket;
+    the number of cells run. Deterministic: the brackets start from the suite's swept rates (never
+    from earlier refinements), so running the suite again finds the same middles recorded and
+    runs nothing."""
+    from .sweep import plan_resume
+
+    assert suite.slo is not None
+    metric, bound = suite.slo.metric, suite.slo.bound
+    by_id = {c.run_id: c for c in cells}
+    swept = capacities(suite, out, ids=set(by_id))  # the suite's own points only
+    brackets = [(by_id[r["run_id"]], float(r["capacity_rps"]), float(r["next_rps"]))
+                for r in swept.to_dict("records") if r["status"] == "within the sweep" and r["run_id"] in by_id]
+    ran = 0
+    for step in range(suite.slo.refine):
+        trials = [(cell_at_rate(t, middle(lo, hi), out), t, lo, hi) for t, lo, hi in brackets
+                  if lo < middle(lo, hi) < hi]  # else as narrow as 3 digits write
+        if not trials:
+            break
+        todo = plan_resume([c for c, *_ in trials], out).todo
+        log(f"capacity: bisection step {step + 1} of {suite.slo.refine}: {len(trials)} line(s) at "
+            f"{', '.join(f'{c.spec.workload.rate:g}' for c, *_ in trials)} req/s ({len(todo)} to run)")
+        if todo:
+            run(todo)
+            ran += len(todo)
+        runs = store.read_table(out, "runs", {c.run_id for c, *_ in trials}).set_index("run_id")
+        brackets = []
+        for c, t, lo, hi in trials:
+            value = float(pd.to_numeric(runs[metric].get(c.run_id), errors="coerce")) if c.run_id in runs.index else math.nan
+            ok = c.run_id in runs.index and runs.loc[c.run_id, "status"] == "ok" and value <= bound
+            rate = c.spec.workload.rate
+            assert rate is not None  # a line of a rate sweep
+            brackets.append((t, rate, hi) if ok else (t, lo, rate))
+    return ran
