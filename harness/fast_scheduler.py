@@ -11,9 +11,12 @@ per-tick event lists. A step in which everything fits — the token budget
 covers every running request's need and the free blocks cover every new block
 — is *simple*: only crossing decoders, prefill chunks, admissions and
 finishers are touched, and the running sums (used positions, context tokens for
-the clock) advance by formula. Any other step (a preemption is coming, or the
-budget runs short) materialises every decoder and runs the reference
-``Scheduler.schedule`` unchanged.
+the clock) advance by formula. A step whose budget covers everyone but whose new
+blocks do not fit preempts event by event (``_schedule_preempting``: only the
+requests needing blocks and the victims are touched), except under prefix
+caching. Any other step (the budget runs short: chunked prefill; or a
+preemption with prefix caching) materialises every decoder and runs the
+reference ``Scheduler.schedule`` unchanged.
 
 Quiet stretches — runs of steps recorded in bulk — live in
 ``harness.quiet_stretches``, a mixin of this class.
@@ -33,7 +36,7 @@ from collections import defaultdict
 from .clock import RooflineClock
 from .quiet_stretches import MERGE, QuietStretches
 from .scheduler import Scheduler, StepPlan
-from .sequence import Seq
+from .sequence import RUNNING, Seq
 
 
 class FastScheduler(QuietStretches, Scheduler):
@@ -110,6 +113,10 @@ class FastScheduler(QuietStretches, Scheduler):
             need_blocks += policy.blocks_needed(seq, seq.num_computed + n)
         free = policy.free_blocks() if hasattr(policy, "free_blocks") else need_blocks
         self._simple = need_tokens <= budget and need_blocks <= free
+        if need_tokens <= budget and not self._simple and not self._caching:
+            # Memory runs out this step but the budget does not: preempt event by event.
+            self._simple = True
+            return self._schedule_preempting(tick, crossers, budget)
         if not self._simple:
             # Preemption or a short budget ahead: hand every decoder to the reference.
             for seq in self.running:
@@ -142,6 +149,59 @@ class FastScheduler(QuietStretches, Scheduler):
         implicit = self.dec_sum + tick * decoders  # Σ computed of the decoders after this step
         return StepPlan(self.step_index, self.now, scheduled, admitted, [], hit_tokens,
                         self._compute(scheduled, decoders, implicit, implicit, decoders))
+
+    def _schedule_preempting(self, tick: int, crossers: list[Seq], budget: int) -> StepPlan:
+        """A step whose token budget covers every running request but whose new blocks do not
+        fit: the reference's rule, applied only where it acts. Only the requests that need
+        blocks (this tick's crossing decoders and the prefilling ones) can fail to allocate;
+        they ask in running order, and each failure preempts from the tail of ``running``
+        (the most recently admitted) until the request fits or is itself preempted — which
+        ends the scheduling pass, as in the reference. Nothing is admitted after a preemption.
+        Work is proportional to the requests needing blocks plus the victims, not to the batch."""
+        policy = self.policy
+        running = self.running
+        needy = sorted([*crossers, *self.explicit], key=lambda s: s.run_pos)
+        preempted: list[Seq] = []
+        allocated: list[Seq] = []
+        for seq in needy:
+            if seq.status != RUNNING:
+                continue  # preempted as a victim of an earlier request in this step
+            implicit = seq.dec_tick >= 0
+            if implicit:
+                self._materialize(seq)
+            target = seq.num_computed + (1 if implicit else seq.num_tokens - seq.num_computed)
+            while not policy.allocate(seq, target):
+                victim = running.pop()
+                self._preempt_fast(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status != RUNNING:
+                break
+            allocated.append(seq)
+        for seq in allocated:
+            if seq.dec_tick >= 0:  # a crossing decoder: its next crossing from here
+                nxt = seq.allocated - seq.num_computed + self.tick + 1
+                if nxt <= seq.output_len - seq.num_output + self.tick:
+                    self.crossing[nxt].append((seq, seq.epoch))
+        scheduled: list[tuple[Seq, int]] = []
+        for seq in self.explicit:
+            if seq.status == RUNNING:
+                n = seq.num_tokens - seq.num_computed
+                scheduled.append((seq, n))
+        self.explicit = [s for s, _ in scheduled]
+        self.tick = tick
+        decoders = self.num_decoders
+        implicit_sum = self.dec_sum + tick * decoders
+        return StepPlan(self.step_index, self.now, scheduled, 0, preempted, 0,
+                        self._compute(scheduled, decoders, implicit_sum, implicit_sum, decoders))
+
+    def _preempt_fast(self, victim: Seq) -> None:
+        """Preempt ``victim`` (popped from ``running`` by the caller): an implicit decoder is
+        made explicit first, so its computed tokens are counted up to this step."""
+        if victim.dec_tick >= 0:
+            self._unregister(victim)
+        self._preempt(victim)
 
     def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
         # sim only: always a Clock, so measured_s never sets the step's duration here.

@@ -66,6 +66,7 @@ _RUN_POS = operator.attrgetter("run_pos")
 # The columns a counting stretch fills from its per-step lists, in their order.
 _VARYING = [BLOCKS, INTERNAL, USED, SCHEDULED_COL, RUNNING_COL]
 
+SHORT_STRETCH = 8  # steps: below this, expected from free memory, the step-by-step path is cheaper (measured)
 BULK_MIN = 3  # a quiet stretch shorter than this is not worth the arrays
 BULK_MAX = 512  # steps per bulk call (longer stretches take several calls)
 MERGE_MAX = 8192  # steps per merged stretch (``_quiet_merged``)
@@ -130,6 +131,17 @@ class QuietStretches:
         return not self.policy.can_allocate(head, computed + num_new,
                                             must_fit=min(head.num_tokens, self.max_model_len))
 
+    def _memory_runs_out_soon(self, decoders: int) -> bool:
+        """Whether the free blocks last fewer than ``SHORT_STRETCH`` steps of ``decoders`` crossing
+        one block every ``block_size`` steps on average. An estimate, not a bound: it only
+        chooses the step-by-step path (the same records) where a stretch would be too short to
+        pay for setting it up, as it is between the preemptions of a full cache."""
+        policy = self.policy
+        free_blocks = getattr(policy, "free_blocks", None)
+        if free_blocks is None:
+            return False  # contiguous: memory does not grow per step
+        return free_blocks() * policy.block_size < SHORT_STRETCH * decoders
+
     def record_quiet_steps(self, recorder: RunRecorder) -> int:
         """Run and record a stretch of *quiet* steps at once; return how many (0: none now).
 
@@ -149,6 +161,8 @@ class QuietStretches:
         n = self.num_decoders
         if self._caching or self.explicit or n == 0 or n > self.config.max_num_batched_tokens:
             return 0
+        if self._memory_runs_out_soon(n):
+            return 0  # under memory pressure a stretch would end within a few steps: not worth its set-up
         waiting = self.waiting  # arrivals due by now are in it: the driver released them
         if not waiting and self._merge:
             return self._quiet_merged(recorder)

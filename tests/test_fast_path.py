@@ -129,8 +129,15 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 @pytest.fixture
 def bulk_counter(monkeypatch):
     """Counts the steps the fast path records in bulk (quiet stretches)."""
-    counted = {"steps": 0, "finished": 0, "counting": 0, "merged": 0, "merged_admissions": 0}
+    counted = {"steps": 0, "finished": 0, "counting": 0, "merged": 0, "merged_admissions": 0, "preempting": 0}
     real = FastScheduler.record_quiet_steps
+    real_preempting = FastScheduler._schedule_preempting
+
+    def preempting(self, *args):
+        counted["preempting"] += 1  # steps that preempted event by event, not through the reference
+        return real_preempting(self, *args)
+
+    monkeypatch.setattr(FastScheduler, "_schedule_preempting", preempting)
     real_counting = FastScheduler._quiet_counting
     real_merged = FastScheduler._quiet_merged
 
@@ -189,7 +196,9 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         steps += b["steps"]
         fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
     if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting"):
-        assert preempted > 0  # the case really exercises the fallback path
+        assert preempted > 0  # the case really exercises preemption
+    if case in ("tight-preempting", "swap", "poisson-profile-preempting", "merged-admissions"):
+        assert bulk_counter["preempting"] > 0  # preemptions taken event by event (block-table policies)
     if case == "prefix-evictions":
         assert evicted > 0
     if case == "long-quiet":
