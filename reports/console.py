@@ -70,12 +70,16 @@ def render_reference(table: "pd.DataFrame") -> str:
     reproduced one, their relative difference, and whether a clock was fitted to it."""
     if table.empty:
         return ""
-    out = ["published vs reproduced (fitted: a clock was fitted to the number; predicted: it was not)"]
+    out = ["published vs reproduced (fitted: a clock was fitted to the number; predicted: it was not; "
+           "diff: relative, or in points for shares)"]
     rows = [["item", "published", "reproduced", "diff", "basis", "runner"]]
     for r in table.to_dict("records"):
         rep = r.get("reproduced")
         have = isinstance(rep, (int, float)) and rep == rep
-        diff = f"{rep / r['published'] - 1:+.1%}" if have and r["published"] else "-"
+        if have and str(r.get("metric", "")).endswith("_frac"):
+            diff = f"{100 * (rep - r['published']):+.1f} pt"  # shares of the budget: off by points
+        else:
+            diff = f"{rep / r['published'] - 1:+.1%}" if have and r["published"] else "-"
         rows.append([str(r["item"]), f"{r['published']:g}", f"{rep:.3g}" if have else f"- ({r.get('problem')})",
                      diff, str(r.get("basis") or "predicted"), str(r.get("runner") or "-")])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

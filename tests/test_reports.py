@@ -265,3 +265,18 @@ def test_device_and_arena_columns_only_where_they_differ() -> None:
     keys = lambda t: [k for k, _, _ in cell_columns(t, {"torch"})]  # noqa: E731
     assert "device" not in keys(one) and "arena" not in keys(one)
     assert "device" in keys(both) and "arena" in keys(both)
+
+
+def test_kvbench_run_prints_shares_off_by_points_and_ratios_off_by_percent() -> None:
+    from kvbench.reports.console import render_reference
+
+    table = pd.DataFrame([
+        {"item": "share", "metric": "token_states_frac", "published": 0.963, "reproduced": 0.926, "basis": "predicted",
+         "runner": "sim", "problem": None},
+        {"item": "ratio", "metric": "mean_running ÷ contiguous-max", "published": 4.3, "reproduced": 4.41,
+         "basis": "fitted", "runner": "sim", "problem": None},
+    ])
+    lines = render_reference(table).splitlines()
+    assert "-3.7 pt" in next(x for x in lines if "share" in x and "0.963" in x)
+    ratio = next(x for x in lines if x.strip().startswith("ratio"))
+    assert "+2.6%" in ratio and "fitted" in ratio
