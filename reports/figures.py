@@ -451,7 +451,7 @@ def _log_minor_label(value: float, _: object) -> str:
 
 
 def _curve_panel(ax: Axes, panel: CurvePanel, axis: figdata.SweptAxis, lines: list[pd.DataFrame],
-                 markers: list[str]) -> None:
+                 markers: list[str], bounds: Sequence[float] = ()) -> None:
     drawn: list[float] = []
     for line, marker in zip(lines, markers):
         if panel.column not in line:
@@ -487,6 +487,12 @@ def _curve_panel(ax: Axes, panel: CurvePanel, axis: figdata.SweptAxis, lines: li
         ax.set_ylim(bottom=0, top=1.08 * max(drawn) if max(drawn) > 0 else 1)
     if panel.column == "mean_running":
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    if panel.column == LATENCY_COLUMN:
+        for bound in bounds:  # the suite's SLO: where each line's capacity is read
+            ax.axhline(bound, color="#555", ls="--", lw=1)
+            ax.annotate(f"SLO {bound:g}", (0.98, bound), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                        textcoords="offset points", fontsize=8, color="#333", ha="right", va="bottom",
+                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0}, zorder=5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -530,7 +536,8 @@ def _curve_legend(fig: Figure, rows: list[CurveRow], markers: dict[str, str]) ->
     fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
 
 
-def _curve_note(rows: list[CurveRow], skipped: list[figdata.SweptAxis], panels: list[CurvePanel]) -> str:
+def _curve_note(rows: list[CurveRow], skipped: list[figdata.SweptAxis], panels: list[CurvePanel],
+                bounds: Sequence[float] = ()) -> str:
     parts = []
     for row in rows:
         axis, shown = row.axis, row.shown
@@ -560,10 +567,13 @@ def _curve_note(rows: list[CurveRow], skipped: list[figdata.SweptAxis], panels: 
         note += " Normalized latency leaves out the steps-clock runs, where it counts scheduler steps."
     if latency:
         note += " Normalized latency: each request's end-to-end latency ÷ its output tokens, mean over requests."
+        if bounds:
+            note += " Dashed: the suite's SLO bound on it, where the capacity table reads each line's capacity."
     return note
 
 
-def swept_curves(cells: pd.DataFrame) -> Plot:
+def swept_curves(cells: pd.DataFrame, slo_bounds: Sequence[float] = ()) -> Plot:
+    """``slo_bounds``: normalized-latency bounds of the suites' SLOs, drawn on that panel."""
     name, title = "8-swept-curves", "Metrics against each swept axis"
     found = figdata.swept_axes(cells) if len(cells) else []
     if not found:
@@ -587,16 +597,23 @@ def swept_curves(cells: pd.DataFrame) -> Plot:
         sub.suptitle(_wrap(f"Against {row.axis.label}" + (f" — {held}" if held else ""), 150), x=0.01, ha="left",
                      fontsize=9, fontweight="bold")
         for ax, panel in zip(sub.subplots(1, len(panels), squeeze=False)[0], panels):
-            _curve_panel(ax, panel, row.axis, row.shown.lines, [markers[c] for c in row.contexts])
+            _curve_panel(ax, panel, row.axis, row.shown.lines, [markers[c] for c in row.contexts], slo_bounds)
     _curve_legend(fig, rows, markers)
     fig.suptitle("Metrics against each swept axis (one row per axis; everything else held fixed along a line)",
                  fontsize=11)
-    return Plot(name, title, fig, _curve_note(rows, found[MAX_CURVE_AXES:], panels))
+    return Plot(name, title, fig, _curve_note(rows, found[MAX_CURVE_AXES:], panels, slo_bounds))
 
 
 def all_plots(cells: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame,
-              decomp: pd.DataFrame) -> list[Plot]:
+              decomp: pd.DataFrame, slo: pd.DataFrame | None = None) -> list[Plot]:
     """Every figure of the report, in order (drawn or with the reason it is not)."""
     return [memory_breakdown(cells), last_block_waste(runs, requests), allocation_over_time(cells, steps),
             running_requests(cells, steps), rate_sweep(cells), block_size_ablation(cells), decomposition(decomp),
-            swept_curves(cells)]
+            swept_curves(cells, _latency_bounds(slo))]
+
+
+def _latency_bounds(slo: pd.DataFrame | None) -> list[float]:
+    """The SLO bounds on the normalized latency figure 8 draws (other metrics are not on its axes)."""
+    if slo is None or slo.empty:
+        return []
+    return sorted({float(b) for m, b in zip(slo["metric"], slo["bound"]) if m == LATENCY_COLUMN})

@@ -142,7 +142,7 @@ def write_report(out: Path) -> Path:
     out = Path(out)
     records = load(out)
     tables = report_tables(records.runs, records.reference, records.reference_problem, records.steps, records.slo)
-    plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition)
+    plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition, records.slo)
     pngs = {p.name: png_bytes(p) for p in plots if p.figure is not None}
     files = {f"{name}.png": data for name, data in pngs.items()}
     files["summary.md"] = markdown.render(records.runs, tables, plots).encode("utf-8")

@@ -164,3 +164,18 @@ def test_the_figure_12_suite_reproduces_the_papers_capacity_ranges(tmp_path: Pat
     assert (published["off"].abs() <= 0.20).all(), published[["item", "reproduced", "off"]].to_string()
     assert "published vs reproduced capacity ratios" in printed.getvalue()
     assert (tmp_path / "report" / "8-swept-curves.png").stat().st_size > 20_000  # drawn, not a placeholder
+
+
+def test_figure_8_draws_the_slo_bound_on_the_latency_panel() -> None:
+    from kvbench.reports.figures import swept_curves
+    from kvbench.reports.tables import summary
+
+    rows = [dict(r, clock="roofline", mean_running=1.0, tokens_per_s=1.0)
+            for r in sweep("paged", {0.5: 0.1, 1.0: 0.2, 2.0: 0.45, 4.0: 3.0})]
+    plot = swept_curves(summary(runs_frame(rows)), [0.3])
+    assert plot.figure is not None and "SLO bound" in plot.note
+    axes = [ax for ax in plot.figure.get_axes() if ax.get_title().startswith("normalized latency")]
+    assert len(axes) == 1
+    dashed = [line for line in axes[0].get_lines() if line.get_linestyle() == "--"]
+    assert [list(line.get_ydata()) for line in dashed] == [[0.3, 0.3]]
+    assert "SLO bound" not in swept_curves(summary(runs_frame(rows))).note  # no SLO: no line, no word of it
