@@ -13,10 +13,10 @@ covers every running request's need and the free blocks cover every new block
 finishers are touched, and the running sums (used positions, context tokens for
 the clock) advance by formula. A step whose budget covers everyone but whose new
 blocks do not fit preempts event by event (``_schedule_preempting``: only the
-requests needing blocks and the victims are touched), except under prefix
-caching. Any other step (the budget runs short: chunked prefill; or a
-preemption with prefix caching) materialises every decoder and runs the
-reference ``Scheduler.schedule`` unchanged.
+requests needing blocks and the victims are touched; under prefix caching a
+victim's filled blocks are cached before it is freed, as at a finish). Any
+other step (the budget runs short: chunked prefill) materialises every decoder
+and runs the reference ``Scheduler.schedule`` unchanged.
 
 Quiet stretches — runs of steps recorded in bulk — live in
 ``harness.quiet_stretches``, a mixin of this class.
@@ -113,7 +113,7 @@ class FastScheduler(QuietStretches, Scheduler):
             need_blocks += policy.blocks_needed(seq, seq.num_computed + n)
         free = policy.free_blocks() if hasattr(policy, "free_blocks") else need_blocks
         self._simple = need_tokens <= budget and need_blocks <= free
-        if need_tokens <= budget and not self._simple and not self._caching:
+        if need_tokens <= budget and not self._simple:
             # Memory runs out this step but the budget does not: preempt event by event.
             self._simple = True
             return self._schedule_preempting(tick, crossers, budget)

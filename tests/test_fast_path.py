@@ -197,8 +197,9 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
     if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting"):
         assert preempted > 0  # the case really exercises preemption
-    if case in ("tight-preempting", "swap", "poisson-profile-preempting", "merged-admissions"):
-        assert bulk_counter["preempting"] > 0  # preemptions taken event by event (block-table policies)
+    if case in ("tight-preempting", "swap", "poisson-profile-preempting", "merged-admissions",
+                "prefix-groups-and-samples", "prefix-evictions"):
+        assert bulk_counter["preempting"] > 0  # preemptions taken event by event (block-table policies, caching too)
     if case == "prefix-evictions":
         assert evicted > 0
     if case == "long-quiet":
