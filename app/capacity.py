@@ -50,21 +50,20 @@ def capacity_report(suite: Suite, out: Path) -> tuple[pd.DataFrame, pd.DataFrame
     table = capacities(suite, out)
     ratios = capacity_ratios(table)
     reference, _ = read_reference(out / "reference.parquet")
-    if reference is not None:
-        reference = reference[reference["suite"] == suite.name]
-    runs = store.read_table(out, "runs")
-    return table, ratios, capacity_vs_published(ratios, reference, with_keys(runs) if len(runs) else runs)
+    if reference is None or ratios.empty:
+        return table, ratios, capacity_vs_published(ratios, None, pd.DataFrame())
+    runs = store.read_table(out, "runs")  # every workload id of the suite's sweeps, for the published rows
+    return table, ratios, capacity_vs_published(ratios, reference[reference["suite"] == suite.name], with_keys(runs))
 
 
 def cell_at_rate(cell: Cell, rate: float, out: Path) -> Cell:
     """``cell`` with its workload's arrival rate changed (the workload built and written once)."""
-    from ..workloads import build_workload, write_workload
+    from ..workloads import build_workload
+    from .sweep import keep_workload
 
     spec = cell.spec.replace(workload=cell.spec.workload.replace(rate=rate))
     workload = build_workload(spec.workload, spec.memory.max_model_len)
-    path = out / "workloads" / f"{workload.workload_id}.parquet"
-    if not path.exists():
-        write_workload(workload, path)
+    keep_workload(workload, out)
     return Cell(spec=spec, workload=workload, out=out)
 
 
@@ -95,10 +94,10 @@ def refine(suite: Suite, out: Path, cells: Sequence[Cell], run: Callable[[list[C
             run(todo)
             ran += len(todo)
         runs = store.read_table(out, "runs", {c.run_id for c, *_ in trials}).set_index("run_id")
+        within = (runs["status"] == "ok") & (pd.to_numeric(runs[metric], errors="coerce") <= bound)
         brackets = []
         for c, t, lo, hi in trials:
-            value = float(pd.to_numeric(runs[metric].get(c.run_id), errors="coerce")) if c.run_id in runs.index else math.nan
-            ok = c.run_id in runs.index and runs.loc[c.run_id, "status"] == "ok" and value <= bound
+            ok = bool(within.get(c.run_id, False))  # a missing, failed or over-the-bound run: over
             rate = c.spec.workload.rate
             assert rate is not None  # a line of a rate sweep
             brackets.append((t, rate, hi) if ok else (t, lo, rate))

@@ -15,7 +15,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..harness.errors import KvbenchError
 from ..harness.specs import RunSpec
@@ -23,11 +23,23 @@ from .suite import Suite
 from ..runners.base import Cell
 from .cell import run_cell
 
+if TYPE_CHECKING:
+    from ..workloads.table import Workload
+
+
+def keep_workload(workload: "Workload", out: Path) -> None:
+    """Write the workload to ``out/workloads/<id>.parquet`` once (its id is its content)."""
+    from ..workloads import write_workload
+
+    path = out / "workloads" / f"{workload.workload_id}.parquet"
+    if not path.exists():
+        write_workload(workload, path)
+
 
 def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cell]:
     """Expand the grid and build each distinct workload once (also written to DIR/workloads);
     write the suite's published reference values beside them."""
-    from ..workloads import build_workload, write_workload
+    from ..workloads import build_workload
 
     built: dict[tuple[str, int], object] = {}
     cells: list[Cell] = []
@@ -43,9 +55,7 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
             if w.dropped:
                 log(f"workload {w.workload_id}: dropped {w.dropped} request(s) longer than "
                     f"max_model_len {spec.memory.max_model_len}")
-            path = out / "workloads" / f"{w.workload_id}.parquet"
-            if not path.exists():
-                write_workload(w, path)
+            keep_workload(w, out)
             built[key] = w
         cells.append(Cell(spec=spec, workload=built[key], out=out))  # type: ignore[arg-type]
         if spec.runner == "sim":

@@ -116,9 +116,9 @@ class FastScheduler(QuietStretches, Scheduler):
         if need_tokens <= budget and not self._simple:
             # Memory runs out this step but the budget does not: preempt event by event.
             self._simple = True
-            return self._schedule_preempting(tick, crossers, budget)
+            return self._schedule_preempting(tick, crossers)
         if not self._simple:
-            # Preemption or a short budget ahead: hand every decoder to the reference.
+            # A short budget ahead (chunked prefill): hand every decoder to the reference.
             for seq in self.running:
                 if seq.dec_tick >= 0:
                     self._unregister(seq)
@@ -150,7 +150,7 @@ class FastScheduler(QuietStretches, Scheduler):
         return StepPlan(self.step_index, self.now, scheduled, admitted, [], hit_tokens,
                         self._compute(scheduled, decoders, implicit, implicit, decoders))
 
-    def _schedule_preempting(self, tick: int, crossers: list[Seq], budget: int) -> StepPlan:
+    def _schedule_preempting(self, tick: int, crossers: list[Seq]) -> StepPlan:
         """A step whose token budget covers every running request but whose new blocks do not
         fit: the reference's rule, applied only where it acts. Only the requests that need
         blocks (this tick's crossing decoders and the prefilling ones) can fail to allocate;
