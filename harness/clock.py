@@ -82,8 +82,13 @@ class Clock:
 
     name = "steps"
 
-    def step_time(self, work: StepWork) -> float:
+    def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
+        """One step's time from its work, in plain ints (the fast path calls it per step without
+        building a ``StepWork``); ``step_time`` is this, ``step_times`` the same over arrays."""
         return 1.0
+
+    def step_time(self, work: StepWork) -> float:
+        return self.price(work.scheduled_tokens, work.context_tokens, work.attention_pairs, work.scheduled_seqs)
 
     def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
                    attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
@@ -111,9 +116,9 @@ class RooflineClock(Clock):
         # QK^T and PV: 2 matmuls × 2 FLOPs × heads × head_dim per (query, key) pair per layer
         self._attn_flops_per_pair = 4.0 * geometry.num_layers * geometry.num_attention_heads * geometry.head_dim
 
-    def step_time(self, work: StepWork) -> float:
-        bytes_moved = self._weight_bytes + work.context_tokens * self._kv_bytes_per_token
-        flops = work.scheduled_tokens * self._flops_per_token + work.attention_pairs * self._attn_flops_per_pair
+    def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
+        bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
+        flops = scheduled_tokens * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
         return max(bytes_moved / self._bw, flops / self._peak) * self.scale
 
     def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
@@ -164,10 +169,9 @@ class ProfileClock(Clock):
         self._c = (float(terms.step_s), float(terms.per_token_s), float(terms.per_seq_s),
                    float(terms.per_context_token_s), float(terms.per_attention_pair_s))
 
-    def step_time(self, work: StepWork) -> float:
+    def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         c0, tok, seq, ctx, pair = self._c
-        return (c0 + work.scheduled_tokens * tok + work.scheduled_seqs * seq + work.context_tokens * ctx
-                + work.attention_pairs * pair)
+        return c0 + scheduled_tokens * tok + scheduled_seqs * seq + context_tokens * ctx + attention_pairs * pair
 
     def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
                    attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:

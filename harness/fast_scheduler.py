@@ -1,25 +1,20 @@
 """The simulator's fast path: the same decisions as ``Scheduler``, in work proportional
 to what changes in a step rather than to the number of running requests.
 
-Most of a serving step is decoding: every running request whose prompt is done
-computes one token and samples one. Nothing about such a *decoder* needs
-touching in a step unless it crosses into a new block, finishes, or is
-preempted. So decoders are kept implicit: a decoder registered at tick ``t0``
-with ``c0`` computed positions has ``c0 + (D − t0)`` after ``D`` ticks, and the
-steps at which it will need a block or finish are known in advance and kept in
-per-tick event lists. A step in which everything fits — the token budget
-covers every running request's need and the free blocks cover every new block
-— is *simple*: only crossing decoders, prefill chunks, admissions and
-finishers are touched, and the running sums (used positions, context tokens for
-the clock) advance by formula. A step whose budget covers everyone but whose new
-blocks do not fit preempts event by event (``_schedule_preempting``: only the
-requests needing blocks and the victims are touched; under prefix caching a
-victim's filled blocks are cached before it is freed, as at a finish). Any
-other step (the budget runs short: chunked prefill) materialises every decoder
-and runs the reference ``Scheduler.schedule`` unchanged.
+Decoders are implicit (``harness.decoders``): a step touches only crossing decoders, prefill
+chunks, admissions, finishers and victims. A step in which everything fits — the token budget
+covers every running request's need and the free blocks cover every new block — is
+*simple*: the running sums (used positions, context tokens for the clock) advance by
+formula. A step whose budget covers everyone but whose new blocks do not fit preempts event
+by event (``_schedule_preempting``: only the requests needing blocks and the victims are
+touched; under prefix caching a victim's filled blocks are cached before it is freed, as at
+a finish). Any other step (the budget runs short: chunked prefill) materialises every
+decoder and runs the reference ``Scheduler.schedule`` unchanged.
 
-Quiet stretches — runs of steps recorded in bulk — live in
-``harness.quiet_stretches``, a mixin of this class.
+Before each step the driver asks for a run of steps at once (``record_quiet_steps``): a
+counted stretch (``harness.counted_stretch``) where blocks are counts (``paged``,
+``virtual-contiguous``), a quiet stretch (``harness.quiet_stretches``) for the contiguous
+policies; prefix caching goes step by step.
 
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in
@@ -30,88 +25,65 @@ freed in running order, because the order of frees is the LRU order.
 
 from __future__ import annotations
 
-import heapq
-from collections import defaultdict
-
-from .clock import RooflineClock
-from .quiet_stretches import MERGE, QuietStretches
-from .scheduler import Scheduler, StepPlan
+from . import counted_stretch, quiet_stretches
+from .clock import Clock
+from .decoders import Decoders
+from .policies.base import Policy
+from .policies.paged import PagedBase, PagedPolicy
+from .recorder import RunRecorder
+from .scheduler import Arrivals, Scheduler, StepPlan
 from .sequence import RUNNING, Seq
+from .specs import SchedulerSpec
 
 
-class FastScheduler(QuietStretches, Scheduler):
+class FastScheduler(Scheduler):
     needs_block_ids = False
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.tick = 0  # D: simple decode ticks so far
-        self.num_decoders = 0
-        self.dec_sum = 0  # Σ (computed − dec_tick) over decoders: Σ computed = dec_sum + D × n
-        self.crossing: defaultdict[int, list[tuple[Seq, int]]] = defaultdict(list)
-        self.finishing: dict[int, list[tuple[Seq, int]]] = {}
-        self._finish_ticks: list[int] = []  # heap of the keys of ``finishing``
-        self.explicit: list[Seq] = []  # running requests still prefilling, in running order
+
+    def __init__(self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec,
+                 max_model_len: int, clock: Clock | None) -> None:
+        super().__init__(arrivals, policy, config, max_model_len, clock)
+        self.dec = Decoders()
         self._next_pos = 0
         self._simple = False
-        self._caching = bool(getattr(self.policy, "enable_caching", False))
-        self._merge = (MERGE and getattr(self.policy, "counting", False) and type(self.clock) is RooflineClock)
-        self.merged_admissions = 0  # requests admitted inside merged stretches
+        self._caching = isinstance(policy, PagedPolicy) and policy.enable_caching
+        self._counted = counted_stretch.eligible(self)
 
-    # -- the implicit decoders -------------------------------------------------------
     def _append_running(self, seq: Seq) -> None:
         self._next_pos += 1
         seq.run_pos = self._next_pos
         self.running.append(seq)
 
-    def _register(self, seq: Seq) -> None:
-        """Make a decoding sequence implicit from the current tick on."""
-        d = self.tick
-        seq.dec_tick = d
-        seq.epoch += 1
-        self.num_decoders += 1
-        self.dec_sum += seq.num_computed - d
-        # Tick T computes position num_computed + (T − 1 − d): a block is needed when
-        # that reaches the allocation, and the last token is sampled at T_f.
-        if seq.allocated - seq.num_computed + d + 1 <= seq.output_len - seq.num_output + d:
-            self.crossing[seq.allocated - seq.num_computed + d + 1].append((seq, seq.epoch))
-        t = seq.output_len - seq.num_output + d
-        lst = self.finishing.get(t)
-        if lst is None:
-            self.finishing[t] = [(seq, seq.epoch)]
-            heapq.heappush(self._finish_ticks, t)
-        else:
-            lst.append((seq, seq.epoch))
-
-    def _materialize(self, seq: Seq) -> None:
-        k = self.tick - seq.dec_tick
-        seq.num_computed += k
-        seq.num_output += k
-        seq.dec_tick = self.tick
-
     def _unregister(self, seq: Seq) -> None:
-        self._materialize(seq)
-        self.num_decoders -= 1
-        self.dec_sum -= seq.num_computed - seq.dec_tick
-        seq.dec_tick = -1
-        seq.epoch += 1
-        if self._caching:  # the reference cached the block the step it filled
-            self.policy._cache_full_blocks(seq, seq.num_computed)  # type: ignore[attr-defined]
+        self.dec.unregister(seq)
+        policy = self.policy
+        if self._caching and isinstance(policy, PagedPolicy):
+            policy.cache_full_blocks(seq, seq.num_computed)  # the reference cached the block the step it filled
 
-    def _live(self, events: list[tuple[Seq, int]]) -> list[Seq]:
-        return [s for s, e in events if s.epoch == e and s.dec_tick >= 0]
+    def record_quiet_steps(self, recorder: RunRecorder) -> int:
+        """Run and record a run of steps at once, where one can be taken (module docstring);
+        return how many (0: the next step goes one by one)."""
+        dec = self.dec
+        n = dec.count
+        if self._caching or dec.explicit or n == 0 or n > self.config.max_num_batched_tokens:
+            return 0
+        if self._counted:
+            return counted_stretch.run(self, dec, recorder)
+        return quiet_stretches.run(self, dec, recorder)
 
     # -- scheduling ----------------------------------------------------------------------
     def schedule(self) -> StepPlan:
+        dec = self.dec
         policy = self.policy
         budget = self.config.max_num_batched_tokens
-        tick = self.tick + 1
-        crossers = self._live(self.crossing.pop(tick, []))
-        need_tokens = self.num_decoders
+        tick = dec.tick + 1
+        crossers = dec.live(dec.crossing.pop(tick, []))
+        need_tokens = dec.count
         need_blocks = len(crossers)
-        for seq in self.explicit:
+        for seq in dec.explicit:
             n = seq.num_tokens - seq.num_computed
             need_tokens += n
             need_blocks += policy.blocks_needed(seq, seq.num_computed + n)
-        free = policy.free_blocks() if hasattr(policy, "free_blocks") else need_blocks
+        free = policy.free_blocks() if isinstance(policy, PagedBase) else need_blocks  # contiguous: no blocks
         self._simple = need_tokens <= budget and need_blocks <= free
         if need_tokens <= budget and not self._simple:
             # Memory runs out this step but the budget does not: preempt event by event.
@@ -122,31 +94,28 @@ class FastScheduler(QuietStretches, Scheduler):
             for seq in self.running:
                 if seq.dec_tick >= 0:
                     self._unregister(seq)
-            self.crossing.clear()  # every pending event belonged to a decoder just handed over
-            self.finishing.clear()
-            self._finish_ticks.clear()
-            self.explicit = []
+            dec.clear()  # every pending event belonged to a decoder just handed over
             return super().schedule()
 
         for seq in crossers:  # a new block each, in any order: all of them fit
-            self._materialize(seq)
-            seq.dec_tick = self.tick
+            dec.materialize(seq)
+            seq.dec_tick = dec.tick
             policy.allocate(seq, seq.num_computed + 1)
-            nxt = seq.allocated - seq.num_computed + self.tick + 1
-            if nxt <= seq.output_len - seq.num_output + self.tick:
-                self.crossing[nxt].append((seq, seq.epoch))
+            nxt = seq.allocated - seq.num_computed + dec.tick + 1
+            if nxt <= seq.output_len - seq.num_output + dec.tick:
+                dec.crossing[nxt].append((seq, seq.epoch))
         scheduled: list[tuple[Seq, int]] = []
-        for seq in self.explicit:
+        for seq in dec.explicit:
             n = seq.num_tokens - seq.num_computed
             policy.allocate(seq, seq.num_computed + n)
             scheduled.append((seq, n))
             budget -= n
-        budget -= self.num_decoders
-        self.tick = tick
+        budget -= dec.count
+        dec.tick = tick
         admitted, hit_tokens = self._admit(budget, scheduled)
 
-        decoders = self.num_decoders
-        implicit = self.dec_sum + tick * decoders  # Σ computed of the decoders after this step
+        decoders = dec.count
+        implicit = dec.dec_sum + tick * decoders  # Σ computed of the decoders after this step
         return StepPlan(self.step_index, self.now, scheduled, admitted, [], hit_tokens,
                         self._compute(scheduled, decoders, implicit, implicit, decoders))
 
@@ -158,9 +127,10 @@ class FastScheduler(QuietStretches, Scheduler):
         (the most recently admitted) until the request fits or is itself preempted — which
         ends the scheduling pass, as in the reference. Nothing is admitted after a preemption.
         Work is proportional to the requests needing blocks plus the victims, not to the batch."""
+        dec = self.dec
         policy = self.policy
         running = self.running
-        needy = sorted([*crossers, *self.explicit], key=lambda s: s.run_pos)
+        needy = sorted([*crossers, *dec.explicit], key=lambda s: s.run_pos)
         preempted: list[Seq] = []
         allocated: list[Seq] = []
         for seq in needy:
@@ -168,7 +138,7 @@ class FastScheduler(QuietStretches, Scheduler):
                 continue  # preempted as a victim of an earlier request in this step
             implicit = seq.dec_tick >= 0
             if implicit:
-                self._materialize(seq)
+                dec.materialize(seq)
             target = seq.num_computed + (1 if implicit else seq.num_tokens - seq.num_computed)
             while not policy.allocate(seq, target):
                 victim = running.pop()
@@ -181,18 +151,18 @@ class FastScheduler(QuietStretches, Scheduler):
             allocated.append(seq)
         for seq in allocated:
             if seq.dec_tick >= 0:  # a crossing decoder: its next crossing from here
-                nxt = seq.allocated - seq.num_computed + self.tick + 1
-                if nxt <= seq.output_len - seq.num_output + self.tick:
-                    self.crossing[nxt].append((seq, seq.epoch))
+                nxt = seq.allocated - seq.num_computed + dec.tick + 1
+                if nxt <= seq.output_len - seq.num_output + dec.tick:
+                    dec.crossing[nxt].append((seq, seq.epoch))
         scheduled: list[tuple[Seq, int]] = []
-        for seq in self.explicit:
+        for seq in dec.explicit:
             if seq.status == RUNNING:
                 n = seq.num_tokens - seq.num_computed
                 scheduled.append((seq, n))
-        self.explicit = [s for s, _ in scheduled]
-        self.tick = tick
-        decoders = self.num_decoders
-        implicit_sum = self.dec_sum + tick * decoders
+        dec.explicit = [s for s, _ in scheduled]
+        dec.tick = tick
+        decoders = dec.count
+        implicit_sum = dec.dec_sum + tick * decoders
         return StepPlan(self.step_index, self.now, scheduled, 0, preempted, 0,
                         self._compute(scheduled, decoders, implicit_sum, implicit_sum, decoders))
 
@@ -205,14 +175,15 @@ class FastScheduler(QuietStretches, Scheduler):
 
     def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
         # sim only: always a Clock, so measured_s never sets the step's duration here.
+        dec = self.dec
         if not self._simple:
             finished = super().finish_step(plan, measured_s)
-            self.explicit = []
+            dec.explicit = []
             for seq in self.running:
                 if seq.num_tokens - seq.num_computed == 1 and seq.num_output:
-                    self._register(seq)
+                    dec.register(seq)
                 else:
-                    self.explicit.append(seq)  # still prefilling
+                    dec.explicit.append(seq)  # still prefilling
             return finished
 
         clock = self.clock
@@ -233,16 +204,15 @@ class FastScheduler(QuietStretches, Scheduler):
                 done.append(seq)
             else:
                 newly_decoding.append(seq)
-        finishing = self._live(self.finishing.pop(self.tick, []))
+        finishing = dec.live(dec.finishing.pop(dec.tick, []))
         for seq in finishing:
             self._unregister(seq)
         if finishing or done:
             done = sorted(done + finishing, key=lambda s: s.run_pos)  # frees in running order (LRU)
             self._retire(done)
-        self.explicit = explicit
+        dec.explicit = explicit
         for seq in newly_decoding:
-            self._register(seq)
+            dec.register(seq)
         self.step_index += 1
         return done
 
-    # -- quiet stretches, in bulk ----------------------------------------------------------

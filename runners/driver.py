@@ -17,6 +17,7 @@ engine (``runners.vllm_steps.VllmStepEngine``, for ``vllm-sched`` and ``vllm``).
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from typing import Protocol
@@ -88,6 +89,7 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
     steps = stall = 0
     status, error = "ok", None
     t0 = time.perf_counter()
+    gc.freeze()  # XXX experiment
     try:
         while pending or engine.busy():
             if beat is not None:
@@ -119,6 +121,7 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
         recorder.abort()
         raise
     finally:
+        gc.unfreeze()
         if beat is not None:
             beat.close()
     wall_s = time.perf_counter() - t0

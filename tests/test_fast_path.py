@@ -1,8 +1,10 @@
 """The simulator's fast path produces byte-identical steps and requests tables to the
 step-by-step reference scheduler, and the same run rows, on workloads that exercise every
-path: quiet stretches recorded in bulk, preemptions (fallback to the reference), chunked
-prefill, prefix caching with evictions, contiguous arenas (first-fit and buddy), roofline
-clocks, Poisson and trace arrivals, and runs long enough to span several Parquet row groups."""
+path: counted stretches (block counts: admissions, chunked prefill, finishes and preemptions
+inside them, recompute and swap), quiet stretches (contiguous arenas, first-fit and buddy),
+preemptions event by event and chunked prefill step by step (prefix caching, with
+evictions), every clock, Poisson, batch and trace arrivals, and runs long enough to span
+several Parquet row groups."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.harness import store
+from kvbench.harness import counted_stretch, store
 from kvbench.harness.clock import GPU_PRESETS, RooflineClock, StepWork
 from kvbench.harness.fast_scheduler import FastScheduler
 from kvbench.harness.geometry import resolve_model
@@ -102,6 +104,26 @@ CASES = {
                               workload='source = "uniform"\nprompt_min = 10\nprompt_max = 700\n'
                                        'output_min = 1\noutput_max = 500\nnum_requests = 220\nn = 2\n'
                                        'arrival = "poisson"\nrate = 2.0\nseed = 11'),
+    # Counted stretches under memory pressure (paged and virtual-contiguous, roofline): preemptions
+    # inside stretches, re-admission of the preempted (whole, or in chunks: the stretch ends), a
+    # waiting queue, head-of-line blocking, arrivals released in preempting steps.
+    "tight-preempting-roofline": dict(budget="2300MiB", clock="roofline", policies='["paged", "virtual-contiguous"]',
+                                      block_sizes="[16, 8]", workload='source = "sharegpt"\nnum_requests = 200'),
+    "batch-pressure-roofline": dict(budget="1500MiB", clock="roofline", tokens=1024, seqs=48,
+                                    policies='["paged", "virtual-contiguous"]', block_sizes="[16, 32]",
+                                    workload='source = "sharegpt"\nnum_requests = 250\narrival = "batch"\nseed = 4'),
+    "arrivals-under-pressure": dict(preset="llama-3-8b", budget="600MiB", seqs=48, tokens=1024, clock="roofline",
+                                    policies='["paged", "virtual-contiguous"]', block_sizes="[16, 32]",
+                                    workload='source = "uniform"\nprompt_min = 10\nprompt_max = 900\n'
+                                             'output_min = 1\noutput_max = 600\nnum_requests = 250\n'
+                                             'arrival = "poisson"\nrate = 30.0\nseed = 7'),
+    # A token budget of a few tokens: every prompt prefills in chunks inside counted stretches, and
+    # heads that would finish in their admission step (one output token) end them mid-chunk.
+    "chunks-in-stretches": dict(preset="llama-3-8b", budget="256MiB", tokens=32, seqs=16,
+                                policies='["paged", "virtual-contiguous"]', block_sizes="[32, 16]",
+                                workload='source = "uniform"\nprompt_min = 100\nprompt_max = 700\n'
+                                         'output_min = 1\noutput_max = 100\nnum_requests = 60\n'
+                                         'arrival = "batch"\nseed = 6'),
     # The buddy arena: contiguous reservations rounded to powers of two, queued admissions
     # (external fragmentation of the head), quiet stretches with a blocked queue, roofline.
     "buddy-arena": dict(budget="2300MiB", seqs=32, clock="roofline", block_sizes="[16]",
@@ -129,7 +151,8 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 @pytest.fixture
 def bulk_counter(monkeypatch):
     """Counts the steps the fast path records in bulk (quiet stretches)."""
-    counted = {"steps": 0, "finished": 0, "counting": 0, "merged": 0, "merged_admissions": 0, "preempting": 0}
+    counted = {"steps": 0, "finished": 0, "merged": 0, "merged_admissions": 0, "preempting": 0,
+               "counted_preemptions": 0, "counted_chunks": 0}
     real = FastScheduler.record_quiet_steps
     real_preempting = FastScheduler._schedule_preempting
 
@@ -138,19 +161,22 @@ def bulk_counter(monkeypatch):
         return real_preempting(self, *args)
 
     monkeypatch.setattr(FastScheduler, "_schedule_preempting", preempting)
-    real_counting = FastScheduler._quiet_counting
-    real_merged = FastScheduler._quiet_merged
+    real_counted = counted_stretch.run
 
-    def merged(self, recorder):
-        before = self.merged_admissions
-        k = real_merged(self, recorder)
-        counted["merged"] += k  # steps of stretches that run on through admissions
-        counted["merged_admissions"] += self.merged_admissions - before
-        return k
+    class Tap:  # the recorder, seen by the counted stretch: preemptions in the rows it records
+        def __init__(self, recorder):
+            self.recorder = recorder
 
-    def arithmetic(self, *args):
-        k = real_counting(self, *args)
-        counted["counting"] += k  # steps whose crossings were counted arithmetically
+        def add_step_rows(self, rows):
+            counted["counted_preemptions"] += int(rows[:, StepRow._fields.index("preempted")].sum())
+            self.recorder.add_step_rows(rows)
+
+    def merged(sched, dec, recorder):
+        before, chunked = dec.stretch_admissions, dec.stretch_chunked
+        k = real_counted(sched, dec, Tap(recorder))
+        counted["merged"] += k  # steps of counted stretches (through admissions and preemptions)
+        counted["merged_admissions"] += dec.stretch_admissions - before
+        counted["counted_chunks"] += dec.stretch_chunked - chunked
         return k
 
     def counting(self, recorder):
@@ -161,8 +187,7 @@ def bulk_counter(monkeypatch):
         return k
 
     monkeypatch.setattr(FastScheduler, "record_quiet_steps", counting)
-    monkeypatch.setattr(FastScheduler, "_quiet_counting", arithmetic)
-    monkeypatch.setattr(FastScheduler, "_quiet_merged", merged)
+    monkeypatch.setattr(counted_stretch, "run", merged)
     return counted
 
 
@@ -197,8 +222,8 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
     if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting"):
         assert preempted > 0  # the case really exercises preemption
-    if case in ("tight-preempting", "swap", "poisson-profile-preempting", "merged-admissions",
-                "prefix-groups-and-samples", "prefix-evictions"):
+    if case in ("tight-preempting", "swap", "poisson-profile-preempting", "prefix-groups-and-samples",
+                "prefix-evictions"):
         assert bulk_counter["preempting"] > 0  # preemptions taken event by event (block-table policies, caching too)
     if case == "prefix-evictions":
         assert evicted > 0
@@ -208,14 +233,16 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert bulk_counter["steps"] > steps // 4  # quiet stretches really were recorded in bulk
     if case in ("azure-trace-roofline", "long-quiet", "roomy-sharegpt", "finishes-in-stretches"):
         assert bulk_counter["finished"] > 0  # stretches really ran through finishes
-        # Both ways of walking a stretch ran: block counts as arithmetic (paged), step by step (contiguous).
-        assert 0 < bulk_counter["counting"] < bulk_counter["steps"]
+        # Both kinds of stretch ran: counted (paged, virtual-contiguous), quiet (contiguous).
+        assert 0 < bulk_counter["merged"] < bulk_counter["steps"]
     if case in ("azure-trace-roofline", "poisson-roofline", "finishes-in-stretches", "merged-admissions",
                 "scaled-roofline"):
-        # Stretches ran on through admissions (paged/virtual-contiguous with the roofline clock).
+        # Counted stretches ran on through admissions.
         assert bulk_counter["merged"] > 0 and bulk_counter["merged_admissions"] > 0
-    if case == "merged-admissions":
-        assert preempted > 0
+    if case in ("merged-admissions", "tight-preempting-roofline", "batch-pressure-roofline", "arrivals-under-pressure",
+                "tight-preempting", "swap", "chunks-in-stretches"):
+        assert preempted > 0 and bulk_counter["counted_preemptions"] > 0  # preemptions inside counted stretches
+        assert bulk_counter["counted_chunks"] > 0  # … and prompts admitted in chunks
     if case == "buddy-arena":
         assert arenas == {"buddy"} and bulk_counter["steps"] > 0  # quiet stretches on a buddy arena
 

@@ -33,14 +33,51 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class PagedPolicy:
-    name = "paged"
-    counting = False  # True for CountingPagedPolicy: counts, no block ids
+class PagedBase:
+    """What every paged policy shares: a budget cut into fixed-size blocks, the running totals
+    a step's measurement reads, and the rules that depend only on how many blocks a sequence
+    holds. Its two kinds differ in what they keep: ``PagedPolicy`` the block ids (a block
+    table, prefix caching), ``CountingPagedPolicy`` only counts."""
 
-    def __init__(self, budget_positions: int, block_size: int, enable_caching: bool = False) -> None:
+    name = "paged"
+
+    def __init__(self, budget_positions: int, block_size: int) -> None:
         self.budget_positions = budget_positions
         self.block_size = block_size
         self.num_blocks = budget_positions // block_size
+        self.internal_positions = 0
+        self.shared_excess_positions = 0
+        self.evictions = 0
+
+    def free_blocks(self) -> int:
+        raise NotImplementedError
+
+    # -- accounting ----------------------------------------------------------
+    @property
+    def allocated_positions(self) -> int:
+        return (self.num_blocks - self.free_blocks()) * self.block_size
+
+    def allocated_blocks(self) -> int:
+        return self.num_blocks - self.free_blocks()
+
+    def external_frag(self, head_of_line: Seq | None) -> int:
+        """While anything waits, the budget's tail that no whole block fits."""
+        if head_of_line is None:
+            return 0
+        return self.budget_positions - self.num_blocks * self.block_size
+
+    def needs_positions(self, seq: Seq) -> int:
+        # The last sampled token's K/V is never computed, so a finished
+        # sequence holds prompt + output − 1 positions at most.
+        return cdiv(seq.final_len - 1, self.block_size) * self.block_size
+
+
+class PagedPolicy(PagedBase):
+    """The block table: which blocks each sequence holds, vLLM's free queue, and (with
+    ``enable_caching``) prefix caching over block contents."""
+
+    def __init__(self, budget_positions: int, block_size: int, enable_caching: bool = False) -> None:
+        super().__init__(budget_positions, block_size)
         self.enable_caching = enable_caching
         # vLLM's free queue, in three parts popped in this order:
         #   front      freed blocks that are not cached (reused first);
@@ -53,33 +90,12 @@ class PagedPolicy:
         self.ref: dict[int, int] = {}
         self.block_key: dict[int, BlockKey] = {}
         self.cache: dict[BlockKey, list[int]] = {}
-        self.internal_positions = 0
-        self.shared_excess_positions = 0
-        self.evictions = 0
-
-    # -- accounting ----------------------------------------------------------
-    @property
-    def allocated_positions(self) -> int:
-        return (self.num_blocks - self.free_blocks()) * self.block_size
-
-    def allocated_blocks(self) -> int:
-        return self.num_blocks - self.free_blocks()
 
     def free_blocks(self) -> int:
         return len(self.front) + self.num_blocks - self.next_fresh + len(self.free_queue)
 
     def is_free(self, b: int) -> bool:
         return b >= self.next_fresh or b in self.free_queue or b in self.front
-
-    def external_frag(self, head_of_line: Seq | None) -> int:
-        if head_of_line is None:
-            return 0
-        return self.budget_positions - self.num_blocks * self.block_size
-
-    def needs_positions(self, seq: Seq) -> int:
-        # The last sampled token's K/V is never computed, so a finished
-        # sequence holds prompt + output − 1 positions at most.
-        return cdiv(seq.final_len - 1, self.block_size) * self.block_size
 
     # -- prefix caching --------------------------------------------------------
     def key_of(self, seq: Seq, i: int) -> BlockKey:
@@ -161,10 +177,11 @@ class PagedPolicy:
             seq.peak_allocated = seq.allocated
         self.internal_positions += internal_of(seq.allocated, seq.final_len) - old_internal
         if self.enable_caching:
-            self._cache_full_blocks(seq, min(num_tokens, seq.num_tokens))
+            self.cache_full_blocks(seq, min(num_tokens, seq.num_tokens))
         return True
 
-    def _cache_full_blocks(self, seq: Seq, num_tokens: int) -> None:
+    def cache_full_blocks(self, seq: Seq, num_tokens: int) -> None:
+        """Cache the blocks of ``seq`` its first ``num_tokens`` positions fill (prefix caching)."""
         full = num_tokens // self.block_size
         for i in range(seq.num_cached_blocks, full):
             b = seq.blocks[i]
@@ -246,48 +263,32 @@ class VirtualContiguousPolicy(PagedPolicy):
         super().__init__(budget_positions, page_tokens, enable_caching=False)
 
 
-class CountingPagedPolicy(PagedPolicy):
+class CountingPagedPolicy(PagedBase):
     """``paged`` (or ``virtual-contiguous``) keeping block counts instead of block ids.
 
     Without prefix caching nothing the simulator records depends on which blocks
     a sequence holds, only on how many: every count, the free-block test and the
-    internal fragmentation are exactly those of ``PagedPolicy``. ``seq.blocks``
-    stays empty, so only a caller that never reads block ids may use it: the
-    simulator's fast path does (``make_policy(spec, block_ids=False)``); the
-    reference scheduler, vllm-sched's accounting and the torch runner never do.
+    internal fragmentation are exactly those of ``PagedPolicy`` (the policy property
+    tests and the fast path's identity tests check it). ``seq.blocks`` stays empty,
+    so only a caller that never reads block ids may use it: the simulator's fast
+    path does (``make_policy(spec, block_ids=False)``); the reference scheduler,
+    vllm-sched's accounting and the torch runner never do.
     """
 
-    counting = True
-
     def __init__(self, budget_positions: int, block_size: int, name: str = "paged") -> None:
-        super().__init__(budget_positions, block_size, enable_caching=False)
+        super().__init__(budget_positions, block_size)
         self.name = name
         self._free = self.num_blocks
 
     def free_blocks(self) -> int:
         return self._free
 
-    def is_free(self, b: int) -> bool:
-        raise NotImplementedError("CountingPagedPolicy keeps no block ids")
+    def prefix_hit(self, seq: Seq) -> int:
+        seq.pending_hits = []
+        return 0  # no prefix caching
 
     def writable(self, seq: Seq, position: int) -> bool:
         return True  # nothing is ever shared without prefix caching
-
-    def grow_by_one_block(self, seqs: list[Seq]) -> None:
-        """``allocate`` one more block to each of ``seqs`` (the caller has checked
-        that they fit: ``len(seqs) <= free_blocks()``)."""
-        bs = self.block_size
-        internal = 0
-        for seq in seqs:
-            old = seq.allocated
-            seq.allocated = allocated = old + bs
-            if allocated > seq.peak_allocated:
-                seq.peak_allocated = allocated
-            final = seq.prompt_len + seq.output_len
-            if allocated > final:
-                internal += allocated - final - (old - final if old > final else 0)
-        self._free -= len(seqs)
-        self.internal_positions += internal
 
     def take_blocks(self, blocks: int, internal: int) -> None:
         """Account for ``blocks`` blocks the caller has added to sequences' ``allocated``

@@ -1,0 +1,113 @@
+"""The fast path's implicit decoders: the state that lets a step touch only what changes.
+
+Most of a serving step is decoding: every running request whose prompt is done computes
+one token and samples one. Nothing about such a *decoder* needs touching in a step unless
+it crosses into a new block, finishes, or is preempted. So decoders are kept implicit: a
+decoder registered at tick ``t0`` with ``c0`` computed positions has ``c0 + (D − t0)`` after
+``D`` ticks, and the ticks at which it will need a block or finish are known in advance
+and kept in per-tick event lists. An event names its sequence and the sequence's
+``epoch`` when it was filed; any change of state (preempted, finished, made explicit)
+bumps the epoch, so stale events are recognised and dropped where they are read.
+
+``Decoders`` is that state, shared by the step-by-step fast path
+(``harness.fast_scheduler``) and the stretches that record many steps at once
+(``harness.quiet_stretches``, ``harness.counted_stretch``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from .policies.base import Policy
+from .sequence import FINISHED, Seq
+
+Events = list[tuple[Seq, int]]  # (sequence, its epoch when the event was filed)
+
+
+class Decoders:
+    """The implicit decoders and their pending events."""
+
+    def __init__(self) -> None:
+        self.tick = 0  # D: ticks (steps taken by the fast path's decode clock) so far
+        self.count = 0  # decoders
+        self.dec_sum = 0  # Σ (computed − dec_tick) over decoders: Σ computed = dec_sum + D × count
+        self.crossing: defaultdict[int, Events] = defaultdict(list)  # tick → decoders needing a block then
+        self.finishing: dict[int, Events] = {}  # tick → decoders sampling their last token then
+        self.finish_ticks: list[int] = []  # heap of the keys of ``finishing``
+        self.explicit: list[Seq] = []  # running requests still prefilling, in running order
+        self.stretch_admissions = 0  # requests admitted inside counted stretches
+        self.stretch_chunked = 0  # … of them, admitted in chunks
+
+    def register(self, seq: Seq) -> None:
+        """Make a decoding sequence implicit from the current tick on."""
+        d = self.tick
+        seq.dec_tick = d
+        seq.epoch += 1
+        self.count += 1
+        self.dec_sum += seq.num_computed - d
+        # Tick T computes position num_computed + (T − 1 − d): a block is needed when
+        # that reaches the allocation, and the last token is sampled at T_f.
+        if seq.allocated - seq.num_computed + d + 1 <= seq.output_len - seq.num_output + d:
+            self.crossing[seq.allocated - seq.num_computed + d + 1].append((seq, seq.epoch))
+        t = seq.output_len - seq.num_output + d
+        lst = self.finishing.get(t)
+        if lst is None:
+            self.finishing[t] = [(seq, seq.epoch)]
+            heapq.heappush(self.finish_ticks, t)
+        else:
+            lst.append((seq, seq.epoch))
+
+    def materialize(self, seq: Seq) -> None:
+        """Bring a decoder's counts up to the current tick (it stays implicit)."""
+        k = self.tick - seq.dec_tick
+        seq.num_computed += k
+        seq.num_output += k
+        seq.dec_tick = self.tick
+
+    def unregister(self, seq: Seq) -> None:
+        """Make a decoder explicit again (its events go stale)."""
+        self.materialize(seq)
+        self.count -= 1
+        self.dec_sum -= seq.num_computed - seq.dec_tick
+        seq.dec_tick = -1
+        seq.epoch += 1
+
+    @staticmethod
+    def live(events: Events) -> list[Seq]:
+        """The sequences of ``events`` still in the state the events were filed for."""
+        return [s for s, e in events if s.epoch == e and s.dec_tick >= 0]
+
+    def clear(self) -> None:
+        """Forget every pending event (every decoder has just been made explicit)."""
+        self.crossing.clear()
+        self.finishing.clear()
+        self.finish_ticks.clear()
+        self.explicit = []
+
+    def finish(self, live: list[Seq], tick: int, end_s: float, contrib: int, policy: Policy) -> int:
+        """Decoders that sampled their last token at ``tick`` (step end ``end_s``): bring them up
+        to date, free them in the given (running) order, stop tracking them; ``contrib`` is their
+        Σ (computed − dec_tick). Removing them from ``running`` and counting them finished are
+        the caller's. Returns the positions they held, for the used-positions count."""
+        held = 0
+        for seq in live:
+            d = tick - seq.dec_tick
+            seq.num_computed += d
+            seq.num_output += d
+            seq.dec_tick = -1
+            seq.epoch += 1
+            policy.free(seq)
+            held += seq.num_computed
+            seq.status = FINISHED
+            seq.finished_s = end_s
+        self.count -= len(live)
+        self.dec_sum -= contrib
+        return held
+
+    def restore_finishes(self, events: list[tuple[int, list[Seq], int]], tick0: int) -> None:
+        """Put back finish events (step j after ``tick0``, finishers, Σ) taken from the heap but not reached."""
+        for j, live, _ in events:
+            t = tick0 + 1 + j
+            self.finishing[t] = [(s, s.epoch) for s in live]
+            heapq.heappush(self.finish_ticks, t)
