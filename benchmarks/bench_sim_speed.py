@@ -14,7 +14,8 @@ tokens per wall second*: tokens the simulated engine computes (prefill + decode,
 end-to-end time of ``run()`` including writing the tables is shown too).
 
 (b) Scaling: the synthetic ``sharegpt`` length distribution with Poisson arrivals at 5
-requests/s (about the Azure trace's rate), same model/budget/clock, 1k → 100k requests.
+requests/s (about the Azure trace's rate), same model/budget/clock, 1k → 1M requests, each in
+a fresh child process: loop time per request and peak RSS (and RSS per request).
 
 (p) Under memory pressure (issue 16): the Azure trace's first 5,000 requests on 4 GiB and the
 default suite's ShareGPT-like setting (OPT-13B, 12 GiB, 1,000 requests at once), every policy:
@@ -148,18 +149,28 @@ def part_a(args: argparse.Namespace) -> None:
             print(f"  reference vs vllm-sched: {med['vllm-sched'] / med['reference']:.1f}x")
 
 
+def _child_scale(workload: str, queue: multiprocessing.Queue) -> None:
+    cell = cell_for(workload, Path(tempfile.mkdtemp(prefix="bench-wl-")))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = run_once(cell, "fast")
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put((r["steps"], r["computed_tokens"], r["wall_s"], r["end_to_end_s"], before, after))
+
+
 def part_b(args: argparse.Namespace) -> None:
     print("\n(b) scaling of the fast path: synthetic sharegpt lengths, Poisson 5 req/s, same model/budget/clock")
-    print(f"  {'requests':>9}{'steps':>11}{'wall s':>9}{'steps/s':>12}{'tokens/s':>13}{'µs/request':>12}")
-    for n in (x for x in (1_000, 3_000, 10_000, 30_000, 100_000) if x <= args.max_requests):
-        cell = cell_for(sharegpt_workload(n), Path(tempfile.mkdtemp(prefix="bench-wl-")))
-        walls, r = [], None
-        for _ in range(max(1, args.repeats if n <= 10_000 else 1)):
-            r = run_once(cell, "fast")
-            walls.append(r["wall_s"])
-        wall = statistics.median(walls)
-        print(f"  {n:>9,}{r['steps']:>11,}{wall:>9.2f}{fmt_rate(r['steps'] / wall):>12}"
-              f"{fmt_rate(r['computed_tokens'] / wall):>13}{wall / n * 1e6:>12.1f}")
+    print("    each size in a fresh child process: its peak RSS is its own (the workload table, the requests, the loop)")
+    print(f"  {'requests':>9}{'steps':>12}{'loop s':>9}{'e2e s':>8}{'tokens/s':>12}{'µs/request':>12}"
+          f"{'peak RSS MiB':>14}{'KiB/request':>13}")
+    ctx = multiprocessing.get_context("spawn")
+    for n in (x for x in (1_000, 10_000, 100_000, 1_000_000) if x <= args.max_requests):
+        q = ctx.Queue()
+        p = ctx.Process(target=_child_scale, args=(sharegpt_workload(n), q))
+        p.start()
+        steps, tokens, wall, e2e, before, after = q.get()
+        p.join()
+        print(f"  {n:>9,}{steps:>12,}{wall:>9.2f}{e2e:>8.1f}{fmt_rate(tokens / wall):>12}{wall / n * 1e6:>12.1f}"
+              f"{after / 1024:>14.0f}{(after - before) / n:>13.2f}", flush=True)
 
 
 def _child_rss(workload: str, queue: multiprocessing.Queue) -> None:
@@ -233,7 +244,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="fast-path repeats (median); the reference runs fewer")
     ap.add_argument("--vllm-repeats", type=int, default=1, help="vllm-sched repeats (slow)")
     ap.add_argument("--skip-full-vllm", action="store_true", help="skip vllm-sched on the full trace (minutes)")
-    ap.add_argument("--max-requests", type=int, default=100_000, help="largest size in the scaling table")
+    ap.add_argument("--max-requests", type=int, default=1_000_000, help="largest size in the scaling table")
     ap.add_argument("--parts", default="abc", help="which parts to run (a, b, c; p: under memory pressure)")
     args = ap.parse_args()
     if "p" in args.parts:

@@ -209,345 +209,396 @@ def _first_step_whole(sched: Scheduler, dec: Decoders, avail: int) -> bool:
     return True
 
 
+class Stretch:
+    """One counted stretch: the fast path's state it advances (``sched``, ``dec``), its crossing
+    plan, and the running totals the next step's row reads. What touches requests — a
+    preemption, an admission, a finish, a prompt done — is a method; ``run``'s loop counts."""
+
+    __slots__ = ("sched", "dec", "policy", "plan", "bs", "swap", "tick0", "free", "blocks", "internal",
+                 "used", "decoders", "dec_sum", "running", "taken", "taken_internal", "prefilling",
+                 "finishes", "gone")
+
+    def __init__(self, sched: Scheduler, dec: Decoders) -> None:
+        policy = sched.policy
+        assert isinstance(policy, CountingPagedPolicy)  # eligible()
+        self.sched, self.dec, self.policy = sched, dec, policy
+        self.bs = policy.block_size
+        self.swap = sched.swap
+        self.tick0 = dec.tick
+        # The totals as the next row reads them (positions used net of shared ones: none here).
+        self.free = policy.free_blocks()
+        self.blocks = policy.allocated_blocks()
+        self.internal = policy.internal_positions
+        self.used = sched.used_positions - policy.shared_excess_positions
+        self.decoders, self.dec_sum = dec.count, dec.dec_sum
+        self.running = len(sched.running)
+        # Blocks (and internal positions) taken beside the plan's crossings — admissions, prompt
+        # chunks, victims' growth — told to the policy at the end with the crossings'.
+        self.taken = self.taken_internal = 0
+        self.prefilling: Seq | None = None  # admitted in chunks, still prefilling: the tail of running
+        self.finishes: list[tuple[int, list[Seq], int, float]] = []  # (step, finishers, Σ, end time)
+        self.gone: set[int] = set()  # finished, still listed in sched.running until the end
+        self.plan = CrossingPlan(self.bs, self.tick0)
+        for s in sched.running:
+            self.plan.add(s)
+
+    # -- events --------------------------------------------------------------------------
+    def _evict(self, v: Seq, tick: int) -> None:
+        """Preempt ``v`` (already popped from the tail of ``running``) at ``tick``: a decoder is
+        brought up to the tick before (its deferred growth taken), the prefilling tail is exact;
+        its memory is freed, recompute forgets its computed tokens, and it waits at the front."""
+        bs, policy = self.bs, self.policy
+        fl = v.prompt_len + v.output_len
+        if v is self.prefilling:
+            a = v.allocated
+            self.prefilling = None
+        else:
+            a = v.allocated + self.plan.blocks_by(v, tick - 1) * bs
+            self.taken += a // bs - v.allocated // bs
+            self.taken_internal += internal_of(a, fl) - internal_of(v.allocated, fl)
+            self.plan.drop(v, tick)
+            v.allocated = a
+            if a > v.peak_allocated:
+                v.peak_allocated = a
+            self.dec.tick = tick - 1
+            contrib = v.num_computed - v.dec_tick
+            self.dec.unregister(v)
+            self.dec.tick = self.tick0
+            self.decoders -= 1
+            self.dec_sum -= contrib
+        self.running -= 1
+        self.free += a // bs
+        self.blocks -= a // bs
+        self.internal -= internal_of(a, fl)
+        self.used -= v.num_computed
+        policy.free(v)  # the growth above reaches the policy at the end, with the others'
+        if not self.swap:
+            v.num_computed = 0
+        v.num_preemptions += 1
+        v.status = WAITING
+        self.sched.waiting.appendleft(v)
+
+    def _preempt_crossers(self, tick: int) -> int:
+        """Memory runs out at ``tick``: the crossers ask for their block in running order; each
+        failure preempts from the tail (finished requests still listed are passed over) until the
+        request fits or is itself preempted. Returns the victims."""
+        running, gone = self.sched.running, self.gone
+        victims = 0
+        for s in self.plan.crossers(tick):
+            if s.status != RUNNING:
+                break  # preempted as a victim of an earlier crosser: so is everything after it
+            while self.free == 0:
+                v = running.pop()
+                while id(v) in gone:
+                    v = running.pop()
+                self._evict(v, tick)
+                victims += 1
+                if v is s:
+                    break
+            if s.status != RUNNING:
+                break
+            self.free -= 1
+        x = self.plan.counts[tick - self.plan.base]  # the crossers left: each took a block
+        self.blocks += x
+        if x:
+            self.internal += self.plan.internal_at.get(tick, 0)
+        return victims
+
+    def _grow_prefill(self, chunk: int, grow: int) -> None:
+        """The prefilling tail computes ``chunk`` more tokens, in ``grow`` more blocks (they fit)."""
+        s = self.prefilling
+        assert s is not None
+        if grow > 0:
+            fl = s.prompt_len + s.output_len
+            a = s.allocated + grow * self.bs
+            ia = internal_of(a, fl) - internal_of(s.allocated, fl)
+            s.allocated = a
+            if a > s.peak_allocated:
+                s.peak_allocated = a
+            self.free -= grow
+            self.blocks += grow
+            self.internal += ia
+            self.taken += grow
+            self.taken_internal += ia
+        s.num_computed += chunk
+
+    def _admit(self, cand: list[Seq], t: float, budget: int) -> tuple[int, int, int]:
+        """Admit ``cand`` (chosen in ``run``; the last may take the rest of ``budget`` as its first
+        chunk): its memory, its tokens. Returns (tokens, context, attention pairs) added to the step."""
+        sched, bs = self.sched, self.bs
+        waiting = sched.waiting
+        new = ctx = pairs = 0
+        for s in cand:
+            waiting.popleft()
+            comp = s.num_computed  # kept by a swap preemption, else 0 (no prefix caching here)
+            n = s.prompt_len + s.num_output - comp
+            if n > budget:
+                n = budget
+            budget -= n
+            nb = -(-(comp + n) // bs)
+            a = nb * bs
+            ia = internal_of(a, s.prompt_len + s.output_len)
+            self.free -= nb
+            self.blocks += nb
+            self.internal += ia
+            self.taken += nb
+            self.taken_internal += ia
+            s.allocated = a
+            if a > s.peak_allocated:
+                s.peak_allocated = a
+            sched._append_running(s)
+            s.status = RUNNING
+            s.num_computed = c = comp + n
+            if s.num_preemptions == 0:
+                s.first_scheduled_s = t
+            self.used += comp
+            new += n
+            ctx += c
+            pairs += n * c
+        self.running += len(cand)
+        return new, ctx, pairs
+
+    def _finish(self, tick: int, j: int, end_s: float) -> int:
+        """Decoders sampling their last token at ``tick`` (step ``j``): their memory leaves the
+        totals now; they are freed in running order when the stretch ends. Returns how many."""
+        heap, finishing, bs = self.dec.finish_ticks, self.dec.finishing, self.bs
+        live: list[Seq] = []
+        while heap and heap[0] <= tick:
+            tt = heapq.heappop(heap)
+            if tt == tick:
+                lst = finishing.pop(tick, None)
+                if lst:
+                    live.extend(Decoders.live(lst))
+        if not live:
+            return 0
+        if len(live) > 1:
+            live.sort(key=_RUN_POS)
+        contrib = 0
+        for s in live:
+            contrib += s.num_computed - s.dec_tick
+            a = s.allocated + self.plan.blocks_by(s, tick) * bs
+            self.blocks -= a // bs
+            self.free += a // bs
+            self.internal -= internal_of(a, s.prompt_len + s.output_len)
+            self.used -= s.num_computed + tick - s.dec_tick
+        self.decoders -= len(live)
+        self.dec_sum -= contrib
+        self.running -= len(live)
+        self.gone.update(map(id, live))
+        self.finishes.append((j, live, contrib, end_s))
+        return len(live)
+
+    def _start_decoding(self, computed: list[Seq], tick: int, end_s: float) -> None:
+        """The requests that computed prompt tokens at ``tick``: those whose prompt is done sample
+        their token and decode implicitly from the next tick on; one still short of it stays the
+        prefilling tail."""
+        dec = self.dec
+        carried, self.prefilling = self.prefilling, None
+        dec.tick = tick
+        for s in computed:
+            if s.num_computed < s.prompt_len + s.num_output:
+                self.prefilling = s  # a chunk: no token yet (the last admitted, the tail of running)
+                if s is not carried:
+                    dec.stretch_chunked += 1
+                continue
+            s.num_output += 1
+            if s.num_output == 1:
+                s.first_token_s = end_s
+            dec.register(s)
+            self.decoders += 1
+            self.dec_sum += s.num_computed - tick
+            self.plan.add(s)
+        dec.tick = self.tick0
+
+    # -- the loop --------------------------------------------------------------------------
+    def run(self, recorder: RunRecorder) -> int:
+        """Take steps while each can be taken whole (module docstring); record them; return how many."""
+        sched, plan = self.sched, self.plan
+        clock = sched.clock
+        assert clock is not None
+        price = clock.price
+        bs = self.bs
+        cfg = sched.config
+        B, max_seqs, mml = cfg.max_num_batched_tokens, cfg.max_num_seqs, sched.max_model_len
+        tick0 = self.tick0
+        waiting, pending = sched.waiting, sched.pending
+        next_arr = pending[0].arrival_s if pending else math.inf
+        heap = self.dec.finish_ticks
+        counts, internal_at = plan.counts, plan.internal_at
+        wend = tick0  # the ticks counted: (tick0, wend]
+        blocked = False  # the head did not fit, and nothing has been freed or admitted since
+        t = sched.now
+        c_ts: list[float] = []
+        c_blocks: list[int] = []
+        c_internal: list[int] = []
+        c_used: list[int] = []
+        c_sched: list[int] = []
+        c_run: list[int] = []
+        c_wait: list[int] = []
+        ev_fin: list[tuple[int, int]] = []
+        ev_adm: list[tuple[int, int]] = []
+        ev_pre: list[tuple[int, int]] = []
+        j = 0
+        while j < MAX_STEPS and self.decoders <= B:
+            T = tick0 + 1 + j
+            if T > wend:
+                wend = plan.extend()
+            x = counts[j]
+            if next_arr <= t:  # the driver releases the arrivals due before the step
+                while pending and pending[0].arrival_s <= t:
+                    waiting.append(pending.popleft())
+                next_arr = pending[0].arrival_s if pending else math.inf
+            cand: list[Seq] | None = None
+            chunk = victims = 0
+            if x > self.free:
+                victims = self._preempt_crossers(T)
+            else:
+                # Decided first, changed after: a step the stretch cannot take leaves no trace.
+                av = self.free - x  # free after this tick's crossings
+                budget = B - self.decoders
+                grow = 0  # blocks the prefilling tail's next chunk takes
+                s = self.prefilling
+                if s is not None and budget > 0:
+                    # The tail of running goes on with its prompt: as much as the budget allows.
+                    chunk = s.prompt_len + s.num_output - s.num_computed
+                    if chunk > budget:
+                        chunk = budget
+                    grow = -(-(s.num_computed + chunk) // bs) - s.allocated // bs
+                    if grow > av:
+                        chunk = grow = 0
+                        victims = 1  # it does not fit: it preempts itself (the tail)
+                    else:
+                        budget -= chunk
+                        av -= grow
+                if waiting and not blocked and not victims:  # admission, first come first served
+                    r = self.running
+                    whole = True
+                    cand = []
+                    for s in waiting:
+                        if budget <= 0 or r >= max_seqs:
+                            break
+                        tokens = s.prompt_len + s.num_output
+                        if -(-min(tokens, mml) // bs) > av:
+                            blocked = True  # it does not fit (must_fit): the head next step, with no more memory
+                            break
+                        if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
+                            whole = False  # finishing in its admission step, or longer than the model allows
+                            break
+                        left = tokens - s.num_computed  # all of it, but after a swap preemption
+                        if left > budget:
+                            cand.append(s)  # in chunks: it takes the rest of the budget
+                            break
+                        av -= -(-tokens // bs)
+                        budget -= left
+                        r += 1
+                        cand.append(s)
+                    if not whole:
+                        break  # the step-by-step path takes this step
+                self.free -= x
+                self.blocks += x
+                if x:
+                    self.internal += internal_at.get(T, 0)
+                if victims:
+                    v = sched.running.pop()
+                    assert v is self.prefilling
+                    self._evict(v, T)
+                elif chunk:
+                    self._grow_prefill(chunk, grow)
+            if victims:
+                ev_pre.append((j, victims))
+                blocked = False
+
+            # The step: every decoder's token, the prefill chunk, the admitted prompts.
+            nn = self.decoders
+            ctx = self.dec_sum + T * nn
+            new = seqs = nn
+            pairs = ctx
+            if chunk:
+                c = self.prefilling.num_computed  # type: ignore[union-attr]
+                seqs += 1
+                new += chunk
+                ctx += c
+                pairs += chunk * c
+            if cand:
+                n_, ctx_, pairs_ = self._admit(cand, t, B - new)
+                new += n_
+                ctx += ctx_
+                pairs += pairs_
+                seqs += len(cand)
+                ev_adm.append((j, len(cand)))
+            self.used += new
+            c_ts.append(t)
+            c_blocks.append(self.blocks)
+            c_internal.append(self.internal)
+            c_used.append(self.used)
+            c_sched.append(new)
+            c_run.append(self.running)
+            c_wait.append(len(waiting))
+            t_end = t + price(new, ctx, pairs, seqs)
+
+            # The end of the step: finishers freed, then the requests done with their prompt decode.
+            if heap and heap[0] <= T:
+                done = self._finish(T, j, t_end)
+                if done:
+                    ev_fin.append((j, done))
+                    blocked = False
+            if chunk or cand:
+                computed = [self.prefilling] if chunk else []
+                self._start_decoding(computed + cand if cand else computed, T, t_end)  # type: ignore[arg-type]
+            t = t_end
+            j += 1
+            if self.decoders == 0 and self.prefilling is None:
+                break
+        if j == 0:
+            return 0
+        c_ts.append(t)
+        cols = np.array((c_blocks, c_internal, c_used, c_sched, c_run, c_wait), dtype=np.float64)
+        step0 = sched.step_index
+        self._close(j, t)
+        policy = self.policy
+        evicted = policy.evictions - sched._evictions_seen
+        sched._evictions_seen = policy.evictions
+        # PagedBase.external_frag: the budget's tail no block fits, while anything waits.
+        tail = float(policy.budget_positions - policy.num_blocks * bs)
+        rows = R.step_rows(step0, np.array(c_ts), j, {
+            R.BLOCKS: cols[0], R.INTERNAL: cols[1], R.USED: cols[2], R.SCHEDULED: cols[3], R.RUNNING: cols[4],
+            R.WAITING: cols[5], R.EXTERNAL: (cols[5] > 0) * tail,
+        }, {R.FINISHED: ev_fin, R.ADMITTED: ev_adm, R.PREEMPTED: ev_pre, R.EVICTED: [(0, evicted)]})
+        R.paged_allocation(rows, bs, policy.budget_positions)
+        recorder.add_step_rows(rows)
+        self.dec.stretch_admissions += sum(cnt for _, cnt in ev_adm)
+        return j
+
+    def _close(self, k: int, t: float) -> None:
+        """Hand the state after ``k`` steps back: every decoder's crossings up to then taken, the
+        finishers freed in running order, the clocks and counters moved on."""
+        sched, dec, policy = self.sched, self.dec, self.policy
+        end = self.tick0 + k
+        crossing = dec.crossing
+        for tk in range(self.tick0 + 1, end + 1):
+            crossing.pop(tk, None)
+        grown, internal_add = self.plan.grow(end, crossing)
+        policy.take_blocks(grown + self.taken, internal_add + self.taken_internal)
+        for j, live, contrib, end_s in self.finishes:
+            dec.finish(live, self.tick0 + 1 + j, end_s, contrib, policy)
+            sched.finished += len(live)
+        if self.gone:
+            sched.running = [s for s in sched.running if id(s) not in self.gone]
+        dec.explicit = [self.prefilling] if self.prefilling is not None else []
+        assert (policy.free_blocks(), policy.internal_positions, len(sched.running)) == \
+            (self.free, self.internal, self.running), "a counted stretch drifted from the policy's counts"
+        dec.tick = end
+        sched.used_positions = self.used + policy.shared_excess_positions
+        sched.now = t
+        sched.step_index += k
+
+
 def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
     """Run and record as many steps as can be taken whole (module docstring) from the state of
     ``sched`` (the fast path's), in which every running request decodes implicitly (``dec``);
     return how many (0: none)."""
-    clock = sched.clock
     policy = sched.policy
-    assert clock is not None and isinstance(policy, CountingPagedPolicy)  # eligible()
-    price = clock.price
-    bs = policy.block_size
-    cfg = sched.config
-    B, max_seqs, mml = cfg.max_num_batched_tokens, cfg.max_num_seqs, sched.max_model_len
-    swap = sched.swap
-    tick0 = dec.tick
-    nn, dsum = dec.count, dec.dec_sum
-    run = len(sched.running)
-    avail = policy.free_blocks()
-    blocks = policy.allocated_blocks()
-    internal = policy.internal_positions
-    excess = policy.shared_excess_positions
-    used = sched.used_positions - excess
-    # PagedPolicy.external_frag: the budget's tail no block fits, while anything waits.
-    tail = policy.budget_positions - policy.num_blocks * bs
-    waiting, pending = sched.waiting, sched.pending
-    next_arr = pending[0].arrival_s if pending else math.inf
-    heap, finishing = dec.finish_ticks, dec.finishing
-
-    if not _first_step_whole(sched, dec, avail):
+    assert isinstance(policy, CountingPagedPolicy)  # eligible()
+    if not _first_step_whole(sched, dec, policy.free_blocks()):
         return 0  # the step-by-step path takes it: not worth the plan's set-up
-    plan = CrossingPlan(bs, tick0)
-    for s in sched.running:
-        plan.add(s)
-    counts, internal_at = plan.counts, plan.internal_at
-    taken = taken_internal = 0  # blocks (and internal positions) of admissions and victims' growth
-    gone: set[int] = set()  # finished, still in sched.running until the stretch ends
-    finishes: list[tuple[int, list[Seq], int, float]] = []
-
-    prefilling: Seq | None = None  # admitted in chunks, still prefilling: the tail of running
-    wend = tick0  # the ticks counted: (tick0, wend]
-    blocked = False  # the head did not fit, and nothing has been freed or admitted since
-    t = sched.now
-    c_ts: list[float] = []
-    c_blocks: list[int] = []
-    c_internal: list[int] = []
-    c_used: list[int] = []
-    c_sched: list[int] = []
-    c_run: list[int] = []
-    c_wait: list[int] = []
-    ev_fin: list[tuple[int, int]] = []
-    ev_adm: list[tuple[int, int]] = []
-    ev_pre: list[tuple[int, int]] = []
-    j = 0
-    while j < MAX_STEPS and nn <= B:
-        T = tick0 + 1 + j
-        if T > wend:
-            wend = plan.extend()
-        x = counts[j]
-        if next_arr <= t:  # the driver releases the arrivals due before the step
-            while pending and pending[0].arrival_s <= t:
-                waiting.append(pending.popleft())
-            next_arr = pending[0].arrival_s if pending else math.inf
-        cand: list[Seq] | None = None
-        chunk = 0  # tokens of the prefilling request (the tail of running) computed this step
-        victims = 0
-        if x > avail:
-            # Memory runs out: the crossers ask in running order, victims from the tail (finished
-            # requests still listed in ``running`` cross nothing and are passed over).
-            running = sched.running
-            for s in plan.crossers(T):
-                if s.status != RUNNING:
-                    break  # preempted as a victim of an earlier crosser: so is everything after it
-                while avail == 0:
-                    v = running.pop()
-                    while id(v) in gone:
-                        v = running.pop()
-                    fl = v.prompt_len + v.output_len
-                    if v is prefilling:
-                        a = v.allocated  # exact: a prefilling request's blocks are not deferred
-                        prefilling = None
-                    else:
-                        a = v.allocated + plan.blocks_by(v, T - 1) * bs
-                        taken += a // bs - v.allocated // bs
-                        taken_internal += internal_of(a, fl) - internal_of(v.allocated, fl)
-                        plan.drop(v, T)
-                        v.allocated = a
-                        if a > v.peak_allocated:
-                            v.peak_allocated = a
-                        d = T - 1 - v.dec_tick
-                        contrib = v.num_computed - v.dec_tick
-                        v.num_computed += d
-                        v.num_output += d
-                        v.dec_tick = -1
-                        v.epoch += 1
-                        dec.count -= 1
-                        dec.dec_sum -= contrib
-                        nn -= 1
-                        dsum -= contrib
-                    run -= 1
-                    avail += a // bs
-                    blocks -= a // bs
-                    internal -= internal_of(a, fl)
-                    used -= v.num_computed
-                    policy.free(v)  # growth deferred above is taken at the end with the others'
-                    if not swap:
-                        v.num_computed = 0
-                    v.num_preemptions += 1
-                    v.status = WAITING
-                    waiting.appendleft(v)
-                    victims += 1
-                    if v is s:
-                        break
-                if s.status != RUNNING:
-                    break
-                avail -= 1
-            x = counts[j]  # the crossers left: they took a block each
-            if x:
-                blocks += x
-                internal += internal_at.get(T, 0)
-        else:
-            # Decided first, changed after: a step the stretch cannot take leaves no trace.
-            av = avail - x  # free after this tick's crossings
-            budget = B - nn
-            grow = 0  # blocks the prefilling tail's next chunk takes
-            if prefilling is not None and budget > 0:
-                # The tail of running goes on with its prompt: as much of it as the budget allows.
-                s = prefilling
-                chunk = s.prompt_len + s.num_output - s.num_computed
-                if chunk > budget:
-                    chunk = budget
-                grow = -(-(s.num_computed + chunk) // bs) - s.allocated // bs
-                if grow > av:
-                    chunk = grow = 0
-                    victims = 1  # it does not fit: it preempts itself (the tail: nothing was admitted after it)
-                else:
-                    budget -= chunk
-                    av -= grow
-            if waiting and not blocked and not victims:  # admission, first come first served
-                r = run
-                whole = True
-                cand = []
-                for s in waiting:
-                    if budget <= 0 or r >= max_seqs:
-                        break
-                    tokens = s.prompt_len + s.num_output
-                    if -(-min(tokens, mml) // bs) > av:
-                        # It does not fit (must_fit): it is the head next step, with no more memory.
-                        blocked = True
-                        break
-                    if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
-                        whole = False  # finishing in its admission step, or longer than the model allows
-                        break
-                    left = tokens - s.num_computed  # all of it, but after a swap preemption
-                    if left > budget:
-                        cand.append(s)  # in chunks: it takes the rest of the budget
-                        break
-                    av -= -(-tokens // bs)
-                    budget -= left
-                    r += 1
-                    cand.append(s)
-                if not whole:
-                    break  # the step-by-step path takes this step
-            avail -= x
-            blocks += x
-            if x:
-                internal += internal_at.get(T, 0)
-            if victims:
-                s = prefilling  # type: ignore[assignment]
-                popped = sched.running.pop()
-                assert popped is s
-                a, fl = s.allocated, s.prompt_len + s.output_len
-                run -= 1
-                avail += a // bs
-                blocks -= a // bs
-                internal -= internal_of(a, fl)
-                used -= s.num_computed
-                policy.free(s)
-                if not swap:
-                    s.num_computed = 0
-                s.num_preemptions += 1
-                s.status = WAITING
-                waiting.appendleft(s)
-                prefilling = None
-            elif chunk:
-                s = prefilling  # type: ignore[assignment]
-                if grow > 0:
-                    fl = s.prompt_len + s.output_len
-                    a = s.allocated + grow * bs
-                    ia = internal_of(a, fl) - internal_of(s.allocated, fl)
-                    s.allocated = a
-                    if a > s.peak_allocated:
-                        s.peak_allocated = a
-                    avail -= grow
-                    blocks += grow
-                    internal += ia
-                    taken += grow
-                    taken_internal += ia
-                s.num_computed += chunk
-        if victims:
-            ev_pre.append((j, victims))
-            blocked = False
-
-        # The step: every decoder's token, the prefill chunk, the admitted prompts.
-        ctx = dsum + T * nn
-        new = seqs = nn
-        pairs = ctx
-        if chunk:
-            seqs += 1
-            c = prefilling.num_computed  # type: ignore[union-attr]
-            new += chunk
-            ctx += c
-            pairs += chunk * c
-        if cand:
-            budget = B - new
-            for s in cand:
-                waiting.popleft()
-                comp = s.num_computed  # kept by a swap preemption, else 0 (no prefix caching here)
-                n = s.prompt_len + s.num_output - comp
-                if n > budget:
-                    n = budget
-                budget -= n
-                nb = -(-(comp + n) // bs)
-                a = nb * bs
-                ia = internal_of(a, s.prompt_len + s.output_len)
-                avail -= nb
-                blocks += nb
-                internal += ia
-                taken += nb
-                taken_internal += ia
-                s.allocated = a
-                if a > s.peak_allocated:
-                    s.peak_allocated = a
-                sched._append_running(s)
-                s.status = RUNNING
-                s.num_computed = c = comp + n
-                if s.num_preemptions == 0:
-                    s.first_scheduled_s = t
-                used += comp
-                new += n
-                ctx += c
-                pairs += n * c
-            run += len(cand)
-            seqs += len(cand)
-            ev_adm.append((j, len(cand)))
-        used += new
-        c_ts.append(t)
-        c_blocks.append(blocks)
-        c_internal.append(internal)
-        c_used.append(used)
-        c_sched.append(new)
-        c_run.append(run)
-        c_wait.append(len(waiting))
-        t_end = t + price(new, ctx, pairs, seqs)
-
-        # The end of the step: finishers freed, then the admitted decode from the next tick on.
-        if heap and heap[0] <= T:
-            live: list[Seq] = []
-            while heap and heap[0] <= T:
-                tt = heapq.heappop(heap)
-                if tt == T:
-                    lst = finishing.pop(T, None)
-                    if lst:
-                        live.extend(s for s, e in lst if s.epoch == e and s.dec_tick >= 0)
-            if live:
-                if len(live) > 1:
-                    live.sort(key=_RUN_POS)
-                contrib = 0
-                for s in live:
-                    contrib += s.num_computed - s.dec_tick
-                    a = s.allocated + plan.blocks_by(s, T) * bs
-                    nbk = a // bs
-                    blocks -= nbk
-                    avail += nbk
-                    internal -= internal_of(a, s.prompt_len + s.output_len)
-                    used -= s.num_computed + T - s.dec_tick
-                cnt = len(live)
-                nn -= cnt
-                dsum -= contrib
-                run -= cnt
-                gone.update(map(id, live))
-                finishes.append((j, live, contrib, t_end))
-                ev_fin.append((j, cnt))
-                blocked = False
-        if chunk or cand:
-            carried = prefilling if chunk else None
-            computed = [carried] if carried is not None else []
-            if cand:
-                computed += cand
-            prefilling = None
-            dec.tick = T
-            for s in computed:  # sample, and decode implicitly from the next tick on
-                if s.num_computed < s.prompt_len + s.num_output:
-                    prefilling = s  # a chunk: no token yet (the last admitted, the tail of running)
-                    if s is not carried:
-                        dec.stretch_chunked += 1
-                    continue
-                s.num_output += 1
-                if s.num_output == 1:
-                    s.first_token_s = t_end
-                dec.register(s)
-                nn += 1
-                dsum += s.num_computed - T
-                plan.add(s)
-            dec.tick = tick0
-        t = t_end
-        j += 1
-        if nn == 0 and prefilling is None:
-            break
-    k = j
-    if k == 0:
-        return 0
-
-    # The state after k steps: every decoder's crossings up to then, the finishers freed.
-    end = tick0 + k
-    crossing = dec.crossing
-    for tk in range(tick0 + 1, end + 1):
-        crossing.pop(tk, None)
-    grown, internal_add = plan.grow(end, crossing)
-    policy.take_blocks(grown + taken, internal_add + taken_internal)
-    for jj, live, contrib, end_s in finishes:
-        dec.finish(live, tick0 + 1 + jj, end_s, contrib, policy)
-        sched.finished += len(live)
-    if gone:
-        sched.running = [s for s in sched.running if id(s) not in gone]
-    dec.explicit = [prefilling] if prefilling is not None else []
-    assert (policy.free_blocks(), policy.internal_positions, len(sched.running)) == (avail, internal, run), \
-        "a counted stretch drifted from the policy's counts"
-
-    c_ts.append(t)
-    cols = np.array((c_blocks, c_internal, c_used, c_sched, c_run, c_wait), dtype=np.float64)
-    evicted = policy.evictions - sched._evictions_seen
-    sched._evictions_seen = policy.evictions
-    rows = R.step_rows(sched.step_index, np.array(c_ts), k, {
-        R.BLOCKS: cols[0], R.INTERNAL: cols[1], R.USED: cols[2], R.SCHEDULED: cols[3], R.RUNNING: cols[4],
-        R.WAITING: cols[5], R.EXTERNAL: (cols[5] > 0) * float(tail),
-    }, {R.FINISHED: ev_fin, R.ADMITTED: ev_adm, R.PREEMPTED: ev_pre, R.EVICTED: [(0, evicted)]})
-    R.paged_allocation(rows, bs, policy.budget_positions)
-    recorder.add_step_rows(rows)
-    dec.stretch_admissions += sum(cnt for _, cnt in ev_adm)
-    dec.tick = end
-    sched.used_positions = used + excess
-    sched.now = t
-    sched.step_index += k
-    return k
+    return Stretch(sched, dec).run(recorder)

@@ -89,7 +89,10 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
     steps = stall = 0
     status, error = "ok", None
     t0 = time.perf_counter()
-    gc.freeze()  # XXX experiment
+    # The objects made before the loop (the requests, an engine) outlive it: frozen, the cyclic GC
+    # stops re-scanning them on every collection the loop's own allocations trigger. Collections
+    # still run; measured on the simulator, this removes a run-to-run spread of up to 1.5x.
+    gc.freeze()
     try:
         while pending or engine.busy():
             if beat is not None:
