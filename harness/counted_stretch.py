@@ -35,13 +35,13 @@ from __future__ import annotations
 import heapq
 import math
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from . import bulk_rows as R
-from .policies.base import internal_of
 from .decoders import Decoders
+from .policies.base import internal_of
 from .policies.paged import CountingPagedPolicy
 from .sequence import RUNNING, WAITING, Seq
 
@@ -179,34 +179,45 @@ def eligible(sched: Scheduler) -> bool:
     return sched.clock is not None and isinstance(sched.policy, CountingPagedPolicy)
 
 
-def _first_step_whole(sched: Scheduler, dec: Decoders, avail: int) -> bool:
-    """False when the stretch's first step would admit a request it cannot take whole (in
-    chunks, or finishing at once), so the stretch would end before it starts. Decided against
-    an upper bound on the step's crossings (its crossing events, some perhaps stale): whatever
-    fits then fits in the stretch, so False is never wrong; True may be (the stretch then
-    ends at its first step, as it would have)."""
-    waiting = sched.waiting
-    crossers = dec.crossing.get(dec.tick + 1)
-    av = avail - (len(crossers) if crossers else 0)
-    if not waiting or av < 0:
-        return True  # nothing to admit, or the step may preempt (then nothing is admitted)
-    bs, cfg, mml = sched.policy.block_size, sched.config, sched.max_model_len
-    budget = cfg.max_num_batched_tokens - dec.count
-    r = len(sched.running)
+def choose_admissions(waiting: Iterable[Seq], budget: int, running: int, free: int, bs: int, max_seqs: int,
+                      mml: int) -> tuple[list[Seq] | None, bool]:
+    """The waiting requests a step admits, first come first served, with ``budget`` tokens and
+    ``free`` blocks left after the running requests: the reference's ``_admit`` for block
+    counts. Returns them (the last may take the rest of the budget as its first chunk) — or
+    None when one would finish in its admission step or is longer than the model allows (a
+    step the stretch cannot take) — and whether the head was refused for memory (``must_fit``)."""
+    cand: list[Seq] = []
     for s in waiting:
-        if budget <= 0 or r >= cfg.max_num_seqs:
-            return True
+        if budget <= 0 or running >= max_seqs:
+            break
         tokens = s.prompt_len + s.num_output
-        if -(-min(tokens, mml) // bs) > av:
-            return True
+        if -(-min(tokens, mml) // bs) > free:
+            return cand, True  # it does not fit: it is the head next step, with no more memory
         if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
-            return False
-        if tokens - s.num_computed > budget:
-            return True  # admitted in chunks: the stretch takes it
-        av -= -(-tokens // bs)
-        budget -= tokens - s.num_computed
-        r += 1
-    return True
+            return None, False
+        left = tokens - s.num_computed  # all of it, but after a swap preemption
+        cand.append(s)
+        if left > budget:
+            break  # in chunks: it takes the rest of the budget
+        free -= -(-tokens // bs)
+        budget -= left
+        running += 1
+    return cand, False
+
+
+def _first_step_whole(sched: Scheduler, dec: Decoders, free: int) -> bool:
+    """False when the stretch's first step would admit a request it cannot take whole, so the
+    stretch would end before it starts (not worth its set-up). Decided against an upper bound
+    on the step's crossings (its crossing events, some perhaps stale): whatever fits then fits
+    in the stretch, so False is never wrong; True may be (the stretch then ends at once)."""
+    crossers = dec.crossing.get(dec.tick + 1)
+    av = free - (len(crossers) if crossers else 0)
+    if not sched.waiting or av < 0:
+        return True  # nothing to admit, or the step may preempt (then nothing is admitted)
+    cfg = sched.config
+    cand, _ = choose_admissions(sched.waiting, cfg.max_num_batched_tokens - dec.count, len(sched.running), av,
+                                sched.policy.block_size, cfg.max_num_seqs, sched.max_model_len)
+    return cand is not None
 
 
 class Stretch:
@@ -471,28 +482,8 @@ class Stretch:
                         budget -= chunk
                         av -= grow
                 if waiting and not blocked and not victims:  # admission, first come first served
-                    r = self.running
-                    whole = True
-                    cand = []
-                    for s in waiting:
-                        if budget <= 0 or r >= max_seqs:
-                            break
-                        tokens = s.prompt_len + s.num_output
-                        if -(-min(tokens, mml) // bs) > av:
-                            blocked = True  # it does not fit (must_fit): the head next step, with no more memory
-                            break
-                        if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
-                            whole = False  # finishing in its admission step, or longer than the model allows
-                            break
-                        left = tokens - s.num_computed  # all of it, but after a swap preemption
-                        if left > budget:
-                            cand.append(s)  # in chunks: it takes the rest of the budget
-                            break
-                        av -= -(-tokens // bs)
-                        budget -= left
-                        r += 1
-                        cand.append(s)
-                    if not whole:
+                    cand, blocked = choose_admissions(waiting, budget, self.running, av, bs, max_seqs, mml)
+                    if cand is None:
                         break  # the step-by-step path takes this step
                 self.free -= x
                 self.blocks += x
