@@ -107,14 +107,23 @@ class PagedPolicy(PagedBase):
             return ("p", seq.request_id, i)  # samples of one request share the prompt
         return ("s", seq.index, i)
 
+    def _key_bounds(self, seq: Seq) -> tuple[int, int]:
+        """``key_of``'s two boundaries: blocks before the first are the shared prefix's, blocks
+        before the second the prompt's, the rest the sequence's own."""
+        bs = self.block_size
+        return (seq.prefix_len // bs if seq.prefix_group >= 0 else 0), seq.prompt_len // bs
+
     def prefix_hit(self, seq: Seq) -> int:
         seq.pending_hits = []
         if not self.enable_caching or seq.num_computed:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits = seq.pending_hits
-        for i in range(max_blocks):
-            cached = self.cache.get(self.key_of(seq, i))
+        get = self.cache.get
+        g, p = self._key_bounds(seq)
+        for i in range(max_blocks):  # key_of(seq, i), inline: this walk runs at every admission attempt
+            cached = get(("g", seq.prefix_group, i) if i < g else ("p", seq.request_id, i) if i < p
+                         else ("s", seq.index, i))
             if not cached:
                 break
             hits.append(cached[0])
@@ -159,19 +168,26 @@ class PagedPolicy(PagedBase):
             seq.blocks.extend(hits)
             seq.num_cached_blocks = len(seq.blocks)
             seq.pending_hits = []
+        front, ref, blocks = self.front, self.ref, seq.blocks
+        block_key, cache = self.block_key, self.cache
         for _ in range(new):
-            if self.front:
-                b = self.front.popleft()
+            if front:
+                b = front.popleft()
             elif self.next_fresh < self.num_blocks:
                 b = self.next_fresh
                 self.next_fresh += 1
             else:
                 b, _ = self.free_queue.popitem(last=False)
-                key = self.block_key.get(b)
-                if key is not None:
-                    self._uncache(b, key)
-            self.ref[b] = 1
-            seq.blocks.append(b)
+                key = block_key.pop(b, None)
+                if key is not None:  # evicted from the cache (a full cache evicts at every new block)
+                    holders = cache.get(key)
+                    if holders is not None:
+                        holders.remove(b)
+                        if not holders:
+                            del cache[key]
+                    self.evictions += 1
+            ref[b] = 1
+            blocks.append(b)
         seq.allocated = len(seq.blocks) * bs
         if seq.allocated > seq.peak_allocated:
             seq.peak_allocated = seq.allocated
@@ -183,22 +199,21 @@ class PagedPolicy(PagedBase):
     def cache_full_blocks(self, seq: Seq, num_tokens: int) -> None:
         """Cache the blocks of ``seq`` its first ``num_tokens`` positions fill (prefix caching)."""
         full = num_tokens // self.block_size
-        for i in range(seq.num_cached_blocks, full):
-            b = seq.blocks[i]
-            key = self.key_of(seq, i)
-            self.block_key[b] = key
-            self.cache.setdefault(key, []).append(b)
-        if full > seq.num_cached_blocks:
-            seq.num_cached_blocks = full
-
-    def _uncache(self, b: int, key: BlockKey) -> None:
-        holders = self.cache.get(key)
-        if holders is not None:
-            holders.remove(b)
-            if not holders:
-                del self.cache[key]
-        del self.block_key[b]
-        self.evictions += 1
+        start = seq.num_cached_blocks
+        if full <= start:
+            return
+        block_key, cache, blocks = self.block_key, self.cache, seq.blocks
+        g, p = self._key_bounds(seq)
+        for i in range(start, full):  # key_of(seq, i), inline
+            b = blocks[i]
+            key = ("g", seq.prefix_group, i) if i < g else ("p", seq.request_id, i) if i < p else ("s", seq.index, i)
+            block_key[b] = key
+            holders = cache.get(key)
+            if holders is None:
+                cache[key] = [b]
+            else:
+                holders.append(b)
+        seq.num_cached_blocks = full
 
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         """New blocks ``allocate(seq, num_tokens)`` would take (a running sequence: no hits)."""
