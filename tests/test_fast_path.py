@@ -62,7 +62,7 @@ CASES = {
                                       'prefix_len = 64\nn = 3'),
     "poisson-roofline": dict(budget="3GiB", clock="roofline",
                              workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
-    # The roofline with a fitted factor (roofline_scale): merged stretches price steps with it too.
+    # The roofline with a fitted factor (roofline_scale): counted stretches price steps with it too.
     "scaled-roofline": dict(budget="3GiB", clock="roofline", gpu='A100-40GB"\nroofline_scale = 1.534\n#"',
                             workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
     "swap": dict(budget="2300MiB", preemption="swap", workload='source = "sharegpt"\nnum_requests = 150'),
@@ -95,9 +95,9 @@ CASES = {
                                   workload='source = "uniform"\nprompt_min = 20\nprompt_max = 300\n'
                                            'output_min = 1\noutput_max = 400\nnum_requests = 150\n'
                                            'arrival = "poisson"\nrate = 2.0\nseed = 5'),
-    # Stretches running on through admissions (paged, roofline): prompts longer than the budget left
-    # (chunked, so the stretch ends), max_num_seqs and memory stopping admission, preemptions after
-    # merged stretches, single-token outputs, samples arriving together, several block sizes.
+    # Counted stretches running on through admissions: prompts longer than the budget left (chunked),
+    # max_num_seqs and memory stopping admission, preemptions, single-token outputs (they end a
+    # stretch), samples arriving together, several block sizes; a contiguous policy beside them.
     "merged-admissions": dict(preset="llama-3-8b", budget="900MiB", seqs=12, tokens=640, clock="roofline",
                               gpu="A100-80GB", policies='["paged", "virtual-contiguous", "contiguous-oracle"]',
                               block_sizes="[16, 8, 32]",
@@ -151,7 +151,7 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 @pytest.fixture
 def bulk_counter(monkeypatch):
     """Counts the steps the fast path records in bulk (quiet stretches)."""
-    counted = {"steps": 0, "finished": 0, "merged": 0, "merged_admissions": 0, "preempting": 0,
+    counted = {"steps": 0, "finished": 0, "counted": 0, "counted_admissions": 0, "preempting": 0,
                "counted_preemptions": 0, "counted_chunks": 0}
     real = FastScheduler.record_quiet_steps
     real_preempting = FastScheduler._schedule_preempting
@@ -171,11 +171,11 @@ def bulk_counter(monkeypatch):
             counted["counted_preemptions"] += int(rows[:, StepRow._fields.index("preempted")].sum())
             self.recorder.add_step_rows(rows)
 
-    def merged(sched, dec, recorder):
+    def counted_run(sched, dec, recorder):
         before, chunked = dec.stretch_admissions, dec.stretch_chunked
         k = real_counted(sched, dec, Tap(recorder))
-        counted["merged"] += k  # steps of counted stretches (through admissions and preemptions)
-        counted["merged_admissions"] += dec.stretch_admissions - before
+        counted["counted"] += k  # steps of counted stretches (through admissions and preemptions)
+        counted["counted_admissions"] += dec.stretch_admissions - before
         counted["counted_chunks"] += dec.stretch_chunked - chunked
         return k
 
@@ -187,7 +187,7 @@ def bulk_counter(monkeypatch):
         return k
 
     monkeypatch.setattr(FastScheduler, "record_quiet_steps", counting)
-    monkeypatch.setattr(counted_stretch, "run", merged)
+    monkeypatch.setattr(counted_stretch, "run", counted_run)
     return counted
 
 
@@ -234,11 +234,11 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
     if case in ("azure-trace-roofline", "long-quiet", "roomy-sharegpt", "finishes-in-stretches"):
         assert bulk_counter["finished"] > 0  # stretches really ran through finishes
         # Both kinds of stretch ran: counted (paged, virtual-contiguous), quiet (contiguous).
-        assert 0 < bulk_counter["merged"] < bulk_counter["steps"]
+        assert 0 < bulk_counter["counted"] < bulk_counter["steps"]
     if case in ("azure-trace-roofline", "poisson-roofline", "finishes-in-stretches", "merged-admissions",
                 "scaled-roofline"):
         # Counted stretches ran on through admissions.
-        assert bulk_counter["merged"] > 0 and bulk_counter["merged_admissions"] > 0
+        assert bulk_counter["counted"] > 0 and bulk_counter["counted_admissions"] > 0
     if case in ("merged-admissions", "tight-preempting-roofline", "batch-pressure-roofline", "arrivals-under-pressure",
                 "tight-preempting", "swap", "chunks-in-stretches"):
         assert preempted > 0 and bulk_counter["counted_preemptions"] > 0  # preemptions inside counted stretches
