@@ -28,7 +28,7 @@ _BLANK = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in StepRow._f
 
 
 def step_rows(step0: int, ts: np.ndarray, k: int, columns: Mapping[int, np.ndarray | Sequence[int] | float],
-              events: Mapping[int, Iterable[tuple[int, int]]] = {}) -> np.ndarray:
+              events: Mapping[int, Iterable[tuple[int, int]]] | None = None) -> np.ndarray:
     """Rows of steps ``step0`` … ``step0 + k − 1``: ``ts`` holds their start times and then the
     end of the last (k + 1 values; ``dt_s`` is their difference); ``columns`` maps a column
     index to one value per step or one for all; ``events`` maps a column index to sparse
@@ -42,7 +42,7 @@ def step_rows(step0: int, ts: np.ndarray, k: int, columns: Mapping[int, np.ndarr
     np.subtract(ts[1:k + 1], ts[:k], out=rows[:, DT_S])
     for col, values in columns.items():
         rows[:, col] = values
-    for col, pairs in events.items():
+    for col, pairs in (events or {}).items():
         for j, v in pairs:
             rows[j, col] = v
     return rows

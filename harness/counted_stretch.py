@@ -271,10 +271,8 @@ class Stretch:
             v.allocated = a
             if a > v.peak_allocated:
                 v.peak_allocated = a
-            self.dec.tick = tick - 1
             contrib = v.num_computed - v.dec_tick
-            self.dec.unregister(v)
-            self.dec.tick = self.tick0
+            self.dec.unregister(v, at=tick - 1)
             self.decoders -= 1
             self.dec_sum -= contrib
         self.running -= 1
@@ -405,7 +403,6 @@ class Stretch:
         prefilling tail."""
         dec = self.dec
         carried, self.prefilling = self.prefilling, None
-        dec.tick = tick
         for s in computed:
             if s.num_computed < s.prompt_len + s.num_output:
                 self.prefilling = s  # a chunk: no token yet (the last admitted, the tail of running)
@@ -415,11 +412,10 @@ class Stretch:
             s.num_output += 1
             if s.num_output == 1:
                 s.first_token_s = end_s
-            dec.register(s)
+            dec.register(s, at=tick)
             self.decoders += 1
             self.dec_sum += s.num_computed - tick
             self.plan.add(s)
-        dec.tick = self.tick0
 
     # -- the loop --------------------------------------------------------------------------
     def run(self, recorder: RunRecorder) -> int:

@@ -39,9 +39,10 @@ class Decoders:
         self.stretch_admissions = 0  # requests admitted inside counted stretches
         self.stretch_chunked = 0  # … of them, admitted in chunks
 
-    def register(self, seq: Seq) -> None:
-        """Make a decoding sequence implicit from the current tick on."""
-        d = self.tick
+    def register(self, seq: Seq, at: int | None = None) -> None:
+        """Make a decoding sequence implicit from tick ``at`` on (the current tick by default; a
+        stretch registers at the step it is recording)."""
+        d = self.tick if at is None else at
         seq.dec_tick = d
         seq.epoch += 1
         self.count += 1
@@ -58,16 +59,17 @@ class Decoders:
         else:
             lst.append((seq, seq.epoch))
 
-    def materialize(self, seq: Seq) -> None:
-        """Bring a decoder's counts up to the current tick (it stays implicit)."""
-        k = self.tick - seq.dec_tick
+    def materialize(self, seq: Seq, at: int | None = None) -> None:
+        """Bring a decoder's counts up to tick ``at`` (the current tick by default); it stays implicit."""
+        t = self.tick if at is None else at
+        k = t - seq.dec_tick
         seq.num_computed += k
         seq.num_output += k
-        seq.dec_tick = self.tick
+        seq.dec_tick = t
 
-    def unregister(self, seq: Seq) -> None:
-        """Make a decoder explicit again (its events go stale)."""
-        self.materialize(seq)
+    def unregister(self, seq: Seq, at: int | None = None) -> None:
+        """Make a decoder explicit again, its counts brought up to tick ``at`` (its events go stale)."""
+        self.materialize(seq, at)
         self.count -= 1
         self.dec_sum -= seq.num_computed - seq.dec_tick
         seq.dec_tick = -1
