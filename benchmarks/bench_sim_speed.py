@@ -247,6 +247,8 @@ def main() -> None:
     ap.add_argument("--max-requests", type=int, default=1_000_000, help="largest size in the scaling table")
     ap.add_argument("--parts", default="abc", help="which parts to run (a, b, c; p: under memory pressure)")
     args = ap.parse_args()
+    if not args.parts or set(args.parts) - set("abcp"):
+        ap.error(f"--parts takes letters from a, b, c and p, got {args.parts!r}")
     if "p" in args.parts:
         part_p(args)
     if "a" in args.parts:
