@@ -19,9 +19,9 @@ WIDTH = len(StepRow._fields)
 _col = StepRow._fields.index
 STEP, T_S, DT_S, RUNNING, WAITING, ADMITTED, FINISHED, PREEMPTED, SCHEDULED = map(_col, (
     "step", "t_s", "dt_s", "running", "waiting", "admitted", "finished", "preempted", "scheduled_tokens"))
-BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED = map(_col, (
+BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT = map(_col, (
     "allocated_blocks", "allocated_positions", "used_positions", "reserved_positions", "internal_frag_positions",
-    "external_frag_positions", "free_positions", "evicted_blocks"))
+    "external_frag_positions", "free_positions", "evicted_blocks", "prefix_hit_tokens"))
 
 # A step's row before its varying columns are filled in: zeros, the unmeasured columns null.
 _BLANK = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in StepRow._fields])

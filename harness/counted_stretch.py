@@ -1,9 +1,9 @@
 """Counted stretches: the paged fast path's run of many steps at once, through arrivals,
 admissions, finishes and preemptions.
 
-With block counts only (``CountingPagedPolicy``: ``paged`` and ``virtual-contiguous``
-without prefix caching), a run of steps in which every running
-request decodes needs no per-request work per step. Each decoder needs a new block every
+With block counts only (``CountingPagedPolicy``: ``paged`` and ``virtual-contiguous``, and
+``paged-prefix`` where no two sequences share a block, ``CountingPrefixPolicy``), a run of
+steps in which every running request decodes needs no per-request work per step. Each decoder needs a new block every
 ``block_size`` ticks, so its crossings are an arithmetic progression (``CrossingPlan``);
 the step's crossings are a count, its price the clock's formula (``Clock.price``), its row
 seven running totals (rows are built once per stretch, ``bulk_rows.step_rows``). Only the
@@ -15,8 +15,12 @@ requests an event touches are touched:
   it had sampled; after a swap, only what it lacks) in one step, or, longer than the token
   budget left, in chunks — one request at a time prefills so, the tail of ``running`` —
   and decodes from the tick after. A head that does not fit blocks admission for the step,
-  as in the reference;
-- a **finish** frees the finisher at the end of its step;
+  as in the reference. Under prefix caching a request re-admitted after a recompute
+  preemption first takes back its blocks still cached (a hit: those tokens are not
+  computed again), and every block taken comes from the free queue's uncached blocks first,
+  then evicts (``CachedRuns``), in the reference's order within the step;
+- a **finish** frees the finisher at the end of its step (under prefix caching its full
+  blocks join the free queue, cached, in running order);
 - a step whose crossings do not fit the free blocks **preempts**: only then are the
   crossing decoders named (``CrossingPlan.crossers``); they ask for their block in running
   order, and each failure preempts from the tail of ``running`` (memory freed; recompute
@@ -42,6 +46,7 @@ import numpy as np
 from . import bulk_rows as R
 from .decoders import Decoders
 from .policies.base import internal_of
+from .policies.counting_prefix import CachedRuns, CountingPrefixPolicy
 from .policies.paged import CountingPagedPolicy
 from .sequence import RUNNING, WAITING, Seq
 
@@ -53,6 +58,7 @@ MAX_STEPS = 8192  # steps per counted stretch (its rows are built at once)
 WINDOW = 256  # ticks of crossings counted at a time, at most
 FIRST_WINDOW = 32  # … and at first
 _RUN_POS = attrgetter("run_pos")
+_NO_HITS: list[int] = []  # a step admitting nothing (never written to)
 
 
 class CrossingPlan:
@@ -120,7 +126,10 @@ class CrossingPlan:
         phase = self.phases[tick % self.bs]
         out, keep = [], []
         for s in phase:
-            c, _, L, _ = plans[s]
+            p = plans.get(s)
+            if p is None:
+                continue  # finished (``forget``)
+            c, _, L, _ = p
             if L >= tick:
                 keep.append(s)
                 if c <= tick:
@@ -134,6 +143,11 @@ class CrossingPlan:
         c, _, L, _ = self.plans[s]
         last = L if L < tick else tick
         return (last - c) // self.bs + 1 if c <= last else 0
+
+    def forget(self, s: Seq) -> None:
+        """Forget a decoder that finished: every crossing of it is past (its phase entry goes
+        when ``crossers`` next reads that phase)."""
+        del self.plans[s]
 
     def drop(self, s: Seq, tick: int) -> None:
         """Forget a decoder preempted at ``tick``: its crossings from ``tick`` on do not happen."""
@@ -180,29 +194,54 @@ def eligible(sched: Scheduler) -> bool:
 
 
 def choose_admissions(waiting: Iterable[Seq], budget: int, running: int, free: int, bs: int, max_seqs: int,
-                      mml: int) -> tuple[list[Seq] | None, bool]:
+                      mml: int, pool: CachedRuns | None = None,
+                      taken: int = 0) -> tuple[list[Seq] | None, list[int], bool]:
     """The waiting requests a step admits, first come first served, with ``budget`` tokens and
     ``free`` blocks left after the running requests: the reference's ``_admit`` for block
     counts. Returns them (the last may take the rest of the budget as its first chunk) — or
     None when one would finish in its admission step or is longer than the model allows (a
-    step the stretch cannot take) — and whether the head was refused for memory (``must_fit``)."""
+    step the stretch cannot take) —, the blocks each finds cached (prefix caching: ``pool``,
+    from which the running requests take ``taken`` blocks first this step), and whether the
+    head was refused for memory (``must_fit``; a hit costs a free block too, so it is the same test)."""
     cand: list[Seq] = []
+    hits: list[int] = []
+    if pool is not None:  # the step's evictions so far, and the uncached blocks left to take first
+        evicted = taken - pool.uncached if taken > pool.uncached else 0
+        uncached = pool.uncached - taken + evicted
+        taking: list[tuple[Seq, int]] = []  # the hits of the requests before
     for s in waiting:
         if budget <= 0 or running >= max_seqs:
             break
         tokens = s.prompt_len + s.num_output
         if -(-min(tokens, mml) // bs) > free:
-            return cand, True  # it does not fit: it is the head next step, with no more memory
+            return cand, hits, True  # it does not fit: it is the head next step, with no more memory
         if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
-            return None, False
-        left = tokens - s.num_computed  # all of it, but after a swap preemption
+            return None, hits, False
+        h = 0
+        if pool is not None and not s.num_computed:
+            h = pool.cached_after(s, evicted, taking)
+            most = (tokens - 1) // bs  # at least one token is computed
+            if h > most:
+                h = most
+        computed = h * bs if h else s.num_computed  # a hit, or what a swap preemption kept
+        left = tokens - computed
         cand.append(s)
+        hits.append(h)
+        if pool is not None:  # its new blocks: the uncached first, then evicting
+            new = -(-(computed + min(left, budget)) // bs) - h
+            if new > uncached:
+                evicted += new - uncached
+                uncached = 0
+            else:
+                uncached -= new
+            if h:
+                taking.append((s, h))
         if left > budget:
             break  # in chunks: it takes the rest of the budget
         free -= -(-tokens // bs)
         budget -= left
         running += 1
-    return cand, False
+    return cand, hits, False
 
 
 def _first_step_whole(sched: Scheduler, dec: Decoders, free: int) -> bool:
@@ -215,8 +254,10 @@ def _first_step_whole(sched: Scheduler, dec: Decoders, free: int) -> bool:
     if not sched.waiting or av < 0:
         return True  # nothing to admit, or the step may preempt (then nothing is admitted)
     cfg = sched.config
-    cand, _ = choose_admissions(sched.waiting, cfg.max_num_batched_tokens - dec.count, len(sched.running), av,
-                                sched.policy.block_size, cfg.max_num_seqs, sched.max_model_len)
+    policy = sched.policy
+    pool = policy.pool if isinstance(policy, CountingPrefixPolicy) else None
+    cand, _, _ = choose_admissions(sched.waiting, cfg.max_num_batched_tokens - dec.count, len(sched.running), av,
+                                   policy.block_size, cfg.max_num_seqs, sched.max_model_len, pool, free - av)
     return cand is not None
 
 
@@ -225,14 +266,18 @@ class Stretch:
     plan, and the running totals the next step's row reads. What touches requests — a
     preemption, an admission, a finish, a prompt done — is a method; ``run``'s loop counts."""
 
-    __slots__ = ("sched", "dec", "policy", "plan", "bs", "swap", "tick0", "free", "blocks", "internal",
+    __slots__ = ("sched", "dec", "policy", "pool", "plan", "bs", "swap", "tick0", "free", "blocks", "internal",
                  "used", "decoders", "dec_sum", "running", "taken", "taken_internal", "prefilling",
-                 "finishes", "gone")
+                 "gone", "evicted", "hit_tokens")
 
     def __init__(self, sched: Scheduler, dec: Decoders) -> None:
         policy = sched.policy
         assert isinstance(policy, CountingPagedPolicy)  # eligible()
         self.sched, self.dec, self.policy = sched, dec, policy
+        # Prefix caching (as counts): every block taken comes from the pool, and may evict.
+        self.pool = policy.pool if isinstance(policy, CountingPrefixPolicy) else None
+        self.evicted = policy.evictions - sched._evictions_seen  # this step's evictions, so far
+        self.hit_tokens = 0  # … and its prefix-hit tokens
         self.bs = policy.block_size
         self.swap = sched.swap
         self.tick0 = dec.tick
@@ -247,13 +292,19 @@ class Stretch:
         # chunks, victims' growth — told to the policy at the end with the crossings'.
         self.taken = self.taken_internal = 0
         self.prefilling: Seq | None = None  # admitted in chunks, still prefilling: the tail of running
-        self.finishes: list[tuple[int, list[Seq], int, float]] = []  # (step, finishers, Σ, end time)
         self.gone: set[int] = set()  # finished, still listed in sched.running until the end
         self.plan = CrossingPlan(self.bs, self.tick0)
         for s in sched.running:
             self.plan.add(s)
 
     # -- events --------------------------------------------------------------------------
+    def _take(self, n: int) -> None:
+        """``n`` free blocks taken (they fit): under prefix caching, from the pool, evicting."""
+        if self.pool is not None and n:
+            e = self.pool.take(n)
+            self.evicted += e
+            self.policy.evictions += e
+
     def _evict(self, v: Seq, tick: int) -> None:
         """Preempt ``v`` (already popped from the tail of ``running``) at ``tick``: a decoder is
         brought up to the tick before (its deferred growth taken), the prefilling tail is exact;
@@ -307,6 +358,8 @@ class Stretch:
             if s.status != RUNNING:
                 break
             self.free -= 1
+            if self.pool is not None:
+                self._take(1)
         x = self.plan.counts[tick - self.plan.base]  # the crossers left: each took a block
         self.blocks += x
         if x:
@@ -331,20 +384,30 @@ class Stretch:
             self.taken_internal += ia
         s.num_computed += chunk
 
-    def _admit(self, cand: list[Seq], t: float, budget: int) -> tuple[int, int, int]:
-        """Admit ``cand`` (chosen in ``run``; the last may take the rest of ``budget`` as its first
-        chunk): its memory, its tokens. Returns (tokens, context, attention pairs) added to the step."""
-        sched, bs = self.sched, self.bs
+    def _admit(self, cand: list[Seq], hits: list[int], t: float, budget: int) -> tuple[int, int, int]:
+        """Admit ``cand`` (chosen in ``run``, with the blocks each finds cached; the last may take
+        the rest of ``budget`` as its first chunk): its memory, its tokens. Returns (tokens,
+        context, attention pairs) added to the step."""
+        sched, bs, pool = self.sched, self.bs, self.pool
         waiting = sched.waiting
         new = ctx = pairs = 0
-        for s in cand:
+        for s, h in zip(cand, hits):
             waiting.popleft()
-            comp = s.num_computed  # kept by a swap preemption, else 0 (no prefix caching here)
+            if h:
+                assert pool is not None
+                pool.hit(s, h)
+                comp = h * bs
+                s.prefix_hit_tokens += comp
+                self.hit_tokens += comp
+            else:
+                comp = s.num_computed  # kept by a swap preemption, else 0
             n = s.prompt_len + s.num_output - comp
             if n > budget:
                 n = budget
             budget -= n
             nb = -(-(comp + n) // bs)
+            if pool is not None:
+                self._take(nb - h)  # its hits were free blocks too
             a = nb * bs
             ia = internal_of(a, s.prompt_len + s.output_len)
             self.free -= nb
@@ -367,10 +430,11 @@ class Stretch:
         self.running += len(cand)
         return new, ctx, pairs
 
-    def _finish(self, tick: int, j: int, end_s: float) -> int:
-        """Decoders sampling their last token at ``tick`` (step ``j``): their memory leaves the
-        totals now; they are freed in running order when the stretch ends. Returns how many."""
-        heap, finishing, bs = self.dec.finish_ticks, self.dec.finishing, self.bs
+    def _finish(self, tick: int, end_s: float) -> int:
+        """Decoders sampling their last token at ``tick`` (their step ending at ``end_s``): brought
+        up to date (their deferred growth taken) and freed now, in running order — the order of
+        frees is the free queue's. They leave ``sched.running`` when the stretch ends. Returns how many."""
+        heap, finishing, bs, plan = self.dec.finish_ticks, self.dec.finishing, self.bs, self.plan
         live: list[Seq] = []
         while heap and heap[0] <= tick:
             tt = heapq.heappop(heap)
@@ -385,16 +449,24 @@ class Stretch:
         contrib = 0
         for s in live:
             contrib += s.num_computed - s.dec_tick
-            a = s.allocated + self.plan.blocks_by(s, tick) * bs
+            fl = s.prompt_len + s.output_len
+            a = s.allocated + plan.blocks_by(s, tick) * bs
+            plan.forget(s)
+            self.taken += a // bs - s.allocated // bs
+            self.taken_internal += internal_of(a, fl) - internal_of(s.allocated, fl)
+            s.allocated = a
+            if a > s.peak_allocated:
+                s.peak_allocated = a
             self.blocks -= a // bs
             self.free += a // bs
-            self.internal -= internal_of(a, s.prompt_len + s.output_len)
+            self.internal -= internal_of(a, fl)
             self.used -= s.num_computed + tick - s.dec_tick
+        self.dec.finish(live, tick, end_s, contrib, self.policy)
+        self.sched.finished += len(live)
         self.decoders -= len(live)
         self.dec_sum -= contrib
         self.running -= len(live)
         self.gone.update(map(id, live))
-        self.finishes.append((j, live, contrib, end_s))
         return len(live)
 
     def _start_decoding(self, computed: list[Seq], tick: int, end_s: float) -> None:
@@ -445,6 +517,9 @@ class Stretch:
         ev_fin: list[tuple[int, int]] = []
         ev_adm: list[tuple[int, int]] = []
         ev_pre: list[tuple[int, int]] = []
+        ev_evict: list[tuple[int, int]] = []
+        ev_hit: list[tuple[int, int]] = []
+        pool = self.pool
         j = 0
         while j < MAX_STEPS and self.decoders <= B:
             T = tick0 + 1 + j
@@ -456,6 +531,7 @@ class Stretch:
                     waiting.append(pending.popleft())
                 next_arr = pending[0].arrival_s if pending else math.inf
             cand: list[Seq] | None = None
+            hits: list[int] = _NO_HITS
             chunk = victims = 0
             if x > self.free:
                 victims = self._preempt_crossers(T)
@@ -478,10 +554,13 @@ class Stretch:
                         budget -= chunk
                         av -= grow
                 if waiting and not blocked and not victims:  # admission, first come first served
-                    cand, blocked = choose_admissions(waiting, budget, self.running, av, bs, max_seqs, mml)
+                    cand, hits, blocked = choose_admissions(waiting, budget, self.running, av, bs, max_seqs, mml,
+                                                            pool, x + grow)
                     if cand is None:
                         break  # the step-by-step path takes this step
                 self.free -= x
+                if pool is not None:
+                    self._take(x + grow)  # the crossers', then the prefilling tail's
                 self.blocks += x
                 if x:
                     self.internal += internal_at.get(T, 0)
@@ -507,12 +586,19 @@ class Stretch:
                 ctx += c
                 pairs += chunk * c
             if cand:
-                n_, ctx_, pairs_ = self._admit(cand, t, B - new)
+                n_, ctx_, pairs_ = self._admit(cand, hits, t, B - new)
                 new += n_
                 ctx += ctx_
                 pairs += pairs_
                 seqs += len(cand)
                 ev_adm.append((j, len(cand)))
+            if pool is not None:
+                if self.evicted:
+                    ev_evict.append((j, self.evicted))
+                    self.evicted = 0
+                if self.hit_tokens:
+                    ev_hit.append((j, self.hit_tokens))
+                    self.hit_tokens = 0
             self.used += new
             c_ts.append(t)
             c_blocks.append(self.blocks)
@@ -525,7 +611,7 @@ class Stretch:
 
             # The end of the step: finishers freed, then the requests done with their prompt decode.
             if heap and heap[0] <= T:
-                done = self._finish(T, j, t_end)
+                done = self._finish(T, t_end)
                 if done:
                     ev_fin.append((j, done))
                     blocked = False
@@ -543,14 +629,13 @@ class Stretch:
         step0 = sched.step_index
         self._close(j, t)
         policy = self.policy
-        evicted = policy.evictions - sched._evictions_seen
         sched._evictions_seen = policy.evictions
         # PagedBase.external_frag: the budget's tail no block fits, while anything waits.
         tail = float(policy.budget_positions - policy.num_blocks * bs)
         rows = R.step_rows(step0, np.array(c_ts), j, {
             R.BLOCKS: cols[0], R.INTERNAL: cols[1], R.USED: cols[2], R.SCHEDULED: cols[3], R.RUNNING: cols[4],
             R.WAITING: cols[5], R.EXTERNAL: (cols[5] > 0) * tail,
-        }, {R.FINISHED: ev_fin, R.ADMITTED: ev_adm, R.PREEMPTED: ev_pre, R.EVICTED: [(0, evicted)]})
+        }, {R.FINISHED: ev_fin, R.ADMITTED: ev_adm, R.PREEMPTED: ev_pre, R.EVICTED: ev_evict, R.PREFIX_HIT: ev_hit})
         R.paged_allocation(rows, bs, policy.budget_positions)
         recorder.add_step_rows(rows)
         self.dec.stretch_admissions += sum(cnt for _, cnt in ev_adm)
@@ -558,7 +643,7 @@ class Stretch:
 
     def _close(self, k: int, t: float) -> None:
         """Hand the state after ``k`` steps back: every decoder's crossings up to then taken, the
-        finishers freed in running order, the clocks and counters moved on."""
+        finished out of ``running``, the clocks and counters moved on."""
         sched, dec, policy = self.sched, self.dec, self.policy
         end = self.tick0 + k
         crossing = dec.crossing
@@ -566,14 +651,12 @@ class Stretch:
             crossing.pop(tk, None)
         grown, internal_add = self.plan.grow(end, crossing)
         policy.take_blocks(grown + self.taken, internal_add + self.taken_internal)
-        for j, live, contrib, end_s in self.finishes:
-            dec.finish(live, self.tick0 + 1 + j, end_s, contrib, policy)
-            sched.finished += len(live)
         if self.gone:
             sched.running = [s for s in sched.running if id(s) not in self.gone]
         dec.explicit = [self.prefilling] if self.prefilling is not None else []
         assert (policy.free_blocks(), policy.internal_positions, len(sched.running)) == \
             (self.free, self.internal, self.running), "a counted stretch drifted from the policy's counts"
+        assert self.pool is None or self.pool.uncached + self.pool.queued == self.free, "… or from its free queue"
         dec.tick = end
         sched.used_positions = self.used + policy.shared_excess_positions
         sched.now = t

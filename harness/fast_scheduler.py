@@ -13,8 +13,9 @@ decoder and runs the reference ``Scheduler.schedule`` unchanged.
 
 Before each step the driver asks for a run of steps at once (``record_quiet_steps``): a
 counted stretch (``harness.counted_stretch``) where blocks are counts (``paged``,
-``virtual-contiguous``), a quiet stretch (``harness.quiet_stretches``) for the contiguous
-policies; prefix caching goes step by step.
+``virtual-contiguous``, and ``paged-prefix`` on a workload that shares no block:
+``harness.policies.counting_prefix``), a quiet stretch (``harness.quiet_stretches``) for the
+contiguous policies; prefix caching over shared blocks goes step by step.
 
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in

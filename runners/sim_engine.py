@@ -89,7 +89,9 @@ def run_scheduler(cell: Cell, runner: str, executor: StepExecutor | None = None,
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
     seqs = expand_seqs(cell)
-    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids)
+    # Blocks are shared only by requests with a common prefix and by the samples of one request.
+    shared = any(s.prefix_group >= 0 or s.sample > 0 for s in seqs)
+    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shared)
     row = base_row(cell, runner)
     short = shortfall(cell, seqs, policy)
     if short is not None:

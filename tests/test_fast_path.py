@@ -80,6 +80,15 @@ CASES = {
     "blocked-admission": dict(preset="llama-3-8b", budget="700MiB", seqs=64, clock="roofline",
                               workload='source = "lognormal"\nprompt_mean = 400.0\noutput_mean = 300.0\n'
                                        'num_requests = 120\narrival = "poisson"\nrate = 20.0\nseed = 3'),
+    # Prefix caching where nothing is shared (one sample, no common prefix), under memory pressure:
+    # counted stretches evict cached blocks and re-admit the preempted on their own cached blocks,
+    # whole or in chunks, recompute and swap (asserted below).
+    "private-prefix-pressure": dict(preset="llama-3-8b", budget="600MiB", seqs=48, tokens=512, clock="roofline",
+                                    policies='["paged-prefix"]', block_sizes="[16, 8, 32]",
+                                    grid_extra='preemption = ["recompute", "swap"]',
+                                    workload='source = "uniform"\nprompt_min = 10\nprompt_max = 900\n'
+                                             'output_min = 1\noutput_max = 600\nnum_requests = 250\n'
+                                             'arrival = "poisson"\nrate = 30.0\nseed = 8'),
     # Prefix caching under memory pressure: cached blocks are evicted (asserted below).
     "prefix-evictions": dict(budget="600MiB", policies='["paged-prefix"]', block_sizes="[16, 8]",
                              workload='source = "uniform"\nprompt_min = 64\nprompt_max = 300\noutput_min = 1\n'
@@ -152,7 +161,7 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 def bulk_counter(monkeypatch):
     """Counts the steps the fast path records in bulk (quiet stretches)."""
     counted = {"steps": 0, "finished": 0, "counted": 0, "counted_admissions": 0, "preempting": 0,
-               "counted_preemptions": 0, "counted_chunks": 0}
+               "counted_preemptions": 0, "counted_chunks": 0, "counted_evictions": 0, "counted_hits": 0}
     real = FastScheduler.record_quiet_steps
     real_preempting = FastScheduler._schedule_preempting
 
@@ -163,12 +172,15 @@ def bulk_counter(monkeypatch):
     monkeypatch.setattr(FastScheduler, "_schedule_preempting", preempting)
     real_counted = counted_stretch.run
 
-    class Tap:  # the recorder, seen by the counted stretch: preemptions in the rows it records
+    class Tap:  # the recorder, seen by the counted stretch: preemptions, evictions, hits in the rows it records
         def __init__(self, recorder):
             self.recorder = recorder
 
         def add_step_rows(self, rows):
-            counted["counted_preemptions"] += int(rows[:, StepRow._fields.index("preempted")].sum())
+            col = StepRow._fields.index
+            counted["counted_preemptions"] += int(rows[:, col("preempted")].sum())
+            counted["counted_evictions"] += int(rows[:, col("evicted_blocks")].sum())
+            counted["counted_hits"] += int(rows[:, col("prefix_hit_tokens")].sum())
             self.recorder.add_step_rows(rows)
 
     def counted_run(sched, dec, recorder):
@@ -222,11 +234,15 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
     if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting"):
         assert preempted > 0  # the case really exercises preemption
-    if case in ("tight-preempting", "swap", "poisson-profile-preempting", "prefix-groups-and-samples",
-                "prefix-evictions"):
-        assert bulk_counter["preempting"] > 0  # preemptions taken event by event (block-table policies, caching too)
-    if case == "prefix-evictions":
+    if case in ("prefix-groups-and-samples", "prefix-evictions"):
+        # Preemptions taken event by event: the block table (prefix caching with shared blocks).
+        assert bulk_counter["preempting"] > 0
+    if case in ("prefix-evictions", "private-prefix-pressure"):
         assert evicted > 0
+    if case == "private-prefix-pressure":
+        # Prefix caching as counts: evictions and hits inside counted stretches, with preemptions and chunks.
+        assert bulk_counter["counted_evictions"] > 0 and bulk_counter["counted_hits"] > 0
+        assert bulk_counter["counted_preemptions"] > 0 and bulk_counter["counted_chunks"] > 0
     if case == "long-quiet":
         assert fewest_steps > BATCH_ROWS
     if case in ("azure-trace-roofline", "long-quiet", "blocked-admission", "roomy-sharegpt"):
@@ -331,7 +347,8 @@ def _random_suite(rng: np.random.Generator) -> str:
     return _suite(preset="llama-3-8b", budget=f"{int(rng.choice([150, 250, 400, 600, 1500]))}MiB", max_len=mml,
                   seqs=int(rng.choice([4, 16, 64])), tokens=int(rng.choice([16, 64, 256, 2048])),
                   preemption=str(rng.choice(["recompute", "recompute", "swap"])),
-                  clock=str(rng.choice(["steps", "roofline"])), policies='["paged", "virtual-contiguous"]',
+                  clock=str(rng.choice(["steps", "roofline"])),
+                  policies='["paged", "paged-prefix", "virtual-contiguous"]',
                   block_sizes=f"[{int(rng.choice([8, 16, 32]))}]", workload=workload)
 
 

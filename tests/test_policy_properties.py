@@ -10,6 +10,7 @@ import pytest
 
 from kvbench.harness.policies.arena import Arena, BuddyArena, top_blocks
 from kvbench.harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
+from kvbench.harness.policies.counting_prefix import CountingPrefixPolicy
 from kvbench.harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from kvbench.harness.sequence import Seq
 
@@ -129,6 +130,61 @@ def _write(policy, seq: Seq, start: int, end: int) -> None:
         for pos in range(start, end):
             assert policy.writable(seq, pos), (seq, pos)
     seq.num_computed = end
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_size=st.sampled_from([1, 4, 16]), swap=st.booleans(),
+       specs=st.lists(st.tuples(st.integers(1, 100), st.integers(1, 59)), min_size=1, max_size=12),
+       ops=st.lists(op_strategy, max_size=150))
+def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(block_size, swap, specs, ops):
+    """Prefix caching as counts (``CountingPrefixPolicy``) answers every call as the block table
+    does — hits, fits, evictions, free blocks, internal fragmentation — on sequences that share
+    nothing, driven as the scheduler drives them: a sequence is freed only between steps (its
+    computed tokens short of its known ones), a preempted one is re-admitted on its cached
+    blocks (recompute) or with its computed tokens (swap)."""
+    table, counts = PagedPrefixPolicy(BUDGET, block_size), CountingPrefixPolicy(BUDGET, block_size)
+    twins = [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
+    live: set[int] = set()
+    done: set[int] = set()
+
+    def both(call):
+        a, b = call(table, twins[0]), call(counts, twins[1])
+        assert a == b
+        return a
+
+    for op, idx, amount in ops:
+        i = idx % len(specs)
+        if i in done:
+            continue
+        if op == "admit" and i not in live:
+            hit = both(lambda pol, ss: pol.prefix_hit(ss[i]))
+            computed = twins[0][i].num_computed + hit
+            n = min(amount, twins[0][i].num_tokens - computed)
+            if both(lambda pol, ss: pol.allocate(ss[i], computed + n, must_fit=ss[i].num_tokens)):
+                live.add(i)
+                for ss in twins:
+                    ss[i].num_computed = computed + n
+        elif op == "grow" and i in live:
+            if twins[0][i].num_computed == twins[0][i].num_tokens:
+                for ss in twins:
+                    ss[i].num_output += 1  # the step samples a token
+            n = min(amount, twins[0][i].num_tokens - twins[0][i].num_computed)
+            if both(lambda pol, ss: pol.allocate(ss[i], ss[i].num_computed + n)):
+                for ss in twins:
+                    ss[i].num_computed += n
+        elif op == "free" and i in live:
+            if twins[0][i].num_computed == twins[0][i].num_tokens:  # the step ends: a token, or the end
+                for ss in twins:
+                    ss[i].num_output += 1
+                if twins[0][i].num_output >= twins[0][i].output_len:
+                    done.add(i)
+            both(lambda pol, ss: pol.free(ss[i]))
+            live.discard(i)
+            if not swap:
+                for ss in twins:
+                    ss[i].num_computed = 0
+        both(lambda pol, ss: (pol.free_blocks(), pol.evictions, pol.internal_positions, pol.allocated_positions,
+                              [s.allocated for s in ss]))
 
 
 # -- the buddy arena on its own --------------------------------------------------------------

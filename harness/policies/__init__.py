@@ -8,6 +8,7 @@ from .. import capabilities
 from ..errors import KvbenchError
 from .arena import ARENA_TYPES
 from .base import Policy
+from .counting_prefix import CountingPrefixPolicy
 from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
 from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from ..specs import ARENAS, RunSpec
@@ -42,16 +43,22 @@ COUNTING: dict[str, Callable[[RunSpec], Policy]] = {
     "paged": lambda s: CountingPagedPolicy(s.budget_positions, s.block_size),
     "virtual-contiguous": lambda s: CountingPagedPolicy(s.budget_positions, page_tokens(s), "virtual-contiguous"),
 }
+# … and those exact only where no two sequences share a block (no shared prefixes, one sample each).
+COUNTING_UNSHARED: dict[str, Callable[[RunSpec], Policy]] = {
+    "paged-prefix": lambda s: CountingPrefixPolicy(s.budget_positions, s.block_size),
+}
 
 
-def make_policy(spec: RunSpec, block_ids: bool = True) -> Policy:
-    """The spec's policy; ``block_ids=False`` allows a variant that keeps only counts."""
+def make_policy(spec: RunSpec, block_ids: bool = True, shared: bool = True) -> Policy:
+    """The spec's policy; ``block_ids=False`` allows a variant that keeps only counts, and
+    ``shared=False`` (no two sequences of the workload share a block) one more."""
     try:
         factory = POLICIES[spec.policy]
     except KeyError:
         raise KvbenchError(f"unknown policy {spec.policy!r} (known: {', '.join(POLICIES)})") from None
     if not block_ids:
-        factory = COUNTING.get(spec.policy, factory)
+        counting = COUNTING if shared else {**COUNTING, **COUNTING_UNSHARED}
+        factory = counting.get(spec.policy, factory)
     policy = factory(spec)
     assert isinstance(policy, Policy)
     return policy
