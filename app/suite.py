@@ -54,6 +54,7 @@ class Suite:
     repeats: int = 1
     reference: tuple[Mapping[str, Any], ...] = ()
     slo: Slo | None = None  # [slo]: the latency bound capacity is read against
+    named_workloads: bool = False  # [workloads.NAME] tables, not one [workload]
 
     def runners(self) -> tuple[str, ...]:
         return tuple(self.grid.get("runner", (self.settings.get("runner", DEFAULTS["runner"]),)))
@@ -94,7 +95,8 @@ class Suite:
             wl_table = dict(self.workloads[s["workload"]])
             # Workload keys in the cell come from [grid] or [runners.NAME]: they win.
             wl_table.update({k: s[k] for k in WORKLOAD_KEYS if k in s})
-            workload = WorkloadSpec.from_mapping(wl_table, where=where)
+            table = f"[workloads.{s['workload']}]" if self.named_workloads else "[workload]"
+            workload = WorkloadSpec.from_mapping(wl_table, where=where, table=table)
             model = ModelSpec(preset=s.get("preset") if s.get("config") is None else None,
                               config=s.get("config"), kv_dtype=s.get("kv_dtype", "fp16"))
             memory = MemorySpec(kv_budget_bytes=parse_size(s.get("kv_budget", "12GiB"), "[memory] kv_budget"),
@@ -223,7 +225,8 @@ def parse_suite(text: str, where: str) -> Suite:
     suite = Suite(name=name, path=where, settings=settings, workloads=workloads, grid=grid,
                   runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
                   reference=tuple(parse_references(doc.get("reference", []), where)),
-                  slo=parse_slo(_table(doc, "slo", where), where) if "slo" in doc else None)
+                  slo=parse_slo(_table(doc, "slo", where), where) if "slo" in doc else None,
+                  named_workloads="workloads" in doc)
     for runner in suite.runners():
         if runner not in RUNNER_NAMES:
             raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNER_NAMES)})")

@@ -189,23 +189,24 @@ class WorkloadSpec:
         return self.num_requests
 
     @classmethod
-    def from_mapping(cls, d: Mapping[str, Any], where: str) -> "WorkloadSpec":
-        """A spec from a TOML ``[workload]`` table (or any mapping); errors name ``where``."""
+    def from_mapping(cls, d: Mapping[str, Any], where: str, table: str = "[workload]") -> "WorkloadSpec":
+        """A spec from a TOML ``[workload]`` table (or any mapping); errors name ``where`` and the
+        ``table`` (``[workloads.NAME]`` in a suite of named workloads)."""
         known = ", ".join(FIELD_KINDS)
         for key in d:
             if key not in FIELD_KINDS:
-                raise KvbenchError(f"{where}: unknown key {key!r} in [workload] (known: {known})")
+                raise KvbenchError(f"{where}: unknown key {key!r} in {table} (known: {known})")
         for key, value in d.items():
             kind, optional = FIELD_KINDS[key]
             if value is None and optional:
                 continue
             if not _kind_ok(kind, value):
-                raise KvbenchError(f"{where}: [workload] {key} must be {_KIND_WORDS[kind]}, got {value!r}")
+                raise KvbenchError(f"{where}: {table} {key} must be {_KIND_WORDS[kind]}, got {value!r}")
         try:
             return cls(**dict(d))
         except KvbenchError as exc:
             message = str(exc).removeprefix("workload: ")
-            raise KvbenchError(f"{where}: [workload] {message}") from None
+            raise KvbenchError(f"{where}: {table} {message}") from None
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "WorkloadSpec":

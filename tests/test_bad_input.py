@@ -73,6 +73,14 @@ def test_bad_suite(tmp_path, case):
     assert not (out / "runs").exists()  # nothing that looks like a result
 
 
+def test_a_named_workload_error_names_its_table(tmp_path):
+    p = tmp_path / "suite.toml"
+    p.write_text(EXAMPLE.replace("[workload]", "[workloads.chat]", 1).replace("num_requests = 200", "num_requests = 0", 1))
+    proc = kvbench("run", str(p), "--out", str(tmp_path / "out"), "--quiet")
+    assert_one_line_error(proc, "suite.toml", "[workloads.chat]", "num_requests")
+    assert "[workload] " not in proc.stderr
+
+
 TRACES = {
     "missing_columns": ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46.68,374\n", ("GeneratedTokens",)),
     "nan_length": ("prompt_len,output_len\n10,5\nnan,3\n", ("prompt_len",)),
