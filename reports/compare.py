@@ -8,13 +8,15 @@ id, suite name, provenance, code version or repetition index. Each metric's
 change gets a verdict:
 
 - capacity (``mean_running``, ``peak_running``) and throughput
-  (``tokens_per_s``) down, or waste (``*_frag_frac``, ``reservation_frac``)
-  and ``preemptions`` up, beyond ``tolerance`` is a regression;
+  (``tokens_per_s``) down, or waste (``*_frag_frac``, ``reservation_frac``),
+  ``preemptions`` and latency (time to first token, time per output token and
+  end-to-end latency, p50 and p90) up, beyond ``tolerance`` is a regression;
 - waste is a share of the KV budget, so its change is absolute (0.02 = 2
   points of the budget): a relative change of a share near zero means nothing;
 - preemptions are a count: the change is relative to max(base, 1);
 - timed metrics (``wall_tokens_per_s``, ``mean_step_wall_s``: measured by
-  the ``torch`` runner and the full ``vllm`` engine) must be
+  the ``torch`` runner and the full ``vllm`` engine; and throughput and latency
+  of a run on the ``measured`` clock, an engine timing its own steps) must be
   beyond the tolerance *and* beyond the spread: every candidate repetition
   worse than every base repetition. With fewer than ``MIN_REPEATS`` per side
   they are "too few repetitions to judge";
@@ -42,12 +44,14 @@ from .records import cell_label, code_versions, describe_versions, with_keys
 MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
 NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says
 HIGHER_BETTER: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s", "wall_tokens_per_s")
+LATENCY: tuple[str, ...] = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s")
 LOWER_BETTER: tuple[str, ...] = ("reservation_frac", "internal_frag_frac", "external_frag_frac", "preemptions",
-                                 "mean_step_wall_s")
+                                 "mean_step_wall_s", *LATENCY)
 METRICS: tuple[str, ...] = HIGHER_BETTER + LOWER_BETTER
 SHARES: tuple[str, ...] = ("reservation_frac", "internal_frag_frac", "external_frag_frac")
 COUNTS: tuple[str, ...] = ("preemptions",)
 TIMED: tuple[str, ...] = ("wall_tokens_per_s", "mean_step_wall_s")
+ON_RUN_CLOCK: tuple[str, ...] = ("tokens_per_s", *LATENCY)  # timed where the run's clock is "measured"
 MIN_REPEATS = 3
 
 REGRESSION = "regression"
@@ -78,10 +82,11 @@ def _cells(runs: pd.DataFrame) -> dict[tuple[str, ...], pd.DataFrame]:
     return {k: runs.loc[idx] for k, idx in groups.items()}
 
 
-def is_timed(metric: str, runner: str) -> bool:
-    """Measured (noisy) rather than derived from kvbench's deterministic clock: every runner's
-    ``tokens_per_s`` is on kvbench's clock; only the wall-clock columns are measured."""
-    return metric in TIMED
+def is_timed(metric: str, clock: str) -> bool:
+    """Measured (noisy) rather than derived from kvbench's deterministic clock: the wall-clock
+    columns always; throughput and latency where the run's clock is ``measured`` (an engine
+    timing its own steps), else they are on kvbench's clock, the same for the same work."""
+    return metric in TIMED or (metric in ON_RUN_CLOCK and clock == "measured")
 
 
 def change(metric: str, base: float, cand: float) -> float:
@@ -99,12 +104,12 @@ def _worse(metric: str, delta: float) -> float:
     return -delta if metric in HIGHER_BETTER else delta
 
 
-def judge(metric: str, runner: str, base: list[float], cand: list[float], tolerance: float) -> tuple[str, float, str]:
-    """(verdict, change, detail) for one metric of one matched cell."""
+def judge(metric: str, clock: str, base: list[float], cand: list[float], tolerance: float) -> tuple[str, float, str]:
+    """(verdict, change, detail) for one metric of one matched cell on ``clock``."""
     b, c = float(pd.Series(base).median()), float(pd.Series(cand).median())
     delta = change(metric, b, c)
     worse = _worse(metric, delta)
-    if is_timed(metric, runner):
+    if is_timed(metric, clock):
         if min(len(base), len(cand)) < MIN_REPEATS:
             return TOO_FEW, delta, f"{len(base)} vs {len(cand)} repetitions; needs {MIN_REPEATS} per side"
         if abs(worse) <= tolerance:
@@ -155,6 +160,7 @@ def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, toleranc
         detail = f"status {b_st} → {c_st}" + (f" ({err})" if c_ok.empty and err else "")
         return [{**ident, "metric": "status", **counts, "verdict": verdict, "detail": detail}]
     out = []
+    clock = str(b_ok["clock"].iloc[0]) if "clock" in b_ok else ""  # the same both sides: part of the cell
     for metric in METRICS:
         bv = pd.to_numeric(b_ok[metric], errors="coerce").dropna().tolist() if metric in b_ok else []
         cv = pd.to_numeric(c_ok[metric], errors="coerce").dropna().tolist() if metric in c_ok else []
@@ -166,7 +172,7 @@ def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, toleranc
         if not bv or not cv:
             out.append({**row, "verdict": ONE_SIDE_MEASURED, "detail": ""})
             continue
-        verdict, delta, detail = judge(metric, str(ident["runner"]), bv, cv, tolerance)
+        verdict, delta, detail = judge(metric, clock, bv, cv, tolerance)
         out.append({**row, "change": delta, "verdict": verdict, "detail": detail})
     return out
 

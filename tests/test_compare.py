@@ -142,6 +142,25 @@ def test_torch_tokens_per_s_runs_on_kvbench_clock_so_is_judged_but_its_wall_spee
     assert by_metric["wall_tokens_per_s"] == TOO_FEW
 
 
+def test_simulated_latency_up_is_a_regression_and_down_an_improvement() -> None:
+    base = changed(base_rows(), "paged", ttft_p90_s=1.0, latency_p50_s=10.0)
+    cand = changed(base_rows(), "paged", ttft_p90_s=1.5, latency_p50_s=9.0)
+    assert verdicts(base, cand, "ttft_p90_s")["sim/paged b16"] == REGRESSION
+    assert verdicts(base, cand, "latency_p50_s")["sim/paged b16"] == IMPROVEMENT
+
+
+def test_an_engine_on_the_measured_clock_has_its_throughput_and_latency_judged_as_timed() -> None:
+    def measured(values: list[float]) -> list[dict]:
+        return [dict(r, clock="measured", latency_p90_s=1000.0 / r["tokens_per_s"]) for r in timed("vllm", values)]
+
+    few = compare(pd.DataFrame(measured([100.0, 101.0])), pd.DataFrame(measured([50.0, 51.0])), TOL)
+    by_metric = dict(zip(few["metric"], few["verdict"]))
+    assert by_metric["tokens_per_s"] == by_metric["latency_p90_s"] == TOO_FEW  # noisy: needs repetitions
+    apart = compare(pd.DataFrame(measured([100.0, 101.0, 99.0])), pd.DataFrame(measured([50.0, 51.0, 49.0])), TOL)
+    by_metric = dict(zip(apart["metric"], apart["verdict"]))
+    assert by_metric["tokens_per_s"] == by_metric["latency_p90_s"] == REGRESSION  # beyond tolerance and spread
+
+
 def test_json_renderer_round_trips() -> None:
     cand = changed(base_rows(), "paged", mean_running=1.0)
     doc = json.loads(to_json(compare(pd.DataFrame(base_rows()), pd.DataFrame(cand), TOL), TOL))
