@@ -46,7 +46,7 @@ import numpy as np
 from . import bulk_rows as R
 from .decoders import Decoders
 from .policies.base import internal_of
-from .policies.counting_prefix import CachedRuns, CountingPrefixPolicy
+from .policies.counting_prefix import CountingPrefixPolicy
 from .policies.paged import CountingPagedPolicy
 from .sequence import RUNNING, WAITING, Seq
 
@@ -194,17 +194,18 @@ def eligible(sched: Scheduler) -> bool:
 
 
 def choose_admissions(waiting: Iterable[Seq], budget: int, running: int, free: int, bs: int, max_seqs: int,
-                      mml: int, pool: CachedRuns | None = None,
+                      mml: int, prefix: CountingPrefixPolicy | None = None,
                       taken: int = 0) -> tuple[list[Seq] | None, list[int], bool]:
     """The waiting requests a step admits, first come first served, with ``budget`` tokens and
     ``free`` blocks left after the running requests: the reference's ``_admit`` for block
     counts. Returns them (the last may take the rest of the budget as its first chunk) — or
     None when one would finish in its admission step or is longer than the model allows (a
-    step the stretch cannot take) —, the blocks each finds cached (prefix caching: ``pool``,
-    from which the running requests take ``taken`` blocks first this step), and whether the
+    step the stretch cannot take) —, the blocks each finds cached (prefix caching: ``prefix``,
+    from whose free queue the running requests take ``taken`` blocks first this step), and whether the
     head was refused for memory (``must_fit``; a hit costs a free block too, so it is the same test)."""
     cand: list[Seq] = []
     hits: list[int] = []
+    pool = prefix.pool if prefix is not None else None
     if pool is not None:  # the step's evictions so far, and the uncached blocks left to take first
         evicted = taken - pool.uncached if taken > pool.uncached else 0
         uncached = pool.uncached - taken + evicted
@@ -217,12 +218,7 @@ def choose_admissions(waiting: Iterable[Seq], budget: int, running: int, free: i
             return cand, hits, True  # it does not fit: it is the head next step, with no more memory
         if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
             return None, hits, False
-        h = 0
-        if pool is not None and not s.num_computed:
-            h = pool.cached_after(s, evicted, taking)
-            most = (tokens - 1) // bs  # at least one token is computed
-            if h > most:
-                h = most
+        h = prefix.hit_blocks(s, prefix.pool.cached_after(s, evicted, taking)) if prefix is not None else 0
         computed = h * bs if h else s.num_computed  # a hit, or what a swap preemption kept
         left = tokens - computed
         cand.append(s)
@@ -255,9 +251,9 @@ def _first_step_whole(sched: Scheduler, dec: Decoders, free: int) -> bool:
         return True  # nothing to admit, or the step may preempt (then nothing is admitted)
     cfg = sched.config
     policy = sched.policy
-    pool = policy.pool if isinstance(policy, CountingPrefixPolicy) else None
+    prefix = policy if isinstance(policy, CountingPrefixPolicy) else None
     cand, _, _ = choose_admissions(sched.waiting, cfg.max_num_batched_tokens - dec.count, len(sched.running), av,
-                                   policy.block_size, cfg.max_num_seqs, sched.max_model_len, pool, free - av)
+                                   policy.block_size, cfg.max_num_seqs, sched.max_model_len, prefix, free - av)
     return cand is not None
 
 
@@ -520,6 +516,7 @@ class Stretch:
         ev_evict: list[tuple[int, int]] = []
         ev_hit: list[tuple[int, int]] = []
         pool = self.pool
+        prefix = self.policy if isinstance(self.policy, CountingPrefixPolicy) else None
         j = 0
         while j < MAX_STEPS and self.decoders <= B:
             T = tick0 + 1 + j
@@ -555,7 +552,7 @@ class Stretch:
                         av -= grow
                 if waiting and not blocked and not victims:  # admission, first come first served
                     cand, hits, blocked = choose_admissions(waiting, budget, self.running, av, bs, max_seqs, mml,
-                                                            pool, x + grow)
+                                                            prefix, x + grow)
                     if cand is None:
                         break  # the step-by-step path takes this step
                 self.free -= x
