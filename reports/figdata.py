@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import textwrap
 from typing import Any, Callable
 
@@ -15,7 +14,7 @@ import pandas as pd
 
 from ..harness.capabilities import BLOCK_TABLE_POLICIES, PAGE_SIZED_POLICIES
 from ..harness.units import format_bytes
-from .records import CELL_KEYS, GROUP_KEYS, cell_label
+from .records import CELL_KEYS, GROUP_KEYS, cell_label, scheduler_settings
 
 MAX_GROUP_PANELS = 6
 MAX_TIMELINES = 9
@@ -339,14 +338,6 @@ def _by_context(lines: list[pd.DataFrame], axis: str) -> list[list[pd.DataFrame]
     return list(groups.values())
 
 
-def _settings(value: Any) -> dict[str, Any]:
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else {}
-    except ValueError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
-
-
 def _context_words(key: str, value: Any, others: list[Any]) -> str:
     """How a line's context names one key that differs among the lines drawn together."""
     if key == "family":  # the workload label less the parts every line shares ('poisson', say)
@@ -361,7 +352,7 @@ def _context_words(key: str, value: Any, others: list[Any]) -> str:
     if key == "max_model_len":
         return f"max_model_len {int(value)}"
     if key == "scheduler":
-        mine, theirs = _settings(value), [_settings(o) for o in others]
+        mine, theirs = scheduler_settings(value), [scheduler_settings(o) for o in others]
         differ = [k for k in sorted(mine) if any(t.get(k) != mine.get(k) for t in theirs)]
         return ", ".join(f"{k} {mine.get(k)}" for k in differ) or "scheduler"
     return str(value)

@@ -116,14 +116,15 @@ def work_differences(a: Mapping[str, Any], b: Mapping[str, Any], extra: tuple[st
     for col in (*identity.WORK_COLUMNS, *extra):
         va, vb = a.get(col), b.get(col)
         if col == "scheduler":
-            sa, sb = _settings(va), _settings(vb)
+            sa, sb = scheduler_settings(va), scheduler_settings(vb)
             out += [f"{k} {sa.get(k)} vs {sb.get(k)}" for k in sorted(set(sa) | set(sb)) if sa.get(k) != sb.get(k)]
         elif str(_plain(va)) != str(_plain(vb)):
             out.append(f"{col} {va} vs {vb}")
     return out
 
 
-def _settings(scheduler: Any) -> dict[str, Any]:
+def scheduler_settings(scheduler: Any) -> dict[str, Any]:
+    """The ``scheduler`` key's settings (canonical JSON) as a dict; {} when it is not one."""
     try:
         value = json.loads(scheduler) if isinstance(scheduler, str) else {}
     except ValueError:
