@@ -10,7 +10,7 @@ import pytest
 
 from kvbench.harness.policies.arena import Arena, BuddyArena, top_blocks
 from kvbench.harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
-from kvbench.harness.policies.counting_prefix import CountingPrefixPolicy
+from kvbench.harness.policies.counting_prefix import CachedRuns, CountingPrefixPolicy
 from kvbench.harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from kvbench.harness.sequence import Seq
 
@@ -185,6 +185,35 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
                     ss[i].num_computed = 0
         both(lambda pol, ss: (pol.free_blocks(), pol.evictions, pol.internal_positions, pol.allocated_positions,
                               [s.allocated for s in ss]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(parks=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=10),
+       later=st.lists(st.tuples(st.sampled_from(["take", "hit"]), st.integers(0, 9), st.integers(0, 8)), max_size=8),
+       seed=st.integers(0, 10**6))
+def test_a_previewed_hit_is_the_hit_after_the_operations(parks, later, seed):
+    """``CachedRuns.cached_after`` (a stretch decides a step's hits before changing anything)
+    equals ``cached`` after really taking the step's blocks and hits in between, in order."""
+    import copy
+    import random
+
+    rng = random.Random(seed)
+    seqs = [Seq(i, i, 0, 100, 10, 0.0) for i in range(len(parks))]
+    pool = CachedRuns(rng.randint(0, 8))
+    for seq, (blocks, cached) in zip(seqs, parks):
+        pool.park(seq, max(blocks, cached), cached)
+    target = seqs[rng.randrange(len(seqs))]
+    real = copy.deepcopy(pool)
+    evicted, hits = 0, []
+    for op, who, n in later:
+        s = seqs[who % len(seqs)]
+        if op == "take" and n <= real.uncached + real.queued:
+            e = real.take(n)
+            evicted += e
+        elif op == "hit" and s is not target and s.index not in {h.index for h, _ in hits} and real.cached(s):
+            hits.append((s, real.cached(s)))
+            real.hit(s, real.cached(s))
+    assert pool.cached_after(target, evicted, hits) == real.cached(target)
 
 
 # -- the buddy arena on its own --------------------------------------------------------------
