@@ -12,7 +12,10 @@ One run, side by side, in rounds (the machine's speed drifts by ±15% over minut
 3. sim runs ``predict-cpu`` on that profile;
 4. the tables: per engine run, then per workload against the median of the rounds (the
    engine's own run-to-run spread is printed beside it): total time predicted vs measured,
-   the per-step error of the profile on the engine's measured steps, TTFT and latency p50/p90.
+   the per-step error of the profile on the engine's measured steps, TTFT and latency p50/p90;
+   then what the error is made of (``prediction_drift``): the machine's phase per round (the
+   median over workloads of the profile's step-sum error) and the model's own offset per
+   workload (its step-sum error less its round's phase, median over rounds).
 
 Goal (issue 14): |total error| ≤ 10% and per-step median error ≤ 25% on every workload.
 Run it on an idle machine: another process on the two cores makes steps up to 20× slower.
@@ -32,7 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from kvbench.reports.prediction import prediction_summary, prediction_table
+from kvbench.reports.prediction import prediction_drift, prediction_summary, prediction_table
 from kvbench.reports.records import load
 
 GOAL_TOTAL = 0.10
@@ -64,7 +67,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="working directory (default: a temporary one)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of (calibration runs, engine evaluation runs)")
+    ap.add_argument("--tables-only", action="store_true",
+                    help="run nothing: print the tables from the records of an earlier run in --out")
     args = ap.parse_args()
+    if args.tables_only:
+        if args.out is None or not (args.out / "predict").is_dir():
+            sys.exit("bench_clock: --tables-only needs --out DIR of an earlier run (DIR/predict holds its records)")
+        return tables(args.out)
     out = args.out or Path(tempfile.mkdtemp(prefix="kvbench-bench-clock-"))
     out.mkdir(parents=True, exist_ok=True)
     calibrate = (ROOT / "suites/calibrate-cpu.toml").read_text()
@@ -83,6 +92,11 @@ def main() -> int:
     (out / "sim.toml").write_text(variant(predict, [('runner = ["sim", "vllm"]', 'runner = ["sim"]')]))
     kvbench("run", str(out / "sim.toml"), "--out", str(out / "predict"), "--clock-profile", str(profile),
             "--quiet", "--no-report")
+    return tables(out)
+
+
+def tables(out: Path) -> int:
+    """The benchmark's tables from the records under ``out``; 0 when the goal is met."""
     rec = load(out / "predict")
     table = prediction_table(rec.runs, rec.steps)
     if table.empty:
@@ -105,6 +119,14 @@ def main() -> int:
         print(f"  {r['workload'][:56]:56} {r['repeats']:>4} {rng:>22} {r['predicted_total_s']:>11.2f} "
               f"{pct(r['total_err']):>7} {r['step_median_err']:>8.1%} {pct(r['ttft_p50_s_err']):>8} "
               f"{pct(r['ttft_p90_s_err']):>8} {pct(r['latency_p50_s_err']):>8} {pct(r['latency_p90_s_err']):>8}")
+    drift = prediction_drift(table)
+    print()
+    print("what the error is made of (the profile's price of the engine's own steps, summed, against their sum):")
+    print("  the machine, per round (median over workloads; + means the engine ran faster than the profile):")
+    print("    " + "  ".join(f"round {int(r['repeat']) + 1}: {pct(r['phase'])}" for r in drift.rounds.to_dict("records")))
+    print("  the model, per workload (median over rounds of its error less its round's):")
+    for r in drift.workloads.to_dict("records"):
+        print(f"    {r['workload'][:56]:56} offset {pct(r['offset']):>7}   step-sum error {pct(r['step_sum_err']):>7}")
     spread = float(((summary["measured_max_s"] - summary["measured_min_s"]) / summary["measured_total_s"]).max())
     worst_total = float(summary["total_err"].abs().max())
     worst_step = float(summary["step_median_err"].max())

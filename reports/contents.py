@@ -11,7 +11,7 @@ import pandas as pd
 from ..harness.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published
 from .decomposition import decompose
-from .prediction import prediction_summary, prediction_table
+from .prediction import Drift, prediction_drift, prediction_summary, prediction_table
 from .records import code_note
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
@@ -38,6 +38,15 @@ class ReportTables:
     capacity: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # per policy line: rate within the SLO
     capacity_ratios: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
     capacity_published: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    drift: Drift | None = None  # the prediction's error split into the machine's and the model's
+
+
+def drift_to_show(table: pd.DataFrame) -> Drift | None:
+    """``prediction_drift`` when it can say something: at least two rounds and two workloads."""
+    drift = prediction_drift(table)
+    if len(drift.rounds) < 2 or len(drift.workloads) < 2:
+        return None
+    return drift
 
 
 def clock_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -74,10 +83,10 @@ def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
         for item, sub in ref.dropna(subset=["runner"]).groupby("item", sort=False):
             matched = runs[runs["run_id"].isin(set(sub["run_id"]))]
             warnings += [f"published item {item!r}: {w}" for w in mismatches(matched)]
-    prediction = (prediction_summary(prediction_table(runs, steps)) if steps is not None and len(steps)
-                  else pd.DataFrame())
+    paired = prediction_table(runs, steps) if steps is not None and len(steps) else pd.DataFrame()
+    prediction = prediction_summary(paired)
     capacity = capacity_table(runs, slo) if slo is not None and len(slo) else pd.DataFrame()
     cap_ratios = capacity_ratios(capacity) if len(capacity) else pd.DataFrame()
     cap_published = capacity_vs_published(cap_ratios, reference, runs) if len(cap_ratios) else pd.DataFrame()
     return ReportTables(cells, baseline, geo, decomp, ref, warnings, clock_table(runs), prediction, capacity,
-                        cap_ratios, cap_published)
+                        cap_ratios, cap_published, drift_to_show(paired))

@@ -88,6 +88,7 @@ PREDICTION_COLUMNS: tuple[Column, ...] = (
     ("total_err", "total error", "err"),
     ("step_median_err", "per-step median abs. error %", "pct"),
     ("step_p90_err", "per-step p90 abs. error %", "pct"),
+    ("step_sum_err", "step-sum error", "err"),
     ("ttft_p50_s_err", "TTFT p50 error", "err"),
     ("ttft_p90_s_err", "TTFT p90 error", "err"),
     ("latency_p50_s_err", "latency p50 error", "err"),
@@ -96,7 +97,24 @@ PREDICTION_COLUMNS: tuple[Column, ...] = (
 PREDICTION_NOTE = ("sim on a fitted clock profile (predicted) beside the engine timing its own steps (measured), on "
                    "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
                    "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
-                   "step against its measured time, |error| median and p90 (median over the engine's runs).")
+                   "step against its measured time, |error| median and p90 (median over the engine's runs); "
+                   "step-sum: their sums (arrivals' idle time left out).")
+DRIFT_NOTE = ("What the step-sum error is made of, when the engine ran in several rounds (repeats) over several "
+              "workloads. The machine: per round, the median over workloads of the step-sum error (+: the engine "
+              "ran faster than the profile); on a shared CPU it moves from one round to the next. The model: per "
+              "workload, the median over rounds of its step-sum error less its round's, an error repetition does "
+              "not remove.")
+DRIFT_ROUND_COLUMNS: tuple[Column, ...] = (
+    ("repeat", "round (repeat)", "int"),
+    ("workloads", "workloads", "int"),
+    ("phase", "the machine: median step-sum error", "err"),
+)
+DRIFT_WORKLOAD_COLUMNS: tuple[Column, ...] = (
+    ("workload", "workload", "text"),
+    ("rounds", "rounds", "int"),
+    ("step_sum_err", "step-sum error (median)", "err"),
+    ("offset", "the model: offset from its round", "err"),
+)
 CAPACITY_COLUMNS: tuple[Column, ...] = (
     ("family_label", "workload (rate swept)", "text"),
     ("runner", "runner", "text"),

@@ -100,6 +100,10 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
         parts.append("<h2>Predicted vs measured</h2>")
         parts.append(f"<p>{_e(display.PREDICTION_NOTE)}</p>")
         parts.append(table(display.PREDICTION_COLUMNS, tables.prediction))
+        if tables.drift is not None:
+            parts.append(f"<p>{_e(display.DRIFT_NOTE)}</p>")
+            parts.append(table(display.DRIFT_ROUND_COLUMNS, tables.drift.rounds))
+            parts.append(table(display.DRIFT_WORKLOAD_COLUMNS, tables.drift.workloads))
     if tables.reference is not None:
         parts.append("<h2>Published vs reproduced</h2>")
         parts.append(table(display.REFERENCE_COLUMNS, tables.reference))

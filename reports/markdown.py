@@ -70,6 +70,10 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     if len(tables.prediction):
         out += ["## Predicted vs measured", "", display.PREDICTION_NOTE, ""]
         out += table(display.PREDICTION_COLUMNS, tables.prediction) + [""]
+        if tables.drift is not None:
+            out += [display.DRIFT_NOTE, ""]
+            out += table(display.DRIFT_ROUND_COLUMNS, tables.drift.rounds) + [""]
+            out += table(display.DRIFT_WORKLOAD_COLUMNS, tables.drift.workloads) + [""]
     if tables.reference is not None:
         out += ["## Published vs reproduced", ""]
         out += table(display.REFERENCE_COLUMNS, tables.reference) + [""]

@@ -15,6 +15,13 @@ pair it gives:
   property of the clock, not of which steps happened;
 - TTFT and end-to-end latency p50/p90, predicted and measured.
 
+``prediction_drift`` splits the total error into what the machine did and what the model
+does, from the same rows: per repeat (one round of engine runs made together), the median
+over workloads of the profile's step-sum error (its price of the engine's own steps,
+summed, against their measured sum) is the machine's speed in that round against the
+profile; per workload, the median over rounds of its step-sum error less its round's is the
+model's own error on that workload, which no amount of repetition removes.
+
 Several engine repeats give one row each in ``prediction_table``; ``prediction_summary``
 sets the prediction beside their median, with their range: an engine's own run-to-run
 spread on a shared CPU (±10–15% here) is as large as the errors in question, so a single
@@ -23,6 +30,7 @@ measurement cannot judge a prediction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -81,6 +89,7 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             "total_err": _rel(r["sim_time_s_sim"], r["sim_time_s_eng"]),
             "steps_measured": r["steps_eng"], "steps_predicted": r["steps_sim"],
             "step_median_err": per_step.median_abs if per_step else float("nan"),
+            "step_sum_err": per_step.total if per_step else float("nan"),
             "step_p90_err": per_step.p90_abs if per_step else float("nan"),
         }
         for key in LATENCY_PAIRS:
@@ -106,12 +115,49 @@ def prediction_summary(table: pd.DataFrame) -> pd.DataFrame:
                "measured_max_s": float(measured.max()), "predicted_total_s": predicted,
                "total_err": _rel(predicted, float(measured.median())),
                "step_median_err": float(g["step_median_err"].median()),
-               "step_p90_err": float(g["step_p90_err"].median())}
+               "step_p90_err": float(g["step_p90_err"].median()),
+               "step_sum_err": float(g["step_sum_err"].median())}
         for key in LATENCY_PAIRS:
             m = pd.to_numeric(g[f"{key}_measured"], errors="coerce").median()
             row[f"{key}_err"] = _rel(float(g[f"{key}_predicted"].iloc[0]), float(m))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+DRIFT_KEY: tuple[str, ...] = ("workload", "policy", "engine")
+
+
+@dataclasses.dataclass(frozen=True)
+class Drift:
+    """``prediction_drift``'s two tables: ``rounds`` (repeat, workloads, phase: the median
+    step-sum error of that repeat's runs) and ``workloads`` (workload, policy, engine, rounds,
+    step_sum_err: the median over rounds, offset: the median over rounds of step-sum error less its
+    round's phase)."""
+
+    rounds: pd.DataFrame
+    workloads: pd.DataFrame
+
+
+def prediction_drift(table: pd.DataFrame) -> Drift:
+    """The step-sum errors of ``prediction_table`` split into a phase per round (what the machine
+    did) and an offset per workload (what the model does); see the module's docstring. Rows
+    without a per-step error (no profile, no measured steps) take no part."""
+    empty = Drift(pd.DataFrame(columns=["repeat", "workloads", "phase"]),
+                  pd.DataFrame(columns=[*DRIFT_KEY, "rounds", "step_sum_err", "offset"]))
+    if table.empty:
+        return empty
+    t = table.dropna(subset=["step_sum_err"])
+    if t.empty:
+        return empty
+    t = t.assign(repeat=t["repeat"].fillna(-1).astype(int))
+    rounds = (t.groupby("repeat", sort=True)["step_sum_err"].agg(workloads="size", phase="median")
+              .reset_index())
+    t = t.merge(rounds[["repeat", "phase"]], on="repeat")
+    t = t.assign(offset=t["step_sum_err"] - t["phase"])
+    workloads = (t.groupby(list(DRIFT_KEY), sort=True)
+                 .agg(rounds=("repeat", "size"), step_sum_err=("step_sum_err", "median"), offset=("offset", "median"))
+                 .reset_index())
+    return Drift(rounds, workloads)
 
 
 def _profile(text: object):  # type: ignore[no-untyped-def]

@@ -241,7 +241,21 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
     rec = load(res)
     table = prediction_table(rec.runs, rec.steps)
     assert len(table) == 1 and table["measured_total_s"].iloc[0] > 0 and table["predicted_total_s"].iloc[0] > 0
-    assert not math.isnan(table["step_median_err"].iloc[0])
+    assert not math.isnan(table["step_median_err"].iloc[0]) and not math.isnan(table["step_sum_err"].iloc[0])
+    assert "the machine: median step-sum error" not in summary  # one round of one workload: nothing to split
+
+    # Two workloads in two rounds: the report splits the step-sum error into the machine's phase
+    # per round and the model's offset per workload.
+    two = both.replace("[workload]", "[workloads.a]").replace("[grid]", "[workloads.b]\nsource = \"fixed\"\n"
+                                                               "prompt_len = 40\noutput_len = 8\nnum_requests = 16\n"
+                                                               "arrival = \"batch\"\n[grid]\nrepeat = [0, 1]")
+    res2 = tmp_path / "res2"
+    suite.write_text(two)
+    proc = kvbench("run", str(suite), "--out", str(res2), "--quiet", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    summary = (res2 / "report" / "summary.md").read_text()
+    assert "the machine: median step-sum error" in summary and "the model: offset from its round" in summary
+    assert "the model: offset from its round" in (res2 / "report" / "index.html").read_text()
 
 
 # -- bad input ------------------------------------------------------------------------------------

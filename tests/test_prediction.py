@@ -1,0 +1,56 @@
+"""``prediction_drift``: the step-sum errors split into a phase per round and an offset per workload."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pandas as pd
+import pytest
+
+from kvbench.reports.prediction import prediction_drift
+
+PHASES = {0: 0.12, 1: -0.15, 2: 0.03}  # the machine: faster or slower than the profile, per round
+OFFSETS = {"a": -0.10, "b": 0.0, "c": 0.08}  # the model: its own error per workload (median 0)
+
+
+def table(phases: dict[int, float], offsets: dict[str, float]) -> pd.DataFrame:
+    return pd.DataFrame([{"workload": w, "policy": "paged", "engine": "vllm", "repeat": r, "step_sum_err": p + o}
+                         for (r, p), (w, o) in itertools.product(phases.items(), offsets.items())])
+
+
+def test_phase_and_offset_are_recovered_when_the_model_is_centred():
+    drift = prediction_drift(table(PHASES, OFFSETS))
+    assert drift.rounds["phase"].tolist() == pytest.approx(list(PHASES.values()))
+    assert drift.rounds["workloads"].tolist() == [3, 3, 3]
+    got = dict(zip(drift.workloads["workload"], drift.workloads["offset"]))
+    assert got == pytest.approx(OFFSETS)
+    # The step-sum error per workload is the median over rounds, phases included.
+    assert dict(zip(drift.workloads["workload"], drift.workloads["step_sum_err"])) == pytest.approx(
+        {w: o + 0.03 for w, o in OFFSETS.items()})
+
+
+def test_a_model_biased_on_every_workload_reads_as_the_machine():
+    # A bias common to every workload cannot be told from the machine's phase: the split says so by
+    # putting it in the phase, and the offsets stay relative.
+    drift = prediction_drift(table(PHASES, {w: o + 0.05 for w, o in OFFSETS.items()}))
+    assert drift.rounds["phase"].tolist() == pytest.approx([p + 0.05 for p in PHASES.values()])
+    assert drift.workloads["offset"].tolist() == pytest.approx(list(OFFSETS.values()))
+
+
+def test_rows_without_a_step_error_take_no_part_and_nothing_gives_empty_tables():
+    t = table(PHASES, OFFSETS)
+    t.loc[len(t)] = {"workload": "d", "policy": "paged", "engine": "vllm", "repeat": 0, "step_sum_err": math.nan}
+    drift = prediction_drift(t)
+    assert "d" not in set(drift.workloads["workload"])
+    for empty in (pd.DataFrame(), t[t["workload"] == "d"]):
+        d = prediction_drift(empty)
+        assert d.rounds.empty and d.workloads.empty and "phase" in d.rounds.columns
+
+
+def test_policies_keep_their_own_offsets_and_share_the_rounds():
+    a, b = table(PHASES, OFFSETS), table(PHASES, {w: o + 0.2 for w, o in OFFSETS.items()})
+    drift = prediction_drift(pd.concat([a, b.assign(policy="paged-prefix")], ignore_index=True))
+    assert drift.rounds["workloads"].tolist() == [6, 6, 6] and len(drift.workloads) == 6
+    offsets = drift.workloads.set_index(["workload", "policy"])["offset"]
+    assert offsets[("a", "paged-prefix")] - offsets[("a", "paged")] == pytest.approx(0.2)
