@@ -73,6 +73,12 @@ DISTURBED_RATIO = 3.0  # a step this many times its fitted time was slowed by so
 DISTURBED_WARN = 0.01  # measured here: ≤ 0.2% of steps on an idle machine, 20% beside another job
 
 
+def disturbed_share(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """The share of steps that took over ``DISTURBED_RATIO`` × their price: slowed by something
+    other than their own work (0 when there are none)."""
+    return float(np.mean(measured > DISTURBED_RATIO * predicted)) if len(measured) else 0.0
+
+
 @dataclasses.dataclass(frozen=True)
 class Fit:
     terms: ClockTerms
@@ -172,5 +178,5 @@ def fit(steps: pd.DataFrame) -> Fit:
     y_train = train["step_wall_s"].to_numpy(dtype=np.float64)
     y_test = test["step_wall_s"].to_numpy(dtype=np.float64)
     p_train = predict(terms, train)
-    disturbed = float(np.mean(y_train > DISTURBED_RATIO * p_train)) if len(y_train) else 0.0
-    return Fit(terms, error_stats(p_train, y_train), error_stats(predict(terms, test), y_test), disturbed)
+    return Fit(terms, error_stats(p_train, y_train), error_stats(predict(terms, test), y_test),
+               disturbed_share(p_train, y_train))

@@ -11,7 +11,7 @@ import pandas as pd
 from ..harness.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published
 from .decomposition import decompose
-from .prediction import Drift, prediction_drift, prediction_summary, prediction_table
+from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
 from .records import code_note
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
@@ -85,6 +85,9 @@ def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
             warnings += [f"published item {item!r}: {w}" for w in mismatches(matched)]
     paired = prediction_table(runs, steps) if steps is not None and len(steps) else pd.DataFrame()
     prediction = prediction_summary(paired)
+    busy = disturbed_warning(prediction)
+    if busy:
+        warnings.append(busy)
     capacity = capacity_table(runs, slo) if slo is not None and len(slo) else pd.DataFrame()
     cap_ratios = capacity_ratios(capacity) if len(capacity) else pd.DataFrame()
     cap_published = capacity_vs_published(cap_ratios, reference, runs) if len(cap_ratios) else pd.DataFrame()

@@ -89,6 +89,7 @@ PREDICTION_COLUMNS: tuple[Column, ...] = (
     ("step_median_err", "per-step median abs. error %", "pct"),
     ("step_p90_err", "per-step p90 abs. error %", "pct"),
     ("step_sum_err", "step-sum error", "err"),
+    ("disturbed_frac", "engine steps over 3x their price %", "pct"),
     ("ttft_p50_s_err", "TTFT p50 error", "err"),
     ("ttft_p90_s_err", "TTFT p90 error", "err"),
     ("latency_p50_s_err", "latency p50 error", "err"),
@@ -98,7 +99,8 @@ PREDICTION_NOTE = ("sim on a fitted clock profile (predicted) beside the engine 
                    "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
                    "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
                    "step against its measured time, |error| median and p90 (median over the engine's runs); "
-                   "step-sum: their sums (arrivals' idle time left out).")
+                   "step-sum: their sums (arrivals' idle time left out). Steps over 3x their price: the worst "
+                   "engine run's share of steps slowed by something else (an idle machine: under 0.2%).")
 DRIFT_NOTE = ("What the step-sum error is made of, when the engine ran in several rounds (repeats) over several "
               "workloads. The machine: per round, the median over workloads of the step-sum error (+: the engine "
               "ran faster than the profile); on a shared CPU it moves from one round to the next. The model: per "

@@ -40,7 +40,7 @@ from ..harness import identity
 from ..harness.capabilities import MEASURING_RUNNERS
 from ..harness.clock_profile import parse_profile
 from ..harness.errors import KvbenchError
-from .calibration import FEATURES, error_stats, predict
+from .calibration import DISTURBED_RATIO, DISTURBED_WARN, FEATURES, disturbed_share, error_stats, predict
 from .records import with_keys
 
 # A sim run and an engine run pair when they did the same work (harness.identity) with the same
@@ -79,8 +79,11 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         profile = _profile(r.get("clock_profile_sim"))
         eng_steps = steps[steps["run_id"] == r["run_id_eng"]].dropna(subset=["step_wall_s", *FEATURES])
         per_step = None
+        disturbed = float("nan")
         if profile is not None and len(eng_steps):
-            per_step = error_stats(predict(profile.terms, eng_steps), eng_steps["step_wall_s"].to_numpy(np.float64))
+            priced, measured = predict(profile.terms, eng_steps), eng_steps["step_wall_s"].to_numpy(np.float64)
+            per_step = error_stats(priced, measured)
+            disturbed = disturbed_share(priced, measured)
         row = {
             "workload": r.get("workload_sim", r["workload_id_sim"]), "policy": r["policy"],
             "engine": r["runner_eng"], "repeat": r.get("repeat_eng"),
@@ -90,6 +93,7 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             "steps_measured": r["steps_eng"], "steps_predicted": r["steps_sim"],
             "step_median_err": per_step.median_abs if per_step else float("nan"),
             "step_sum_err": per_step.total if per_step else float("nan"),
+            "disturbed_frac": disturbed,
             "step_p90_err": per_step.p90_abs if per_step else float("nan"),
         }
         for key in LATENCY_PAIRS:
@@ -116,12 +120,28 @@ def prediction_summary(table: pd.DataFrame) -> pd.DataFrame:
                "total_err": _rel(predicted, float(measured.median())),
                "step_median_err": float(g["step_median_err"].median()),
                "step_p90_err": float(g["step_p90_err"].median()),
-               "step_sum_err": float(g["step_sum_err"].median())}
+               "step_sum_err": float(g["step_sum_err"].median()),
+               "disturbed_frac": float(g["disturbed_frac"].max())}
         for key in LATENCY_PAIRS:
             m = pd.to_numeric(g[f"{key}_measured"], errors="coerce").median()
             row[f"{key}_err"] = _rel(float(g[f"{key}_predicted"].iloc[0]), float(m))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def disturbed_warning(summary: pd.DataFrame) -> str | None:
+    """One line when an engine run being predicted was itself slowed by something else: over
+    ``DISTURBED_WARN`` of its steps took more than ``DISTURBED_RATIO`` × their price. Its measured
+    times are then not the engine's alone, and neither are the errors beside them."""
+    if summary.empty or "disturbed_frac" not in summary:
+        return None
+    bad = summary[summary["disturbed_frac"] > DISTURBED_WARN]
+    if bad.empty:
+        return None
+    return (f"predicted vs measured: {len(bad)} workload(s) had an engine run with over {DISTURBED_WARN:.0%} of "
+            f"its steps at more than {DISTURBED_RATIO:g}x their price (up to {bad['disturbed_frac'].max():.1%}; an "
+            f"idle machine gives under 0.2%): another process was probably using the cores, so those measured "
+            f"times and their errors are not the engine's alone")
 
 
 DRIFT_KEY: tuple[str, ...] = ("workload", "policy", "engine")

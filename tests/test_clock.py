@@ -249,6 +249,7 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
     table = prediction_table(rec.runs, rec.steps)
     assert len(table) == 1 and table["measured_total_s"].iloc[0] > 0 and table["predicted_total_s"].iloc[0] > 0
     assert not math.isnan(table["step_median_err"].iloc[0]) and not math.isnan(table["step_sum_err"].iloc[0])
+    assert 0.0 <= table["disturbed_frac"].iloc[0] <= 1.0
     assert "the machine: median step-sum error" not in summary  # one round of one workload: nothing to split
 
     # Two workloads in two rounds: the report splits the step-sum error into the machine's phase

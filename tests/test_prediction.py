@@ -54,3 +54,19 @@ def test_policies_keep_their_own_offsets_and_share_the_rounds():
     assert drift.rounds["workloads"].tolist() == [6, 6, 6] and len(drift.workloads) == 6
     offsets = drift.workloads.set_index(["workload", "policy"])["offset"]
     assert offsets[("a", "paged-prefix")] - offsets[("a", "paged")] == pytest.approx(0.2)
+
+
+def test_a_disturbed_engine_run_is_warned_about_in_one_line():
+    import numpy as np
+
+    from kvbench.reports.calibration import disturbed_share
+    from kvbench.reports.prediction import disturbed_warning
+
+    priced = np.full(200, 0.01)
+    measured = priced * np.where(np.arange(200) < 5, 4.0, 1.1)  # 5 of 200 steps over 3x their price
+    assert disturbed_share(priced, measured) == 0.025 and disturbed_share(priced[:0], measured[:0]) == 0.0
+    quiet = pd.DataFrame({"workload": ["a", "b"], "disturbed_frac": [0.0, 0.002]})
+    assert disturbed_warning(quiet) is None and disturbed_warning(pd.DataFrame()) is None
+    line = disturbed_warning(quiet.assign(disturbed_frac=[0.025, 0.002]))
+    assert line is not None and "\n" not in line
+    assert "1 workload(s)" in line and "up to 2.5%" in line and "another process" in line
