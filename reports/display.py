@@ -99,8 +99,8 @@ PREDICTION_NOTE = ("sim on a fitted clock profile (predicted) beside the engine 
                    "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
                    "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
                    "step against its measured time, |error| median and p90 (median over the engine's runs); "
-                   "step-sum: their sums (arrivals' idle time left out). Steps over 3x their price: the worst "
-                   "engine run's share of steps slowed by something else (an idle machine: under 0.2%).")
+                   "step-sum: their sums (arrivals' idle time left out). Steps over 3x their price: the largest "
+                   "share over the engine's runs of steps slowed by something else; over 1%, see the warning.")
 DRIFT_NOTE = ("What the step-sum error is made of, when the engine ran in several rounds (repeats) over several "
               "workloads. The machine: per round, the median over workloads of the step-sum error (+: the engine "
               "ran faster than the profile); on a shared CPU it moves from one round to the next. The model: per "

@@ -139,8 +139,8 @@ def disturbed_warning(summary: pd.DataFrame) -> str | None:
     if bad.empty:
         return None
     return (f"predicted vs measured: {len(bad)} workload(s) had an engine run with over {DISTURBED_WARN:.0%} of "
-            f"its steps at more than {DISTURBED_RATIO:g}x their price (up to {bad['disturbed_frac'].max():.1%}; an "
-            f"idle machine gives under 0.2%): another process was probably using the cores, so those measured "
+            f"its steps at more than {DISTURBED_RATIO:g}x their price (up to {bad['disturbed_frac'].max():.1%}, where "
+            f"an idle machine gave 0–0.5%): another process was probably using the cores, so those measured "
             f"times and their errors are not the engine's alone")
 
 
