@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..harness.clock import TOKEN_KNEE
 from ..harness.errors import KvbenchError, storage_error
 from ..harness.capabilities import MEASURING_RUNNERS
 
@@ -28,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "calibrate", help="fit sim's step clock to an engine's measured steps",
         description="Fit a step-time model (fixed + per token + per request + per KV position + per attention "
-                    "pair + per token of a step's first 256, all ≥ 0) to the measured steps of the vllm (or torch) runs in DIR; print its error on "
-                    "steps held out from the fit; write a profile for [scheduler] clock = \"profile\".")
+                    f"pair + per token of a step's first {TOKEN_KNEE}, all ≥ 0) to the measured steps of the vllm "
+                    "(or torch) runs in DIR; print its error on steps held out from the fit; write a profile for "
+                    "[scheduler] clock = \"profile\".")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR",
                    help="results directories holding engine runs (several: their runs are pooled)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE.json", help="profile to write")

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from ..harness.capabilities import MEASURING_RUNNERS, is_contiguous
+from .calibration import DISTURBED_RATIO, DISTURBED_WARN
 
 Column = tuple[str, str, str]  # (key, header, kind)
 SIMULATED = ("sim", "vllm-sched")  # runners with no runtime computing tensors
@@ -89,7 +90,7 @@ PREDICTION_COLUMNS: tuple[Column, ...] = (
     ("step_median_err", "per-step median abs. error %", "pct"),
     ("step_p90_err", "per-step p90 abs. error %", "pct"),
     ("step_sum_err", "step-sum error", "err"),
-    ("disturbed_frac", "engine steps over 3x their price %", "pct"),
+    ("disturbed_frac", f"engine steps over {DISTURBED_RATIO:g}x their price %", "pct"),
     ("ttft_p50_s_err", "TTFT p50 error", "err"),
     ("ttft_p90_s_err", "TTFT p90 error", "err"),
     ("latency_p50_s_err", "latency p50 error", "err"),
@@ -99,13 +100,14 @@ PREDICTION_NOTE = ("sim on a fitted clock profile (predicted) beside the engine 
                    "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
                    "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
                    "step against its measured time, |error| median and p90 (median over the engine's runs); "
-                   "step-sum: their sums (arrivals' idle time left out). Steps over 3x their price: the largest "
-                   "share over the engine's runs of steps slowed by something else; over 1%, see the warning.")
+                   "step-sum: their sums (arrivals' idle time left out). Steps over "
+                   f"{DISTURBED_RATIO:g}x their price: the largest share over the engine's runs of steps slowed by "
+                   f"something else; over {DISTURBED_WARN:.0%}, the report warns.")
 DRIFT_NOTE = ("What the step-sum error is made of, when the engine ran in several rounds (repeats) over several "
               "workloads. The machine: per round, the median over workloads of the step-sum error (+: the engine "
               "ran faster than the profile); on a shared CPU it moves from one round to the next. The model: per "
-              "workload, the median over rounds of its step-sum error less its round's, an error repetition does "
-              "not remove.")
+              "workload, the median over rounds of its step-sum error less its round's: an error that repeating "
+              "does not remove.")
 DRIFT_ROUND_COLUMNS: tuple[Column, ...] = (
     ("repeat", "round (repeat)", "int"),
     ("workloads", "workloads", "int"),

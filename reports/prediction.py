@@ -139,8 +139,8 @@ def disturbed_warning(summary: pd.DataFrame) -> str | None:
     if bad.empty:
         return None
     return (f"predicted vs measured: {len(bad)} workload(s) had an engine run with over {DISTURBED_WARN:.0%} of "
-            f"its steps at more than {DISTURBED_RATIO:g}x their price (up to {bad['disturbed_frac'].max():.1%}, where "
-            f"an idle machine gave 0–0.5%): another process was probably using the cores, so those measured "
+            f"its steps at more than {DISTURBED_RATIO:g}x their price (up to {bad['disturbed_frac'].max():.1%}): "
+            f"another process was probably using the cores, so those measured "
             f"times and their errors are not the engine's alone")
 
 
@@ -164,9 +164,7 @@ def prediction_drift(table: pd.DataFrame) -> Drift:
     without a per-step error (no profile, no measured steps) take no part."""
     empty = Drift(pd.DataFrame(columns=["repeat", "workloads", "phase"]),
                   pd.DataFrame(columns=[*DRIFT_KEY, "rounds", "step_sum_err", "offset"]))
-    if table.empty:
-        return empty
-    t = table.dropna(subset=["step_sum_err"])
+    t = table.dropna(subset=["step_sum_err"]) if "step_sum_err" in table else table
     if t.empty:
         return empty
     t = t.assign(repeat=t["repeat"].fillna(-1).astype(int))
