@@ -55,8 +55,6 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 MAX_STEPS = 8192  # steps per counted stretch (its rows are built at once)
-WINDOW = 256  # ticks of crossings counted at a time, at most
-FIRST_WINDOW = 32  # … and at first
 _RUN_POS = attrgetter("run_pos")
 _NO_HITS: list[int] = []  # a step admitting nothing (never written to)
 
@@ -64,26 +62,30 @@ _NO_HITS: list[int] = []  # a step admitting nothing (never written to)
 class CrossingPlan:
     """Every decoder's block crossings over a stretch. A decoder that has computed ``computed``
     of its ``allocated`` positions by tick ``d`` needs a new block at ticks ``c``, ``c + bs``, …
-    up to ``L``, its last crossing at or before its finish tick ``f``. Crossings are counted per
-    tick for a window of ticks at a time (``counts[T − base]``); the internal fragmentation a
-    last crossing adds is kept by tick (``internal_at``)."""
+    up to ``L``, its last crossing at or before its finish tick ``f``: one arithmetic
+    progression, so the decoders crossing at tick ``T`` are those of ``T``'s phase (``T`` mod
+    ``bs``) whose progression covers ``T``. Their count is kept per phase as it was at the
+    phase's last tick counted (``now``) and moved on by the changes filed at the ticks where a
+    progression starts or ends (``delta``): adding or dropping a decoder is O(1), whatever
+    the stretch's length. The internal fragmentation a last crossing adds is kept by tick
+    (``internal_at``)."""
 
-    __slots__ = ("bs", "base", "wend", "counts", "plans", "internal_at", "phases")
+    __slots__ = ("bs", "now", "delta", "plans", "internal_at", "phases")
 
-    def __init__(self, block_size: int, tick0: int) -> None:
+    def __init__(self, block_size: int) -> None:
         self.bs = block_size
-        self.base = tick0 + 1  # counts[0] is this tick's
-        self.wend = tick0  # ticks counted so far: (tick0, wend]
-        self.counts: list[int] = []
+        self.now = [0] * block_size  # per phase: the crossings at its last tick counted
+        self.delta: dict[int, int] = {}  # tick → its count less its phase's previous tick's
         # decoder → (first crossing c, finish f, last crossing L, internal added at L)
         self.plans: dict[Seq, tuple[int, int, int, int]] = {}
         self.internal_at: dict[int, int] = {}
-        # The decoders still to cross, by the tick's residue modulo bs at which they do: where
-        # to look for the crossers of one tick (``crossers``) without scanning every decoder.
-        self.phases: list[list[Seq]] = [[] for _ in range(block_size)]
+        # The decoders still to cross, by phase: where to name the crossers of one tick
+        # (``crossers``) without scanning every decoder. Dicts, for O(1) removal.
+        self.phases: list[dict[Seq, None]] = [{} for _ in range(block_size)]
 
     def add(self, s: Seq) -> None:
-        """Plan a decoder from its implicit state (the fields ``Decoders.register`` set)."""
+        """Plan a decoder from its implicit state (the fields ``Decoders.start`` set); its first
+        crossing is after the last tick counted."""
         bs = self.bs
         c = s.allocated - s.num_computed + s.dec_tick + 1
         f = s.output_len - s.num_output + s.dec_tick
@@ -97,44 +99,35 @@ class CrossingPlan:
         if add:
             self.internal_at[L] = self.internal_at.get(L, 0) + add
         self.plans[s] = (c, f, L, add)
-        self.phases[c % bs].append(s)
-        if c <= self.wend:
-            counts, base = self.counts, self.base
-            for x in range(c - base, min(L, self.wend) - base + 1, bs):
-                counts[x] += 1
+        self.phases[c % bs][s] = None
+        delta = self.delta
+        delta[c] = delta.get(c, 0) + 1
+        delta[L + bs] = delta.get(L + bs, 0) - 1
 
-    def extend(self) -> int:
-        """Count the next window of ticks: as many as counted so far (at least ``FIRST_WINDOW``,
-        at most ``WINDOW``), since most stretches are short. Returns the window's last tick."""
-        ws = self.wend
-        size = min(WINDOW, max(FIRST_WINDOW, ws + 1 - self.base))
-        self.wend = wend = ws + size
-        counts, base, bs = self.counts, self.base, self.bs
-        counts.extend([0] * size)
-        for c, _, L, _ in self.plans.values():
-            if L <= ws:
-                continue
-            x0 = c if c > ws else c + ((ws - c) // bs + 1) * bs
-            for x in range(x0 - base, min(L, wend) - base + 1, bs):
-                counts[x] += 1
-        return wend
+    def count(self, tick: int) -> int:
+        """The crossings at ``tick``, the tick after the last counted (which it becomes)."""
+        p = tick % self.bs
+        self.now[p] = x = self.now[p] + self.delta.pop(tick, 0)
+        return x
+
+    def counted(self, tick: int) -> int:
+        """The crossings at ``tick``, the last tick counted, as they stand now."""
+        return self.now[tick % self.bs]
 
     def crossers(self, tick: int) -> list[Seq]:
         """The decoders crossing into a new block at ``tick``, in running order (those of its
         phase; the ones past their last crossing are forgotten on the way)."""
         plans = self.plans
         phase = self.phases[tick % self.bs]
-        out, keep = [], []
+        out, past = [], []
         for s in phase:
-            p = plans.get(s)
-            if p is None:
-                continue  # finished (``forget``)
-            c, _, L, _ = p
-            if L >= tick:
-                keep.append(s)
-                if c <= tick:
-                    out.append(s)
-        phase[:] = keep
+            c, _, L, _ = plans[s]
+            if L < tick:
+                past.append(s)
+            elif c <= tick:
+                out.append(s)
+        for s in past:
+            del phase[s]
         out.sort(key=_RUN_POS)
         return out
 
@@ -145,35 +138,41 @@ class CrossingPlan:
         return (last - c) // self.bs + 1 if c <= last else 0
 
     def forget(self, s: Seq) -> None:
-        """Forget a decoder that finished: every crossing of it is past (its phase entry goes
-        when ``crossers`` next reads that phase)."""
-        del self.plans[s]
+        """Forget a decoder that finished: every crossing of it is past (its progression's end
+        is already filed)."""
+        c = self.plans.pop(s)[0]
+        self.phases[c % self.bs].pop(s, None)
 
     def drop(self, s: Seq, tick: int) -> None:
-        """Forget a decoder preempted at ``tick``: its crossings from ``tick`` on do not happen."""
+        """Forget a decoder preempted at ``tick``, the last tick counted: its crossings from
+        ``tick`` on do not happen."""
         c, _, L, add = self.plans.pop(s)
         bs = self.bs
-        phase = self.phases[c % bs]
-        if s in phase:  # not yet forgotten by ``crossers`` (nor without a crossing at all)
-            phase.remove(s)
+        self.phases[c % bs].pop(s, None)
         if L < tick:
             return
         if add:
             self.internal_at[L] -= add
         first = c if c >= tick else c + -(-(tick - c) // bs) * bs
-        counts, base = self.counts, self.base
-        for x in range(first - base, min(L, self.wend) - base + 1, bs):
-            counts[x] -= 1
+        delta = self.delta
+        if first == tick:
+            self.now[tick % bs] -= 1
+        else:
+            delta[first] = delta.get(first, 0) - 1
+        delta[L + bs] = delta.get(L + bs, 0) + 1
 
-    def grow(self, end: int, crossing: dict[int, list[tuple[Seq, int]]]) -> tuple[int, int]:
-        """Give each planned decoder the blocks its crossings up to tick ``end`` took, and
-        re-register its next crossing after the stretch in ``crossing``. Returns (blocks
-        taken, internal fragmentation added)."""
+    def grow(self, end: int, crossing: dict[int, list[tuple[Seq, int]]], tick0: int) -> tuple[int, int]:
+        """Give each planned decoder the blocks its crossings up to tick ``end`` took, and file
+        its next crossing after the stretch in ``crossing`` (a decoder that started decoding in
+        the stretch, after ``tick0``, has none filed yet). Returns (blocks taken, internal
+        fragmentation added)."""
         bs = self.bs
         grown = internal_add = 0
         for s, (c, f, L, _) in self.plans.items():
             last = L if L < end else end
             if c > last:
+                if c <= L and s.dec_tick > tick0:
+                    crossing.setdefault(c, []).append((s, s.epoch))
                 continue
             m = (last - c) // bs + 1
             a, fl = s.allocated, s.prompt_len + s.output_len
@@ -289,7 +288,7 @@ class Stretch:
         self.taken = self.taken_internal = 0
         self.prefilling: Seq | None = None  # admitted in chunks, still prefilling: the tail of running
         self.gone: set[int] = set()  # finished, still listed in sched.running until the end
-        self.plan = CrossingPlan(self.bs, self.tick0)
+        self.plan = CrossingPlan(self.bs)
         for s in sched.running:
             self.plan.add(s)
 
@@ -309,11 +308,13 @@ class Stretch:
         fl = v.prompt_len + v.output_len
         if v is self.prefilling:
             a = v.allocated
+            ia = internal_of(a, fl)
             self.prefilling = None
         else:
             a = v.allocated + self.plan.blocks_by(v, tick - 1) * bs
+            ia = internal_of(a, fl)
             self.taken += a // bs - v.allocated // bs
-            self.taken_internal += internal_of(a, fl) - internal_of(v.allocated, fl)
+            self.taken_internal += ia - internal_of(v.allocated, fl)
             self.plan.drop(v, tick)
             v.allocated = a
             if a > v.peak_allocated:
@@ -325,7 +326,7 @@ class Stretch:
         self.running -= 1
         self.free += a // bs
         self.blocks -= a // bs
-        self.internal -= internal_of(a, fl)
+        self.internal -= ia
         self.used -= v.num_computed
         policy.free(v)  # the growth above reaches the policy at the end, with the others'
         if not self.swap:
@@ -356,7 +357,7 @@ class Stretch:
             self.free -= 1
             if self.pool is not None:
                 self._take(1)
-        x = self.plan.counts[tick - self.plan.base]  # the crossers left: each took a block
+        x = self.plan.counted(tick)  # the crossers left: each took a block
         self.blocks += x
         if x:
             self.internal += self.plan.internal_at.get(tick, 0)
@@ -447,15 +448,16 @@ class Stretch:
             contrib += s.num_computed - s.dec_tick
             fl = s.prompt_len + s.output_len
             a = s.allocated + plan.blocks_by(s, tick) * bs
+            ia = internal_of(a, fl)
             plan.forget(s)
             self.taken += a // bs - s.allocated // bs
-            self.taken_internal += internal_of(a, fl) - internal_of(s.allocated, fl)
+            self.taken_internal += ia - internal_of(s.allocated, fl)
             s.allocated = a
             if a > s.peak_allocated:
                 s.peak_allocated = a
             self.blocks -= a // bs
             self.free += a // bs
-            self.internal -= internal_of(a, fl)
+            self.internal -= ia
             self.used -= s.num_computed + tick - s.dec_tick
         self.dec.finish(live, tick, end_s, contrib, self.policy)
         self.sched.finished += len(live)
@@ -480,7 +482,7 @@ class Stretch:
             s.num_output += 1
             if s.num_output == 1:
                 s.first_token_s = end_s
-            dec.register(s, at=tick)
+            dec.start(s, tick)
             self.decoders += 1
             self.dec_sum += s.num_computed - tick
             self.plan.add(s)
@@ -499,8 +501,8 @@ class Stretch:
         waiting, pending = sched.waiting, sched.pending
         next_arr = pending[0].arrival_s if pending else math.inf
         heap = self.dec.finish_ticks
-        counts, internal_at = plan.counts, plan.internal_at
-        wend = tick0  # the ticks counted: (tick0, wend]
+        internal_at = plan.internal_at
+        count = plan.count
         blocked = False  # the head did not fit, and nothing has been freed or admitted since
         t = sched.now
         c_ts: list[float] = []
@@ -520,9 +522,7 @@ class Stretch:
         j = 0
         while j < MAX_STEPS and self.decoders <= B:
             T = tick0 + 1 + j
-            if T > wend:
-                wend = plan.extend()
-            x = counts[j]
+            x = count(T)
             if next_arr <= t:  # the driver releases the arrivals due before the step
                 while pending and pending[0].arrival_s <= t:
                     waiting.append(pending.popleft())
@@ -646,7 +646,7 @@ class Stretch:
         crossing = dec.crossing
         for tk in range(self.tick0 + 1, end + 1):
             crossing.pop(tk, None)
-        grown, internal_add = self.plan.grow(end, crossing)
+        grown, internal_add = self.plan.grow(end, crossing, self.tick0)
         policy.take_blocks(grown + self.taken, internal_add + self.taken_internal)
         if self.gone:
             sched.running = [s for s in sched.running if id(s) not in self.gone]

@@ -40,18 +40,24 @@ class Decoders:
         self.stretch_chunked = 0  # … of them, admitted in chunks
 
     def register(self, seq: Seq, at: int | None = None) -> None:
-        """Make a decoding sequence implicit from tick ``at`` on (the current tick by default; a
-        stretch registers at the step it is recording)."""
+        """Make a decoding sequence implicit from tick ``at`` on (the current tick by default),
+        its next crossing and its finish filed."""
         d = self.tick if at is None else at
+        self.start(seq, d)
+        # Tick T computes position num_computed + (T − 1 − d): a block is needed when that
+        # reaches the allocation.
+        c = seq.allocated - seq.num_computed + d + 1
+        if c <= seq.output_len - seq.num_output + d:
+            self.crossing[c].append((seq, seq.epoch))
+
+    def start(self, seq: Seq, d: int) -> None:
+        """Make a decoding sequence implicit from tick ``d`` on, its finish filed: ``register``
+        less the crossing, for a counted stretch, whose crossing plan files crossings itself."""
         seq.dec_tick = d
         seq.epoch += 1
         self.count += 1
         self.dec_sum += seq.num_computed - d
-        # Tick T computes position num_computed + (T − 1 − d): a block is needed when
-        # that reaches the allocation, and the last token is sampled at T_f.
-        if seq.allocated - seq.num_computed + d + 1 <= seq.output_len - seq.num_output + d:
-            self.crossing[seq.allocated - seq.num_computed + d + 1].append((seq, seq.epoch))
-        t = seq.output_len - seq.num_output + d
+        t = seq.output_len - seq.num_output + d  # the last token is sampled at tick T_f
         lst = self.finishing.get(t)
         if lst is None:
             self.finishing[t] = [(seq, seq.epoch)]
@@ -69,9 +75,13 @@ class Decoders:
 
     def unregister(self, seq: Seq, at: int | None = None) -> None:
         """Make a decoder explicit again, its counts brought up to tick ``at`` (its events go stale)."""
-        self.materialize(seq, at)
+        t = self.tick if at is None else at
+        d = seq.dec_tick
         self.count -= 1
-        self.dec_sum -= seq.num_computed - seq.dec_tick
+        self.dec_sum -= seq.num_computed - d
+        k = t - d  # ``materialize``, inlined: a stretch's preemptions call this
+        seq.num_computed += k
+        seq.num_output += k
         seq.dec_tick = -1
         seq.epoch += 1
 
