@@ -114,9 +114,29 @@ def run(args: argparse.Namespace) -> int:
     for runner, reason in skipped.items():
         log(f"skipping optional runner {runner}: {reason}")
 
+    fresh = not out.exists()
     create_results_dir(out)
     with ResultsLock(out, "run") as lock:
-        return _run_locked(args, suite, out, wanted, lock, log)
+        try:
+            return _run_locked(args, suite, out, wanted, lock, log)
+        except KvbenchError:
+            if fresh:
+                _discard_if_empty(out, lock)
+            raise
+
+
+def _discard_if_empty(out: Path, lock: ResultsLock) -> None:
+    """Remove a results directory this run created and refused before writing anything to it
+    (a bad profile, say): an empty directory holding only a lock file would look like a result.
+    Done while the lock is held, so no other process can have locked the file being removed;
+    one that has since put anything there keeps the directory (``rmdir`` fails)."""
+    if {p.name for p in out.iterdir()} != {lock.path.name}:
+        return
+    try:
+        lock.path.unlink()
+        out.rmdir()
+    except OSError:
+        pass  # another process is writing there now: it is not ours to remove
 
 
 def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set[str], lock: ResultsLock,

@@ -277,6 +277,10 @@ def test_a_profile_from_another_setup_is_refused(tmp_path, change, needle):
     suite = tmp_path / "s.toml"
     suite.write_text(_profile_suite(PROFILE, **change))
     assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), needle)
+    assert not (tmp_path / "o").exists()  # nothing left that could pass for a result
+    (tmp_path / "mine").mkdir()  # a directory the user made stays, refused or not
+    assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "mine")), needle)
+    assert (tmp_path / "mine").is_dir()
 
 
 def test_contiguous_cells_take_the_profile_at_any_block_size(out):
@@ -296,6 +300,7 @@ def test_a_corrupt_or_newer_profile_is_one_line(tmp_path, content, needle):
     suite = tmp_path / "s.toml"
     suite.write_text(_profile_suite(bad))
     assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), needle)
+    assert not (tmp_path / "o").exists()
 
 
 def test_profile_clock_settings_are_checked(tmp_path):
