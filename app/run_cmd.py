@@ -129,9 +129,15 @@ def _discard_if_empty(out: Path, lock: ResultsLock) -> None:
     """Remove a results directory this run created and refused before writing anything to it
     (a bad profile, say): an empty directory holding only a lock file would look like a result.
     Done while the lock is held, so no other process can have locked the file being removed;
-    one that has since put anything there keeps the directory (``rmdir`` fails)."""
-    if {p.name for p in out.iterdir()} != {lock.path.name}:
+    one that has since put anything there keeps the directory (``rmdir`` fails). A directory
+    removed or replaced under the run is no longer ours: it is left as it is."""
+    if not lock.still_ours():
         return
+    try:
+        if {p.name for p in out.iterdir()} != {lock.path.name}:
+            return
+    except OSError:
+        return  # removed between the two checks: nothing of ours is left to remove
     try:
         lock.path.unlink()
         out.rmdir()
