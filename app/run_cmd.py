@@ -134,15 +134,11 @@ def _discard_if_empty(out: Path, lock: ResultsLock) -> None:
     if not lock.still_ours():
         return
     try:
-        if {p.name for p in out.iterdir()} != {lock.path.name}:
-            return
+        if {p.name for p in out.iterdir()} == {lock.path.name}:
+            lock.path.unlink()
+            out.rmdir()
     except OSError:
-        return  # removed between the two checks: nothing of ours is left to remove
-    try:
-        lock.path.unlink()
-        out.rmdir()
-    except OSError:
-        pass  # another process is writing there now: it is not ours to remove
+        pass  # removed since, or another process is writing there now: not ours to remove
 
 
 def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set[str], lock: ResultsLock,
