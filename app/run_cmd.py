@@ -114,29 +114,31 @@ def run(args: argparse.Namespace) -> int:
     for runner, reason in skipped.items():
         log(f"skipping optional runner {runner}: {reason}")
 
-    fresh = not out.exists()
+    made = [d for d in (out, *out.parents) if not d.exists()]  # what this run creates, innermost first
     create_results_dir(out)
     with ResultsLock(out, "run") as lock:
         try:
             return _run_locked(args, suite, out, wanted, lock, log)
         except KvbenchError:
-            if fresh:
-                _discard_if_empty(out, lock)
+            if made:
+                _discard_if_empty(made, lock)
             raise
 
 
-def _discard_if_empty(out: Path, lock: ResultsLock) -> None:
-    """Remove a results directory this run created and refused before writing anything to it
-    (a bad profile, say): an empty directory holding only a lock file would look like a result.
-    Done while the lock is held, so no other process can have locked the file being removed;
-    one that has since put anything there keeps the directory (``rmdir`` fails). A directory
-    removed or replaced under the run is no longer ours: it is left as it is."""
+def _discard_if_empty(made: list[Path], lock: ResultsLock) -> None:
+    """Remove the results directory this run created (``made[0]``, with the parents it created
+    for it) and refused before writing anything to it (a bad profile, say): an empty directory
+    holding only a lock file would look like a result. Done while the lock is held, so no other
+    process can have locked the file being removed; one that has since put anything there keeps
+    the directory (``rmdir`` fails). A directory removed or replaced under the run is no longer
+    ours: it is left as it is."""
     if not lock.still_ours():
         return
     try:
-        if {p.name for p in out.iterdir()} == {lock.path.name}:
+        if {p.name for p in made[0].iterdir()} == {lock.path.name}:
             lock.path.unlink()
-            out.rmdir()
+            for d in made:
+                d.rmdir()
     except OSError:
         pass  # removed since, or another process is writing there now: not ours to remove
 

@@ -287,6 +287,10 @@ def test_a_suite_with_an_inconsistent_config_is_refused_before_any_run(tmp_path)
     proc = kvbench("run", suite, "--out", str(out), "--quiet")
     assert_one_line_error(proc, "suite.toml", str(cfg), "62.5")
     assert not out.exists()
+    # The default place, kvbench-results/<suite>: the parent the run made for it goes too.
+    proc = kvbench("run", suite, "--quiet", cwd=tmp_path)
+    assert_one_line_error(proc, "suite.toml", str(cfg), "62.5")
+    assert not (tmp_path / "kvbench-results").exists()
 
 
 def test_an_explicit_head_dim_is_honoured(tmp_path):
