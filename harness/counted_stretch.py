@@ -493,7 +493,7 @@ class Stretch:
         sched, plan = self.sched, self.plan
         clock = sched.clock
         assert clock is not None
-        price = clock.price
+        price, take = clock.price, clock.take
         bs = self.bs
         cfg = sched.config
         B, max_seqs, mml = cfg.max_num_batched_tokens, cfg.max_num_seqs, sched.max_model_len
@@ -604,7 +604,7 @@ class Stretch:
             c_sched.append(new)
             c_run.append(self.running)
             c_wait.append(len(waiting))
-            t_end = t + price(new, ctx, pairs, seqs)
+            t_end = t + (price(new, ctx, pairs, seqs) + take(new, seqs))
 
             # The end of the step: finishers freed, then the requests done with their prompt decode.
             if heap and heap[0] <= T:

@@ -189,7 +189,8 @@ class FastScheduler(Scheduler):
 
         clock = self.clock
         assert clock is not None
-        dt = clock.step_time(plan.work)
+        work = plan.work
+        dt = clock.step_time(work) + clock.take(work.scheduled_tokens, work.scheduled_seqs)
         self.now = plan.t_s + dt
         done: list[Seq] = []
         newly_decoding: list[Seq] = []

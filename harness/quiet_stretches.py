@@ -140,6 +140,9 @@ def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
     ts = np.empty(limit + 1)
     ts[0] = now
     ts[1:] = clock.step_times(step_n, context, context, step_n)
+    extra = clock.peek(step_n, step_n, limit)  # the clock's memory (a profile's primitive caches)
+    if extra is not None:
+        ts[1:] += extra  # price + take, per step, as the step-by-step path adds them
     np.add.accumulate(ts, out=ts)  # t_s of each step, then the end: sequential sums
     k = limit
     if pending:
@@ -190,6 +193,7 @@ def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
         R.EXTERNAL: rep[:, 7], R.FREE: policy.budget_positions - alloc,
     }, {R.FINISHED: finished_rows, R.EVICTED: [(0, evicted)]})
     recorder.add_step_rows(rows)
+    clock.take_many(step_n, step_n, k)
     dec.tick = tick0 + k
     sched.used_positions = used_end
     sched.now = float(ts[k])

@@ -205,7 +205,8 @@ class Scheduler:
             assert measured_s is not None, "a measured clock needs each step's measured time"
             dt = measured_s
         else:
-            dt = self.clock.step_time(plan.work)
+            work = plan.work
+            dt = self.clock.step_time(work) + self.clock.take(work.scheduled_tokens, work.scheduled_seqs)
         self.now = plan.t_s + dt
         done: list[Seq] = []
         for seq, _ in plan.scheduled:

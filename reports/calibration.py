@@ -44,11 +44,11 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..harness.clock import TOKEN_KNEE, ClockTerms
+from ..harness.clock import TOKEN_KNEE, VLLM_CPU_PRIMITIVE_CACHE, ClockTerms, cache_misses
 
 FEATURES: tuple[str, ...] = ("scheduled_tokens", "scheduled_seqs", "context_tokens", "attention_pairs")
 TERM_NAMES: tuple[str, ...] = ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s",
-                               "per_early_token_s")
+                               "per_early_token_s", "miss_s", "miss_per_token_s", "seq_miss_s")
 HOLDOUT_BLOCK = 32  # steps per block
 HOLDOUT_EVERY = 5  # every fifth block is held out
 MIN_STEPS = 50  # below this, six terms are not identifiable from noisy timings
@@ -87,17 +87,43 @@ class Fit:
     disturbed: float = 0.0  # share of training steps over DISTURBED_RATIO × their fitted time
 
 
-def design(steps: pd.DataFrame, knee: int = TOKEN_KNEE) -> np.ndarray:
-    """The design matrix, one column per term of ``TERM_NAMES``: ones, ``FEATURES``, then a
-    step's tokens up to the knee (float64)."""
+def misses(steps: pd.DataFrame, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step row, whether its token count and its request count miss the run's primitive
+    caches (``harness.clock.RecentCounts``), each run's steps taken in order from an empty
+    cache, as sim's profile clock does. All zeros when ``capacity`` is 0."""
+    token_miss, seq_miss = np.zeros(len(steps)), np.zeros(len(steps))
+    if capacity <= 0 or steps.empty:
+        return token_miss, seq_miss
+    # Rows without a run_id (a frame built by hand) are one run, in order.
+    order = steps.reset_index(drop=True)
+    order = order.assign(run_id=order["run_id"] if "run_id" in order else "", step=order["step"] if "step" in order
+                         else np.arange(len(order)))
+    order = order.sort_values(["run_id", "step"], kind="stable")
+    for _, idx in order.groupby("run_id", sort=False).indices.items():
+        rows = order.index.to_numpy()[idx]
+        tokens = order["scheduled_tokens"].to_numpy(dtype=np.int64)[idx]
+        token_miss[rows] = cache_misses(tokens, capacity)
+        seq_miss[rows] = cache_misses(np.where(tokens > 0, order["scheduled_seqs"].to_numpy(dtype=np.int64)[idx], 0),
+                                      capacity)
+    return token_miss, seq_miss
+
+
+def design(steps: pd.DataFrame, knee: int = TOKEN_KNEE, capacity: int = VLLM_CPU_PRIMITIVE_CACHE) -> np.ndarray:
+    """The design matrix, one column per term of ``TERM_NAMES``: ones, ``FEATURES``, a step's
+    tokens up to the knee, then its cache misses (token count; the same × tokens; request
+    count) over whole runs (so ``steps`` holds every step of the runs it holds)."""
+    tokens = steps["scheduled_tokens"].to_numpy(dtype=np.float64)
     cols = [np.ones(len(steps))] + [steps[f].to_numpy(dtype=np.float64) for f in FEATURES]
-    cols.append(np.minimum(steps["scheduled_tokens"].to_numpy(dtype=np.float64), float(knee)))
+    cols.append(np.minimum(tokens, float(knee)))
+    token_miss, seq_miss = misses(steps, capacity)
+    cols += [token_miss, token_miss * tokens, seq_miss]
     return np.column_stack(cols)
 
 
 def predict(terms: ClockTerms, steps: pd.DataFrame) -> np.ndarray:
+    """The profile's price of each step row (``steps``: whole runs, for the cache misses)."""
     coef = np.array([getattr(terms, n) for n in TERM_NAMES], dtype=np.float64)
-    return design(steps, terms.token_knee) @ coef
+    return design(steps, terms.token_knee, terms.primitive_cache) @ coef
 
 
 def error_stats(predicted: np.ndarray, measured: np.ndarray) -> ErrorStats:
@@ -141,9 +167,10 @@ HUBER_K = 1.345  # the usual tuning: 95% efficiency when the residuals are in fa
 IRLS_ROUNDS = 8
 
 
-def fit_terms(steps: pd.DataFrame) -> ClockTerms:
-    """Non-negative, relative, Huber-robust least squares over ``steps`` (``step_wall_s`` > 0)."""
-    x = design(steps)
+def fit_terms(steps: pd.DataFrame, x: np.ndarray | None = None) -> ClockTerms:
+    """Non-negative, relative, Huber-robust least squares over ``steps`` (``step_wall_s`` > 0);
+    ``x``: their design matrix, when built over more steps than these (the held-out split)."""
+    x = design(steps) if x is None else x
     y = steps["step_wall_s"].to_numpy(dtype=np.float64)
     # Relative error: divide each row by its measured time. Columns are scaled to unit norm
     # for conditioning (attention pairs run to millions, the intercept is 1) and back after.
@@ -167,16 +194,19 @@ def fit_terms(steps: pd.DataFrame) -> ClockTerms:
             break
         weights = new
     coef = coef / scale
-    return ClockTerms(**{n: float(c) for n, c in zip(TERM_NAMES, coef)}, token_knee=TOKEN_KNEE)
+    return ClockTerms(**{n: float(c) for n, c in zip(TERM_NAMES, coef)}, token_knee=TOKEN_KNEE,
+                      primitive_cache=VLLM_CPU_PRIMITIVE_CACHE)
 
 
 def fit(steps: pd.DataFrame) -> Fit:
     """Fit on all but the held-out blocks; the profile's terms and its error on both parts."""
     held = held_out_mask(steps)
     train, test = steps[~held], steps[held]
-    terms = fit_terms(train)
+    x = design(steps)  # over whole runs: a step's cache misses depend on the steps before it
+    terms = fit_terms(train, x[~held])
+    coef = np.array([getattr(terms, n) for n in TERM_NAMES], dtype=np.float64)
     y_train = train["step_wall_s"].to_numpy(dtype=np.float64)
     y_test = test["step_wall_s"].to_numpy(dtype=np.float64)
-    p_train = predict(terms, train)
-    return Fit(terms, error_stats(p_train, y_train), error_stats(predict(terms, test), y_test),
+    p_train = x[~held] @ coef
+    return Fit(terms, error_stats(p_train, y_train), error_stats(x[held] @ coef, y_test),
                disturbed_share(p_train, y_train))

@@ -107,7 +107,7 @@ class VllmStepEngine:
                 seq.peak_allocated = blocks * bs
         work = StepWork(out.scheduled_tokens, context, pairs, len(out.scheduled))
         if self.clock is not None:
-            now = t_s + self.clock.step_time(work)
+            now = t_s + (self.clock.step_time(work) + self.clock.take(work.scheduled_tokens, work.scheduled_seqs))
         else:  # measured: RunSpec allows it only for runners that time their steps
             assert done.wall_s is not None, "a measured clock needs the step's measured time"
             now = t_s + done.wall_s

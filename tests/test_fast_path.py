@@ -51,6 +51,8 @@ block_size = {block_sizes}
 
 AZURE = DATA / "azure-conv-slice.csv"
 PROFILE = DATA / "profile-opt-13b-fp16-b16-knee.json"  # hand-written terms (every term > 0): a fixture, not a measurement
+# The same with primitive-cache terms and a cache of 4 counts, so that misses are frequent: a clock with memory.
+CACHE_PROFILE = DATA / "profile-opt-13b-fp16-b16-cache.json"
 
 CASES = {
     "roomy-sharegpt": dict(budget="12GiB", workload='source = "sharegpt"\nnum_requests = 300'),
@@ -69,6 +71,10 @@ CASES = {
     # A calibrated clock (a fixture profile): Poisson arrivals priced by fitted terms, with preemption.
     "poisson-profile-preempting": dict(budget="2300MiB", clock=f'profile"\nclock_profile = "{PROFILE}', block_sizes="[16]",
                                        workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0'),
+    # A clock that remembers the counts it priced (primitive-cache misses): quiet and counted
+    # stretches price look-ahead without taking it, then take the steps they record.
+    "profile-cache-misses": dict(budget="2300MiB", clock=f'profile"\nclock_profile = "{CACHE_PROFILE}', block_sizes="[16]",
+                                 workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0'),
     "azure-slice": dict(preset="llama-3-8b", budget="1200MiB", max_len=8192, tokens=4096,
                         workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 300\n'
                                  'arrival = "trace"\ntime_scale = 0.02'),
@@ -232,7 +238,8 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         evicted += b["evictions"]
         steps += b["steps"]
         fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
-    if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting"):
+    if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting",
+                "profile-cache-misses"):
         assert preempted > 0  # the case really exercises preemption
     if case in ("prefix-groups-and-samples", "prefix-evictions"):
         # Preemptions taken event by event: the block table (prefix caching with shared blocks).
