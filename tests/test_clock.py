@@ -9,6 +9,7 @@ the CPU build is installed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -18,14 +19,15 @@ import pandas as pd
 import pytest
 
 from kvbench.harness import store
-from kvbench.harness.clock import ClockTerms, ProfileClock, StepWork
+from kvbench.harness.clock import ClockTerms, ProfileClock, RecentCounts, StepWork, cache_misses
 from kvbench.harness.clock_profile import load_profile
 from kvbench.harness.errors import KvbenchError
-from kvbench.reports.calibration import fit, fit_terms, nnls, predict
+from kvbench.reports.calibration import fit, fit_terms, misses, nnls, predict
 from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
 
 PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written fixture terms (format version 1)
 KNEE_PROFILE = DATA / "profile-opt-13b-fp16-b16-knee.json"  # the same, version 2, with an early-token cost
+CACHE_PROFILE = DATA / "profile-opt-13b-fp16-b16-cache.json"  # version 3: primitive-cache terms, a cache of 4
 
 TERMS = ClockTerms(step_s=3e-3, per_token_s=3.5e-5, per_seq_s=5e-5, per_context_token_s=3e-7,
                    per_attention_pair_s=2e-8, per_early_token_s=1.2e-5)
@@ -44,6 +46,55 @@ def test_profile_step_times_are_step_time_bit_for_bit():
             clock.step_time(StepWork(n, int(c), int(p), n)) for c, p in zip(context, pairs)]
 
 
+def test_recent_counts_is_an_lru_of_distinct_counts():
+    cache = RecentCounts(2)
+    assert [cache.use(v) for v in (5, 5, 7, 5, 9, 7, 5)] == [True, False, True, False, True, True, True]
+    # 0 is an empty step: no forward pass, so it neither misses nor evicts.
+    assert cache_misses(np.array([3, 3, 0, 4, 3, 5, 4, 0, 3]), 2).tolist() == [1, 0, 0, 1, 0, 1, 1, 0, 1]
+
+
+CACHE_TERMS = ClockTerms(step_s=3e-3, per_token_s=3.5e-5, per_seq_s=5e-5, per_context_token_s=3e-7,
+                         per_attention_pair_s=2e-8, per_early_token_s=1.2e-5, miss_s=4e-4, miss_per_token_s=3e-6,
+                         seq_miss_s=6e-4, primitive_cache=3)
+
+
+def test_cache_clock_peek_and_take_many_are_take_step_by_step():
+    """The fast path prices a stretch with ``peek`` and records it with ``take_many``; both must
+    be ``take`` step by step, bit for bit, from any state, for any cut of the stretch."""
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        warm = rng.integers(0, 6, int(rng.integers(0, 8))).tolist()
+        steps = int(rng.integers(1, 30))
+        # One count for the whole stretch, or one per step (a stretch in which decoders finish).
+        tokens = int(rng.integers(1, 6)) if rng.random() < 0.3 else rng.integers(0, 6, steps)
+        seqs = tokens if rng.random() < 0.5 else (int(rng.integers(1, 6)) if rng.random() < 0.3
+                                                   else rng.integers(1, 6, steps))
+        a, b = ProfileClock(CACHE_TERMS), ProfileClock(CACHE_TERMS)
+        for v in warm:
+            assert a.take(v, v) == b.take(v, v)
+        per_step = lambda x, i: int(x[i]) if isinstance(x, np.ndarray) else int(x)  # noqa: E731
+        cut = int(rng.integers(0, steps + 1))
+        peeked = b.peek(tokens, seqs, steps)
+        assert peeked is not None and len(peeked) == steps
+        taken = [a.take(per_step(tokens, i), per_step(seqs, i)) for i in range(steps)]
+        assert peeked.tolist() == taken, trial
+        # Take only the first ``cut`` steps, then compare the memories on what follows.
+        a2 = ProfileClock(CACHE_TERMS)
+        for v in warm:
+            a2.take(v, v)
+        for i in range(cut):
+            a2.take(per_step(tokens, i), per_step(seqs, i))
+        b.take_many(tokens, seqs, cut)
+        probe = rng.integers(0, 6, 12)
+        assert [a2.take(int(v), int(v)) for v in probe] == [b.take(int(v), int(v)) for v in probe], trial
+
+
+def test_a_clock_without_cache_terms_has_no_memory():
+    clock = ProfileClock(TERMS)
+    assert clock.peek(5, 5, 3) is None and clock.take(5, 5) == 0.0
+    assert load_profile(KNEE_PROFILE).terms.primitive_cache == 0  # a version 2 profile reads with no cache
+
+
 def _synthetic_steps(rng: np.random.Generator, n: int, noise: float) -> pd.DataFrame:
     seqs = rng.integers(1, 64, n)
     prefill = rng.random(n) < 0.2
@@ -55,6 +106,32 @@ def _synthetic_steps(rng: np.random.Generator, n: int, noise: float) -> pd.DataF
     exact = predict(TERMS, steps)
     steps["step_wall_s"] = exact * (1 + noise * rng.standard_normal(n))
     return steps
+
+
+def test_fit_recovers_primitive_cache_terms():
+    """Steps whose token counts come back after others (misses in a cache of 32) cost more; the
+    fit tells that cost apart from the dense layers' and the requests'."""
+    from kvbench.reports.calibration import TERM_NAMES
+    rng = np.random.default_rng(5)
+    terms = dataclasses.replace(CACHE_TERMS, primitive_cache=32)
+    frames = []
+    for run in range(6):  # runs of their own: each starts with an empty cache
+        n = 600
+        seqs = rng.integers(1, 64, n)
+        prefill = rng.random(n) < 0.3
+        tokens = np.where(prefill, seqs + rng.integers(10, 1000, n), seqs)
+        context = seqs * rng.integers(20, 900, n)
+        pairs = np.where(prefill, context + (tokens - seqs) * rng.integers(10, 900, n), context)
+        frames.append(pd.DataFrame({"run_id": f"r{run}", "step": np.arange(n), "scheduled_tokens": tokens,
+                                    "scheduled_seqs": seqs, "context_tokens": context, "attention_pairs": pairs}))
+    steps = pd.concat(frames, ignore_index=True)
+    token_miss, seq_miss = misses(steps, 32)
+    assert 0.1 < token_miss.mean() < 0.9 and 0.01 < seq_miss.mean() < 0.9  # hits and misses of both kinds
+    steps["step_wall_s"] = predict(terms, steps)
+    got = fit_terms(steps)
+    assert got.primitive_cache == 32
+    for name in TERM_NAMES:
+        assert getattr(got, name) == pytest.approx(getattr(terms, name), rel=1e-6), name
 
 
 def test_fit_recovers_known_terms_and_keeps_them_non_negative():
@@ -134,6 +211,24 @@ def test_profile_step_time_of_one_request_by_hand(out, profile):
     # Start times accumulate the step times left to right, exactly (dt_s is their difference).
     assert steps[row["run_id"]]["t_s"].tolist() == [0.0, expected[0], expected[0] + expected[1]]
     assert row["sim_time_s"] == expected[0] + expected[1] + expected[2]
+
+
+def test_profile_cache_misses_by_hand(out):
+    """One request of 4 prompt tokens and 3 outputs on a version 3 profile: the prefill misses
+    both caches (4 tokens, 1 request), the first decode the token cache (1 token is new), the
+    second nothing."""
+    text = _profile_suite(CACHE_PROFILE).replace(
+        'source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
+        'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1')
+    (row,), steps = run_suite_text(text, out)
+    t = load_profile(CACHE_PROFILE).terms
+    assert t.primitive_cache == 4 and t.miss_s > 0 and t.seq_miss_s > 0
+    base = [t.step_s + n * t.per_token_s + q * t.per_seq_s + c * t.per_context_token_s + p * t.per_attention_pair_s
+            + n * t.per_early_token_s for n, q, c, p in [(4, 1, 4, 16), (1, 1, 5, 5), (1, 1, 6, 6)]]
+    extra = [(t.miss_s + 4 * t.miss_per_token_s) + t.seq_miss_s, (t.miss_s + 1 * t.miss_per_token_s) + 0.0, 0.0]
+    dt = [b + e for b, e in zip(base, extra)]
+    assert steps[row["run_id"]]["t_s"].tolist() == [0.0, dt[0], dt[0] + dt[1]]
+    assert row["sim_time_s"] == dt[0] + dt[1] + dt[2]
 
 
 def test_run_id_follows_the_profile_content_not_its_path(tmp_path):
