@@ -181,7 +181,7 @@ class RecentCounts:
         return other
 
 
-def segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
+def _segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
     """(first step, value) where a per-step value (one int for all steps, or an array) changes.
     A cache touched by the same value on consecutive steps misses at most on the first."""
     if not isinstance(values, np.ndarray):
@@ -331,8 +331,8 @@ class ProfileClock(Clock):
         step where a count changes can miss, so only those are visited."""
         assert self._caches is not None
         tokens, seqs = self._caches if extra is None else (self._caches[0].copy(), self._caches[1].copy())
-        tok_at = dict(segments(scheduled_tokens, steps))
-        seq_at = dict(segments(scheduled_seqs, steps))
+        tok_at = dict(_segments(scheduled_tokens, steps))
+        seq_at = dict(_segments(scheduled_seqs, steps))
         tok_now = seq_now = -1
         for i in sorted(tok_at.keys() | seq_at.keys()):
             tok_now = tok_at.get(i, tok_now)

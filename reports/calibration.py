@@ -99,11 +99,7 @@ def misses(steps: pd.DataFrame, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     token_miss, seq_miss = np.zeros(len(steps)), np.zeros(len(steps))
     if capacity <= 0 or steps.empty:
         return token_miss, seq_miss
-    # Rows without a run_id (a frame built by hand) are one run, in order.
-    order = steps.reset_index(drop=True)
-    order = order.assign(run_id=order["run_id"] if "run_id" in order else "", step=order["step"] if "step" in order
-                         else np.arange(len(order)))
-    order = order.sort_values(["run_id", "step"], kind="stable")
+    order = steps.reset_index(drop=True).sort_values(["run_id", "step"], kind="stable")
     for _, idx in order.groupby("run_id", sort=False).indices.items():
         rows = order.index.to_numpy()[idx]
         tokens = order["scheduled_tokens"].to_numpy(dtype=np.int64)[idx]
@@ -125,10 +121,14 @@ def design(steps: pd.DataFrame, knee: int = TOKEN_KNEE, capacity: int = VLLM_CPU
     return np.column_stack(cols)
 
 
+def coefficients(terms: ClockTerms) -> np.ndarray:
+    """The terms in ``design``'s column order."""
+    return np.array([getattr(terms, n) for n in TERM_NAMES], dtype=np.float64)
+
+
 def predict(terms: ClockTerms, steps: pd.DataFrame) -> np.ndarray:
     """The profile's price of each step row (``steps``: whole runs, for the cache misses)."""
-    coef = np.array([getattr(terms, n) for n in TERM_NAMES], dtype=np.float64)
-    return design(steps, terms.token_knee, terms.primitive_cache) @ coef
+    return design(steps, terms.token_knee, terms.primitive_cache) @ coefficients(terms)
 
 
 def error_stats(predicted: np.ndarray, measured: np.ndarray) -> ErrorStats:
@@ -209,7 +209,7 @@ def fit(steps: pd.DataFrame) -> Fit:
     train, test = steps[~held], steps[held]
     x = design(steps)  # over whole runs: a step's cache misses depend on the steps before it
     terms = fit_terms(train, x[~held])
-    coef = np.array([getattr(terms, n) for n in TERM_NAMES], dtype=np.float64)
+    coef = coefficients(terms)
     y_train = train["step_wall_s"].to_numpy(dtype=np.float64)
     y_test = test["step_wall_s"].to_numpy(dtype=np.float64)
     p_train = x[~held] @ coef

@@ -101,7 +101,7 @@ def _synthetic_steps(rng: np.random.Generator, n: int, noise: float) -> pd.DataF
     tokens = np.where(prefill, seqs + rng.integers(10, 1000, n), seqs)
     context = seqs * rng.integers(20, 900, n)
     pairs = np.where(prefill, context + (tokens - seqs) * rng.integers(10, 900, n), context)
-    steps = pd.DataFrame({"step": np.arange(n), "scheduled_tokens": tokens, "scheduled_seqs": seqs,
+    steps = pd.DataFrame({"run_id": "r0", "step": np.arange(n), "scheduled_tokens": tokens, "scheduled_seqs": seqs,
                           "context_tokens": context, "attention_pairs": pairs})
     exact = predict(TERMS, steps)
     steps["step_wall_s"] = exact * (1 + noise * rng.standard_normal(n))
