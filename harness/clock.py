@@ -259,6 +259,9 @@ class ClockTerms:
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
                 raise ValueError(f"{field.name} must be a finite number ≥ 0, got {value!r}")
+            # The knee and the cache's capacity are counts (of tokens, of row counts): 1.5 means nothing.
+            if field.type == "int" and not isinstance(value, int):
+                raise ValueError(f"{field.name} must be a whole number, got {value!r}")
 
     def describe(self) -> str:
         early = (f" + {self.per_early_token_s * 1e6:.3g} µs/token for a step's first {self.token_knee} tokens"

@@ -388,6 +388,7 @@ def test_contiguous_cells_take_the_profile_at_any_block_size(out):
     (json.dumps({"format": "kvbench.clock_profile", "version": 99}).encode(), "format version 99 is newer"),
     (json.dumps({"format": "something-else"}).encode(), "not a kvbench clock profile"),
     (PROFILE.read_bytes().replace(b'"step_s": 0.012', b'"step_s": -1'), "corrupt clock profile"),
+    (CACHE_PROFILE.read_bytes().replace(b'"primitive_cache": 4', b'"primitive_cache": 1.5'), "primitive_cache must be a whole"),
 ])
 def test_a_corrupt_or_newer_profile_is_one_line(tmp_path, content, needle):
     bad = tmp_path / "bad.json"
