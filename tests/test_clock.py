@@ -359,6 +359,14 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
     summary = (res2 / "report" / "summary.md").read_text()
     assert "the machine: median step-sum error" in summary and "the model: offset from its round" in summary
     assert "the model: offset from its round" in (res2 / "report" / "index.html").read_text()
+    # sim ran in both rounds too, and is deterministic: one prediction per workload, set beside
+    # each engine run once (not every sim repeat beside every engine repeat).
+    rec2 = load(res2)
+    table2 = prediction_table(rec2.runs, rec2.steps)
+    engine_runs = rec2.runs[rec2.runs["runner"] == "torch"]
+    assert len(rec2.runs[rec2.runs["runner"] == "sim"]) == 4 and len(engine_runs) == 4
+    assert sorted(table2["run_id_eng"]) == sorted(engine_runs["run_id"])
+    assert table2.groupby("workload")["run_id_sim"].nunique().eq(1).all()
 
 
 # -- bad input ------------------------------------------------------------------------------------
