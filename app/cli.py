@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
+import os
 import sys
 from typing import NoReturn, Sequence
 
@@ -47,50 +47,50 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvbench {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, commands in COMMAND_MODULES.items():
-        try:
-            module = importlib.import_module(name, __package__)
-        except ModuleNotFoundError as exc:
-            if exc.name != importlib.util.resolve_name(name, __package__):
-                raise
-            for command in commands:  # not built yet: say so instead of pretending
-                stub = subparsers.add_parser(command, help="(not built yet)")
-                stub.add_argument("args", nargs=argparse.REMAINDER)
-                stub.set_defaults(func=_not_built(command))
-            continue
-        module.register(subparsers)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name, __package__).register(subparsers)
     return parser
 
 
-def _not_built(command: str):  # type: ignore[no-untyped-def]
-    def run(args: argparse.Namespace) -> int:
-        raise KvbenchError(f"'kvbench {command}' is not built yet in this version")
-
-    return run
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return 2
+    command = "kvbench"
     try:
+        # Parsing imports the command modules: an interrupt there is a clean stop too.
         with sigterm_as_interrupt():
+            parser = build_parser()
+            args = parser.parse_args(argv)
+            command = f"kvbench {args.command}" if getattr(args, "command", None) else command
+            if not getattr(args, "func", None):
+                parser.print_help(sys.stderr)
+                return 2
             return int(args.func(args) or 0)
     except KvbenchError as exc:
-        print(f"kvbench {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
+        print(f"{command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as harness.signals raises it
         message = getattr(exc, "message", None) or f"interrupted by {getattr(exc, 'signal_name', 'SIGINT')}"
-        print(f"kvbench {args.command}: {one_line(message)}", file=sys.stderr)
+        print(f"{command}: {one_line(message)}", file=sys.stderr)
         return getattr(exc, "exit_code", 130)
     except BrokenPipeError:
         return 0
 
 
 def entry() -> None:
-    sys.exit(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # between main's handlers (a second Ctrl-C while reporting the first)
+        code = 130
+    if code >= 128:
+        # Stopped by a signal, and cleaned up. Exit with the code said, now: an interrupt that
+        # landed inside an extension's import can leave CPython's "unhandled Ctrl-C" flag set,
+        # and a normal exit would then kill the process with SIGINT instead.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

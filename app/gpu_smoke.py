@@ -179,7 +179,7 @@ def _smoke(out: Path) -> int:
     model = write_model(out / MODEL_NAME)
     text = suite_text(model, runners)
     suite_path = out / "gpu-smoke.toml"
-    suite_path.write_text(text)
+    suite_path.write_text(text, encoding="utf-8")
     suite = parse_suite(text, str(suite_path))
     cells = build_cells(suite, out, say)
     say(f"{len(cells)} cells into {out}: " + ", ".join(f"{c.spec.runner}/{c.spec.policy}" for c in cells)

@@ -10,7 +10,9 @@ GPU, CPU runners for one CPU.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import socket
 from typing import Iterator
 
 from ..harness.capabilities import needs_gpu
@@ -24,11 +26,39 @@ def resources(cell: Cell) -> dict[str, float]:
     return {"num_cpus": 1, "num_gpus": 1 if gpu else 0}
 
 
-def run_on_ray(cells: list[Cell], address: str | None) -> Iterator[tuple[Cell, dict[str, object]]]:
+# How long a cluster's head may take to accept a connection before kvbench gives up on it
+# (Ray's own client retries for minutes against an address where nothing listens).
+CONNECT_TIMEOUT_S = 10.0
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse, within ``timeout_s``, a ``host:port`` (or ``ray://host:port``) address where
+    nothing accepts a connection. Other forms (``auto``, ``local``) are Ray's to resolve."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    host = host.strip("[]") or "127.0.0.1"
     try:
-        import ray
-    except ImportError:
-        raise KvbenchError('Ray is not installed: pip install -e ".[ray]"') from None
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        cause = "no answer within {:g} s".format(timeout_s) if isinstance(exc, TimeoutError) else \
+            (exc.strerror or type(exc).__name__)
+        raise KvbenchError(f"cannot start or reach Ray at {address}: {cause}") from None
+
+
+def check_ray(address: str | None) -> None:
+    """Before a sweep starts: Ray is installed, and the cluster address (if any) answers."""
+    if importlib.util.find_spec("ray") is None:
+        raise KvbenchError('Ray is not installed: pip install -e ".[ray]"')
+    if address:
+        check_reachable(address)
+
+
+def run_on_ray(cells: list[Cell], address: str | None) -> Iterator[tuple[Cell, dict[str, object]]]:
+    check_ray(address)
+    import ray
     if not ray.is_initialized():
         kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False}
         if address:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 from pathlib import Path
@@ -11,9 +12,11 @@ from typing import TYPE_CHECKING, Callable
 
 from ..harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
 from ..harness.lock import ResultsLock
+from ..harness.safe_paths import check_results_layout, kind, nonempty_path
+from .signals import raise_pending
 
 if TYPE_CHECKING:
-    from .suite import Suite
+    from .sweep import Prepared
     from ..runners.base import Cell
 
 
@@ -25,12 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "other kvbench code recorded them (see --keep-stale).")
     p.add_argument("suite", nargs="?", help="suite TOML file, or the name of a shipped suite such as "
                    "paper-block-size (default: the embedded default suite)")
-    p.add_argument("--out", type=Path, help="results directory (default: kvbench-results/<suite name>)")
+    p.add_argument("--out", type=nonempty_path, help="results directory (default: kvbench-results/<suite name>)")
     p.add_argument("--runner", action="append", metavar="R",
                    help="run only these runners of the suite (repeatable)")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
     p.add_argument("--address", help="Ray cluster address (with --executor ray)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes for the local executor")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes for the local executor (at most one per cell to run)")
     p.add_argument("--rerun", action="store_true", help="run cells again even when their records exist")
     p.add_argument("--keep-stale", action="store_true",
                    help="keep cells recorded by other kvbench code (another code_digest) instead of running "
@@ -67,9 +71,13 @@ def results_dir(args: argparse.Namespace, suite_name: str) -> Path:
     return out
 
 
+def refuse_non_directory(out: Path) -> None:
+    if os.path.lexists(out) and not out.is_dir():
+        raise KvbenchError(f"--out {out}: exists and is {kind(os.lstat(out).st_mode)}, not a directory")
+
+
 def create_results_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise KvbenchError(f"--out {out}: exists and is not a directory")
+    refuse_non_directory(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -83,6 +91,12 @@ def run(args: argparse.Namespace) -> int:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
     if args.rerun and args.keep_stale:
         raise KvbenchError("--rerun runs every cell again and --keep-stale keeps some: give one of them")
+    if args.address is not None and args.executor != "ray":
+        raise KvbenchError("--address names a Ray cluster: give it with --executor ray")
+    if args.executor == "ray":
+        from .ray_executor import check_ray
+
+        check_ray(args.address)  # before anything is written: an address where nothing answers
     suite = load_suite(args.suite or default_suite_path())
     if args.clock_profile is not None:
         from ..harness.clock_profile import load_profile
@@ -114,49 +128,73 @@ def run(args: argparse.Namespace) -> int:
     for runner, reason in skipped.items():
         log(f"skipping optional runner {runner}: {reason}")
 
-    made = [d for d in (out, *out.parents) if not d.exists()]  # what this run creates, innermost first
+    # Everything that can refuse the suite does so here, before anything is created: every
+    # spec validated and every workload built, in memory.
+    from .sweep import prepare_cells
+
+    prepared = prepare_cells(suite, out, log)
+    prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.spec.runner in wanted])
+    refuse_non_directory(out)
+    check_results_layout(out)
+    if not args.no_report:
+        from ..reports.report_files import check_replaceable
+
+        check_replaceable(out / "report")  # now, not after the sweep: a foreign report/ is refused whole
+    made = [d for d in (out, *out.parents) if not os.path.lexists(d)]  # what this run creates, innermost first
     create_results_dir(out)
+    try:
+        before = {p.name for p in out.iterdir()}
+    except OSError as exc:
+        raise storage_error(out, exc, "cannot read") from None
     with ResultsLock(out, "run") as lock:
         try:
-            return _run_locked(args, suite, out, wanted, lock, log)
-        except KvbenchError:
-            if made:
-                _discard_if_empty(made, lock)
+            check_results_layout(out)  # again, now that no other kvbench process writes here
+            return _run_locked(args, prepared, out, lock, log)
+        except KvbenchError as exc:
+            if not isinstance(exc, StorageError):
+                _discard_if_untouched(out, before, made, lock)
             raise
 
 
-def _discard_if_empty(made: list[Path], lock: ResultsLock) -> None:
-    """Remove the results directory this run created (``made[0]``, with the parents it created
-    for it) and refused before writing anything to it (a bad profile, say): an empty directory
-    holding only a lock file would look like a result. Done while the lock is held, so no other
-    process can have locked the file being removed; one that has since put anything there keeps
-    the directory (``rmdir`` fails). A directory removed or replaced under the run is no longer
-    ours: it is left as it is."""
+def _discard_if_untouched(out: Path, before: set[str], made: list[Path], lock: ResultsLock) -> None:
+    """A refused run removes exactly what it created, when it wrote nothing else: the lock file
+    (if it made it), and the results directory with the parents it made for it. Done while the
+    lock is held, so no other kvbench process can have locked the file being removed; one that
+    has since put anything there keeps the directory (``rmdir`` fails). A directory removed or
+    replaced under the run is no longer ours: it is left as it is."""
     if not lock.still_ours():
         return
     try:
-        if {p.name for p in made[0].iterdir()} == {lock.path.name}:
+        if {p.name for p in out.iterdir()} - before != ({lock.path.name} if lock.created else set()):
+            return  # records were written: they stay
+        if lock.created:
             lock.path.unlink()
-            for d in made:
-                d.rmdir()
+        for d in made:
+            d.rmdir()
     except OSError:
         pass  # removed since, or another process is writing there now: not ours to remove
 
 
-def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set[str], lock: ResultsLock,
+def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock: ResultsLock,
                 log: Callable[[str], None]) -> int:
     """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
     environment leaves only whole runs behind and says how many cells are complete."""
     from ..harness import store
-    from .sweep import build_cells, plan_resume, run_cells
+    from .sweep import keep_inputs, plan_resume, run_cells
 
+    suite = prepared.suite
     store.clean_stale_temps(out)
     cells: list[Cell] = []
     stage = "before any cell ran"
     try:
-        cells = [c for c in build_cells(suite, out, log) if c.spec.runner in wanted]
-        plan = plan_resume(cells, out, rerun=args.rerun, keep_stale=args.keep_stale)
+        plan = plan_resume(prepared.cells, out, rerun=args.rerun, keep_stale=args.keep_stale)
+        keep_inputs(prepared, out)
+        cells = prepared.cells
         todo = plan.todo
+        if plan.incomplete:
+            rid, why = next(iter(plan.incomplete.items()))
+            print(f"{len(plan.incomplete)} cell(s) in {out} have incomplete records (run {rid}: {why}); "
+                  f"running them again", file=sys.stderr)
         # Not progress: these say what the results will mean, so they are printed even with --quiet.
         if plan.stale_rerun:
             print(f"{plan.stale_rerun} cell(s) in {out} were recorded by other kvbench code; running them "
@@ -167,7 +205,11 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
         if len(todo) < len(cells):
             log(f"{len(cells) - len(todo)} of {len(cells)} cells already in {out}; skipping them (--rerun to force)")
         log(f"suite {suite.name}: running {len(todo)} cell(s) into {out}")
-        rows = run_cells(todo, jobs=args.jobs, quiet=args.quiet, executor=args.executor, address=args.address,
+        jobs = args.jobs
+        if args.executor == "local" and jobs > max(1, len(todo)):
+            jobs = max(1, len(todo))
+            log(f"--jobs {args.jobs}: {len(todo)} cell(s) to run, so {jobs} worker process(es)")
+        rows = run_cells(todo, jobs=jobs, quiet=args.quiet, executor=args.executor, address=args.address,
                          check=lock.check)
         if suite.slo is not None and suite.slo.refine:
             from .capacity import refine
@@ -202,6 +244,7 @@ def _run_locked(args: argparse.Namespace, suite: "Suite", out: Path, wanted: set
 
             print(render_capacity(*capacity_report(suite, out)))
 
+        raise_pending()  # an interrupt a finalizer swallowed after the last cell
         if not args.no_report:
             stage = "writing the report"
             try:
@@ -245,7 +288,7 @@ def _progress(out: Path, cells: list["Cell"], stage: str) -> str:
     if not cells:
         return f"stopped {stage}; run the same command to start"
     try:
-        done = len(store.existing_run_ids(out) & {c.run_id for c in cells})
+        done = len(store.complete_run_ids(out) & {c.run_id for c in cells})
     except StorageError:
         return f"cannot tell how many of {len(cells)} cell(s) are complete in {out}; run the same command to resume"
     if stage == "writing the report":

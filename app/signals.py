@@ -17,20 +17,42 @@ from typing import Iterator
 from ..harness.errors import Interrupted
 
 
+# The signal that arrived, if any. An exception raised while Python runs a finalizer (a
+# ``__del__``, say pyarrow's ParquetWriter's) is printed and dropped, so the interrupt is also
+# kept here, and ``raise_pending`` raises it again at the next cell boundary.
+_pending: list[int] = []
+
+
 def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
-    # A second SIGTERM (a scheduler escalating, a user insisting) ends the process at once.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if signum == signal.SIGTERM:
+        # A second SIGTERM (a scheduler escalating, a user insisting) ends the process at once.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _pending.append(signum)
     raise Interrupted(signum)
+
+
+def raise_pending() -> None:
+    """Raise an interrupt that arrived but was swallowed on its way (see ``_pending``)."""
+    if _pending:
+        raise Interrupted(_pending[0])
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``Interrupted(SIGTERM)`` in the main thread."""
+    """Within the block, SIGTERM raises ``Interrupted(SIGTERM)`` in the main thread, and so does
+    SIGINT (as ``Interrupted(SIGINT)``, a ``KeyboardInterrupt``) unless it is ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return
+    _pending.clear()
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    # SIGINT ignored (a job a non-interactive shell put in the background) stays ignored.
+    previous_int = signal.getsignal(signal.SIGINT)
+    if previous_int is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupted)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous_int)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ..harness.capabilities import RUNNER_NAMES, is_contiguous
-from ..harness.errors import KvbenchError
+from ..harness.errors import KvbenchError, one_line
+from ..harness.files import MAX_SUITE_BYTES, read_text_capped
 from ..harness.names import path_component
 from ..harness.reference import parse_references
 from ..harness.slo import Slo, parse_slo
@@ -40,6 +42,12 @@ TOP_KEYS = ("name", "description", "optional_runners", "repeats", "model", "memo
             "scheduler", "run", "grid", "runners", "reference", "slo")
 
 DEFAULTS: dict[str, Any] = {"runner": "sim", "policy": "paged", "block_size": 16}
+
+# Repeats of every cell: enough for any spread estimate.
+MAX_REPEATS = 1000
+# Cells of one suite, counted before any is built: each builds a workload and writes a run;
+# a grid this large is a typo (an extra list, a repeat count off by zeros), not a plan.
+MAX_CELLS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +156,12 @@ def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...] | frozenset[s
             raise KvbenchError(f"{where}: unknown key {key!r} in [{name}] (known: {', '.join(sorted(allowed))})")
 
 
+def _check_workload_names(values: Any, workloads: Mapping[str, Any], where: str, table: str) -> None:
+    for v in values:
+        if not isinstance(v, str) or v not in workloads:
+            raise KvbenchError(f"{where}: {table} workload {v!r} is not defined (defined: {', '.join(workloads)})")
+
+
 def _table(doc: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
     value = doc.get(name, {})
     if not isinstance(value, dict):
@@ -160,6 +174,8 @@ def parse_suite(text: str, where: str) -> Suite:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise KvbenchError(f"{where}: malformed TOML ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; arrays nested past the stack
+        raise KvbenchError(f"{where}: malformed TOML ({one_line(str(exc)).split(';')[0]})") from None
     _check_keys(doc, TOP_KEYS, where, "top level")
     settings: dict[str, Any] = {}
     for name in ("model", "memory", "scheduler", "run"):
@@ -198,15 +214,23 @@ def parse_suite(text: str, where: str) -> Suite:
         if not values:
             raise KvbenchError(f"{where}: [grid] {key} is an empty list")
         if key == "workload":
-            for v in values:
-                if v not in workloads:
-                    raise KvbenchError(f"{where}: [grid] workload {v!r} is not defined (defined: {', '.join(workloads)})")
+            _check_workload_names(values, workloads, where, "[grid]")
         grid[key] = values
     overrides: dict[str, dict[str, Any]] = {}
     for runner, table in _table(doc, "runners", where).items():
+        if runner not in RUNNER_NAMES:
+            raise KvbenchError(f"{where}: [runners.{runner}]: unknown runner {runner!r} "
+                               f"(known: {', '.join(RUNNER_NAMES)})")
         if not isinstance(table, dict):
             raise KvbenchError(f"{where}: [runners.{runner}] must be a table")
         _check_keys(table, ALL_KEYS - {"runner"}, where, f"runners.{runner}")
+        for key, value in table.items():
+            if isinstance(value, list) and not value:
+                raise KvbenchError(f"{where}: [runners.{runner}] {key} is an empty list")
+        if "workload" in table:
+            value = table["workload"]
+            _check_workload_names(value if isinstance(value, list) else [value], workloads, where,
+                                  f"[runners.{runner}]")
         overrides[runner] = table
     for wname, table in workloads.items():
         for key, value in table.items():
@@ -214,9 +238,14 @@ def parse_suite(text: str, where: str) -> Suite:
                 raise KvbenchError(f"{where}: {key} is swept both in [workloads.{wname}] and in [grid] or "
                                    f"[runners.*]: sweep it in one place")
     optional = doc.get("optional_runners", [])
+    if not isinstance(optional, list) or not all(isinstance(r, str) and r in RUNNER_NAMES for r in optional):
+        raise KvbenchError(f"{where}: optional_runners must be a list of runner names (known: "
+                           f"{', '.join(RUNNER_NAMES)}), got {optional!r}")
     repeats = doc.get("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise KvbenchError(f"{where}: repeats must be a positive integer, got {repeats!r}")
+    if repeats > MAX_REPEATS:
+        raise KvbenchError(f"{where}: repeats = {repeats} is more than the limit of {MAX_REPEATS:,}")
     name = doc.get("name", Path(where).stem)
     if not isinstance(name, str) or not name:
         raise KvbenchError(f"{where}: name must be a non-empty string")
@@ -227,26 +256,67 @@ def parse_suite(text: str, where: str) -> Suite:
                   reference=tuple(parse_references(doc.get("reference", []), where)),
                   slo=parse_slo(_table(doc, "slo", where), where) if "slo" in doc else None,
                   named_workloads="workloads" in doc)
-    for runner in suite.runners():
+    runs = suite.runners()
+    for runner in runs:
         if runner not in RUNNER_NAMES:
             raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNER_NAMES)})")
+    for runner in overrides:
+        if runner not in runs:
+            raise KvbenchError(f"{where}: [runners.{runner}] configures runner {runner}, which the suite does not "
+                               f"run (it runs: {', '.join(dict.fromkeys(runs))})")
+    cells = count_cells(suite)
+    if cells > MAX_CELLS:
+        raise KvbenchError(f"{where}: the grid expands to {_count(cells)} cells (runners x the lists of [grid], "
+                           f"[runners.*] and [workloads.*] x repeats), more than the limit of {MAX_CELLS:,}")
     return suite
 
 
+def count_cells(suite: Suite) -> int:
+    """How many cells ``Suite.cells`` expands to, duplicates included, computed as it expands
+    them but without expanding: per runner, the product of the lengths of its axes, with the
+    workload axis weighted by each workload's own sweeps."""
+    total = 0
+    for runner in suite.runners():
+        grid = {k: len(v) for k, v in suite.grid.items() if k != "runner"}
+        workloads = suite.grid.get("workload")
+        for key, value in suite.runner_overrides.get(runner, {}).items():
+            if isinstance(value, list):
+                grid[key] = len(value)
+                if key == "workload":
+                    workloads = tuple(value)
+            else:
+                grid.pop(key, None)
+                if key == "workload":
+                    workloads = None
+        if workloads is None:
+            workloads = tuple(suite.workloads)
+        grid.pop("workload", None)
+        if suite.repeats > 1 and "repeat" not in grid:
+            grid["repeat"] = suite.repeats
+        sweeps = sum(math.prod(len(v) for v in suite.workloads[w].values() if isinstance(v, list))
+                     for w in workloads)
+        total += math.prod(grid.values()) * sweeps
+    return total
+
+
+def _count(n: int) -> str:
+    """A count for one line: exact while short, else its order of magnitude."""
+    return f"{n:,}" if n < 10**15 else f"about 10^{len(str(n)) - 1}"
+
+
 def load_suite(path: str | Path) -> Suite:
-    """A suite file, or a shipped suite by name (``paper-block-size``) when no such file exists."""
+    """A suite file, or a shipped suite by name (``paper-block-size``) when no such file exists.
+
+    A regular file wins over a shipped suite's name; anything else by that name (the results
+    directory ``kvbench run example --out example`` made) does not hide the shipped suite."""
     p = Path(path)
     shipped = shipped_suites()
-    if not p.exists() and str(path) in shipped:
+    if str(path) in shipped and not p.is_file():
         p = shipped[str(path)]
     try:
-        text = p.read_text()
+        text = read_text_capped(p, "suite file", MAX_SUITE_BYTES)
     except FileNotFoundError:
         raise KvbenchError(f"{p}: no such suite file (shipped suites: {', '.join(sorted(shipped))})") from None
-    except IsADirectoryError:
-        raise KvbenchError(f"{p}: is a directory, not a suite file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvbenchError(f"{p}: cannot read ({exc.__class__.__name__})") from None
     return parse_suite(text, str(p))
 
 

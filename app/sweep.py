@@ -22,6 +22,7 @@ from ..harness.specs import RunSpec
 from .suite import Suite
 from ..runners.base import Cell
 from .cell import run_cell
+from .signals import raise_pending
 
 if TYPE_CHECKING:
     from ..workloads.table import Workload
@@ -36,12 +37,21 @@ def keep_workload(workload: "Workload", out: Path) -> None:
         write_workload(workload, path)
 
 
-def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cell]:
-    """Expand the grid and build each distinct workload once (also written to DIR/workloads);
-    write the suite's published reference values beside them."""
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A suite's cells with their workloads built in memory: everything validated, nothing written."""
+
+    suite: Suite
+    cells: list[Cell]
+    workload_names: dict[str, str]  # the suite's workload name → its workload id (sim cells)
+
+
+def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepared:
+    """Expand the grid, validate every spec and build each distinct workload once, in memory:
+    a suite that is refused is refused here, before anything is written."""
     from ..workloads import build_workload
 
-    built: dict[tuple[str, int], object] = {}
+    built: dict[tuple[str, int], Workload] = {}
     cells: list[Cell] = []
     names: dict[str, str] = {}
     for spec, name in suite.cells():
@@ -55,20 +65,37 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
             if w.dropped:
                 log(f"workload {w.workload_id}: dropped {w.dropped} request(s) longer than "
                     f"max_model_len {spec.memory.max_model_len}")
-            keep_workload(w, out)
+            if w.raised:
+                log(f"workload {w.workload_id}: raised {w.raised} sampled prompt(s) to prefix_len + 1 = "
+                    f"{spec.workload.prefix_len + 1} tokens (each request computes a token of its own)")
             built[key] = w
-        cells.append(Cell(spec=spec, workload=built[key], out=out))  # type: ignore[arg-type]
+        cells.append(Cell(spec=spec, workload=built[key], out=out))
         if spec.runner == "sim":
-            names.setdefault(name, built[key].workload_id)  # type: ignore[attr-defined]
+            names.setdefault(name, built[key].workload_id)
+    return Prepared(suite, cells, names)
+
+
+def keep_inputs(prepared: Prepared, out: Path) -> None:
+    """Write what the cells run on beside their records: each workload once (DIR/workloads),
+    and the suite's published reference values and SLO."""
+    suite = prepared.suite
+    for workload in {c.workload.workload_id: c.workload for c in prepared.cells}.values():
+        keep_workload(workload, out)
     if suite.reference:
         from ..harness.reference import write_references
 
-        write_references(out, suite.name, [dict(r) for r in suite.reference], names)
+        write_references(out, suite.name, [dict(r) for r in suite.reference], prepared.workload_names)
     if suite.slo is not None:
         from ..harness.slo import write_slo
 
         write_slo(out, suite.name, suite.slo)
-    return cells
+
+
+def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cell]:
+    """``prepare_cells`` then ``keep_inputs``: the cells, with their inputs written to ``out``."""
+    prepared = prepare_cells(suite, out, log)
+    keep_inputs(prepared, out)
+    return prepared.cells
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,19 +105,24 @@ class Resume:
     todo: list[Cell]  # the rest are recorded by this code (or kept as asked): skipped
     stale_rerun: int  # recorded by other code (or by a kvbench that did not say which): run again
     stale_kept: int  # recorded by other code, kept as asked (--keep-stale)
+    incomplete: dict[str, str] = dataclasses.field(default_factory=dict)  # run id → what is missing: run again
 
 
 def plan_resume(cells: list[Cell], out: Path, rerun: bool = False, keep_stale: bool = False,
                 code: str | None = None) -> Resume:
     """Skip the cells already recorded in ``out`` by this code (``code``: the current
     ``code_digest`` by default); run the rest. A cell recorded by other code is run again, its
-    partitions replaced as ``--rerun`` replaces them, unless ``keep_stale``."""
+    partitions replaced as ``--rerun`` replaces them, unless ``keep_stale``; so is a cell whose
+    records are not whole (``store.incomplete_runs``)."""
     from ..harness import store
     from ..harness.code_identity import code_digest
 
     if rerun:
         return Resume(list(cells), 0, 0)
-    on_disk = store.existing_run_ids(out) & {c.run_id for c in cells}
+    # Whole runs only: a run whose steps or requests partition is missing or short is run again.
+    present = store.existing_run_ids(out) & {c.run_id for c in cells}
+    incomplete = store.incomplete_runs(out, present)
+    on_disk = present - set(incomplete)
     recorded_by: dict[str, object] = {}
     if on_disk:
         runs = store.read_table(out, "runs", on_disk)
@@ -99,7 +131,7 @@ def plan_resume(cells: list[Cell], out: Path, rerun: bool = False, keep_stale: b
     stale = {rid for rid in on_disk if recorded_by.get(rid) != current}
     skip = on_disk if keep_stale else on_disk - stale
     todo = [c for c in cells if c.run_id not in skip]
-    return Resume(todo, 0 if keep_stale else len(stale), len(stale) if keep_stale else 0)
+    return Resume(todo, 0 if keep_stale else len(stale), len(stale) if keep_stale else 0, incomplete)
 
 
 class Progress:
@@ -141,29 +173,35 @@ def run_cells(cells: Iterable[Cell], jobs: int = 1, quiet: bool = False,
     """Run the cells and return their rows. ``check`` (when given) runs before each cell
     starts and after each one ends; whatever it raises stops the sweep, as an interrupt does."""
     cells = list(cells)
-    check = check or (lambda: None)
+    given = check
+
+    def check_now() -> None:
+        raise_pending()  # an interrupt swallowed by a finalizer still stops the sweep here
+        if given is not None:
+            given()
+
     progress = Progress(len(cells), quiet)
     rows: list[dict[str, object]] = []
     if executor == "ray":
         from .ray_executor import run_on_ray
 
-        check()
+        check_now()
         for cell, row in run_on_ray(cells, address):
             rows.append(row)
             progress.update(row, label(cell.spec))
-            check()
+            check_now()
         return rows
     if jobs <= 1:
         if not quiet:
             cells = [dataclasses.replace(c, progress=True) for c in cells]
         for cell in cells:
-            check()
+            check_now()
             row = run_cell(cell)
             rows.append(row)
             progress.update(row, label(cell.spec))
-        check()
+        check_now()
         return rows
-    check()
+    check_now()
     pool = ProcessPoolExecutor(max_workers=jobs, initializer=_worker_signals)
     try:
         futures = {pool.submit(run_cell, cell): cell for cell in cells}
@@ -171,7 +209,7 @@ def run_cells(cells: Iterable[Cell], jobs: int = 1, quiet: bool = False,
             row = fut.result()
             rows.append(row)
             progress.update(row, label(futures[fut].spec))
-            check()
+            check_now()
     except BaseException:
         _stop(pool)
         raise

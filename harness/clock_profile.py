@@ -38,10 +38,17 @@ from typing import Any, Mapping
 from .capabilities import BLOCK_TABLE_POLICIES
 from .clock import ClockTerms
 from .errors import KvbenchError
+from .files import MIB, check_regular_input, read_bytes_capped
 from .geometry import ModelGeometry
 
 FORMAT = "kvbench.clock_profile"
 VERSION = 3
+# A profile is a few KiB of JSON; one of megabytes is something else.
+MAX_PROFILE_BYTES = 16 * MIB
+# The least a step may cost. Each term may be 0 (the fit constrains terms to >= 0), but a step
+# that computes one token for one request at no cost would finish runs in zero time: tokens/s
+# infinite or NaN. No real engine takes a step in under a microsecond.
+MIN_STEP_S = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +93,7 @@ def _require(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wh
 def parse_profile(data: bytes, where: str) -> ClockProfile:
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise KvbenchError(f"{where}: not a kvbench clock profile (not JSON)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise KvbenchError(f"{where}: not a kvbench clock profile (format is not {FORMAT!r})")
@@ -102,6 +109,7 @@ def parse_profile(data: bytes, where: str) -> ClockProfile:
         raise KvbenchError(f"{where}: not a kvbench clock profile (terms lack {exc.args[0]!r})") from None
     except ValueError as exc:
         raise KvbenchError(f"{where}: corrupt clock profile ({exc})") from None
+    check_terms(terms, where)
     valid = _require(doc, "valid_for", dict, where)
     geometry = _require(valid, "geometry", dict, where)
     return ClockProfile(terms=terms, model=str(valid.get("model", "?")), geometry=geometry,
@@ -110,9 +118,26 @@ def parse_profile(data: bytes, where: str) -> ClockProfile:
                         digest=hashlib.sha256(data).hexdigest()[:16])
 
 
+def cheapest_step_s(terms: ClockTerms) -> float:
+    """The price of the cheapest step that computes anything: one token of one request, over a
+    context of one position (one attention pair), the step's first token (early when the knee
+    is above 0). Every term is >= 0, so no step that computes a token costs less."""
+    early = terms.per_early_token_s if terms.token_knee >= 1 else 0.0
+    return (terms.step_s + terms.per_token_s + terms.per_seq_s + terms.per_context_token_s
+            + terms.per_attention_pair_s + early)
+
+
+def check_terms(terms: ClockTerms, where: str) -> None:
+    """Refuse terms under which a step can cost nothing or next to nothing."""
+    cheapest = cheapest_step_s(terms)
+    if not cheapest >= MIN_STEP_S:
+        raise KvbenchError(f"{where}: the cheapest step (one token of one request) costs {cheapest:.3g} s, below "
+                           f"the {MIN_STEP_S:g} s minimum for a clock profile: its terms cannot price real steps")
+
+
 @functools.lru_cache(maxsize=32)
 def _load(path: str, mtime_ns: int, size: int) -> ClockProfile:
-    return parse_profile(Path(path).read_bytes(), path)
+    return parse_profile(read_bytes_capped(path, "clock profile", MAX_PROFILE_BYTES), path)
 
 
 def load_profile(path: str | Path) -> ClockProfile:
@@ -120,8 +145,7 @@ def load_profile(path: str | Path) -> ClockProfile:
     p = Path(path)
     try:
         st = p.stat()
-        if not p.is_file():
-            raise KvbenchError(f"{p}: is not a clock profile file")
+        check_regular_input(p, "clock profile", MAX_PROFILE_BYTES)  # before the cache: a FIFO's mtime says nothing
         return _load(str(p), st.st_mtime_ns, st.st_size)
     except FileNotFoundError:
         raise KvbenchError(f"{p}: no such clock profile (make one with `kvbench calibrate`)") from None
@@ -132,7 +156,9 @@ def load_profile(path: str | Path) -> ClockProfile:
 def profile_document(terms: ClockTerms, geometry: ModelGeometry, kv_dtype: str, block_size: int,
                      measured_on: Mapping[str, Any], fit: Mapping[str, Any], data: Mapping[str, Any],
                      provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON document of a new profile."""
+    """The JSON document of a new profile; terms that cannot price real steps are refused, so that
+    no profile is written that no suite could read."""
+    check_terms(terms, "the fitted clock terms")
     return {
         "format": FORMAT,
         "version": VERSION,

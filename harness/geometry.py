@@ -12,7 +12,8 @@ import json
 from typing import Any
 from pathlib import Path
 
-from .errors import KvbenchError
+from .errors import KvbenchError, one_line
+from .files import MIB, read_text_capped
 
 # Bytes per element of each supported KV cache dtype. fp8 means e4m3, the
 # format vLLM's "fp8" cache dtype resolves to.
@@ -26,6 +27,9 @@ KV_DTYPE_BYTES: dict[str, int] = {
     "int8": 1,
 }
 
+
+# Real config.json files are a few KiB; one of megabytes is not a model's configuration.
+MAX_CONFIG_BYTES = 16 * MIB
 
 # Sane upper bounds: several times the largest published decoders (Llama 3.1 405B: 126
 # layers, 128 heads, hidden 16,384, MLP 53,248; head sizes up to 256; vocabularies up to
@@ -147,13 +151,13 @@ def from_config_json(path: str | Path) -> ModelGeometry:
     if p.is_dir():
         p = p / "config.json"
     try:
-        cfg = json.loads(p.read_text())
+        cfg = json.loads(read_text_capped(p, "config.json", MAX_CONFIG_BYTES))
     except FileNotFoundError:
         raise KvbenchError(f"{p}: no such config.json") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvbenchError(f"{p}: cannot read config.json ({exc.__class__.__name__})") from None
     except json.JSONDecodeError as exc:
         raise KvbenchError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; arrays nested past the stack
+        raise KvbenchError(f"{p}: malformed JSON ({one_line(str(exc)).split(';')[0] or type(exc).__name__})") from None
     if not isinstance(cfg, dict):
         raise KvbenchError(f"{p}: config.json must hold a JSON object")
     cfg = dict(cfg.get("text_config") or {}, **{k: v for k, v in cfg.items() if k != "text_config"})

@@ -16,12 +16,14 @@ is removed (``rm -rf DIR`` mid-run) or replaced, ``check`` says so.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 from types import TracebackType
 
-from .errors import ResultsBusy, StorageError, storage_error
+from .errors import KvbenchError, ResultsBusy, StorageError, storage_error
 
 LOCK_NAME = ".kvbench.lock"
 
@@ -51,12 +53,22 @@ class ResultsLock:
         self.path = self.out / LOCK_NAME
         self.command = command
         self._fd: int | None = None
+        self.created = False  # whether this process created the lock file (a refusal removes it again)
 
     def acquire(self) -> None:
+        self.created = not os.path.lexists(self.path)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # O_NOFOLLOW: a link planted at the lock's name must not take the truncation below elsewhere.
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise KvbenchError(f"{self.path}: is a symbolic link, where kvbench keeps its lock file; "
+                                   f"remove it or choose another --out") from None
             raise storage_error(self.out, exc) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise KvbenchError(f"{self.path}: is not a regular file, where kvbench keeps its lock file; "
+                               f"remove it or choose another --out")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import os
 import platform
 import socket
 import subprocess
@@ -21,7 +22,9 @@ def _git(*args: str) -> str | None:
     if not (_REPO / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10)
+        # GIT_OPTIONAL_LOCKS=0: `git status` must not take .git/index.lock in the user's checkout.
+        env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+        out = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=10, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

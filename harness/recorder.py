@@ -274,6 +274,9 @@ class RunRecorder:
             req_table = pa.Table.from_pydict(requests, schema=REQUESTS)
             tmps.append(store.write_temp_partition(self.out, "requests", self.run_id, req_table))
             row = {name: run_row.get(name) for name in RUNS.names}
+            # What the run's partitions hold: how a reader tells a whole run from one that lost a file.
+            row["steps_rows"] = self._summary.steps
+            row["requests_rows"] = req_table.num_rows
             for key, value in row.items():  # NaN → null: a missing measurement, not a number
                 if isinstance(value, float) and math.isnan(value):
                     row[key] = None

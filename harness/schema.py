@@ -166,6 +166,10 @@ RUNS = pa.schema([
     ("attention_backend", pa.string()),
     ("started_at", pa.timestamp("us", tz="UTC")),
     ("spec_json", pa.string()),
+    # How many rows the run's steps and requests partitions hold: a run is complete only when
+    # both partitions are there with these counts (harness.store.incomplete_runs; null: older kvbench).
+    ("steps_rows", pa.int64()),
+    ("requests_rows", pa.int64()),
 ])
 
 TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS}

@@ -7,7 +7,9 @@
 
 Partitions are written under a dot-prefixed temporary name (which readers
 ignore) and renamed into place, so a crash never leaves a half run that looks
-whole; a run exists once its ``runs/`` partition exists. A write the
+whole; a run exists once its ``runs/`` partition exists, and it is complete
+when its steps and requests partitions are there too, holding the row counts
+its run row records (``incomplete_runs``). A write the
 environment refuses (disk full, no permission, the directory removed) raises
 ``StorageError`` naming the path and the cause, after removing its temporary
 files; ``clean_stale_temps`` removes whatever a killed process left.
@@ -25,6 +27,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .errors import KvbenchError, StorageError, storage_error
+from .safe_paths import is_own_partition, own_file
 from .schema import SCHEMA_VERSION, TABLES, VERSION_KEY, with_version
 
 PART = "part-0.parquet"
@@ -46,17 +49,71 @@ def existing_run_ids(out: Path) -> set[str]:
     runs = out / "runs"
     try:
         return {p.name.split("=", 1)[1] for p in runs.iterdir()
-                if p.name.startswith("run_id=") and (p / PART).is_file()}
+                if p.name.startswith("run_id=") and not p.is_symlink() and (p / PART).is_file()}
     except (FileNotFoundError, NotADirectoryError):
         return set()
     except OSError as exc:
         raise storage_error(runs, exc, "cannot read") from None
 
 
-def publish(tmp: Path, final: Path) -> None:
-    """Move a finished temporary partition into place, replacing an older one."""
+def incomplete_runs(out: Path, run_ids: set[str] | None = None) -> dict[str, str]:
+    """Runs (of ``run_ids``, or all) whose run row exists but whose records are not whole,
+    each with the reason: a steps or requests partition missing, unreadable, or holding a
+    number of rows other than the run row records. Runs recorded before the counts were kept
+    are checked for presence only."""
+    present = existing_run_ids(out)
+    ids = present if run_ids is None else present & set(run_ids)
+    if not ids:
+        return {}
     try:
-        if final.exists():
+        rows = read_table(out, "runs", ids)
+    except KvbenchError as exc:
+        return {rid: str(exc) for rid in ids}
+    counts = {r["run_id"]: r for r in rows[["run_id", "steps_rows", "requests_rows"]].to_dict("records")}
+    problems: dict[str, str] = {}
+    for rid in sorted(ids):
+        for table in ("steps", "requests"):
+            path = partition_dir(out, table, rid) / PART
+            if not path.is_file():
+                problems[rid] = f"{path.relative_to(out)} is missing"
+                break
+            try:
+                found = pq.read_metadata(path).num_rows
+            except (pa.ArrowInvalid, OSError) as exc:
+                problems[rid] = f"{path.relative_to(out)} is not readable ({str(exc).splitlines()[0]})"
+                break
+            expected = counts.get(rid, {}).get(f"{table}_rows")
+            if expected is not None and expected == expected and int(expected) != found:
+                problems[rid] = f"{path.relative_to(out)} holds {found} rows, the run row says {int(expected)}"
+                break
+    return problems
+
+
+def complete_run_ids(out: Path) -> set[str]:
+    """The runs of ``out`` whose records are whole (see ``incomplete_runs``)."""
+    present = existing_run_ids(out)
+    return present - set(incomplete_runs(out, present))
+
+
+def check_complete(out: Path, run_ids: set[str] | None = None, command: str = "kvbench run") -> None:
+    """Refuse to read a results directory holding an incomplete run, naming the run: its numbers
+    would be read as whole. The same ``kvbench run`` runs such a cell again."""
+    problems = incomplete_runs(out, run_ids)
+    if problems:
+        rid, why = next(iter(problems.items()))
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise KvbenchError(f"{out}: run {rid} is incomplete: {why}{more}; run the same `{command}` again to "
+                           f"record it whole")
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Move a finished temporary partition into place, replacing an older one (a real
+    partition folder only: never through a symbolic link, never a folder kvbench did not make)."""
+    try:
+        if os.path.lexists(final):
+            if not is_own_partition(final, PART):
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise StorageError(f"{final}: holds files kvbench did not write; move it away and run again")
             shutil.rmtree(final)
         os.replace(tmp, final)
     except OSError as exc:
@@ -68,7 +125,9 @@ def unpublish_run(out: Path, run_id: str) -> None:
     """Make a run not exist (its ``runs/`` partition gone) before its records are replaced, so
     that a rerun cut short never pairs the old run row with new steps."""
     final = partition_dir(out, "runs", run_id)
-    if final.exists():
+    if os.path.lexists(final):
+        if not is_own_partition(final, PART):
+            raise StorageError(f"{final}: holds files kvbench did not write; move it away and run again")
         try:
             shutil.rmtree(final)
         except OSError as exc:
@@ -90,15 +149,21 @@ def clean_stale_temps(out: Path) -> None:
     publishing its steps and its run row), so that the directory holds whole runs only.
 
     Only safe while no other process writes ``out``: ``kvbench run`` holds the directory's
-    lock (``harness.lock``). Never raises: it is also the cleanup after a fault."""
+    lock (``harness.lock``). Never raises: it is also the cleanup after a fault. Never follows
+    a symbolic link, and removes an orphan partition only when it is one kvbench writes (a real
+    folder holding its one Parquet file)."""
     for where, pattern in STALE_PATTERNS:
         d = out / where
         try:
-            stale = list(d.glob(pattern)) if d.is_dir() else []
+            if d.is_symlink() or not d.is_dir():
+                continue
+            stale = list(d.glob(pattern))
         except OSError:
             continue
         for p in stale:
             try:
+                if p.is_symlink():
+                    continue  # not a name kvbench makes a link under: not ours
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
             except OSError:
                 pass
@@ -109,11 +174,14 @@ def clean_stale_temps(out: Path) -> None:
     for table in ("steps", "requests"):
         d = out / table
         try:
-            orphans = [p for p in d.glob("run_id=*") if p.name.split("=", 1)[1] not in runs] if d.is_dir() else []
+            if d.is_symlink() or not d.is_dir():
+                continue
+            orphans = [p for p in d.glob("run_id=*") if p.name.split("=", 1)[1] not in runs]
         except OSError:
             continue
         for p in orphans:
-            shutil.rmtree(p, ignore_errors=True)
+            if is_own_partition(p, PART):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def make_temp_dir(out: Path, table: str, run_id: str) -> Path:
@@ -160,6 +228,7 @@ def replace_suite_rows(path: Path, suite: str, rows: list[dict], schema: pa.Sche
 
     from .errors import os_cause
 
+    own_file(path)  # a link or a device there is not ours to replace
     keep: list[dict] = []
     if path.exists():
         try:

@@ -20,6 +20,9 @@ SOURCES: tuple[str, ...] = ("fixed", "uniform", "lognormal", "sharegpt", "alpaca
 FILE_SOURCES: tuple[str, ...] = ("trace", "sharegpt-json")
 ARRIVALS: tuple[str, ...] = ("batch", "poisson", "gamma", "trace")
 RATE_ARRIVALS: tuple[str, ...] = ("poisson", "gamma")
+# Requests in one workload: far beyond any benchmark (a day of a busy service at 100 req/s is
+# 8.6 million), and small enough that the table of lengths and times fits in memory.
+MAX_REQUESTS = 10_000_000
 
 # Field name -> (kind, optional). Drives type checks in ``from_mapping`` and the
 # CLI flags, so both accept exactly the same things.
@@ -141,6 +144,10 @@ class WorkloadSpec:
                 _at_least(name, getattr(self, name), 1)
         for name in ("prefix_groups", "prefix_len", "seed"):
             _at_least(name, getattr(self, name), 0)
+        for name in ("num_requests", "limit"):
+            if getattr(self, name) is not None and getattr(self, name) > MAX_REQUESTS:
+                raise KvbenchError(f"workload: {name} = {getattr(self, name)} is more than the limit of "
+                                   f"{MAX_REQUESTS:,} requests in a workload")
         if self.prompt_max < self.prompt_min:
             raise KvbenchError(f"workload: prompt_max ({self.prompt_max}) is below prompt_min ({self.prompt_min})")
         if self.output_max < self.output_min:
@@ -169,12 +176,22 @@ class WorkloadSpec:
             if self.source in FILE_SOURCES:
                 raise KvbenchError(f"workload: duration_s sets how many requests to generate; source "
                                    f"{self.source!r} reads them from a file (use limit)")
+            assert self.rate is not None  # a rate arrival has one (checked above)
+            if self.rate * self.duration_s > MAX_REQUESTS:
+                raise KvbenchError(f"workload: rate * duration_s = {self.rate:g} * {self.duration_s:g} = "
+                                   f"{self.rate * self.duration_s:.4g} requests, more than the limit of "
+                                   f"{MAX_REQUESTS:,} requests in a workload")
         if self.arrival == "trace" and self.source != "trace":
             raise KvbenchError(f"workload: arrival 'trace' needs source 'trace' (timestamps), not {self.source!r}")
         if (self.prefix_groups > 0) != (self.prefix_len > 0):
             raise KvbenchError(
                 f"workload: prefix_groups ({self.prefix_groups}) and prefix_len ({self.prefix_len}) "
                 "must both be > 0 or both 0"
+            )
+        if self.source == "fixed" and self.prefix_len > 0 and self.prefix_len >= self.prompt_len:
+            raise KvbenchError(
+                f"workload: prefix_len ({self.prefix_len}) must be below prompt_len ({self.prompt_len}): every "
+                "request needs a token of its own after the shared prefix"
             )
         if self.max_prompt_len is not None and self.prefix_len >= self.max_prompt_len:
             raise KvbenchError(

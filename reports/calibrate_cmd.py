@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..harness.clock import TOKEN_KNEE
 from ..harness.errors import KvbenchError, storage_error
+from ..harness.safe_paths import nonempty_path, output_file
 from ..harness.capabilities import MEASURING_RUNNERS
 
 KIND_KEYS = ("runner", "model", "kv_dtype", "block_size", "device", "engine")
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "[scheduler] clock = \"profile\".")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR",
                    help="results directories holding engine runs (several: their runs are pooled)")
-    p.add_argument("--out", type=Path, required=True, metavar="FILE.json", help="profile to write")
+    p.add_argument("--out", type=nonempty_path, required=True, metavar="FILE.json", help="profile to write")
     p.add_argument("--runner", choices=MEASURING_RUNNERS, default=None,
                    help="whose steps to fit (default: vllm when DIR has vllm runs, else torch)")
     p.add_argument("--policy", default="paged", help="which policy's runs (default: paged)")
@@ -77,6 +78,7 @@ def read_runs(dirs: list[Path]) -> pd.DataFrame:
     for i, out in enumerate(dirs):
         if not out.is_dir():
             raise KvbenchError(f"{out}: no such results directory")
+        store.check_complete(out)
         runs = store.read_table(out, "runs")
         runs["dir"] = str(out)
         runs["run_key"] = runs["run_id"] if len(dirs) == 1 else f"{i}/" + runs["run_id"]
@@ -124,7 +126,7 @@ def write_json(path: Path, doc: dict) -> None:
     """Write-then-rename, so a failed write never leaves a half profile."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
@@ -141,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     where = ", ".join(map(str, dirs))
     if args.out.suffix != ".json":
         raise KvbenchError(f"--out {args.out}: a profile is a .json file")
+    output_file(args.out, "--out")  # a link, a device or a folder there is not replaced
     runs = read_runs(dirs)
     chosen = select_runs(runs, args.runner, args.policy, where)
     steps = measured_steps(where, chosen)

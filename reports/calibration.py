@@ -163,9 +163,12 @@ def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
 
 
 def held_out_mask(steps: pd.DataFrame) -> np.ndarray:
-    """Every ``HOLDOUT_EVERY``-th block of ``HOLDOUT_BLOCK`` steps of every run."""
-    block = steps["step"].to_numpy() // HOLDOUT_BLOCK
-    return (block % HOLDOUT_EVERY) == HOLDOUT_EVERY - 1
+    """Every ``HOLDOUT_EVERY``-th block of ``HOLDOUT_BLOCK`` steps of every run; when no run is
+    long enough to have such a block, every ``HOLDOUT_EVERY``-th step (an error measured on no
+    step would say nothing)."""
+    step = steps["step"].to_numpy()
+    held = ((step // HOLDOUT_BLOCK) % HOLDOUT_EVERY) == HOLDOUT_EVERY - 1
+    return held if held.any() else (step % HOLDOUT_EVERY) == HOLDOUT_EVERY - 1
 
 
 HUBER_K = 1.345  # the usual tuning: 95% efficiency when the residuals are in fact normal

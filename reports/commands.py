@@ -41,16 +41,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def report(args: argparse.Namespace) -> int:
     if not args.dir.is_dir():  # before the heavy imports: a typo answers at once
         raise KvbenchError(f"{args.dir}: no such results directory")
+    # And before taking a lock: no lock file is left in a folder kvbench never wrote (one
+    # holding the lock file already is a results directory, perhaps with a run starting there).
+    if not ((args.dir / "runs").is_dir() or (args.dir / ".kvbench.lock").is_file()):
+        raise KvbenchError(f"{args.dir}: no runs/ directory; not a kvbench results directory")
     from ..harness.lock import ResultsLock
+    from ..harness.safe_paths import check_results_layout
     from .html import write_report
+    from .report_files import check_replaceable
 
+    from ..harness.store import check_complete
+
+    check_results_layout(args.dir)
+    check_replaceable(args.dir / "report")
+    check_complete(args.dir)  # an incomplete run is named before anything, the lock included, is touched
     with ResultsLock(args.dir, "report"):  # not while a run writes the same directory
         print(write_report(args.dir))
     return 0
 
 
 def _runs(path: Path, which: str) -> "pd.DataFrame":
-    from ..harness.store import read_table
+    from ..harness.store import check_complete, read_table
 
     if not path.exists():
         raise KvbenchError(f"{which} {path}: no such directory")
@@ -58,10 +69,19 @@ def _runs(path: Path, which: str) -> "pd.DataFrame":
         raise KvbenchError(f"{which} {path}: not a directory")
     if not (path / "runs").is_dir():
         raise KvbenchError(f"{which} {path}: no runs/ directory; not a kvbench results directory")
+    check_complete(path)
     runs = read_table(path, "runs")
     if runs.empty:
         raise KvbenchError(f"{which} {path}: holds no runs")
     return runs
+
+
+def unmeasured(runs: "pd.DataFrame") -> str | None:
+    """Why a side measured nothing (every run infeasible, failed or out of memory), or None."""
+    if (runs["status"] == "ok").any():
+        return None
+    counts = runs["status"].value_counts()
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -75,6 +95,13 @@ def compare(args: argparse.Namespace) -> int:
     notes = code_notes(base, cand)  # a note, not a failure: comparing code is what the gate is for
     print(to_json(result, tol, notes) if args.format == "json" else to_markdown(result, tol, notes), end="")
     reg = regressions(result)
+    for runs, which, path in ((base, "BASE_DIR", args.base), (cand, "CAND_DIR", args.cand)):
+        why = unmeasured(runs)
+        if why is not None:
+            # A gate that measured nothing must not pass: no run of this side has a number.
+            print(f"kvbench compare: {which} {path} measured nothing (its {len(runs)} run(s): {why}); "
+                  f"nothing was compared", file=sys.stderr)
+            return 1
     if not (~result["verdict"].isin((BASE_ONLY, CAND_ONLY))).any():
         # A gate that compared nothing must not pass: the directories measure different cells.
         print("kvbench compare: no cell matched by spec; nothing was compared", file=sys.stderr)

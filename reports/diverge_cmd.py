@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
                            f"(known: {', '.join(n for n in STEPS.names if n != 'step')})")
     ids = store.existing_run_ids(out)
     run_a, run_b = _resolve(out, ids, args.run_a), _resolve(out, ids, args.run_b)
+    store.check_complete(out, {run_a, run_b})  # 0 steps against 800 would be no comparison
     steps = store.read_table(out, "steps", {run_a, run_b})
     a = steps[steps["run_id"] == run_a]
     b = steps[steps["run_id"] == run_b]

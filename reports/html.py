@@ -15,11 +15,11 @@ from typing import Sequence
 import pandas as pd
 
 from ..harness.errors import storage_error
-from ..harness.store import publish
 from . import display, markdown
 from .display import Column
 from .figures import Plot, all_plots
 from .records import load
+from .report_files import MANIFEST, check_replaceable, manifest_bytes, replace_report
 from .contents import ReportTables, report_tables
 
 FIGURE_DPI = 110
@@ -151,7 +151,9 @@ def write_report(out: Path) -> Path:
     files = {f"{name}.png": data for name, data in pngs.items()}
     files["summary.md"] = markdown.render(records.runs, tables, plots).encode("utf-8")
     files["index.html"] = render(records.runs, tables, plots, pngs).encode("utf-8")
+    files[MANIFEST] = manifest_bytes(files)
     dest = out / "report"
+    check_replaceable(dest)  # before drawing into the directory: a foreign folder is refused whole
     tmp = out / f".report.tmp-{os.getpid()}"  # store.clean_stale_temps knows the name
     name = ""
     try:
@@ -161,7 +163,7 @@ def write_report(out: Path) -> Path:
         for name, data in files.items():
             (tmp / name).write_bytes(data)
         name = ""
-        publish(tmp, dest)
+        replace_report(tmp, dest)
     except OSError as exc:
         raise storage_error(dest / name if name else dest, exc) from None
     finally:

@@ -39,11 +39,12 @@ class Records:
 
 def load(out: Path) -> Records:
     """Read a results directory; a missing or empty one is a one-line error."""
-    from ..harness.store import read_table
+    from ..harness.store import check_complete, read_table
 
     out = Path(out)
     if not out.is_dir():
         raise KvbenchError(f"{out}: no such results directory")
+    check_complete(out)  # a run that lost a partition is named, never read as whole
     runs = read_table(out, "runs")
     if runs.empty:
         raise KvbenchError(f"{out}: holds no runs (runs/ is empty); run `kvbench run --out {out}` first")

@@ -61,7 +61,7 @@ def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
 def host_available_bytes() -> int:
     """The host's available memory (MemAvailable where Linux says it), in bytes."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in Path("/proc/meminfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     except OSError:

@@ -267,7 +267,7 @@ def write_model_dir(spec: RunSpec, directory: Path) -> Path:
         "tie_word_embeddings": False,
     }
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    (directory / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     return directory
 
 

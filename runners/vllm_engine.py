@@ -207,7 +207,7 @@ CPU = Cpu()
 def cpu_name() -> str:
     """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
                 return f"cpu: {line.split(':', 1)[1].strip()}"
     except OSError:
@@ -430,7 +430,7 @@ def make_engine(args: Any) -> EngineHandle:
 def architectures(model: Path) -> list[str]:
     """The architectures a model directory's config.json names (none when unreadable: vLLM will say)."""
     try:
-        config = json.loads((model / "config.json").read_text())
+        config = json.loads((model / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
     archs = config.get("architectures") if isinstance(config, dict) else None

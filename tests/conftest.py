@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +44,24 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
     assert "Traceback" not in proc.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
+
+
+def tree(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root`` (never following links): its type, and for a regular file its
+    size and content digest, for a link its target."""
+    listing: dict[str, tuple] = {}
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            path = Path(folder) / name
+            st = os.lstat(path)
+            rel = str(path.relative_to(root))
+            if stat.S_ISREG(st.st_mode):
+                listing[rel] = ("file", st.st_size, hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mode & 0o777)
+            elif stat.S_ISLNK(st.st_mode):
+                listing[rel] = ("link", os.readlink(path))
+            else:
+                listing[rel] = (stat.S_IFMT(st.st_mode),)
+    return listing
 
 
 @pytest.fixture

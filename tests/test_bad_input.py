@@ -5,11 +5,14 @@ no traceback, and no output that looks complete."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, assert_one_line_error, kvbench
+from tests.conftest import ROOT, assert_one_line_error, kvbench, tree
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text()
 
@@ -301,3 +304,387 @@ def test_an_explicit_head_dim_is_honoured(tmp_path):
     proc = kvbench("calc", "--block-size", "16", "--tokens", "35", "--model", str(cfg), "--budget", "1GiB", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["kv_bytes_per_token"] == 2 * 2 * 2 * 96 * 2  # K,V × layers × KV heads × 96 × fp16
+
+
+# -- refused before anything is written ----------------------------------------------------------
+
+def grid_of(key: str, count: int) -> str:
+    return f"{key} = [{', '.join(str(i) for i in range(count))}]"
+
+
+REFUSED_SUITES = {
+    # (old text, new text): (expected words in the error line)
+    "requests_absurd": (("num_requests = 200", "num_requests = 1000000000000"), ("num_requests", "10,000,000")),
+    "requests_one_over": (("num_requests = 200", "num_requests = 10000001"), ("num_requests", "10,000,000")),
+    "rate_times_duration": (('arrival = "batch"', 'arrival = "poisson"\nrate = 1e6\nduration_s = 1e6'),
+                            ("rate * duration_s", "10,000,000")),
+    "rate_times_duration_overflows": (('arrival = "batch"', 'arrival = "gamma"\nrate = 1e300\nduration_s = 1e300'),
+                                      ("rate * duration_s", "inf", "10,000,000")),
+    "trace_limit_absurd": (('source = "fixed"', 'source = "trace"\npath = "/nonexistent/t.csv"\nlimit = 100000000000'),
+                           ("limit", "10,000,000")),
+    "repeats_absurd": (('name = "example"', 'name = "example"\nrepeats = 100000000'), ("repeats", "1,000")),
+    "repeats_one_over": (('name = "example"', 'name = "example"\nrepeats = 1001'), ("repeats", "1,000")),
+    "grid_product": (("block_size = [16]", f"{grid_of('block_size', 64)}\n{grid_of('seed', 500)}"),
+                     ("128,000 cells", "100,000")),
+    "grid_product_astronomical": (("block_size = [16]", "\n".join(grid_of(k, 100) for k in
+                                                                  ("block_size", "seed", "n", "max_num_seqs",
+                                                                   "max_num_batched_tokens", "output_len",
+                                                                   "prompt_len", "max_model_len"))),
+                                  ("about 10^16 cells", "100,000")),
+    "grid_times_repeats": (("block_size = [16]", f"block_size = [16]\n{grid_of('seed', 100)}"),
+                           ("400,000 cells", "100,000"), 'name = "example"\nrepeats = 1000'),
+    "runner_override_product": (("block_size = [16]", f"{grid_of('block_size', 100)}\n[runners.sim]\n"
+                                                      f"{grid_of('seed', 1000)}"), ("400,000 cells",)),
+    "unknown_runner_table": (("block_size = [16]", 'block_size = [16]\n[runners.simm]\npolicy = ["paged"]'),
+                             ("[runners.simm]", "'simm'", "vllm-sched")),
+    "runner_table_capitalised": (("block_size = [16]", "block_size = [16]\n[runners.Sim]\nmax_num_seqs = 8"),
+                                 ("[runners.Sim]", "known: sim")),
+    "runner_table_underscore": (("block_size = [16]", 'block_size = [16]\n[runners.vllm_sched]\npolicy = ["paged"]'),
+                                ("[runners.vllm_sched]", "vllm-sched")),
+    "runner_table_not_run": (("block_size = [16]", 'block_size = [16]\n[runners.vllm]\npolicy = ["paged"]'),
+                             ("[runners.vllm]", "configures runner vllm", "does not run", "it runs: sim")),
+    "runner_override_empty_list": (("block_size = [16]", "block_size = [16]\n[runners.sim]\npolicy = []"),
+                                   ("[runners.sim]", "policy", "empty list")),
+    "runner_override_empty_block_sizes": (("block_size = [16]", "block_size = [16]\n[runners.sim]\nblock_size = []"),
+                                          ("[runners.sim]", "block_size", "empty list")),
+    "runner_override_undefined_workload": (("block_size = [16]", 'block_size = [16]\n[runners.sim]\n'
+                                                                 'workload = ["nope"]'),
+                                           ("[runners.sim]", "'nope'", "not defined")),
+    "optional_runners_a_string": (('name = "example"', 'name = "example"\noptional_runners = "vllm"'),
+                                  ("optional_runners", "list of runner names")),
+    "optional_runner_typo": (('name = "example"', 'name = "example"\noptional_runners = ["vlm"]'),
+                             ("optional_runners", "'vlm'", "vllm-sched")),
+    "prefix_as_long_as_the_prompt": (("seed = 0", "seed = 0\nprefix_groups = 2\nprefix_len = 100"),
+                                     ("prefix_len (100) must be below prompt_len (100)", "a token of its own")),
+    "prefix_longer_than_the_prompt": (("seed = 0", "seed = 0\nprefix_groups = 2\nprefix_len = 150"),
+                                      ("prefix_len (150) must be below prompt_len (100)",)),
+    "config_is_a_device": (('preset = "opt-13b"', 'config = "/dev/zero"'), ("/dev/zero", "not a regular file")),
+    "profile_is_a_device": (("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "profile"\n'
+                                                             'clock_profile = "/dev/urandom"'),
+                            ("/dev/urandom", "not a regular file")),
+    "trace_is_a_device": (('source = "fixed"', 'source = "trace"\npath = "/dev/zero"'),
+                          ("trace /dev/zero", "not a regular file")),
+    "sharegpt_json_is_a_device": (('source = "fixed"', 'source = "sharegpt-json"\npath = "/dev/zero"'),
+                                  ("/dev/zero", "not a regular file")),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_SUITES))
+def test_a_refused_suite_writes_nothing(tmp_path, case):
+    (old, new), needles, *top = REFUSED_SUITES[case]
+    suite = suite_with(tmp_path, old, new)
+    if top:
+        Path(suite).write_text(Path(suite).read_text().replace('name = "example"', top[0], 1))
+    out = tmp_path / "out"
+    before = tree(tmp_path)
+    proc = kvbench("run", suite, "--out", str(out), "--quiet", "--no-report")
+    assert_one_line_error(proc, *needles)
+    assert proc.returncode == 2
+    assert tree(tmp_path) == before  # nothing written, nothing else touched
+
+
+def test_every_shipped_suite_passes_the_limits_and_the_name_rule():
+    from kvbench.app.suite import MAX_CELLS, count_cells, load_suite, shipped_suites
+
+    for name in shipped_suites():
+        suite = load_suite(name)  # every shipped suite (and its name) passes the rules
+        assert count_cells(suite) <= MAX_CELLS
+
+
+def test_a_shipped_suites_name_is_not_hidden_by_its_results_directory(tmp_path):
+    # `kvbench run example --out example` makes the directory `example`: the same command again
+    # still means the shipped suite, and finds its cells recorded.
+    for _ in range(2):
+        proc = kvbench("run", "example", "--out", "example", "--no-report", "--quiet", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    assert "0 cell(s) run, 4 skipped" in proc.stderr
+    # A regular file by a shipped suite's name is the suite it holds.
+    (tmp_path / "example").rename(tmp_path / "results")
+    (tmp_path / "example").write_text(EXAMPLE.replace("num_requests = 200", "num_requests = 0"))
+    assert_one_line_error(kvbench("run", "example", "--out", "o", "--quiet", cwd=tmp_path), "num_requests")
+
+
+# -- files that are not files --------------------------------------------------------------------
+
+NOT_FILES = ["/dev/zero", "/dev/null", "/dev/urandom", "fifo", "directory"]
+
+
+def _not_a_file(tmp_path: Path, kind: str, name: str = "input.json") -> str:
+    if kind == "fifo":
+        path = tmp_path / name
+        os.mkfifo(path)
+        return str(path)
+    if kind == "directory":
+        path = tmp_path / name
+        path.mkdir()
+        return str(path)
+    return kind
+
+
+@pytest.mark.parametrize("kind", NOT_FILES)
+def test_a_suite_path_that_is_not_a_file(tmp_path, kind):
+    path = _not_a_file(tmp_path, kind, "suite.toml")
+    out = tmp_path / "out"
+    proc = kvbench("run", path, "--out", str(out), "--quiet", timeout=60)  # a FIFO must not block
+    assert_one_line_error(proc, path, "directory" if kind == "directory" else "not a regular file")
+    assert not out.exists()
+    assert_one_line_error(kvbench("fit-roofline", path, "--target", "5", timeout=60), path)
+
+
+@pytest.mark.parametrize("kind", NOT_FILES)
+def test_a_model_config_that_is_not_a_file(tmp_path, kind):
+    path = _not_a_file(tmp_path, kind, "model.json")
+    if kind == "directory":  # a model directory: its config.json is read
+        os.mkfifo(Path(path) / "config.json")
+    proc = kvbench("calc", "--block-size", "16", "--tokens", "3", "--model", path, "--budget", "1GiB", timeout=60)
+    assert_one_line_error(proc, path, "not a regular file")
+
+
+@pytest.mark.parametrize("kind", NOT_FILES)
+def test_a_clock_profile_that_is_not_a_file(tmp_path, kind):
+    path = _not_a_file(tmp_path, kind, "profile.json")
+    suite = suite_with(tmp_path, "max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "profile"')
+    out = tmp_path / "out"
+    proc = kvbench("run", suite, "--clock-profile", path, "--out", str(out), "--quiet", timeout=60)
+    assert_one_line_error(proc, path, "directory" if kind == "directory" else "not a regular file")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", NOT_FILES)
+def test_a_trace_that_is_not_a_file(tmp_path, kind):
+    path = _not_a_file(tmp_path, kind, "trace.csv")
+    out = tmp_path / "out"
+    proc = kvbench("run", suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{path}"'),
+                   "--out", str(out), "--quiet", timeout=60)
+    assert_one_line_error(proc, f"trace {path}", "not a regular file")
+    assert not out.exists()
+
+
+def test_workload_show_config_that_is_not_a_file(tmp_path):
+    w = tmp_path / "w.parquet"
+    assert kvbench("workload", "make", "--out", str(w), "--num-requests", "3").returncode == 0
+    for kind in NOT_FILES:
+        path = _not_a_file(tmp_path, kind, f"{kind.strip('/').replace('/', '-')}.json")
+        if kind == "directory":  # a model directory: its config.json is read
+            os.mkfifo(Path(path) / "config.json")
+        assert_one_line_error(kvbench("workload", "show", str(w), "--config", path, timeout=60), path,
+                              "not a regular file")
+
+
+def test_workload_make_refuses_an_absurd_count(tmp_path):
+    out = tmp_path / "x.parquet"
+    proc = kvbench("workload", "make", "--out", str(out), "--num-requests", "1000000000000")
+    assert_one_line_error(proc, "num_requests", "10,000,000")
+    assert not out.exists()
+    proc = kvbench("workload", "make", "--out", str(out), "--arrival", "poisson", "--rate", "1e6",
+                   "--duration-s", "1e6")
+    assert_one_line_error(proc, "rate * duration_s", "10,000,000")
+    assert not out.exists()
+
+
+def test_a_request_count_at_the_limit_is_accepted():
+    from kvbench.harness.workload_spec import MAX_REQUESTS, WorkloadSpec
+
+    WorkloadSpec(num_requests=MAX_REQUESTS)
+    WorkloadSpec(arrival="poisson", rate=1000.0, duration_s=MAX_REQUESTS / 1000)
+    WorkloadSpec(source="trace", path="t.csv", limit=MAX_REQUESTS)
+
+
+OVERSIZED = {
+    # what, the limit's bytes, how to use the file
+    "suite": (2**20, lambda p, tmp: kvbench("run", str(p), "--out", str(tmp / "out"), "--quiet")),
+    "config": (16 * 2**20, lambda p, tmp: kvbench("calc", "--block-size", "16", "--tokens", "3", "--model", str(p),
+                                                  "--budget", "1GiB")),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERSIZED))
+def test_an_oversized_input_is_refused_with_its_limit(tmp_path, case):
+    limit, use = OVERSIZED[case]
+    path = tmp_path / ("suite.toml" if case == "suite" else "config.json")
+    with path.open("wb") as fh:
+        fh.truncate(limit + 1)  # sparse: no disk used
+    proc = use(path, tmp_path)
+    assert_one_line_error(proc, str(path), f"{limit + 1:,} bytes", f"{limit:,}-byte limit")
+    assert not (tmp_path / "out").exists()
+
+
+# -- whatever the locale -------------------------------------------------------------------------
+
+def c_locale(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The real CLI under the C locale, UTF-8 mode off: the default encoding is ASCII."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), LC_ALL="C", LANG="C", PYTHONUTF8="0")
+    env.pop("PYTHONIOENCODING", None)
+    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", *args], capture_output=True, text=True,
+                          encoding="utf-8", errors="replace", cwd=cwd, env=env, timeout=300)
+
+
+def test_utf8_inputs_under_the_c_locale(tmp_path):
+    suite = tmp_path / "suite.toml"
+    suite.write_text(EXAMPLE.replace('name = "example"', 'name = "example"\ndescription = "café, 東京"'),
+                     encoding="utf-8")
+    proc = c_locale("run", str(suite), "--out", "out", "--quiet", "--no-report", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({**LLAMA_CONFIG, "_name_or_path": "modèle"}, ensure_ascii=False), encoding="utf-8")
+    proc = c_locale("calc", "--block-size", "16", "--tokens", "3", "--model", str(cfg), "--budget", "1GiB",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_suite_that_is_not_utf8_says_so(tmp_path):
+    suite = tmp_path / "suite.toml"
+    suite.write_bytes(EXAMPLE.replace('name = "example"', 'name = "example"\ndescription = "caf\xe9"')
+                      .encode("latin-1"))
+    assert_one_line_error(kvbench("run", str(suite), "--quiet"), "suite.toml", "not UTF-8", "0xe9")
+
+
+# -- names ---------------------------------------------------------------------------------------
+
+UNSAFE_NAMES = {
+    # name: the character the error names, escaped
+    "a\x85b": "'\\x85'",
+    "line\u2028sep": "'\\u2028'",
+    "invoice\u202eexe.toml": "'\\u202e'",
+    "zero\u200bwidth": "'\\u200b'",
+    "café": "'\\xe9'",
+    "my suite": "' '",
+    "a:b": "':'",
+    "tab\tname": "'\\t'",
+}
+
+
+@pytest.mark.parametrize("name", list(UNSAFE_NAMES))
+def test_a_suite_name_is_plain_ascii(tmp_path, name):
+    suite = tmp_path / "suite.toml"
+    suite.write_text(EXAMPLE.replace('name = "example"', f"name = {json.dumps(name)}"))
+    before = _tree(tmp_path)
+    proc = kvbench("run", str(suite), "--quiet", "--no-report", cwd=tmp_path)
+    assert_one_line_error(proc, "cannot name a results directory", UNSAFE_NAMES[name], "ASCII letters, digits")
+    if not (name.isascii() and name.isprintable()):
+        assert name not in proc.stderr  # shown escaped, never raw
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["-rf", "+x", "_private"])
+def test_a_suite_name_starts_with_a_letter_or_digit(tmp_path, name):
+    suite = tmp_path / "suite.toml"
+    suite.write_text(EXAMPLE.replace('name = "example"', f"name = {json.dumps(name)}"))
+    assert_one_line_error(kvbench("run", str(suite), "--quiet", cwd=tmp_path), "starts with", "letter or digit")
+
+
+def test_plain_names_pass():
+    from kvbench.harness.names import MAX_NAME_BYTES, path_component
+
+    for name in ("example", "paper-block-size", "run_2.1+fp8", "1x", "x" * MAX_NAME_BYTES):
+        assert path_component(name, "name") == name
+
+
+# -- clock profiles that price nothing -----------------------------------------------------------
+
+PROFILE = ROOT / "tests" / "data" / "profile-opt-13b-fp16-b16.json"
+TERMS = ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s")
+DEGENERATE_TERMS = {
+    "all_zero": ({t: 0.0 for t in TERMS}, ("costs 0 s", "1e-06 s minimum")),
+    "subnormal": ({**{t: 0.0 for t in TERMS}, "step_s": 5e-324}, ("costs 4.94e-324 s", "1e-06 s minimum")),
+    "just_below": ({**{t: 0.0 for t in TERMS}, "step_s": 5e-7, "per_token_s": 4e-7}, ("9e-07 s",)),
+    "nan": ({"step_s": float("nan")}, ("corrupt clock profile", "step_s")),
+    "infinite": ({"per_token_s": float("inf")}, ("corrupt clock profile", "per_token_s")),
+}
+
+
+def _profile(tmp_path: Path, terms: dict[str, float]) -> Path:
+    doc = json.loads(PROFILE.read_text())
+    doc["terms"].update(terms)
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))  # NaN and Infinity as Python's json writes them
+    return path
+
+
+@pytest.mark.parametrize("case", list(DEGENERATE_TERMS))
+def test_a_profile_whose_steps_cost_nothing_is_refused(tmp_path, case):
+    terms, needles = DEGENERATE_TERMS[case]
+    profile = _profile(tmp_path, terms)
+    suite = suite_with(tmp_path, "max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "profile"')
+    out = tmp_path / "out"
+    proc = kvbench("run", suite, "--clock-profile", str(profile), "--out", str(out), "--quiet")
+    assert_one_line_error(proc, str(profile), *needles)
+    assert not out.exists()
+
+
+def test_a_profile_with_some_zero_terms_is_accepted(tmp_path):
+    # A fit constrains terms to >= 0 and may well give 0 for some: only the whole step matters.
+    profile = _profile(tmp_path, {"per_seq_s": 0.0, "per_context_token_s": 0.0, "per_attention_pair_s": 0.0})
+    suite = suite_with(tmp_path, "max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "profile"')
+    proc = kvbench("run", suite, "--clock-profile", str(profile), "--out", str(tmp_path / "out"), "--quiet",
+                   "--no-report")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_no_profile_is_written_whose_steps_cost_nothing():
+    from kvbench.harness.clock import ClockTerms
+    from kvbench.harness.clock_profile import profile_document
+    from kvbench.harness.errors import KvbenchError
+    from kvbench.harness.geometry import preset
+
+    with pytest.raises(KvbenchError, match="1e-06 s minimum"):
+        profile_document(ClockTerms(0.0, 0.0, 0.0, 0.0, 0.0), preset("opt-13b"), "fp16", 16, {}, {}, {}, {})
+
+
+# -- traces that say one thing twice; lengths the user wrote -------------------------------------
+
+AMBIGUOUS_TRACES = {
+    "csv_duplicate_column": ("trace.csv", "prompt_len,output_len,prompt_len\n10,5,20\n",
+                             ("'prompt_len'", "more than once")),
+    "csv_duplicate_after_spaces": ("trace.csv", "prompt_len, output_len, output_len\n10,5,20\n",
+                                   ("'output_len'", "more than once")),
+    "csv_duplicate_azure_column": ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n"
+                                                "2023-11-16 18:15:46.68,374,44,3\n", ("'ContextTokens'",)),
+    "csv_both_schemes": ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,prompt_len,output_len\n"
+                                      "2023-11-16 18:15:46.68,374,44,10,5\n",
+                         ("ContextTokens", "prompt_len", "keep one scheme")),
+    "csv_azure_with_arrival_s": ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,arrival_s\n"
+                                              "2023-11-16 18:15:46.68,374,44,0.5\n", ("arrival_s", "keep one scheme")),
+    "jsonl_duplicate_key": ("trace.jsonl", '{"prompt_len": 10, "output_len": 5, "prompt_len": 20}\n',
+                            ("line 1", "'prompt_len'", "more than once")),
+    "jsonl_both_schemes": ("trace.jsonl", '{"ContextTokens": 10, "GeneratedTokens": 5, "TIMESTAMP": "2023-11-16", '
+                                          '"output_len": 5}\n', ("output_len", "keep one scheme")),
+}
+
+
+@pytest.mark.parametrize("case", list(AMBIGUOUS_TRACES))
+def test_an_ambiguous_trace_is_refused(tmp_path, case):
+    name, text, needles = AMBIGUOUS_TRACES[case]
+    trace = tmp_path / name
+    trace.write_text(text)
+    out = tmp_path / "out"
+    proc = kvbench("run", suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"'),
+                   "--out", str(out), "--quiet")
+    assert_one_line_error(proc, name, *needles)
+    assert not out.exists()
+
+
+def test_a_parquet_trace_with_a_duplicate_column_is_refused(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    trace = tmp_path / "trace.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([10]), pa.array([5]), pa.array([20])],
+                                        names=["prompt_len", "output_len", "prompt_len"]), trace)
+    proc = kvbench("run", suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"'),
+                   "--out", str(tmp_path / "out"), "--quiet")
+    assert_one_line_error(proc, "trace.parquet", "'prompt_len'", "more than once")
+
+
+def test_trace_prompts_not_longer_than_the_prefix_are_refused(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("prompt_len,output_len\n10,5\n200,5\n20,5\n21,5\n")
+    suite = suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"\nprefix_groups = 2\n'
+                                                     "prefix_len = 20")
+    out = tmp_path / "out"
+    proc = kvbench("run", suite, "--out", str(out), "--quiet")
+    assert_one_line_error(proc, "trace.csv", "2 of the 4 prompts", "prefix_len (20)")
+    assert not out.exists()
+    trace.write_text("prompt_len,output_len\n21,5\n200,5\n")  # all longer: accepted, lengths as written
+    proc = kvbench("run", suite, "--out", str(out), "--quiet", "--no-report")
+    assert proc.returncode == 0, proc.stderr

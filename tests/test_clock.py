@@ -463,3 +463,16 @@ def test_fit_roofline_bisects_a_monotone_metric_to_its_target() -> None:
     assert falling == pytest.approx(2.5, rel=0.002)
     with pytest.raises(KvbenchError, match="outside"):
         bisect(lambda s: 10.0 * s, 500.0, 1.0, 16.0, lambda s, v: None)
+
+
+def test_runs_too_short_for_a_held_out_block_hold_out_every_fifth_step():
+    import pandas as pd
+
+    from kvbench.reports.calibration import HOLDOUT_BLOCK, HOLDOUT_EVERY, held_out_mask
+
+    short = pd.DataFrame({"step": np.arange(HOLDOUT_BLOCK * (HOLDOUT_EVERY - 1) - 1)})
+    held = held_out_mask(short)
+    assert held.any() and list(np.flatnonzero(held)) == list(range(HOLDOUT_EVERY - 1, len(short), HOLDOUT_EVERY))
+    long = pd.DataFrame({"step": np.arange(HOLDOUT_BLOCK * HOLDOUT_EVERY)})
+    assert list(np.flatnonzero(held_out_mask(long))) == list(range(HOLDOUT_BLOCK * (HOLDOUT_EVERY - 1),
+                                                                   HOLDOUT_BLOCK * HOLDOUT_EVERY))

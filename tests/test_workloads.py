@@ -110,11 +110,18 @@ def test_fixed_workload_exact_table() -> None:
     assert len(w.workload_id) == 16 and int(w.workload_id, 16) >= 0
 
 
-def test_prefix_groups_round_robin_and_prompt_floor() -> None:
-    w = build_workload(WorkloadSpec(num_requests=5, prompt_len=5, output_len=1, prefix_groups=2, prefix_len=8))
+def test_prefix_groups_round_robin_and_sampled_prompt_floor() -> None:
+    w = build_workload(WorkloadSpec(source="uniform", num_requests=5, prompt_min=5, prompt_max=5, output_len=1,
+                                    prefix_groups=2, prefix_len=8))
     assert cols(w, "prefix_group") == [0, 1, 0, 1, 0]
     assert cols(w, "prefix_len") == [8] * 5
-    assert cols(w, "prompt_len") == [9] * 5  # raised to prefix_len + 1
+    assert cols(w, "prompt_len") == [9] * 5  # sampled prompts raised to prefix_len + 1, and counted
+    assert w.raised == 5
+
+
+def test_a_fixed_prompt_not_longer_than_the_prefix_is_refused() -> None:
+    with pytest.raises(KvbenchError, match="prefix_len"):
+        build_workload(WorkloadSpec(num_requests=5, prompt_len=5, output_len=1, prefix_groups=2, prefix_len=8))
 
 
 def test_uniform_deterministic_and_inclusive_bounds() -> None:

@@ -8,7 +8,8 @@ Order of work (part of the determinism contract: changing it changes ids):
    thing), and the same arrivals whatever the length source;
 2. lengths (prompts, then outputs) from the distribution or file;
 3. the optional ``max_prompt_len``/``max_output_len`` clamps;
-4. prompts raised to ``prefix_len + 1`` when prefixes are shared;
+4. sampled prompts raised to ``prefix_len + 1`` when prefixes are shared (a file's
+   prompts must already be longer; a fixed ``prompt_len`` is checked by the spec);
 5. requests with prompt + output > ``max_model_len`` dropped (and counted);
 6. arrival times for the survivors (so a synthetic rate is the rate asked
    for; trace times stay with their rows);
@@ -23,8 +24,8 @@ import pandas as pd
 from ..harness.errors import KvbenchError
 from .arrivals import make_arrivals
 from .distributions import clamp_lengths, sample_lengths
-from .prefix import assign_prefix_groups, raise_prompts_for_prefix
-from ..harness.workload_spec import WorkloadSpec
+from .prefix import assign_prefix_groups, check_prompts_exceed_prefix, raise_prompts_for_prefix
+from ..harness.workload_spec import FILE_SOURCES, WorkloadSpec
 from .table import Workload
 from .traces import read_sharegpt_json, read_trace
 
@@ -53,6 +54,9 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Work
 
     prompts = clamp_lengths(prompts, spec.max_prompt_len)
     outputs = clamp_lengths(outputs, spec.max_output_len)
+    if spec.source in FILE_SOURCES:
+        check_prompts_exceed_prefix(prompts, spec.prefix_len, f"{spec.source} {spec.path}")
+    raised = int(np.count_nonzero(prompts <= spec.prefix_len)) if spec.prefix_len > 0 else 0
     prompts = raise_prompts_for_prefix(prompts, spec.prefix_len)
 
     total = int(prompts.size)
@@ -76,4 +80,4 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Work
         "prefix_len": prefix_lens,
         "n": np.full(kept, spec.n, dtype=np.int64),
     })
-    return Workload.create(table, spec.to_json(), total - kept)
+    return Workload.create(table, spec.to_json(), total - kept, raised=raised)

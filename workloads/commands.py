@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.errors import KvbenchError, one_line
+from ..harness.files import MAX_SUITE_BYTES, read_text_capped
+from ..harness.safe_paths import nonempty_path, output_file
 from ..harness.workload_spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
 
 _TYPES = {"int": int, "float": float, "str": str}
@@ -71,7 +73,8 @@ def register(subparsers: Any) -> None:
     make = actions.add_parser("make", help="write a workload Parquet file and print its id",
                               description="Build a workload from --suite's [workload] table and/or flags "
                                           "(flags win) and write it as Parquet.")
-    make.add_argument("--out", required=True, metavar="FILE.parquet", help="where to write the workload")
+    make.add_argument("--out", required=True, type=nonempty_path, metavar="FILE.parquet",
+                      help="where to write the workload (a new file, or a regular file it replaces)")
     make.add_argument("--suite", metavar="SUITE.toml", help="take [workload] and [memory].max_model_len from a suite")
     spec_flags = make.add_argument_group("workload spec (see WorkloadSpec; each overrides the suite)")
     for name, (kind, _optional) in FIELD_KINDS.items():
@@ -99,13 +102,9 @@ def load_suite_workload(path: str | Path) -> tuple[dict[str, Any], int | None, l
     """A suite's ``[workload]`` table, ``[memory].max_model_len`` and the ``[grid]`` keys that name spec fields."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_text_capped(p, "suite file", MAX_SUITE_BYTES, f"suite {p}"))
     except FileNotFoundError:
         raise KvbenchError(f"suite {p}: no such file") from None
-    except IsADirectoryError:
-        raise KvbenchError(f"suite {p}: is a directory, not a TOML file") from None
-    except UnicodeDecodeError:
-        raise KvbenchError(f"suite {p}: not UTF-8 text") from None
     except OSError as exc:
         raise KvbenchError(f"suite {p}: cannot read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
@@ -129,6 +128,7 @@ def cmd_make(args: argparse.Namespace) -> int:
     from .build import build_workload
     from .table import write_workload
 
+    output_file(args.out, "--out")  # before building: a device, a FIFO or a folder is refused at once
     table: dict[str, Any] = {}
     max_model_len: int | None = None
     flags = {name: getattr(args, f"spec_{name}") for name in FIELD_KINDS
@@ -150,6 +150,9 @@ def cmd_make(args: argparse.Namespace) -> int:
         total = workload.num_requests + workload.dropped
         print(f"kvbench workload: note: dropped {workload.dropped} of {total} requests with "
               f"prompt_len + output_len > max_model_len {max_model_len}", file=sys.stderr)
+    if workload.raised:
+        print(f"kvbench workload: note: raised {workload.raised} sampled prompt(s) to prefix_len + 1 = "
+              f"{spec.prefix_len + 1} tokens (each request computes a token of its own)", file=sys.stderr)
     print(f"wrote        {out}")
     print(f"workload_id  {workload.workload_id}")
     print(f"requests     {workload.num_requests}")

@@ -13,6 +13,8 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError, StorageError, os_cause
+from ..harness.files import GIB, check_regular_input
+from ..harness.safe_paths import output_file
 from ..harness.geometry import ModelGeometry
 
 SCHEMA_VERSION = 1
@@ -47,6 +49,10 @@ def compute_workload_id(df: pd.DataFrame) -> str:
     return digest.hexdigest()[:16]
 
 
+# A workload of the most requests a spec may ask for takes well under this.
+MAX_WORKLOAD_BYTES = 4 * GIB
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Workload:
     """An immutable table of requests, identified by its content.
@@ -59,14 +65,17 @@ class Workload:
     spec_json: str
     dropped: int
     workload_id: str
+    # Sampled prompts raised to prefix_len + 1 (each request computes a token of its own after
+    # the shared prefix): said where the workload is built, not part of its identity.
+    raised: int = 0
 
     @classmethod
-    def create(cls, df: pd.DataFrame, spec_json: str, dropped: int = 0) -> "Workload":
+    def create(cls, df: pd.DataFrame, spec_json: str, dropped: int = 0, raised: int = 0) -> "Workload":
         """Validate columns, dtypes and invariants; copy the table; compute the id."""
         table = _canonical(df)
         if isinstance(dropped, bool) or not isinstance(dropped, (int, np.integer)) or dropped < 0:
             raise KvbenchError(f"workload: dropped must be a count >= 0, got {dropped!r}")
-        return cls(table, str(spec_json), int(dropped), compute_workload_id(table))
+        return cls(table, str(spec_json), int(dropped), compute_workload_id(table), int(raised))
 
     @property
     def num_requests(self) -> int:
@@ -146,7 +155,7 @@ def write_workload(w: Workload, path: str | Path) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    p = Path(path)
+    p = output_file(Path(path), "workload")  # the rename below would replace a device or a FIFO
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -165,6 +174,7 @@ def write_workload(w: Workload, path: str | Path) -> Path:
         # Same folder as the target, so os.replace is an atomic rename: a reader
         # sees the old file or the whole new one, never half a file.
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a workload is as readable as the records
         os.close(fd)
         pq.write_table(table, tmp)
         os.replace(tmp, p)
@@ -179,6 +189,12 @@ def write_workload(w: Workload, path: str | Path) -> Path:
     return p
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def read_workload(path: str | Path) -> Workload:
     """Read a workload file, refusing newer schema versions and content that does not match its id."""
     import pyarrow as pa
@@ -190,6 +206,7 @@ def read_workload(path: str | Path) -> Workload:
         raise KvbenchError(f"{where}: no such file")
     if p.is_dir():
         raise KvbenchError(f"{where}: is a directory, not a workload file")
+    check_regular_input(p, "workload file", MAX_WORKLOAD_BYTES, where)
     try:
         table = pq.read_table(p)
     except (pa.ArrowException, OSError) as exc:

@@ -12,10 +12,14 @@ Every problem is a one-line ``KvbenchError`` naming the file and the row
 (CSV/JSONL: the line number in the file; Parquet: the 1-based data row).
 Unsorted arrival times are an error rather than silently sorted: a replay
 whose order differs from the file's would not be the trace it claims to be.
+So is a file that says one thing twice: a column (or JSON key) given twice, or
+both the Azure columns and the plain ones — which of them would be read is not
+the user's choice made visible.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -26,9 +30,15 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError
+from ..harness.files import GIB, check_regular_input, read_text_capped
+from ..harness.workload_spec import MAX_REQUESTS
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 GENERIC_COLUMNS = ("prompt_len", "output_len")
+GENERIC_TIME_COLUMN = "arrival_s"
+# Trace files: the largest public traces are hundreds of MB; a bound keeps a wrong path (a disk
+# image, say) from being read whole. What matters more is that the path is a regular file.
+MAX_TRACE_BYTES = 4 * GIB
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -76,22 +86,58 @@ def read_trace(path: str | Path, limit: int | None = None) -> TraceData:
         frame = frame.iloc[:limit]
     if len(frame) == 0:
         raise KvbenchError(f"{where}: no requests in file (header only)")
+    _check_count(len(frame), where)
     return _parse_frame(frame, where, label)
 
 
+def _rows_to_read(limit: int | None) -> int:
+    """Rows worth reading: ``limit``, or one past the most a workload may have (to say so)."""
+    return limit if limit is not None else MAX_REQUESTS + 1
+
+
+def _check_count(rows: int, where: str) -> None:
+    if rows > MAX_REQUESTS:
+        raise KvbenchError(f"{where}: holds more than {MAX_REQUESTS:,} requests, the limit of a workload "
+                           f"(set limit to use its first ones)")
+
+
 def _check_file(p: Path, where: str) -> None:
-    if not p.exists():
-        raise KvbenchError(f"{where}: no such file")
-    if p.is_dir():
-        raise KvbenchError(f"{where}: is a directory, not a file")
-    if p.stat().st_size == 0:
+    try:
+        size = check_regular_input(p, "trace", MAX_TRACE_BYTES, where)
+    except FileNotFoundError:
+        raise KvbenchError(f"{where}: no such file") from None
+    if size == 0:
         raise KvbenchError(f"{where}: file is empty")
 
 
+def _check_unique_names(names: list[str], where: str, what: str) -> None:
+    """Refuse a name given twice: pandas would rename the second (``prompt_len.1``) and read the first."""
+    seen: set[str] = set()
+    for name in names:
+        if name and name in seen:  # unnamed columns are never read: they cannot be ambiguous
+            raise KvbenchError(f"{where}: {what} {name!r} appears more than once: keep one")
+        seen.add(name)
+
+
+def _csv_header(p: Path, where: str) -> list[str]:
+    """The header's names as the file spells them (pandas renames duplicates)."""
+    try:
+        with p.open(encoding="utf-8-sig", newline="") as fh:
+            return [name.strip() for name in next(csv.reader(fh, skipinitialspace=True), [])]
+    except csv.Error as exc:
+        raise KvbenchError(f"{where}: malformed CSV header ({exc})") from None
+    except UnicodeDecodeError:
+        raise KvbenchError(f"{where}: not UTF-8 text") from None
+    except OSError as exc:
+        raise KvbenchError(f"{where}: cannot read ({exc.__class__.__name__}: {exc.strerror or exc})") from None
+
+
 def _read_csv(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, Label]:
+    _check_unique_names(_csv_header(p, where), where, "column")
     try:
         # Everything as text: we want to report 'abc' or '3.5' ourselves, row by row.
-        frame = pd.read_csv(p, dtype=str, keep_default_na=False, nrows=limit, skipinitialspace=True)
+        frame = pd.read_csv(p, dtype=str, keep_default_na=False, nrows=_rows_to_read(limit), skipinitialspace=True,
+                            encoding="utf-8")
     except pd.errors.EmptyDataError:
         raise KvbenchError(f"{where}: file is empty") from None
     except pd.errors.ParserError as exc:
@@ -109,9 +155,14 @@ def _read_parquet(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame,
     import pyarrow.parquet as pq
 
     try:
-        frame = pq.read_table(p).to_pandas()
+        parquet = pq.ParquetFile(p)
+        if limit is None:
+            _check_count(parquet.metadata.num_rows, where)  # before reading any row
+        table = parquet.read()
     except (pa.ArrowException, OSError) as exc:
         raise KvbenchError(f"{where}: not a readable Parquet file ({exc.__class__.__name__})") from None
+    _check_unique_names([str(c) for c in table.column_names], where, "column")
+    frame = table.to_pandas()
     frame.columns = [str(c) for c in frame.columns]
     return frame.reset_index(drop=True), lambda i: f"row {i + 1}"
 
@@ -119,17 +170,23 @@ def _read_parquet(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame,
 def _read_jsonl(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, Label]:
     records: list[dict[str, Any]] = []
     lines: list[int] = []
+    rows = _rows_to_read(limit)
     try:
         with p.open(encoding="utf-8") as fh:
             for lineno, text in enumerate(fh, start=1):
                 if not text.strip():
                     continue
-                if limit is not None and len(records) >= limit:
+                if len(records) >= rows:
                     break
                 try:
-                    record = json.loads(text)
+                    record = json.loads(text, object_pairs_hook=_object_once)
+                except _DuplicateKey as exc:
+                    raise KvbenchError(f"{where}: line {lineno}: key {exc.key!r} appears more than once: "
+                                       f"keep one") from None
                 except json.JSONDecodeError as exc:
                     raise KvbenchError(f"{where}: line {lineno}: malformed JSON ({exc.msg})") from None
+                except (ValueError, RecursionError) as exc:  # a 5,000-digit number; deep nesting
+                    raise KvbenchError(f"{where}: line {lineno}: malformed JSON ({type(exc).__name__})") from None
                 if not isinstance(record, dict):
                     raise KvbenchError(f"{where}: line {lineno}: expected a JSON object, got {type(record).__name__}")
                 records.append(record)
@@ -147,9 +204,32 @@ def _read_jsonl(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, L
     return frame, lambda i: f"line {lines[i]}"
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (``json`` keeps the last silently)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
 def _parse_frame(frame: pd.DataFrame, where: str, label: Label) -> TraceData:
     columns = list(frame.columns)
     arrivals: np.ndarray | None
+    azure = [c for c in AZURE_COLUMNS if c in columns]
+    plain = [c for c in (*GENERIC_COLUMNS, GENERIC_TIME_COLUMN) if c in columns]
+    if azure and plain:
+        raise KvbenchError(f"{where}: has both Azure trace columns ({', '.join(azure)}) and plain ones "
+                           f"({', '.join(plain)}): keep one scheme")
     if any(c in columns for c in AZURE_COLUMNS):
         _require(columns, AZURE_COLUMNS, where)
         prompts = _lengths(frame["ContextTokens"], "ContextTokens", where, label)
@@ -160,7 +240,8 @@ def _parse_frame(frame: pd.DataFrame, where: str, label: Label) -> TraceData:
         _require(columns, GENERIC_COLUMNS, where)
         prompts = _lengths(frame["prompt_len"], "prompt_len", where, label)
         outputs = _lengths(frame["output_len"], "output_len", where, label)
-        arrivals = _seconds(frame["arrival_s"], where, label) if "arrival_s" in columns else None
+        arrivals = (_seconds(frame[GENERIC_TIME_COLUMN], where, label) if GENERIC_TIME_COLUMN in columns
+                    else None)
         kind = "generic"
     if "request_id" in columns:
         _check_unique_ids(frame["request_id"], where, label)
@@ -281,20 +362,21 @@ def read_sharegpt_json(path: str | Path, limit: int | None = None) -> TraceData:
     where = f"sharegpt-json {p}"
     _check_file(p, where)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_text_capped(p, "ShareGPT JSON file", MAX_TRACE_BYTES, where))
+    except FileNotFoundError:
+        raise KvbenchError(f"{where}: no such file") from None
     except json.JSONDecodeError as exc:
         raise KvbenchError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
-    except UnicodeDecodeError:
-        raise KvbenchError(f"{where}: not UTF-8 text") from None
-    except OSError as exc:
-        raise KvbenchError(f"{where}: cannot read ({exc.__class__.__name__})") from None
+    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; deep nesting
+        raise KvbenchError(f"{where}: malformed JSON ({type(exc).__name__})") from None
     if not isinstance(data, list):
         raise KvbenchError(f"{where}: expected a JSON list of conversations, got {type(data).__name__}")
     prompts: list[int] = []
     outputs: list[int] = []
     skipped = 0
+    rows = _rows_to_read(limit)
     for index, entry in enumerate(data):
-        if limit is not None and len(prompts) >= limit:
+        if len(prompts) >= rows:
             break
         pair = _first_exchange(entry, f"{where}: entry {index}")
         if pair is None:
@@ -304,6 +386,7 @@ def read_sharegpt_json(path: str | Path, limit: int | None = None) -> TraceData:
         outputs.append(approx_token_count(pair[1]))
     if not prompts:
         raise KvbenchError(f"{where}: no conversation has a human turn followed by a gpt turn")
+    _check_count(len(prompts), where)
     return TraceData(np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), None,
                      "sharegpt-json", skipped)
 

@@ -1,0 +1,125 @@
+"""Where kvbench may write, and what it may remove.
+
+The rule: kvbench writes only regular files it creates inside the results
+directory, or the one ``--out FILE`` the user named, which must be absent or a
+regular file (never a device node, a FIFO, a folder or a symbolic link, which a
+temporary-file-and-rename write would replace). It removes only what its own
+records say it wrote, never through a symbolic link, and never a folder holding
+files it did not write. The checks here refuse, in one line, before anything
+is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+from pathlib import Path
+
+from .errors import KvbenchError
+
+# The folders kvbench makes inside a results directory (``harness.store`` and the report).
+OWN_FOLDERS: tuple[str, ...] = ("runs", "steps", "requests", "workloads", "report")
+# The single files it keeps at a results directory's top level.
+OWN_FILES: tuple[str, ...] = ("reference.parquet", "slo.parquet", ".kvbench.lock")
+
+
+def nonempty_path(text: str) -> Path:
+    """argparse ``type=`` for a path option: an empty string is not the current directory."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path names nothing; give a file or directory name")
+    return Path(text)
+
+
+def kind(mode: int) -> str:
+    """What a file system entry is, in words, from its ``st_mode``."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def output_file(path: Path, what: str) -> Path:
+    """``path`` if kvbench may write the file there: absent, or a regular file (replaced whole).
+    Refused: an empty name, a symbolic link, a directory, a device node, a FIFO, a socket."""
+    if str(path) in ("", "."):
+        raise KvbenchError(f"{what}: an empty path names no file")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise KvbenchError(f"{what} {path}: cannot inspect ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise KvbenchError(f"{what} {path}: is {kind(st.st_mode)}; kvbench writes only regular files: "
+                           f"name a new file or an existing regular file")
+    return path
+
+
+def own_folder(path: Path) -> None:
+    """Refuse a folder of a results directory that kvbench would write into (or remove from)
+    but that is not a real directory: a symbolic link would take its writes and removals
+    into another directory."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # absent: nothing to refuse (a parent that is not a folder is refused where it is made)
+    except OSError as exc:
+        raise KvbenchError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise KvbenchError(f"{path}: is a symbolic link; kvbench writes and removes only inside real folders "
+                           f"of a results directory: replace the link with a folder or choose another --out")
+    if not stat.S_ISDIR(st.st_mode):
+        raise KvbenchError(f"{path}: is {kind(st.st_mode)}, where kvbench keeps a folder of its records; "
+                           f"move it away or choose another --out")
+
+
+def own_file(path: Path) -> None:
+    """Refuse a top-level file kvbench rewrites (the lock, reference and SLO tables) that is
+    not a regular file."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise KvbenchError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise KvbenchError(f"{path}: is {kind(st.st_mode)}, where kvbench keeps a file of its own; "
+                           f"move it away or choose another --out")
+
+
+def check_results_layout(out: Path) -> None:
+    """Before writing ``out``: every folder and file kvbench keeps there is real (no symbolic
+    link, no device), and so is every run partition, so no write or removal leaves ``out``."""
+    if not out.is_dir():
+        return  # absent (created later), or not a directory (refused where it would be created)
+    for name in OWN_FOLDERS:
+        own_folder(out / name)
+    for name in OWN_FILES:
+        own_file(out / name)
+    for table in ("runs", "steps", "requests"):
+        folder = out / table
+        if not folder.is_dir():
+            continue
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            raise KvbenchError(f"{folder}: cannot list ({exc.strerror or exc})") from None
+        for entry in entries:
+            if entry.name.startswith("run_id=") and entry.is_symlink():
+                raise KvbenchError(f"{folder / entry.name}: is a symbolic link; kvbench writes and removes "
+                                   f"only partitions it made: move it away or choose another --out")
+
+
+def is_own_partition(path: Path, part: str) -> bool:
+    """Whether ``path`` is a partition folder as kvbench writes one: a real directory holding
+    the one regular file ``part`` (what may be removed as an orphan)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        entries = list(os.scandir(path))
+    except OSError:
+        return False
+    return all(e.name == part and e.is_file(follow_symlinks=False) for e in entries)

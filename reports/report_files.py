@@ -1,0 +1,91 @@
+"""The report folder, ``DIR/report``: what kvbench wrote there, and when it may replace it.
+
+A report is replaced whole by the next one. The folder may hold only what
+kvbench wrote: a manifest (``.kvbench-report.json``) lists each file with its
+SHA-256, and a folder holding anything else (a file of the user's, a file
+changed since, a link, a subfolder) is refused in one line rather than deleted.
+A report written before manifests were kept is recognised by its file names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Mapping
+
+from ..harness.errors import KvbenchError
+from ..harness.safe_paths import own_folder
+
+MANIFEST = ".kvbench-report.json"
+# The names a report had before it carried a manifest: the page, the summary and numbered figures.
+OLDER_REPORT_NAMES = re.compile(r"(index\.html|summary\.md|\d+-[a-z0-9-]+\.png)")
+
+
+def manifest_bytes(files: Mapping[str, bytes]) -> bytes:
+    """The manifest of a report made of ``files`` (name → content)."""
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())}
+    return (json.dumps({"format": "kvbench-report", "files": digests}, indent=1) + "\n").encode("utf-8")
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """The entries of an existing report folder that kvbench did not write (or that changed
+    since it wrote them), by name."""
+    listed: dict[str, str] | None = None
+    try:
+        doc = json.loads((folder / MANIFEST).read_bytes().decode("utf-8"))
+        files = doc.get("files") if isinstance(doc, dict) else None
+        if isinstance(files, dict):
+            listed = {str(k): str(v) for k, v in files.items()}
+    except (OSError, ValueError):
+        listed = None
+    foreign = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.name == MANIFEST and listed is not None:
+            continue
+        if not entry.is_file(follow_symlinks=False):
+            foreign.append(entry.name)
+        elif listed is None:
+            if not OLDER_REPORT_NAMES.fullmatch(entry.name):
+                foreign.append(entry.name)
+        elif listed.get(entry.name) != _sha256(Path(entry.path)):
+            foreign.append(entry.name)
+    return foreign
+
+
+def check_replaceable(folder: Path) -> None:
+    """Refuse, in one line, a report folder kvbench may not replace: a link, not a folder, or
+    holding anything kvbench did not write."""
+    own_folder(folder)
+    if not folder.is_dir():
+        return
+    try:
+        foreign = foreign_entries(folder)
+    except OSError as exc:
+        raise KvbenchError(f"{folder}: cannot list ({exc.strerror or exc})") from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise KvbenchError(f"{folder}: holds files kvbench did not write or that changed since ({shown}); "
+                           f"the report replaces this folder whole: move them away, or use --no-report")
+
+
+def replace_report(tmp: Path, dest: Path) -> None:
+    """Swap the finished report folder ``tmp`` in for ``dest``: the old one is renamed aside
+    (to a temporary name ``harness.store.clean_stale_temps`` knows) before the new one takes
+    its place, so an interrupt leaves one whole report, old or new."""
+    check_replaceable(dest)
+    old = dest.with_name(f".report.tmp-old-{os.getpid()}")
+    if dest.is_dir():
+        os.rename(dest, old)
+    os.replace(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return ""
