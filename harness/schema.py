@@ -172,6 +172,12 @@ RUNS = pa.schema([
     ("requests_rows", pa.int64()),
 ])
 
+# The runs columns of per-request latency (harness.latency fills them; an [slo] bounds one).
+LATENCY_COLUMNS: tuple[str, ...] = (
+    "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s",
+    "normalized_latency_mean_s", "normalized_latency_p50_s", "normalized_latency_p90_s",
+)
+
 TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS}
 
 

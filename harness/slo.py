@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from .errors import KvbenchError
-from .latency import LATENCY_COLUMNS
+from .schema import LATENCY_COLUMNS
 from .store import replace_suite_rows
 
 SLO_SCHEMA = pa.schema([

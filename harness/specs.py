@@ -15,13 +15,13 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .capabilities import MEASURING_RUNNERS, POLICIES
+from .clock_model import GPU_PRESETS
 from . import identity
 from .errors import KvbenchError
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .workload_spec import WorkloadSpec
 
 if TYPE_CHECKING:
-    from .clock import Clock
     from .clock_profile import ClockProfile
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -89,8 +89,6 @@ class SchedulerSpec:
             raise KvbenchError(f"[scheduler] unknown preemption {self.preemption!r} (known: {', '.join(PREEMPTION_MODES)})")
         if self.clock not in CLOCKS:
             raise KvbenchError(f"[scheduler] unknown clock {self.clock!r} (known: {', '.join(CLOCKS)})")
-        from .clock import GPU_PRESETS  # local: clock imports specs' neighbours only
-
         if self.gpu not in GPU_PRESETS:
             raise KvbenchError(f"[scheduler] unknown gpu {self.gpu!r} (known: {', '.join(GPU_PRESETS)})")
         if self.clock == "profile":
@@ -112,13 +110,6 @@ class SchedulerSpec:
 
         assert self.clock_profile is not None
         return load_profile(self.clock_profile)
-
-    def make_clock(self, geometry: ModelGeometry, kv_bytes_per_token: int) -> "Clock | None":
-        """The clock the cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
-        from .clock import make_clock
-
-        terms = self.profile().terms if self.clock == "profile" else None
-        return make_clock(self.clock, geometry, kv_bytes_per_token, self.gpu, terms, float(self.roofline_scale))
 
 
 @dataclasses.dataclass(frozen=True)

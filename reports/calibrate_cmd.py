@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..harness.clock import TOKEN_KNEE
+from ..harness.clock_model import TOKEN_KNEE
 from ..harness.errors import KvbenchError, storage_error
 from ..harness.safe_paths import nonempty_path, output_file
 from ..harness.capabilities import MEASURING_RUNNERS

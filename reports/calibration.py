@@ -49,7 +49,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..harness.clock import TOKEN_KNEE, VLLM_CPU_PRIMITIVE_CACHE, ClockTerms, cache_misses
+from ..harness.clock_model import TOKEN_KNEE, VLLM_CPU_PRIMITIVE_CACHE, ClockTerms, cache_misses
 
 FEATURES: tuple[str, ...] = ("scheduled_tokens", "scheduled_seqs", "context_tokens", "attention_pairs")
 TERM_NAMES: tuple[str, ...] = ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s",

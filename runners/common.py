@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..harness.capabilities import is_contiguous
-from ..harness.clock import GPU_PRESETS
+from ..harness.clock_model import GPU_PRESETS
 from ..harness.feasibility import Shortfall
 from ..harness.latency import latency_summary
 from ..harness.policies.base import Policy

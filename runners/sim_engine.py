@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from ..harness.clock import clock_for
 from ..harness.feasibility import explain
 from ..harness.policies import make_policy
 from ..harness.recorder import RunRecorder
@@ -96,7 +97,7 @@ def run_scheduler(cell: Cell, runner: str, executor: StepExecutor | None = None,
     short = shortfall(cell, seqs, policy)
     if short is not None:
         return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
-    clock = spec.scheduler.make_clock(spec.geometry, spec.kv_bytes_per_token)
+    clock = clock_for(spec.scheduler, spec.geometry, spec.kv_bytes_per_token)
     assert clock is not None or executor is not None, "a measured clock needs a runner that measures steps"
     arrivals = Arrivals(seqs)
     sched = scheduler_cls(arrivals, policy, spec.scheduler, spec.memory.max_model_len, clock)

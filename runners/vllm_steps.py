@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..harness.clock import StepWork
+from ..harness.clock import StepWork, clock_for
 from ..harness.recorder import RunRecorder
 from ..harness.schema import StepRow
 from ..harness.sequence import FINISHED, Seq
@@ -66,7 +66,7 @@ class VllmStepEngine:
         self.block_size = spec.block_size
         self.budget = spec.budget_positions
         self.external_when_waiting = self.budget - source.usable_blocks * self.block_size
-        self.clock = spec.scheduler.make_clock(spec.geometry, spec.kv_bytes_per_token)  # None: measured step time
+        self.clock = clock_for(spec.scheduler, spec.geometry, spec.kv_bytes_per_token)  # None: measured step time
         self.prompts = PromptIds(cell)
         self.now = 0.0
         self.step_index = 0

@@ -622,7 +622,7 @@ def test_a_profile_with_some_zero_terms_is_accepted(tmp_path):
 
 
 def test_no_profile_is_written_whose_steps_cost_nothing():
-    from kvbench.harness.clock import ClockTerms
+    from kvbench.harness.clock_model import ClockTerms
     from kvbench.harness.clock_profile import profile_document
     from kvbench.harness.errors import KvbenchError
     from kvbench.harness.geometry import preset

@@ -19,7 +19,8 @@ import pandas as pd
 import pytest
 
 from kvbench.harness import store
-from kvbench.harness.clock import ClockTerms, ProfileClock, RecentCounts, StepWork, cache_misses
+from kvbench.harness.clock import ProfileClock, StepWork
+from kvbench.harness.clock_model import ClockTerms, RecentCounts, cache_misses
 from kvbench.harness.clock_profile import load_profile
 from kvbench.harness.errors import KvbenchError
 from kvbench.reports.calibration import fit, fit_terms, misses, nnls, predict

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvbench.harness import counted_stretch, store
-from kvbench.harness.clock import GPU_PRESETS, RooflineClock, StepWork
+from kvbench.harness.clock import RooflineClock, StepWork
+from kvbench.harness.clock_model import GPU_PRESETS
 from kvbench.harness.fast_scheduler import FastScheduler
 from kvbench.harness.geometry import resolve_model
 from kvbench.harness.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder

@@ -267,7 +267,8 @@ def test_same_spec_same_records_whatever_the_global_rng(out, tmp_path):
 def test_gpu_presets_fold_measured_efficiency_into_the_roofline():
     import dataclasses
 
-    from kvbench.harness.clock import GPU_PRESETS, GpuPreset, RooflineClock
+    from kvbench.harness.clock import RooflineClock
+    from kvbench.harness.clock_model import GPU_PRESETS, GpuPreset
     from kvbench.harness.geometry import preset
 
     g = preset("opt-13b")
