@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from ..harness.errors import KvbenchError
-from ..harness.feasibility import levers
-from ..harness.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
-from ..harness.units import format_bytes, parse_size
+from ..harness.spec.feasibility import levers
+from ..harness.spec.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
+from ..harness.spec.units import format_bytes, parse_size
 
 
 def block_arithmetic(block_size: int, tokens: int) -> dict[str, Any]:

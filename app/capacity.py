@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from ..harness import store
+from ..harness.records import store
 from ..runners.base import Cell
 from .suite import Suite
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..harness.provenance import provenance
+from ..harness.records.provenance import provenance
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
         from .gpu_smoke import run_smoke
 
         return run_smoke()
-    from ..harness.clock_model import GPU_PRESETS
-    from ..harness.geometry import PRESETS
+    from ..harness.spec.clock_model import GPU_PRESETS
+    from ..harness.spec.geometry import PRESETS
 
     prov = provenance()
     for key in ("kvbench_version", "python_version", "torch_version", "vllm_version", "git_sha", "host"):

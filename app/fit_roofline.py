@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..harness.errors import KvbenchError
-from ..harness.schema import RUNS
+from ..harness.records.schema import RUNS
 from ..runners.base import Cell
 
 TOLERANCE = 0.002  # relative: stop when the metric is within 0.2% of the target

@@ -39,7 +39,7 @@ import time
 import types
 from pathlib import Path
 
-from ..harness.capabilities import MEASURING_RUNNERS
+from ..harness.spec.capabilities import MEASURING_RUNNERS
 
 NO_CUDA_LINE = ("kvbench doctor --gpu: no CUDA device (torch.cuda.is_available() is False); "
                 "the GPU smoke test needs one")
@@ -121,7 +121,7 @@ def table(rows: list[dict[str, object]], columns: tuple[tuple[str, str], ...]) -
 def write_model(directory: Path) -> Path:
     """Llama-3-8B's layers, ``LAYERS`` of them, a 32k vocabulary (fewer random weights to draw):
     vLLM's config.json, from vllm_adapter's generator."""
-    from ..harness.geometry import llama_param_count, preset
+    from ..harness.spec.geometry import llama_param_count, preset
     from ..runners.vllm_adapter import write_model_dir
 
     g = preset("llama-3-8b").replace(num_layers=LAYERS, vocab_size=VOCAB)
@@ -158,8 +158,8 @@ def run_smoke(out: Path | None = None) -> int:
 def _smoke(out: Path) -> int:
     import torch
 
-    from ..harness import store
-    from ..harness.provenance import provenance
+    from ..harness.records import store
+    from ..harness.records.provenance import provenance
     from .suite import parse_suite
     from .sweep import build_cells, run_cells
     from ..runners.vllm_engine import EAGER_ENV, VllmRunner

@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Iterator
 
-from ..harness.capabilities import needs_gpu
+from ..harness.spec.capabilities import needs_gpu
 from ..harness.errors import KvbenchError
 from ..runners.base import Cell
 from .cell import run_cell

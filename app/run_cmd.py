@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
-from ..harness.lock import ResultsLock
-from ..harness.files import kind
-from ..harness.safe_paths import check_results_layout, nonempty_path
+from ..harness.records.lock import ResultsLock
+from ..harness.spec.files import kind
+from ..harness.records.safe_paths import check_results_layout, nonempty_path
 from .signals import raise_pending
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ RESULTS_ROOT = Path("kvbench-results")
 
 def results_dir(args: argparse.Namespace, suite_name: str) -> Path:
     """--out, or kvbench-results/<suite name>; the suite's name is one path component
-    (``harness.names``), and this checks again that it cannot land elsewhere."""
+    (``harness.spec.names``), and this checks again that it cannot land elsewhere."""
     if args.out is not None:
         return args.out
     out = RESULTS_ROOT / suite_name
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         check_ray(args.address)  # before anything is written: an address where nothing answers
     suite = load_suite(args.suite or default_suite_path())
     if args.clock_profile is not None:
-        from ..harness.clock_profile import load_profile
+        from ..harness.spec.clock_profile import load_profile
 
         load_profile(args.clock_profile)  # missing or corrupt: one line now
         suite = dataclasses.replace(suite, settings={**suite.settings,
@@ -180,7 +180,7 @@ def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock:
                 log: Callable[[str], None]) -> int:
     """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
     environment leaves only whole runs behind and says how many cells are complete."""
-    from ..harness import store
+    from ..harness.records import store
     from .sweep import keep_inputs, plan_resume, run_cells
 
     suite = prepared.suite
@@ -284,7 +284,7 @@ def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock:
 def _progress(out: Path, cells: list["Cell"], stage: str) -> str:
     """How far the run got, and how to finish it: the end of the one line an interrupted or
     faulted run prints."""
-    from ..harness import store
+    from ..harness.records import store
 
     if not cells:
         return f"stopped {stage}; run the same command to start"

@@ -18,15 +18,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from ..harness.capabilities import RUNNER_NAMES, is_contiguous
+from ..harness.spec.capabilities import RUNNER_NAMES, is_contiguous
 from ..harness.errors import KvbenchError, one_line
-from ..harness.files import MAX_SUITE_BYTES, read_text_capped
-from ..harness.names import path_component
-from ..harness.reference import parse_references
-from ..harness.slo import Slo, parse_slo
-from ..harness.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
-from ..harness.units import parse_size
-from ..harness.workload_spec import FIELD_KINDS, WorkloadSpec
+from ..harness.spec.files import MAX_SUITE_BYTES, read_text_capped
+from ..harness.spec.names import path_component
+from ..harness.records.reference import parse_references
+from ..harness.records.slo import Slo, parse_slo
+from ..harness.spec.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
+from ..harness.spec.units import parse_size
+from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
 
 MODEL_KEYS = ("preset", "config", "kv_dtype")
 MEMORY_KEYS = ("kv_budget", "max_model_len")
@@ -139,7 +139,7 @@ class Suite:
                            arena=arena, repeat=s.get("repeat", 0), device=s.get("device", "auto"),
                            suite=self.name)
             if policy == "virtual-contiguous":
-                from ..harness.policies import page_tokens
+                from ..harness.sim.policies import page_tokens
 
                 spec = spec.replace(block_size=page_tokens(spec))
             return spec

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..harness.errors import KvbenchError
-from ..harness.specs import RunSpec
+from ..harness.spec.specs import RunSpec
 from .suite import Suite
 from ..runners.base import Cell
 from .cell import run_cell
@@ -82,11 +82,11 @@ def keep_inputs(prepared: Prepared, out: Path) -> None:
     for workload in {c.workload.workload_id: c.workload for c in prepared.cells}.values():
         keep_workload(workload, out)
     if suite.reference:
-        from ..harness.reference import write_references
+        from ..harness.records.reference import write_references
 
         write_references(out, suite.name, [dict(r) for r in suite.reference], prepared.workload_names)
     if suite.slo is not None:
-        from ..harness.slo import write_slo
+        from ..harness.records.slo import write_slo
 
         write_slo(out, suite.name, suite.slo)
 
@@ -114,8 +114,8 @@ def plan_resume(cells: list[Cell], out: Path, rerun: bool = False, keep_stale: b
     ``code_digest`` by default); run the rest. A cell recorded by other code is run again, its
     partitions replaced as ``--rerun`` replaces them, unless ``keep_stale``; so is a cell whose
     records are not whole (``store.incomplete_runs``)."""
-    from ..harness import store
-    from ..harness.code_identity import code_digest
+    from ..harness.records import store
+    from ..harness.records.code_identity import code_digest
 
     if rerun:
         return Resume(list(cells), 0, 0)

@@ -33,8 +33,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from kvbench.harness import store
-from kvbench.harness.geometry import preset
+from kvbench.harness.records import store
+from kvbench.harness.spec.geometry import preset
 from kvbench.app.suite import load_suite, parse_suite
 from kvbench.app.sweep import build_cells
 from kvbench.runners.base import Cell

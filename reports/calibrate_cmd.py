@@ -2,7 +2,7 @@
 
 Reads the measured steps (``step_wall_s`` and the step's work) of the ``vllm``
 or ``torch`` runs in the DIRs (pooled), fits ``reports.calibration``'s model, prints its
-error on held-out steps and writes a profile (``harness.clock_profile``) that
+error on held-out steps and writes a profile (``harness.spec.clock_profile``) that
 suites use with ``clock = "profile"``.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..harness.clock_model import TOKEN_KNEE
+from ..harness.spec.clock_model import TOKEN_KNEE
 from ..harness.errors import KvbenchError, storage_error
-from ..harness.safe_paths import nonempty_path, output_file
-from ..harness.capabilities import MEASURING_RUNNERS
+from ..harness.records.safe_paths import nonempty_path, output_file
+from ..harness.spec.capabilities import MEASURING_RUNNERS
 
 KIND_KEYS = ("runner", "model", "kv_dtype", "block_size", "device", "engine")
 
@@ -72,7 +72,7 @@ def select_runs(runs: pd.DataFrame, runner: str | None, policy: str, where: str)
 def read_runs(dirs: list[Path]) -> pd.DataFrame:
     """The runs of every directory; with several, each run id is prefixed with its directory's
     index (the same cell run in two directories has the same id)."""
-    from ..harness import store
+    from ..harness.records import store
 
     frames = []
     for i, out in enumerate(dirs):
@@ -90,7 +90,7 @@ def read_runs(dirs: list[Path]) -> pd.DataFrame:
 
 
 def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
-    from ..harness import store
+    from ..harness.records import store
     from .calibration import FEATURES, MIN_STEPS
 
     frames = []
@@ -112,7 +112,7 @@ def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _geometry(run: dict, where: str):  # type: ignore[no-untyped-def]
-    from ..harness.geometry import resolve_model
+    from ..harness.spec.geometry import resolve_model
     from .records import parse_spec
 
     model = parse_spec(run.get("spec_json")).get("model") or {}
@@ -134,8 +134,8 @@ def write_json(path: Path, doc: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..harness.clock_profile import profile_document
-    from ..harness.provenance import provenance
+    from ..harness.spec.clock_profile import profile_document
+    from ..harness.records.provenance import provenance
     from .calibration import DISTURBED_RATIO, DISTURBED_WARN, fit
     from .records import workload_label
 

@@ -1,7 +1,7 @@
 """Capacity at an SLO: the highest request rate each policy serves within a latency bound.
 
 Pure functions over run rows (``records.with_keys``) and a suite's SLO
-(``harness.slo``). A *line* is one policy's runs over a rate sweep: the same work
+(``harness.records.slo``). A *line* is one policy's runs over a rate sweep: the same work
 but for the arrival rate (``family`` is the workload without its rate), the same
 cell (runner, policy, block size, device, page size, arena). Along a line, at each
 rate, the SLO metric's median over repetitions is compared with the bound:
@@ -26,7 +26,7 @@ import math
 
 import pandas as pd
 
-from ..harness.capabilities import is_contiguous
+from ..harness.spec.capabilities import is_contiguous
 
 # Everything a line holds fixed but the rate (the work without its rate, and the cell).
 LINE_KEYS: tuple[str, ...] = ("suite", "family", "model", "kv_dtype", "budget_bytes", "max_model_len", "scheduler",

@@ -45,12 +45,12 @@ def report(args: argparse.Namespace) -> int:
     # holding the lock file already is a results directory, perhaps with a run starting there).
     if not ((args.dir / "runs").is_dir() or (args.dir / ".kvbench.lock").is_file()):
         raise KvbenchError(f"{args.dir}: no runs/ directory; not a kvbench results directory")
-    from ..harness.lock import ResultsLock
-    from ..harness.safe_paths import check_results_layout
+    from ..harness.records.lock import ResultsLock
+    from ..harness.records.safe_paths import check_results_layout
     from .html import write_report
     from .report_files import check_replaceable
 
-    from ..harness.store import check_complete
+    from ..harness.records.store import check_complete
 
     check_results_layout(args.dir)
     check_replaceable(args.dir / "report")
@@ -61,7 +61,7 @@ def report(args: argparse.Namespace) -> int:
 
 
 def _runs(path: Path, which: str) -> "pd.DataFrame":
-    from ..harness.store import check_complete, read_table
+    from ..harness.records.store import check_complete, read_table
 
     if not path.exists():
         raise KvbenchError(f"{which} {path}: no such directory")

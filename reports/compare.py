@@ -1,6 +1,6 @@
 """``compare``: two results directories, cell by cell — the nightly gate.
 
-Cells are matched by what they measure — ``harness.identity``'s work and cell:
+Cells are matched by what they measure — ``harness.spec.identity``'s work and cell:
 runner, policy, block size, the device the runner computed on, page size,
 precision, budget, max_model_len, model, workload content id and the scheduler
 settings (a profile clock by the profile's content, not its path) — never by run
@@ -37,8 +37,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..harness import identity
-from ..harness.units import format_bytes
+from ..harness.spec import identity
+from ..harness.spec.units import format_bytes
 from .records import cell_label, code_versions, describe_versions, with_keys
 
 MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..harness.capabilities import is_contiguous
+from ..harness.spec.capabilities import is_contiguous
 from .records import code_note
 
 if TYPE_CHECKING:

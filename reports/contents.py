@@ -8,7 +8,7 @@ import dataclasses
 
 import pandas as pd
 
-from ..harness.capabilities import is_contiguous
+from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published
 from .decomposition import decompose
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table

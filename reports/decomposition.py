@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..harness.capabilities import MEASURING_RUNNERS, is_contiguous
+from ..harness.spec.capabilities import MEASURING_RUNNERS, is_contiguous
 from .tables import mismatches
 
 KEYS: tuple[str, ...] = ("workload_id", "kv_dtype", "budget_bytes")

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from ..harness.capabilities import MEASURING_RUNNERS, is_contiguous
+from ..harness.spec.capabilities import MEASURING_RUNNERS, is_contiguous
 from .calibration import DISTURBED_RATIO, DISTURBED_WARN
 
 Column = tuple[str, str, str]  # (key, header, kind)
@@ -231,7 +231,7 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     if kind == "id":
         return str(value)[:8]
     if kind == "bytes":
-        from ..harness.units import format_bytes
+        from ..harness.spec.units import format_bytes
 
         return format_bytes(value)
     return str(value)

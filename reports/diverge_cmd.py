@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..harness.errors import KvbenchError
 
-# What must match for a step-by-step comparison to mean anything: the work (harness.identity),
+# What must match for a step-by-step comparison to mean anything: the work (harness.spec.identity),
 # and the block size, since blocks are what the steps count.
 STEP_KEYS: tuple[str, ...] = ("block_size",)
 
@@ -41,8 +41,8 @@ def _resolve(out: Path, ids: set[str], given: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..harness import store
-    from ..harness.schema import STEPS
+    from ..harness.records import store
+    from ..harness.records.schema import STEPS
     from .divergence import first_divergence
     from .records import work_differences, with_keys
 

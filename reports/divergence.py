@@ -1,7 +1,7 @@
 """Where two runs' step records first part ways, and why.
 
 ``first_divergence(a, b)`` compares two ``steps`` tables (DataFrames as read by
-``harness.store.read_table``) step by step on the compared columns
+``harness.records.store.read_table``) step by step on the compared columns
 (``allocated_blocks``, ``running``, ``waiting``, ``preempted`` by default)
 and on their length, and returns the first difference with the context
 needed to explain it, or ``None`` when they agree on every step. Pure: no I/O.

@@ -12,8 +12,8 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from ..harness.capabilities import BLOCK_TABLE_POLICIES, PAGE_SIZED_POLICIES
-from ..harness.units import format_bytes
+from ..harness.spec.capabilities import BLOCK_TABLE_POLICIES, PAGE_SIZED_POLICIES
+from ..harness.spec.units import format_bytes
 from .records import CELL_KEYS, GROUP_KEYS, cell_label, scheduler_settings
 
 MAX_GROUP_PANELS = 6

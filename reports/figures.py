@@ -20,8 +20,8 @@ from matplotlib.lines import Line2D
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
-from ..harness.capabilities import is_contiguous
-from ..harness.units import format_bytes
+from ..harness.spec.capabilities import is_contiguous
+from ..harness.spec.units import format_bytes
 from . import figdata
 from .records import cell_label, time_axis_label, throughput_note
 

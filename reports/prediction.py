@@ -36,14 +36,14 @@ import json
 import numpy as np
 import pandas as pd
 
-from ..harness import identity
-from ..harness.capabilities import MEASURING_RUNNERS
-from ..harness.clock_profile import parse_profile
+from ..harness.spec import identity
+from ..harness.spec.capabilities import MEASURING_RUNNERS
+from ..harness.spec.clock_profile import parse_profile
 from ..harness.errors import KvbenchError
 from .calibration import DISTURBED_RATIO, DISTURBED_WARN, FEATURES, disturbed_share, error_stats, predict
 from .records import with_keys
 
-# A sim run and an engine run pair when they did the same work (harness.identity) with the same
+# A sim run and an engine run pair when they did the same work (harness.spec.identity) with the same
 # policy and block size; their clocks differ by design (a profile beside a measured one), so the
 # scheduler is compared by its scheduling settings alone.
 PAIR_CELL: tuple[str, ...] = ("policy", "block_size")

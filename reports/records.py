@@ -13,13 +13,13 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from ..harness import identity
-from ..harness.capabilities import is_contiguous
-from ..harness.reference import PAPER_SPLIT
+from ..harness.spec import identity
+from ..harness.spec.capabilities import is_contiguous
+from ..harness.records.reference import PAPER_SPLIT
 from ..harness.errors import KvbenchError
-from ..harness.units import format_bytes
+from ..harness.spec.units import format_bytes
 
-# What a comparison holds fixed, and what varies inside it: harness.identity says it once
+# What a comparison holds fixed, and what varies inside it: harness.spec.identity says it once
 # for run ids, compare, the report and diverge. Runs that share the group keys may be put
 # side by side; runs that also share the cell keys are repetitions of one cell.
 GROUP_KEYS: tuple[str, ...] = identity.WORK_COLUMNS
@@ -39,7 +39,7 @@ class Records:
 
 def load(out: Path) -> Records:
     """Read a results directory; a missing or empty one is a one-line error."""
-    from ..harness.store import check_complete, read_table
+    from ..harness.records.store import check_complete, read_table
 
     out = Path(out)
     if not out.is_dir():
@@ -88,7 +88,7 @@ def parse_spec(spec_json: Any) -> dict[str, Any]:
 
 
 def scheduler_key(row: Mapping[str, Any]) -> str:
-    """Canonical JSON of the scheduler identity (``harness.identity.scheduler_identity``): the
+    """Canonical JSON of the scheduler identity (``harness.spec.identity.scheduler_identity``): the
     settings from ``spec_json`` (the run columns as a fallback), a profile clock identified by
     the content of the profile the run recorded, never by the file's path."""
     sched = parse_spec(row.get("spec_json")).get("scheduler")
@@ -165,7 +165,7 @@ def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def paper_split(runs: pd.DataFrame) -> dict[str, pd.Series]:
-    """The columns of ``harness.reference.PAPER_SPLIT`` for ``runs`` (none when the fractions
+    """The columns of ``harness.records.reference.PAPER_SPLIT`` for ``runs`` (none when the fractions
     are not there)."""
     if "internal_frag_frac" not in runs or "external_frag_frac" not in runs:
         return {}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..harness.errors import KvbenchError
-from ..harness.safe_paths import own_folder
+from ..harness.records.safe_paths import own_folder
 
 MANIFEST = ".kvbench-report.json"
 # The names a report had before it carried a manifest: the page, the summary and numbered figures.
@@ -74,7 +74,7 @@ def check_replaceable(folder: Path) -> None:
 
 def replace_report(tmp: Path, dest: Path) -> None:
     """Swap the finished report folder ``tmp`` in for ``dest``: the old one is renamed aside
-    (to a temporary name ``harness.store.clean_stale_temps`` knows) before the new one takes
+    (to a temporary name ``harness.records.store.clean_stale_temps`` knows) before the new one takes
     its place, so an interrupt leaves one whole report, old or new."""
     check_replaceable(dest)
     old = dest.with_name(f".report.tmp-old-{os.getpid()}")

@@ -21,8 +21,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from ..harness import identity
-from ..harness.reference import SWEEP_METRICS
+from ..harness.spec import identity
+from ..harness.records.reference import SWEEP_METRICS
 from .records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
 
 # Per-cell metrics the summary keeps (medians over ok repetitions).
@@ -42,7 +42,7 @@ POLICY_ORDER: tuple[str, ...] = ("contiguous-max", "contiguous-pow2", "contiguou
 GROUP_ORDER: tuple[str, ...] = ("model", "kv_dtype", "budget_bytes", "max_model_len", "family_label", "rate",
                                 "workload_id", "scheduler")
 # What must be equal for runs to be "the same work", with the words a sentence uses for each
-# (harness.identity); the model is there because it sets bytes per token, hence positions
+# (harness.spec.identity); the model is there because it sets bytes per token, hence positions
 # for the same budget.
 SAME_WORK: dict[str, str] = {k.column: k.label for k in identity.WORK}
 # Inside a comparison group, ratios are to the baseline of the same runner on the same device.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..harness.capabilities import RUNNER_NAMES
+from ..harness.spec.capabilities import RUNNER_NAMES
 from ..harness.errors import KvbenchError
 from .base import Runner
 
@@ -18,7 +18,7 @@ RUNNERS: dict[str, str] = {  # module relative to this package : class
     "torch": ".torch_runner:TorchRunner",
     "vllm": ".vllm_engine:VllmRunner",
 }
-assert tuple(RUNNERS) == RUNNER_NAMES, "harness/capabilities.py and the runner registry disagree"
+assert tuple(RUNNERS) == RUNNER_NAMES, "harness/spec/capabilities.py and the runner registry disagree"
 
 
 def get_runner(name: str) -> Runner:

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Mapping, Protocol, runtime_checkable
 
-from ..harness.specs import RunSpec
+from ..harness.spec.specs import RunSpec
 from ..workloads.table import Workload
 
 

@@ -9,16 +9,16 @@ import math
 import os
 from pathlib import Path
 
-from ..harness.capabilities import is_contiguous
-from ..harness.clock_model import GPU_PRESETS
-from ..harness.feasibility import Shortfall
-from ..harness.latency import latency_summary
-from ..harness.policies.base import Policy
-from ..harness.provenance import provenance
-from ..harness.recorder import RunRecorder
-from ..harness.schema import REQUESTS
-from ..harness.sequence import FINISHED, Seq
-from ..harness.specs import RunSpec
+from ..harness.spec.capabilities import is_contiguous
+from ..harness.spec.clock_model import GPU_PRESETS
+from ..harness.spec.feasibility import Shortfall
+from ..harness.sim.latency import latency_summary
+from ..harness.sim.policies.base import Policy
+from ..harness.records.provenance import provenance
+from ..harness.records.recorder import RunRecorder
+from ..harness.records.schema import REQUESTS
+from ..harness.sim.sequence import FINISHED, Seq
+from ..harness.spec.specs import RunSpec
 from .base import Cell, RunResult
 
 

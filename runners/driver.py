@@ -2,7 +2,7 @@
 
 The loop owns what does not depend on the engine being stepped:
 
-- arrivals, released against the run's clock by one rule (``harness.scheduler.Arrivals``:
+- arrivals, released against the run's clock by one rule (``harness.sim.scheduler.Arrivals``:
   an idle engine jumps to the next arrival, then everything arrived is handed over), before
   every step, as a server's front end adds requests to vLLM's scheduler;
 - every step recorded as a ``StepRow`` (or a stretch of them at once, the fast path's);
@@ -22,10 +22,10 @@ import sys
 import time
 from typing import Protocol
 
-from ..harness.recorder import RunRecorder
-from ..harness.scheduler import Arrivals
-from ..harness.schema import StepRow
-from ..harness.sequence import FINISHED, Seq
+from ..harness.records.recorder import RunRecorder
+from ..harness.sim.scheduler import Arrivals
+from ..harness.records.schema import StepRow
+from ..harness.sim.sequence import FINISHED, Seq
 from .base import Cell, RunResult
 from .common import complete_row, requests_columns
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..harness.sequence import Seq
+from ..harness.sim.sequence import Seq
 from .base import Cell
 
 

@@ -1,14 +1,14 @@
 """The ``sim`` runner: kvbench's scheduler and an allocation policy, no tensors.
 
-It runs the fast path (``harness.fast_scheduler``); ``SimRunner(reference=True)``
+It runs the fast path (``harness.sim.fast_scheduler``); ``SimRunner(reference=True)``
 runs the step-by-step reference scheduler, which the fast path is tested against
 record for record.
 """
 
 from __future__ import annotations
 
-from ..harness.fast_scheduler import FastScheduler
-from ..harness.scheduler import Scheduler
+from ..harness.sim.fast_scheduler import FastScheduler
+from ..harness.sim.scheduler import Scheduler
 from .base import Cell, RunResult
 from .sim_engine import run_scheduler
 

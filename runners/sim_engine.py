@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..harness.clock import clock_for
-from ..harness.feasibility import explain
-from ..harness.policies import make_policy
-from ..harness.recorder import RunRecorder
-from ..harness.scheduler import Arrivals, Scheduler, StepPlan
-from ..harness.schema import StepRow
-from ..harness.sequence import Seq
+from ..harness.sim.clock import clock_for
+from ..harness.spec.feasibility import explain
+from ..harness.sim.policies import make_policy
+from ..harness.records.recorder import RunRecorder
+from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
+from ..harness.records.schema import StepRow
+from ..harness.sim.sequence import Seq
 from .base import Cell, RunResult
 from .common import base_row, expand_seqs, shortfall, write_status_only
 from .driver import drive

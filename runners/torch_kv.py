@@ -2,8 +2,8 @@
 
 Neither cache decides anything. Placement is the allocation policy's, made by
 the same code the simulator runs: a contiguous policy's first-fit arena sets
-``seq.alloc_start`` / ``seq.allocated`` (harness/policies/contiguous.py,
-arena.py); a paged policy sets ``seq.blocks`` (harness/policies/paged.py). The
+``seq.alloc_start`` / ``seq.allocated`` (harness/sim/policies/contiguous.py,
+arena.py); a paged policy sets ``seq.blocks`` (harness/sim/policies/paged.py). The
 caches turn those decisions into tensor indices:
 
 - **contiguous** — one arena ``[layers, 2, budget_positions, kv_heads, head_dim]``;
@@ -36,7 +36,7 @@ from typing import Any, Iterable, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..harness.sequence import Seq
+from ..harness.sim.sequence import Seq
 
 
 # Opaque to the caller: what one layout's plan_reads returns and its contexts takes back.

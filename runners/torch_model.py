@@ -2,7 +2,7 @@
 
 RMSNorm, rotary position embeddings (rotate-half, as Hugging Face Llama),
 grouped-query attention and a SwiGLU MLP, shaped by a
-``harness.geometry.ModelGeometry``. Weights are drawn from an explicit
+``harness.spec.geometry.ModelGeometry``. Weights are drawn from an explicit
 ``torch.Generator`` on the CPU in fp32 (so CPU and CUDA get the same weights)
 and scaled by 1/sqrt(fan-in), which keeps activations and logits of order one:
 greedy decoding then has clear winners rather than near-ties.
@@ -25,9 +25,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..harness.capabilities import RUNNER_FACTS
+from ..harness.spec.capabilities import RUNNER_FACTS
 from ..harness.errors import KvbenchError
-from ..harness.geometry import ModelGeometry, llama_param_count
+from ..harness.spec.geometry import ModelGeometry, llama_param_count
 
 ROPE_THETA = 10_000.0
 RMS_EPS = 1e-5
@@ -42,7 +42,7 @@ KV_TORCH_DTYPES: dict[str, torch.dtype] = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
-assert tuple(KV_TORCH_DTYPES) == RUNNER_FACTS["torch"].kv_dtypes, "harness/capabilities.py disagrees"
+assert tuple(KV_TORCH_DTYPES) == RUNNER_FACTS["torch"].kv_dtypes, "harness/spec/capabilities.py disagrees"
 
 # Attention = (layer index, q [T, heads, head_dim], k [T, kv_heads, head_dim], v) → [T, heads × head_dim]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

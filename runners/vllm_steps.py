@@ -9,7 +9,7 @@ runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
 (``kvbench diverge``).
 
 - arrivals: released by the driver, with the simulator's rule
-  (``harness.scheduler.Arrivals``), against this engine's clock: step time
+  (``harness.sim.scheduler.Arrivals``), against this engine's clock: step time
   from the same ``StepWork`` as the simulator's, or, on ``clock = "measured"``,
   the step's measured wall time (``vllm`` only: ``vllm-sched`` measures nothing);
 - ``allocated_blocks`` from vLLM's block pool (usable − free);
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..harness.clock import StepWork, clock_for
-from ..harness.recorder import RunRecorder
-from ..harness.schema import StepRow
-from ..harness.sequence import FINISHED, Seq
+from ..harness.sim.clock import StepWork, clock_for
+from ..harness.records.recorder import RunRecorder
+from ..harness.records.schema import StepRow
+from ..harness.sim.sequence import FINISHED, Seq
 from .base import Cell
 from .prompts import PromptIds
 from .vllm_adapter import VllmStep

@@ -2,7 +2,7 @@
 
 ``run(...)`` builds one runs row (every schema column present, the rest null);
 ``write_records`` writes rows, steps and requests as real partitions with
-``harness.store.write_partition``, so the reports read exactly what ``kvbench run`` writes.
+``harness.records.store.write_partition``, so the reports read exactly what ``kvbench run`` writes.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Iterable
 import pandas as pd
 import pyarrow as pa
 
-from kvbench.harness import store
-from kvbench.harness.schema import REQUESTS, RUNS, STEPS
+from kvbench.harness.records import store
+from kvbench.harness.records.schema import REQUESTS, RUNS, STEPS
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30

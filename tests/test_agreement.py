@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvbench.harness import store  # noqa: E402
+from kvbench.harness.records import store  # noqa: E402
 from kvbench.app.suite import parse_suite  # noqa: E402
 from kvbench.app.sweep import build_cells, run_cell  # noqa: E402
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence  # noqa: E402

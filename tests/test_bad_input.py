@@ -483,7 +483,7 @@ def test_workload_make_refuses_an_absurd_count(tmp_path):
 
 
 def test_a_request_count_at_the_limit_is_accepted():
-    from kvbench.harness.workload_spec import MAX_REQUESTS, WorkloadSpec
+    from kvbench.harness.spec.workload_spec import MAX_REQUESTS, WorkloadSpec
 
     WorkloadSpec(num_requests=MAX_REQUESTS)
     WorkloadSpec(arrival="poisson", rate=1000.0, duration_s=MAX_REQUESTS / 1000)
@@ -574,7 +574,7 @@ def test_a_suite_name_starts_with_a_letter_or_digit(tmp_path, name):
 
 
 def test_plain_names_pass():
-    from kvbench.harness.names import MAX_NAME_BYTES, path_component
+    from kvbench.harness.spec.names import MAX_NAME_BYTES, path_component
 
     for name in ("example", "paper-block-size", "run_2.1+fp8", "1x", "x" * MAX_NAME_BYTES):
         assert path_component(name, "name") == name
@@ -622,10 +622,10 @@ def test_a_profile_with_some_zero_terms_is_accepted(tmp_path):
 
 
 def test_no_profile_is_written_whose_steps_cost_nothing():
-    from kvbench.harness.clock_model import ClockTerms
-    from kvbench.harness.clock_profile import profile_document
+    from kvbench.harness.spec.clock_model import ClockTerms
+    from kvbench.harness.spec.clock_profile import profile_document
     from kvbench.harness.errors import KvbenchError
-    from kvbench.harness.geometry import preset
+    from kvbench.harness.spec.geometry import preset
 
     with pytest.raises(KvbenchError, match="1e-06 s minimum"):
         profile_document(ClockTerms(0.0, 0.0, 0.0, 0.0, 0.0), preset("opt-13b"), "fp16", 16, {}, {}, {}, {})

@@ -16,7 +16,7 @@ from reportkit import run, runs_frame, workload
 from kvbench.app import cli
 from kvbench.app.suite import parse_suite
 from kvbench.harness.errors import KvbenchError
-from kvbench.harness.workload_spec import WorkloadSpec
+from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.capacity import capacity_ratios, capacity_table, capacity_vs_published
 from kvbench.reports.records import load
 from tests.conftest import assert_one_line_error, kvbench

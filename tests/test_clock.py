@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvbench.harness import store
-from kvbench.harness.clock import ProfileClock, StepWork
-from kvbench.harness.clock_model import ClockTerms, RecentCounts, cache_misses
-from kvbench.harness.clock_profile import load_profile
+from kvbench.harness.records import store
+from kvbench.harness.sim.clock import ProfileClock, StepWork
+from kvbench.harness.spec.clock_model import ClockTerms, RecentCounts, cache_misses
+from kvbench.harness.spec.clock_profile import load_profile
 from kvbench.harness.errors import KvbenchError
 from kvbench.reports.calibration import fit, fit_terms, misses, nnls, predict
 from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
@@ -418,7 +418,7 @@ def test_profile_clock_settings_are_checked(tmp_path):
     assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")),
                           'clock = "measured"', "only torch and vllm measure steps")
     with pytest.raises(KvbenchError, match="not a kvbench clock profile"):
-        from kvbench.harness.clock_profile import parse_profile
+        from kvbench.harness.spec.clock_profile import parse_profile
         parse_profile(b"[]", "x")
 
 

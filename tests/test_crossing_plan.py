@@ -9,8 +9,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.harness.counted_stretch import CrossingPlan
-from kvbench.harness.sequence import Seq
+from kvbench.harness.sim.counted_stretch import CrossingPlan
+from kvbench.harness.sim.sequence import Seq
 
 # Per tick: decoders started after it (allocated − computed slack, output left), and which
 # live decoders are preempted at it (indices into the live list, taken modulo its length).

@@ -24,8 +24,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.harness import store
-from kvbench.harness.lock import LOCK_NAME
+from kvbench.harness.records import store
+from kvbench.harness.records.lock import LOCK_NAME
 from tests.conftest import ROOT, assert_one_line_error, tree
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text(encoding="utf-8")
@@ -408,7 +408,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(recorded, tmp_path, comma
 # -- what kvbench asks of the user's checkout ------------------------------------------------------
 
 def test_git_is_asked_without_taking_the_index_lock(monkeypatch):
-    from kvbench.harness import provenance
+    from kvbench.harness.records import provenance
 
     seen: list[dict[str, str]] = []
 

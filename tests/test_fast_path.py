@@ -14,13 +14,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.harness import counted_stretch, store
-from kvbench.harness.clock import RooflineClock, StepWork
-from kvbench.harness.clock_model import GPU_PRESETS
-from kvbench.harness.fast_scheduler import FastScheduler
-from kvbench.harness.geometry import resolve_model
-from kvbench.harness.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
-from kvbench.harness.schema import StepRow
+from kvbench.harness.sim import counted_stretch
+from kvbench.harness.records import store
+from kvbench.harness.sim.clock import RooflineClock, StepWork
+from kvbench.harness.spec.clock_model import GPU_PRESETS
+from kvbench.harness.sim.fast_scheduler import FastScheduler
+from kvbench.harness.spec.geometry import resolve_model
+from kvbench.harness.records.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
+from kvbench.harness.records.schema import StepRow
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
 from kvbench.runners.sim import SimRunner
@@ -337,7 +338,7 @@ def test_bulk_recording_is_row_by_row_recording(tmp_path, measured):
 
 
 def _empty_requests():
-    from kvbench.harness.schema import REQUESTS
+    from kvbench.harness.records.schema import REQUESTS
     return {name: [] for name in REQUESTS.names}
 
 

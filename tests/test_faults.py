@@ -24,8 +24,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvbench.harness import store
-from kvbench.harness.lock import LOCK_NAME
+from kvbench.harness.records import store
+from kvbench.harness.records.lock import LOCK_NAME
 from tests.conftest import ROOT, assert_one_line_error, kvbench
 from tests.faultkit import kvbench_failing_at, read_log, tmpfs, tmpfs_unavailable
 

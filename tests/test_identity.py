@@ -14,10 +14,11 @@ import pytest
 
 from reportkit import SCHED, run, runs_frame, write_records
 from kvbench.app.cli import main
-from kvbench.harness import code_identity, identity, store
-from kvbench.harness.schema import RUNS
-from kvbench.harness.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
-from kvbench.harness.workload_spec import WorkloadSpec
+from kvbench.harness.records import code_identity, store
+from kvbench.harness.spec import identity
+from kvbench.harness.records.schema import RUNS
+from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
+from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.compare import BASE_ONLY, CAND_ONLY, SAME, code_notes, compare, to_json, to_markdown
 from kvbench.reports.records import GROUP_KEYS, code_note, work_differences
 from kvbench.reports.tables import mismatches, summary
@@ -37,7 +38,7 @@ def spec(**changes: object) -> RunSpec:
 # -- run ids -----------------------------------------------------------------------------------
 
 def test_run_ids_of_existing_specs_did_not_change() -> None:
-    # Computed by the code before harness.identity existed: a changed run id would make every
+    # Computed by the code before harness.spec.identity existed: a changed run id would make every
     # results directory run all its cells again.
     wid = "w0123456789abcdef"
     assert spec().run_id(wid) == "a57e87f0cad95ffd"

@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 import pytest
 
-from kvbench.harness.policies.arena import Arena, BuddyArena, top_blocks
-from kvbench.harness.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
-from kvbench.harness.policies.counting_prefix import CachedRuns, CountingPrefixPolicy
-from kvbench.harness.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
-from kvbench.harness.sequence import Seq
+from kvbench.harness.sim.policies.arena import Arena, BuddyArena, top_blocks
+from kvbench.harness.sim.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
+from kvbench.harness.sim.policies.counting_prefix import CachedRuns, CountingPrefixPolicy
+from kvbench.harness.sim.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from kvbench.harness.sim.sequence import Seq
 
 BUDGET = 600
 MAX_LEN = 160

@@ -7,12 +7,12 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from kvbench.harness import store
-from kvbench.harness.clock import Clock
-from kvbench.harness.policies import make_policy
-from kvbench.harness.scheduler import Arrivals, Scheduler
-from kvbench.harness.schema import RUNS, STEPS, VERSION_KEY
-from kvbench.harness.sequence import FINISHED
+from kvbench.harness.records import store
+from kvbench.harness.sim.clock import Clock
+from kvbench.harness.sim.policies import make_policy
+from kvbench.harness.sim.scheduler import Arrivals, Scheduler
+from kvbench.harness.records.schema import RUNS, STEPS, VERSION_KEY
+from kvbench.harness.sim.sequence import FINISHED
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
 from kvbench.runners.common import base_row, expand_seqs
@@ -267,9 +267,9 @@ def test_same_spec_same_records_whatever_the_global_rng(out, tmp_path):
 def test_gpu_presets_fold_measured_efficiency_into_the_roofline():
     import dataclasses
 
-    from kvbench.harness.clock import RooflineClock
-    from kvbench.harness.clock_model import GPU_PRESETS, GpuPreset
-    from kvbench.harness.geometry import preset
+    from kvbench.harness.sim.clock import RooflineClock
+    from kvbench.harness.spec.clock_model import GPU_PRESETS, GpuPreset
+    from kvbench.harness.spec.geometry import preset
 
     g = preset("opt-13b")
     for gpu in GPU_PRESETS.values():

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.harness import store
+from kvbench.harness.records import store
 from kvbench.harness.errors import KvbenchError
-from kvbench.harness.schema import SCHEMA_VERSION, STEPS, VERSION_KEY
+from kvbench.harness.records.schema import SCHEMA_VERSION, STEPS, VERSION_KEY
 from kvbench.app.suite import parse_suite
 from tests.conftest import ROOT, run_suite_text
-from kvbench.harness.workload_spec import WorkloadSpec
+from kvbench.harness.spec.workload_spec import WorkloadSpec
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text()
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kvbench.harness import store
+from kvbench.harness.records import store
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cells
 from tests.conftest import ROOT, kvbench

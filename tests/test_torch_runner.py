@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kvbench.harness import store
+from kvbench.harness.records import store
 from kvbench.harness.errors import KvbenchError
-from kvbench.harness.recorder import MEASURED_FIELDS
-from kvbench.harness.sequence import Seq
+from kvbench.harness.records.recorder import MEASURED_FIELDS
+from kvbench.harness.sim.sequence import Seq
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
 from kvbench.runners import get_runner
@@ -386,7 +386,7 @@ def test_kvbench_run_through_the_sweep(tmp_path: Path) -> None:
 
 
 def test_scale_layers_keeps_the_preset_but_its_depth() -> None:
-    from kvbench.harness.geometry import preset
+    from kvbench.harness.spec.geometry import preset
     from kvbench.runners.torch_model import param_count, scale_layers
 
     g = preset("llama-3-8b")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvbench.harness import store
+from kvbench.harness.records import store
 from kvbench.harness.errors import KvbenchError
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell

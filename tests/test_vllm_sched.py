@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvbench.harness import store
+from kvbench.harness.records import store
 from kvbench.app.cli import main
 from kvbench.harness.errors import KvbenchError
 from kvbench.app.suite import parse_suite

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from kvbench.harness.errors import KvbenchError
-from kvbench.harness.geometry import preset
+from kvbench.harness.spec.geometry import preset
 from kvbench.workloads.arrivals import gamma_arrivals, poisson_arrivals
 from kvbench.workloads.build import build_workload
 from kvbench.workloads.distributions import ALPACA_OUTPUT, ALPACA_PROMPT, SHAREGPT_OUTPUT, SHAREGPT_PROMPT
-from kvbench.harness.workload_spec import SOURCES, WorkloadSpec
+from kvbench.harness.spec.workload_spec import SOURCES, WorkloadSpec
 from kvbench.workloads.table import COLUMNS, Workload, read_workload, summarize, write_workload
 from kvbench.workloads.traces import approx_token_count, read_sharegpt_json, read_trace
 
@@ -464,7 +464,7 @@ def test_quantile_sources_give_the_paper_s_means_and_dependence() -> None:
 
 
 def test_a_quantile_source_is_a_workload_source(tmp_path) -> None:
-    from kvbench.harness.workload_spec import WorkloadSpec
+    from kvbench.harness.spec.workload_spec import WorkloadSpec
     from kvbench.workloads import build_workload
 
     spec = WorkloadSpec(source="sharegpt-quantiles", num_requests=500, seed=3)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..harness.workload_spec import ARRIVALS, SOURCES, WorkloadSpec
+from ..harness.spec.workload_spec import ARRIVALS, SOURCES, WorkloadSpec
 
 __all__ = [
     "ARRIVALS",

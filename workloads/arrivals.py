@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..harness.errors import KvbenchError
-from ..harness.workload_spec import WorkloadSpec
+from ..harness.spec.workload_spec import WorkloadSpec
 
 
 def batch_arrivals(count: int) -> np.ndarray:

@@ -25,7 +25,7 @@ from ..harness.errors import KvbenchError
 from .arrivals import make_arrivals
 from .distributions import clamp_lengths, sample_lengths
 from .prefix import assign_prefix_groups, check_prompts_exceed_prefix, raise_prompts_for_prefix
-from ..harness.workload_spec import FILE_SOURCES, WorkloadSpec
+from ..harness.spec.workload_spec import FILE_SOURCES, WorkloadSpec
 from .table import Workload
 from .traces import read_sharegpt_json, read_trace
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.errors import KvbenchError, one_line
-from ..harness.files import MAX_SUITE_BYTES, read_text_capped
-from ..harness.safe_paths import nonempty_path, output_file
-from ..harness.workload_spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
+from ..harness.spec.files import MAX_SUITE_BYTES, read_text_capped
+from ..harness.records.safe_paths import nonempty_path, output_file
+from ..harness.spec.workload_spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
 
 _TYPES = {"int": int, "float": float, "str": str}
 _CHOICES = {"source": SOURCES, "arrival": ARRIVALS}
@@ -161,7 +161,7 @@ def cmd_make(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ..harness.geometry import resolve_model
+    from ..harness.spec.geometry import resolve_model
     from .table import read_workload, summarize
 
     workload = read_workload(args.file)
@@ -180,7 +180,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def format_summary(s: dict[str, Any]) -> str:
     """Aligned plain text for ``summarize``'s dict."""
-    from ..harness.units import format_bytes
+    from ..harness.spec.units import format_bytes
 
     def num(value: float) -> str:
         return f"{value:,.1f}"

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..harness.errors import KvbenchError
-from ..harness.workload_spec import WorkloadSpec
+from ..harness.spec.workload_spec import WorkloadSpec
 from .length_tables import TABLES, table_lengths
 
 

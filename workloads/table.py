@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError, StorageError, os_cause
-from ..harness.files import GIB, check_regular_input
-from ..harness.safe_paths import output_file
-from ..harness.geometry import ModelGeometry
+from ..harness.spec.files import GIB, check_regular_input
+from ..harness.records.safe_paths import output_file
+from ..harness.spec.geometry import ModelGeometry
 
 SCHEMA_VERSION = 1
 # Column -> dtype, in canonical order (the order the hash reads them in).

@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError
-from ..harness.files import GIB, check_regular_input, read_text_capped
-from ..harness.workload_spec import MAX_REQUESTS
+from ..harness.spec.files import GIB, check_regular_input, read_text_capped
+from ..harness.spec.workload_spec import MAX_REQUESTS
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 GENERIC_COLUMNS = ("prompt_len", "output_len")

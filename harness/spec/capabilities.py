@@ -3,7 +3,7 @@
 Facts only (names, flags, tuples), no behaviour and no imports of our own, so every layer can
 read it: specs validate against it, runners check what they host, the application asks which
 cells need a GPU, reports ask which policies have blocks. A new runner or policy is added here
-first; ``runners/__init__.py`` and ``harness/policies/__init__.py`` check at import that their
+first; ``runners/__init__.py`` and ``harness/sim/policies/__init__.py`` check at import that their
 implementations match these names (so the two cannot drift apart).
 """
 

@@ -1,6 +1,6 @@
 """Which code produced a run: a digest of the kvbench source that determines results.
 
-Every run row records ``code_digest`` (through ``harness.provenance``), so that a
+Every run row records ``code_digest`` (through ``harness.records.provenance``), so that a
 resumed sweep can re-run cells recorded by other code and reports can say when
 they hold results of more than one version side by side.
 
@@ -22,7 +22,7 @@ import hashlib
 import importlib.util
 from pathlib import Path
 
-from .errors import KvbenchError
+from ..errors import KvbenchError
 
 PACKAGES: tuple[str, ...] = ("harness", "workloads", "runners")
 DIGEST_HEX = 12  # as many hex digits as a row keeps: 48 bits, no collision among one project's versions
@@ -31,7 +31,8 @@ DIGEST_HEX = 12  # as many hex digits as a row keeps: 48 bits, no collision amon
 def package_dirs() -> dict[str, Path]:
     """Each hashed package's folder, found as the importer finds it (without importing it:
     the harness must not import the layers above it)."""
-    namespace = __package__.rsplit(".", 1)[0] if __package__ and "." in __package__ else "kvbench"
+    # This module is <namespace>.harness.records.code_identity: the namespace is two packages up.
+    namespace = __package__.rsplit(".", 2)[0] if __package__ and __package__.count(".") >= 2 else "kvbench"
     dirs: dict[str, Path] = {}
     for name in PACKAGES:
         spec = importlib.util.find_spec(f"{namespace}.{name}")

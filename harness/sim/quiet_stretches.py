@@ -3,7 +3,7 @@ computed and recorded at once.
 
 This is the fast path's bulk recording for the policies that reserve a request's memory at
 admission (the contiguous ones: their decoders never need a new block); where memory is
-counted in blocks, ``harness.counted_stretch`` records instead, through every event.
+counted in blocks, ``harness.sim.counted_stretch`` records instead, through every event.
 
 A quiet step is one in which only decoders run: no prefill chunk is in flight, nothing is
 admitted (nothing waits, or admission is blocked and stays so), no arrival is due, and no
@@ -30,7 +30,7 @@ from .decoders import Decoders
 from .sequence import Seq
 
 if TYPE_CHECKING:
-    from .recorder import RunRecorder
+    from ..records.recorder import RunRecorder
     from .scheduler import Scheduler
 
 BULK_MIN = 3  # a quiet stretch shorter than this is not worth the arrays

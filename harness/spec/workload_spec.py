@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any, Mapping
 
-from .errors import KvbenchError
+from ..errors import KvbenchError
 
 SOURCES: tuple[str, ...] = ("fixed", "uniform", "lognormal", "sharegpt", "alpaca", "sharegpt-quantiles",
                             "alpaca-quantiles", "trace", "sharegpt-json")

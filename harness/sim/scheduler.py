@@ -37,7 +37,7 @@ from typing import Callable, Iterable
 from .clock import Clock, StepWork
 from .policies.base import Policy
 from .sequence import FINISHED, RUNNING, WAITING, Seq
-from .specs import SchedulerSpec
+from ..spec.specs import SchedulerSpec
 
 
 @dataclasses.dataclass

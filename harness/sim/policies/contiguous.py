@@ -4,7 +4,7 @@ The reservation is made once, at admission, for the request's whole life, as
 FasterTransformer/Orca-style systems do; growth within it never fails, so
 these policies never preempt. They differ only in how much they reserve.
 
-The arena places it (``harness/policies/arena.py``): first-fit takes exactly the
+The arena places it (``harness/sim/policies/arena.py``): first-fit takes exactly the
 reservation; buddy takes the block of 2^k ≥ the reservation. A request's allocation A
 (``seq.allocated``, ``allocated_positions``) is what the arena really took, so the
 README's definitions hold unchanged: internal = Σ max(0, A − F) counts the buddy rounding

@@ -23,7 +23,7 @@ import stat
 from pathlib import Path
 from types import TracebackType
 
-from .errors import KvbenchError, ResultsBusy, StorageError, storage_error
+from ..errors import KvbenchError, ResultsBusy, StorageError, storage_error
 
 LOCK_NAME = ".kvbench.lock"
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .errors import KvbenchError, StorageError, storage_error
+from ..errors import KvbenchError, StorageError, storage_error
 from .safe_paths import is_own_partition, own_file
 from .schema import SCHEMA_VERSION, TABLES, VERSION_KEY, with_version
 
@@ -138,7 +138,7 @@ def unpublish_run(out: Path, run_id: str) -> None:
 STALE_PATTERNS: tuple[tuple[str, str], ...] = (
     *((table, ".tmp-run_id=*") for table in TABLES),
     ("workloads", ".*.tmp"),  # workloads.table.write_workload
-    (".", ".reference.parquet.tmp"),  # harness.reference.write_references
+    (".", ".reference.parquet.tmp"),  # harness.records.reference.write_references
     (".", ".report.tmp-*"),  # reports.html.write_report
 )
 
@@ -149,7 +149,7 @@ def clean_stale_temps(out: Path) -> None:
     publishing its steps and its run row), so that the directory holds whole runs only.
 
     Only safe while no other process writes ``out``: ``kvbench run`` holds the directory's
-    lock (``harness.lock``). Never raises: it is also the cleanup after a fault. Never follows
+    lock (``harness.records.lock``). Never raises: it is also the cleanup after a fault. Never follows
     a symbolic link, and removes an orphan partition only when it is one kvbench writes (a real
     folder holding its one Parquet file)."""
     for where, pattern in STALE_PATTERNS:
@@ -226,7 +226,7 @@ def replace_suite_rows(path: Path, suite: str, rows: list[dict], schema: pa.Sche
     renamed: an error or an interrupt never leaves half a file, nor the temporary one."""
     import contextlib
 
-    from .errors import os_cause
+    from ..errors import os_cause
 
     own_file(path)  # a link or a device there is not ours to replace
     keep: list[dict] = []

@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 from .capabilities import BLOCK_TABLE_POLICIES
 from .clock_model import ClockTerms
-from .errors import KvbenchError
+from ..errors import KvbenchError
 from .files import MIB, check_regular_input, read_bytes_capped
 from .geometry import ModelGeometry
 

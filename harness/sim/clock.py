@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .clock_model import GPU_PRESETS, ClockTerms, GpuPreset, RecentCounts
-from .geometry import ModelGeometry
+from ..spec.clock_model import GPU_PRESETS, ClockTerms, GpuPreset, RecentCounts
+from ..spec.geometry import ModelGeometry
 
 if TYPE_CHECKING:
-    from .specs import SchedulerSpec
+    from ..spec.specs import SchedulerSpec
 
 
 @dataclasses.dataclass(frozen=True)

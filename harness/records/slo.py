@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-from .errors import KvbenchError
+from ..errors import KvbenchError
 from .schema import LATENCY_COLUMNS
 from .store import replace_suite_rows
 

@@ -51,7 +51,7 @@ from .policies.paged import CountingPagedPolicy
 from .sequence import RUNNING, WAITING, Seq
 
 if TYPE_CHECKING:
-    from .recorder import RunRecorder
+    from ..records.recorder import RunRecorder
     from .scheduler import Scheduler
 
 MAX_STEPS = 8192  # steps per counted stretch (its rows are built at once)

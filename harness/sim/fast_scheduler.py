@@ -1,7 +1,7 @@
 """The simulator's fast path: the same decisions as ``Scheduler``, in work proportional
 to what changes in a step rather than to the number of running requests.
 
-Decoders are implicit (``harness.decoders``): a step touches only crossing decoders, prefill
+Decoders are implicit (``harness.sim.decoders``): a step touches only crossing decoders, prefill
 chunks, admissions, finishers and victims. A step in which everything fits — the token budget
 covers every running request's need and the free blocks cover every new block — is
 *simple*: the running sums (used positions, context tokens for the clock) advance by
@@ -12,9 +12,9 @@ a finish). Any other step (the budget runs short: chunked prefill) materialises 
 decoder and runs the reference ``Scheduler.schedule`` unchanged.
 
 Before each step the driver asks for a run of steps at once (``record_quiet_steps``): a
-counted stretch (``harness.counted_stretch``) where blocks are counts (``paged``,
+counted stretch (``harness.sim.counted_stretch``) where blocks are counts (``paged``,
 ``virtual-contiguous``, and ``paged-prefix`` on a workload that shares no block:
-``harness.policies.counting_prefix``), a quiet stretch (``harness.quiet_stretches``) for the
+``harness.sim.policies.counting_prefix``), a quiet stretch (``harness.sim.quiet_stretches``) for the
 contiguous policies; prefix caching over shared blocks goes step by step.
 
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
@@ -31,10 +31,10 @@ from .clock import Clock
 from .decoders import Decoders
 from .policies.base import Policy
 from .policies.paged import PagedBase, PagedPolicy
-from .recorder import RunRecorder
+from ..records.recorder import RunRecorder
 from .scheduler import Arrivals, Scheduler, StepPlan
 from .sequence import RUNNING, Seq
-from .specs import SchedulerSpec
+from ..spec.specs import SchedulerSpec
 
 
 class FastScheduler(Scheduler):

@@ -10,8 +10,8 @@ and kept in per-tick event lists. An event names its sequence and the sequence's
 bumps the epoch, so stale events are recognised and dropped where they are read.
 
 ``Decoders`` is that state, shared by the step-by-step fast path
-(``harness.fast_scheduler``) and the stretches that record many steps at once
-(``harness.quiet_stretches``, ``harness.counted_stretch``).
+(``harness.sim.fast_scheduler``) and the stretches that record many steps at once
+(``harness.sim.quiet_stretches``, ``harness.sim.counted_stretch``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from .capabilities import MEASURING_RUNNERS, POLICIES
 from .clock_model import GPU_PRESETS
 from . import identity
-from .errors import KvbenchError
+from ..errors import KvbenchError
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .workload_spec import WorkloadSpec
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 PREEMPTION_MODES = ("recompute", "swap")
 CLOCKS = ("steps", "roofline", "profile", "measured")
-# Where a contiguous policy places its reservations (harness/policies/arena.py); the first is
+# Where a contiguous policy places its reservations (harness/sim/policies/arena.py); the first is
 # the default, left out of run ids so that ids from before the choice existed stay the same.
 ARENAS = ("first-fit", "buddy")
 
@@ -167,7 +167,7 @@ class RunSpec:
         return self.budget_positions // self.block_size
 
     def canonical(self, workload_id: str) -> dict[str, Any]:
-        """What the run id hashes: everything that changes the measurement (``harness.identity``)."""
+        """What the run id hashes: everything that changes the measurement (``harness.spec.identity``)."""
         return identity.run_canonical({
             "model": dataclasses.asdict(self.geometry),  # the shapes, not the name: a config file has no preset
             "workload_id": workload_id,

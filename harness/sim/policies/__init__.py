@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .. import capabilities
-from ..errors import KvbenchError
+from ...spec import capabilities
+from ...errors import KvbenchError
 from .arena import ARENA_TYPES
 from .base import Policy
 from .counting_prefix import CountingPrefixPolicy
 from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
 from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
-from ..specs import ARENAS, RunSpec
+from ...spec.specs import ARENAS, RunSpec
 
 
 def page_tokens(spec: RunSpec) -> int:
@@ -34,8 +34,8 @@ POLICIES: dict[str, Callable[[RunSpec], Policy]] = {
     "paged-prefix": lambda s: PagedPrefixPolicy(s.budget_positions, s.block_size),
     "virtual-contiguous": lambda s: VirtualContiguousPolicy(s.budget_positions, page_tokens(s)),
 }
-assert tuple(POLICIES) == capabilities.POLICIES, "harness/capabilities.py and the policy registry disagree"
-assert tuple(ARENA_TYPES) == ARENAS, "harness/specs.py's ARENAS and the arena registry disagree"
+assert tuple(POLICIES) == capabilities.POLICIES, "harness/spec/capabilities.py and the policy registry disagree"
+assert tuple(ARENA_TYPES) == ARENAS, "harness/spec/specs.py's ARENAS and the arena registry disagree"
 
 
 # Block-count-only variants, for callers that never read block ids (the sim's fast path).

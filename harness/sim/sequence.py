@@ -16,7 +16,7 @@ class Seq:
         "peak_allocated", "prefix_hit_tokens",
         # allocation state, owned by the policy
         "allocated", "blocks", "alloc_start", "pending_hits", "num_cached_blocks", "rounding",
-        # the fast scheduler's implicit decode state (see harness.fast_scheduler)
+        # the fast scheduler's implicit decode state (see harness.sim.fast_scheduler)
         "dec_tick", "epoch", "run_pos",
     )
 

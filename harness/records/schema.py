@@ -141,7 +141,7 @@ RUNS = pa.schema([
     ("peak_kv_bytes_allocated", pa.int64()),
     ("device_peak_bytes", pa.int64()),  # CUDA allocator peak during the run (torch, vllm on CUDA)
     ("mean_step_wall_s", pa.float64()),
-    # Per-request latency on the run's clock (harness.latency), over finished requests.
+    # Per-request latency on the run's clock (harness.sim.latency), over finished requests.
     ("ttft_p50_s", pa.float64()),
     ("ttft_p90_s", pa.float64()),
     ("tpot_p50_s", pa.float64()),
@@ -162,17 +162,17 @@ RUNS = pa.schema([
     ("cuda_version", pa.string()),
     ("device", pa.string()),
     ("kvbench_version", pa.string()),
-    ("code_digest", pa.string()),  # harness.code_identity: which code produced the run (null: older kvbench)
+    ("code_digest", pa.string()),  # harness.records.code_identity: which code produced the run (null: older kvbench)
     ("attention_backend", pa.string()),
     ("started_at", pa.timestamp("us", tz="UTC")),
     ("spec_json", pa.string()),
     # How many rows the run's steps and requests partitions hold: a run is complete only when
-    # both partitions are there with these counts (harness.store.incomplete_runs; null: older kvbench).
+    # both partitions are there with these counts (harness.records.store.incomplete_runs; null: older kvbench).
     ("steps_rows", pa.int64()),
     ("requests_rows", pa.int64()),
 ])
 
-# The runs columns of per-request latency (harness.latency fills them; an [slo] bounds one).
+# The runs columns of per-request latency (harness.sim.latency fills them; an [slo] bounds one).
 LATENCY_COLUMNS: tuple[str, ...] = (
     "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s",
     "normalized_latency_mean_s", "normalized_latency_p50_s", "normalized_latency_p90_s",

@@ -16,10 +16,10 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import KvbenchError
-from .files import kind
+from ..errors import KvbenchError
+from ..spec.files import kind
 
-# The folders kvbench makes inside a results directory (``harness.store`` and the report).
+# The folders kvbench makes inside a results directory (``harness.records.store`` and the report).
 OWN_FOLDERS: tuple[str, ...] = ("runs", "steps", "requests", "workloads", "report")
 # The single files it keeps at a results directory's top level.
 OWN_FILES: tuple[str, ...] = ("reference.parquet", "slo.parquet", ".kvbench.lock")

@@ -10,10 +10,10 @@ import socket
 import subprocess
 from pathlib import Path
 
-from . import __version__
+from .. import __version__
 from .code_identity import code_digest
 
-_REPO = Path(__file__).resolve().parents[1]  # the clone's root, when running from a clone
+_REPO = Path(__file__).resolve().parents[2]  # the clone's root, when running from a clone
 
 
 def _git(*args: str) -> str | None:

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import store
-from .errors import StorageError, storage_error
+from ..errors import StorageError, storage_error
 from .schema import REQUESTS, RUNS, STEPS, StepRow, with_version
 
 BATCH_ROWS = 16_384
@@ -259,7 +259,7 @@ class RunRecorder:
         try:
             unknown = [key for key in run_row if key not in _RUNS_NAMES]
             if unknown:
-                raise UnknownColumns(f"run row: {', '.join(map(repr, unknown))} not in harness.schema.RUNS "
+                raise UnknownColumns(f"run row: {', '.join(map(repr, unknown))} not in harness.records.schema.RUNS "
                                      f"(declare the column there, or stop setting it)")
             self._flush(final=True)
             if self._writer is not None:

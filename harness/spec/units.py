@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from .errors import KvbenchError
+from ..errors import KvbenchError
 
 _UNITS = {
     "": 1, "b": 1,

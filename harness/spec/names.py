@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import string
 
-from .errors import KvbenchError
+from ..errors import KvbenchError
 
 # Filesystems cap a component at 255 bytes (beyond it: "File name too long" at the first
 # write); a suite name a third of that long is already a mistake, not a name.

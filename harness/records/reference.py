@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from .errors import KvbenchError
+from ..errors import KvbenchError
 from .schema import RUNS
 from .store import replace_suite_rows
 

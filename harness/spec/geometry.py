@@ -12,7 +12,7 @@ import json
 from typing import Any
 from pathlib import Path
 
-from .errors import KvbenchError, one_line
+from ..errors import KvbenchError, one_line
 from .files import MIB, read_text_capped
 
 # Bytes per element of each supported KV cache dtype. fp8 means e4m3, the

@@ -12,8 +12,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .recorder import MEASURED_FIELDS
-from .schema import StepRow
+from ..records.recorder import MEASURED_FIELDS
+from ..records.schema import StepRow
 
 WIDTH = len(StepRow._fields)
 _col = StepRow._fields.index
