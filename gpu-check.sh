@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu-check.sh: the one prepared GPU check. A session with a CUDA device runs it once;
+# gpu-check.sh: the one prepared GPU check, run once on a machine with a CUDA device;
 # it needs about 3 minutes of device time (each part has a hard timeout; at most ~6).
 #
 #   1. kvbench doctor --gpu: vllm/paged (block 16) + torch on CUDA (contiguous-max,

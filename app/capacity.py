@@ -12,8 +12,8 @@ disk: the refined capacity is simply the capacity over more points.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -67,8 +67,9 @@ def cell_at_rate(cell: Cell, rate: float, out: Path) -> Cell:
     return Cell(spec=spec, workload=workload, out=out)
 
 
-def refine(suite: Suite, out: Path, cells: Sequence[Cell], run: Callable[[list[Cell]], object],
-           log: Callable[[str], None]) -> int:
+def refine(
+    suite: Suite, out: Path, cells: Sequence[Cell], run: Callable[[list[Cell]], object], log: Callable[[str], None]
+) -> int:
     """Bisect, ``suite.slo.refine`` times, every line whose capacity the suite's own rates bracket;
     the number of cells run. Deterministic: the brackets start from the suite's swept rates (never
     from earlier refinements), so running the suite again finds the same middles recorded and
@@ -79,17 +80,23 @@ def refine(suite: Suite, out: Path, cells: Sequence[Cell], run: Callable[[list[C
     metric, bound = suite.slo.metric, suite.slo.bound
     by_id = {c.run_id: c for c in cells}
     swept = capacities(suite, out, ids=set(by_id))  # the suite's own points only
-    brackets = [(by_id[r["run_id"]], float(r["capacity_rps"]), float(r["next_rps"]))
-                for r in swept.to_dict("records") if r["status"] == "within the sweep" and r["run_id"] in by_id]
+    brackets = [
+        (by_id[r["run_id"]], float(r["capacity_rps"]), float(r["next_rps"]))
+        for r in swept.to_dict("records")
+        if r["status"] == "within the sweep" and r["run_id"] in by_id
+    ]
     ran = 0
     for step in range(suite.slo.refine):
-        trials = [(cell_at_rate(t, middle(lo, hi), out), t, lo, hi) for t, lo, hi in brackets
-                  if lo < middle(lo, hi) < hi]  # else as narrow as 3 digits write
+        trials = [
+            (cell_at_rate(t, middle(lo, hi), out), t, lo, hi) for t, lo, hi in brackets if lo < middle(lo, hi) < hi
+        ]  # else as narrow as 3 digits write
         if not trials:
             break
         todo = plan_resume([c for c, *_ in trials], out).todo
-        log(f"capacity: bisection step {step + 1} of {suite.slo.refine}: {len(trials)} line(s) at "
-            f"{', '.join(f'{c.spec.workload.rate:g}' for c, *_ in trials)} req/s ({len(todo)} to run)")
+        log(
+            f"capacity: bisection step {step + 1} of {suite.slo.refine}: {len(trials)} line(s) at "
+            f"{', '.join(f'{c.spec.workload.rate:g}' for c, *_ in trials)} req/s ({len(todo)} to run)"
+        )
         if todo:
             run(todo)
             ran += len(todo)

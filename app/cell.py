@@ -8,7 +8,7 @@ from __future__ import annotations
 import traceback
 
 from ..harness.errors import KvbenchError, StorageError, one_line
-from ..runners import get_runner
+from ..runners import availability, get_runner
 from ..runners.base import Cell, RunResult
 from ..runners.common import base_row, write_status_only
 
@@ -20,11 +20,10 @@ def run_cell(cell: Cell) -> dict[str, object]:
 
 def _run_or_fail(cell: Cell) -> RunResult:
     try:
-        runner = get_runner(cell.spec.runner)
-        reason = runner.unavailable()
+        reason = availability(cell.spec.runner)
         if reason is not None:
-            return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", reason)
-        return runner.run(cell)
+            return write_status_only(cell, base_row(cell, cell.spec.runner), "failed", one_line(reason))
+        return get_runner(cell.spec.runner).run(cell)
     except StorageError:
         raise  # the environment, not the cell: recording a failed row would need the same disk
     except KvbenchError as exc:

@@ -1,9 +1,8 @@
 """The ``kvbench`` command line.
 
-Each subcommand lives in the module that owns its work; that module exposes
-``register(subparsers)``, which adds its parser and sets ``func`` (a callable
-taking the parsed ``argparse.Namespace`` and returning an exit code). This
-file only wires them together, turns ``KvbenchError`` into one line on
+Each subcommand is a module of ``app/commands`` exposing a ``Command``; ``add_command``
+adds its parser and sets ``func`` (its ``run``: the parsed ``argparse.Namespace`` in, an
+exit code out). This file only wires them together, turns ``KvbenchError`` into one line on
 stderr, and turns SIGTERM into the same clean stop as Ctrl-C (exit 128 + signal).
 """
 
@@ -13,31 +12,13 @@ import argparse
 import importlib
 import os
 import sys
-from typing import NoReturn, Sequence
+from collections.abc import Sequence
 
 from ..harness import __version__
 from ..harness.errors import KvbenchError, one_line
+from .commands import MODULES
+from .commands.base import Command, OneLineParser, add_command
 from .signals import sigterm_as_interrupt
-
-# Modules that register subcommands (relative to this package), in help order. Importing them must stay
-# cheap: heavy imports (torch, vllm) happen inside the command functions.
-COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    ".run_cmd": ("run",),
-    ".calc": ("calc",),
-    "..workloads.commands": ("workload",),
-    "..reports.commands": ("report", "compare"),
-    "..reports.diverge_cmd": ("diverge",),
-    "..reports.calibrate_cmd": ("calibrate",),
-    ".fit_roofline": ("fit-roofline",),
-    ".doctor": ("doctor",),
-}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (and exit 2), like every other error."""
-
-    def error(self, message: str) -> "NoReturn":
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvbench {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name, __package__).register(subparsers)
+    for name in MODULES:  # imported here, inside main's interrupt handling
+        command: Command = importlib.import_module(f".commands.{name}", __package__).COMMAND
+        add_command(subparsers, command)
     return parser
 
 

@@ -41,8 +41,7 @@ from pathlib import Path
 
 from ..harness.spec.capabilities import MEASURING_RUNNERS
 
-NO_CUDA_LINE = ("kvbench doctor --gpu: no CUDA device (torch.cuda.is_available() is False); "
-                "the GPU smoke test needs one")
+NO_CUDA_LINE = "kvbench doctor --gpu: no CUDA device (torch.cuda.is_available() is False); the GPU smoke test needs one"
 OUT_ENV = "KVBENCH_SMOKE_OUT"  # where `kvbench doctor --gpu` keeps its records (default: a temporary directory)
 LAYERS = 2
 VOCAB = 32000
@@ -86,13 +85,31 @@ block_size = [16]
 policy = ["paged"]
 """
 
-CELL_COLUMNS = (("runner", "runner"), ("policy", "policy"), ("status", "status"), ("steps", "steps"),
-                ("mean_running", "mean_run"), ("peak_running", "peak_run"), ("preemptions", "preempt"),
-                ("token_states_frac", "states%"), ("tokens_per_s", "tokens/s"),
-                ("wall_tokens_per_s", "wall tok/s"), ("mean_step_wall_s", "step ms"), ("wall_s", "wall s"))
-DECOMP_COLUMNS = (("metric", "metric"), ("baseline", "contiguous baseline"), ("torch_contiguous", "torch/contig"),
-                  ("torch_paged", "torch/paged"), ("vllm_paged", "vllm/paged"), ("naive", "naive ×"),
-                  ("allocation", "allocation ×"), ("runtime", "runtime ×"), ("sim_allocation", "sim alloc ×"))
+CELL_COLUMNS = (
+    ("runner", "runner"),
+    ("policy", "policy"),
+    ("status", "status"),
+    ("steps", "steps"),
+    ("mean_running", "mean_run"),
+    ("peak_running", "peak_run"),
+    ("preemptions", "preempt"),
+    ("token_states_frac", "states%"),
+    ("tokens_per_s", "tokens/s"),
+    ("wall_tokens_per_s", "wall tok/s"),
+    ("mean_step_wall_s", "step ms"),
+    ("wall_s", "wall s"),
+)
+DECOMP_COLUMNS = (
+    ("metric", "metric"),
+    ("baseline", "contiguous baseline"),
+    ("torch_contiguous", "torch/contig"),
+    ("torch_paged", "torch/paged"),
+    ("vllm_paged", "vllm/paged"),
+    ("naive", "naive ×"),
+    ("allocation", "allocation ×"),
+    ("runtime", "runtime ×"),
+    ("sim_allocation", "sim alloc ×"),
+)
 
 
 def say(msg: str) -> None:
@@ -114,8 +131,10 @@ def _fmt(key: str, value: object) -> str:
 def table(rows: list[dict[str, object]], columns: tuple[tuple[str, str], ...]) -> str:
     cells = [[h for _, h in columns]] + [[_fmt(k, r.get(k)) for k, _ in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    return "\n".join("  " + "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
-                     for row in cells)
+    return "\n".join(
+        "  " + "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
+        for row in cells
+    )
 
 
 def write_model(directory: Path) -> Path:
@@ -125,10 +144,23 @@ def write_model(directory: Path) -> Path:
     from ..runners.vllm_adapter import write_model_dir
 
     g = preset("llama-3-8b").replace(num_layers=LAYERS, vocab_size=VOCAB)
-    g = g.replace(name=MODEL_NAME, num_params=llama_param_count(
-        g.num_layers, g.hidden_size, g.num_attention_heads, g.num_kv_heads, g.head_dim, g.intermediate_size, g.vocab_size))
-    spec = types.SimpleNamespace(geometry=g, model=types.SimpleNamespace(kv_dtype="fp16"),
-                                 memory=types.SimpleNamespace(max_model_len=MAX_MODEL_LEN))
+    g = g.replace(
+        name=MODEL_NAME,
+        num_params=llama_param_count(
+            g.num_layers,
+            g.hidden_size,
+            g.num_attention_heads,
+            g.num_kv_heads,
+            g.head_dim,
+            g.intermediate_size,
+            g.vocab_size,
+        ),
+    )
+    spec = types.SimpleNamespace(
+        geometry=g,
+        model=types.SimpleNamespace(kv_dtype="fp16"),
+        memory=types.SimpleNamespace(max_model_len=MAX_MODEL_LEN),
+    )
     return write_model_dir(spec, directory)  # type: ignore[arg-type]
 
 
@@ -160,14 +192,16 @@ def _smoke(out: Path) -> int:
 
     from ..harness.records import store
     from ..harness.records.provenance import provenance
+    from ..runners.vllm_engine import EAGER_ENV, VllmRunner
     from .suite import parse_suite
     from .sweep import build_cells, run_cells
-    from ..runners.vllm_engine import EAGER_ENV, VllmRunner
 
     t0 = time.monotonic()
     prov = provenance()
-    say(f"device {torch.cuda.get_device_name()}  torch {prov.get('torch_version')}  CUDA {torch.version.cuda}  "
-        f"vllm {prov.get('vllm_version')}  kvbench {prov.get('kvbench_version')}")
+    say(
+        f"device {torch.cuda.get_device_name()}  torch {prov.get('torch_version')}  CUDA {torch.version.cuda}  "
+        f"vllm {prov.get('vllm_version')}  kvbench {prov.get('kvbench_version')}"
+    )
     runners = ["vllm", "torch", "sim"]
     problems: list[str] = []
     reason = VllmRunner().unavailable()
@@ -182,8 +216,11 @@ def _smoke(out: Path) -> int:
     suite_path.write_text(text, encoding="utf-8")
     suite = parse_suite(text, str(suite_path))
     cells = build_cells(suite, out, say)
-    say(f"{len(cells)} cells into {out}: " + ", ".join(f"{c.spec.runner}/{c.spec.policy}" for c in cells)
-        + f"  (vLLM eager: {os.environ.get(EAGER_ENV)})")
+    say(
+        f"{len(cells)} cells into {out}: "
+        + ", ".join(f"{c.spec.runner}/{c.spec.policy}" for c in cells)
+        + f"  (vLLM eager: {os.environ.get(EAGER_ENV)})"
+    )
     run_cells(cells, quiet=False)
     ids = {c.run_id for c in cells}
     order = {c.run_id: i for i, c in enumerate(cells)}
@@ -191,15 +228,19 @@ def _smoke(out: Path) -> int:
     runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
     records = runs.to_dict("records")
     first = records[0] if records else {}
-    print(f"\nmodel {first.get('model')}  workload {first.get('workload_id')}  kv {first.get('kv_dtype')}  "
-          f"budget {first.get('budget_bytes') or 0:,} B ({first.get('budget_positions') or 0:,} positions)")
+    print(
+        f"\nmodel {first.get('model')}  workload {first.get('workload_id')}  kv {first.get('kv_dtype')}  "
+        f"budget {first.get('budget_bytes') or 0:,} B ({first.get('budget_positions') or 0:,} positions)"
+    )
     print(table(records, CELL_COLUMNS))
     for r in records:
         if r.get("runner") in MEASURING_RUNNERS and r.get("status") == "ok":
             peak = r.get("peak_kv_bytes_allocated")
             peak_text = "-" if peak is None or peak != peak else f"{int(peak):,} B"
-            print(f"  {r['runner']}/{r['policy']}: device {r.get('device')}, attention {r.get('attention_backend')}, "
-                  f"peak KV allocated {peak_text}")
+            print(
+                f"  {r['runner']}/{r['policy']}: device {r.get('device')}, attention {r.get('attention_backend')}, "
+                f"peak KV allocated {peak_text}"
+            )
         if r.get("status") != "ok":
             problems.append(f"{r.get('runner')}/{r.get('policy')} {r.get('status')}: {r.get('error')}")
             print(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('status')}: {r.get('error')}")
@@ -209,9 +250,11 @@ def _smoke(out: Path) -> int:
     # tokens_per_s is on kvbench's clock in both (same steps: runtime factor 1 by construction);
     # wall_tokens_per_s is per device-synchronised second in both: the measured decomposition.
     decomp = decomp[decomp["metric"] != "tokens_per_s"]
-    print("\ndecomposition: vllm/paged vs torch/contiguous = allocation (torch/paged vs torch/contiguous) "
-          "× runtime (vllm/paged vs torch/paged); throughput as wall_tokens_per_s (generated tokens per "
-          "device-synchronised step second; tokens_per_s rows left out: kvbench's clock, where both take the same steps)")
+    print(
+        "\ndecomposition: vllm/paged vs torch/contiguous = allocation (torch/paged vs torch/contiguous) "
+        "× runtime (vllm/paged vs torch/paged); throughput as wall_tokens_per_s (generated tokens per "
+        "device-synchronised step second; tokens_per_s rows left out: kvbench's clock, where both take the same steps)"
+    )
     if len(decomp):
         print(table(decomp.to_dict("records"), DECOMP_COLUMNS))
         warnings = {w for w in decomp["warning"].dropna()}
@@ -219,8 +262,10 @@ def _smoke(out: Path) -> int:
             print(f"  ! {w}")
     else:
         print("  (no rows: no torch or vllm run)")
-    say(f"done in {time.monotonic() - t0:.0f}s: "
-        + ("all cells ok" if not problems else f"{len(problems)} problem(s), see above"))
+    say(
+        f"done in {time.monotonic() - t0:.0f}s: "
+        + ("all cells ok" if not problems else f"{len(problems)} problem(s), see above")
+    )
     return 0 if not problems else 1
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-from typing import Iterator
+from collections.abc import Iterator
 
-from ..harness.spec.capabilities import needs_gpu
 from ..harness.errors import KvbenchError
+from ..harness.spec.capabilities import needs_gpu
 from ..runners.base import Cell
 from .cell import run_cell
 
@@ -43,8 +43,11 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             pass
     except OSError as exc:
-        cause = "no answer within {:g} s".format(timeout_s) if isinstance(exc, TimeoutError) else \
-            (exc.strerror or type(exc).__name__)
+        cause = (
+            f"no answer within {timeout_s:g} s"
+            if isinstance(exc, TimeoutError)
+            else (exc.strerror or type(exc).__name__)
+        )
         raise KvbenchError(f"cannot start or reach Ray at {address}: {cause}") from None
 
 
@@ -59,6 +62,7 @@ def check_ray(address: str | None) -> None:
 def run_on_ray(cells: list[Cell], address: str | None) -> Iterator[tuple[Cell, dict[str, object]]]:
     check_ray(address)
     import ray
+
     if not ray.is_initialized():
         kwargs: dict[str, object] = {"include_dashboard": False, "log_to_driver": False}
         if address:
@@ -68,8 +72,9 @@ def run_on_ray(cells: list[Cell], address: str | None) -> Iterator[tuple[Cell, d
         try:
             ray.init(**kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise KvbenchError(f"cannot start or reach Ray at {address or 'a local instance'}: "
-                               f"{str(exc).splitlines()[0]}") from None
+            raise KvbenchError(
+                f"cannot start or reach Ray at {address or 'a local instance'}: {str(exc).splitlines()[0]}"
+            ) from None
     task = ray.remote(run_cell)
     pending = {task.options(**resources(cell)).remote(cell): cell for cell in cells}
     while pending:

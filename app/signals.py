@@ -11,11 +11,10 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
-from typing import Iterator
 
 from ..harness.errors import Interrupted
-
 
 # The signal that arrived, if any. An exception raised while Python runs a finalizer (a
 # ``__del__``, say pyarrow's ParquetWriter's) is printed and dropped, so the interrupt is also

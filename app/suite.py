@@ -15,15 +15,16 @@ import dataclasses
 import itertools
 import math
 import tomllib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
-from ..harness.spec.capabilities import RUNNER_NAMES, is_contiguous
 from ..harness.errors import KvbenchError, one_line
-from ..harness.spec.files import MAX_SUITE_BYTES, read_text_capped
-from ..harness.spec.names import path_component
 from ..harness.records.reference import parse_references
 from ..harness.records.slo import Slo, parse_slo
+from ..harness.spec.capabilities import RUNNER_NAMES, is_contiguous
+from ..harness.spec.files import MAX_SUITE_BYTES, read_text_capped
+from ..harness.spec.names import path_component
 from ..harness.spec.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
 from ..harness.spec.units import parse_size
 from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
@@ -34,12 +35,29 @@ SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerSpec))
 RUN_KEYS = ("runner", "policy", "block_size", "page_bytes", "arena", "repeat", "device")
 WORKLOAD_KEYS = tuple(FIELD_KINDS)
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
-    "model": MODEL_KEYS, "memory": MEMORY_KEYS, "scheduler": SCHEDULER_KEYS, "run": RUN_KEYS,
+    "model": MODEL_KEYS,
+    "memory": MEMORY_KEYS,
+    "scheduler": SCHEDULER_KEYS,
+    "run": RUN_KEYS,
     "workload": WORKLOAD_KEYS,
 }
 ALL_KEYS = frozenset(MODEL_KEYS + MEMORY_KEYS + SCHEDULER_KEYS + RUN_KEYS + WORKLOAD_KEYS + ("workload",))
-TOP_KEYS = ("name", "description", "optional_runners", "repeats", "model", "memory", "workload", "workloads",
-            "scheduler", "run", "grid", "runners", "reference", "slo")
+TOP_KEYS = (
+    "name",
+    "description",
+    "optional_runners",
+    "repeats",
+    "model",
+    "memory",
+    "workload",
+    "workloads",
+    "scheduler",
+    "run",
+    "grid",
+    "runners",
+    "reference",
+    "slo",
+)
 
 DEFAULTS: dict[str, Any] = {"runner": "sim", "policy": "paged", "block_size": 16}
 
@@ -105,10 +123,15 @@ class Suite:
             wl_table.update({k: s[k] for k in WORKLOAD_KEYS if k in s})
             table = f"[workloads.{s['workload']}]" if self.named_workloads else "[workload]"
             workload = WorkloadSpec.from_mapping(wl_table, where=where, table=table)
-            model = ModelSpec(preset=s.get("preset") if s.get("config") is None else None,
-                              config=s.get("config"), kv_dtype=s.get("kv_dtype", "fp16"))
-            memory = MemorySpec(kv_budget_bytes=parse_size(s.get("kv_budget", "12GiB"), "[memory] kv_budget"),
-                                max_model_len=s.get("max_model_len", 2048))
+            model = ModelSpec(
+                preset=s.get("preset") if s.get("config") is None else None,
+                config=s.get("config"),
+                kv_dtype=s.get("kv_dtype", "fp16"),
+            )
+            memory = MemorySpec(
+                kv_budget_bytes=parse_size(s.get("kv_budget", "12GiB"), "[memory] kv_budget"),
+                max_model_len=s.get("max_model_len", 2048),
+            )
             sched = {k: s[k] for k in SCHEDULER_KEYS if k in s}
             if sched.get("clock", "steps") != "profile":
                 # A suite-wide profile does not concern a runner on another clock (an engine
@@ -134,10 +157,20 @@ class Suite:
                 # The arena places contiguous reservations only: a suite-wide arena is ignored by
                 # the other policies (their specs keep the default, so no duplicate cells).
                 arena = ARENAS[0]
-            spec = RunSpec(runner=s["runner"], policy=policy, block_size=block_size, model=model,
-                           memory=memory, workload=workload, scheduler=scheduler, page_bytes=page_bytes,
-                           arena=arena, repeat=s.get("repeat", 0), device=s.get("device", "auto"),
-                           suite=self.name)
+            spec = RunSpec(
+                runner=s["runner"],
+                policy=policy,
+                block_size=block_size,
+                model=model,
+                memory=memory,
+                workload=workload,
+                scheduler=scheduler,
+                page_bytes=page_bytes,
+                arena=arena,
+                repeat=s.get("repeat", 0),
+                device=s.get("device", "auto"),
+                suite=self.name,
+            )
             if policy == "virtual-contiguous":
                 from ..harness.sim.policies import page_tokens
 
@@ -219,8 +252,9 @@ def parse_suite(text: str, where: str) -> Suite:
     overrides: dict[str, dict[str, Any]] = {}
     for runner, table in _table(doc, "runners", where).items():
         if runner not in RUNNER_NAMES:
-            raise KvbenchError(f"{where}: [runners.{runner}]: unknown runner {runner!r} "
-                               f"(known: {', '.join(RUNNER_NAMES)})")
+            raise KvbenchError(
+                f"{where}: [runners.{runner}]: unknown runner {runner!r} (known: {', '.join(RUNNER_NAMES)})"
+            )
         if not isinstance(table, dict):
             raise KvbenchError(f"{where}: [runners.{runner}] must be a table")
         _check_keys(table, ALL_KEYS - {"runner"}, where, f"runners.{runner}")
@@ -229,18 +263,23 @@ def parse_suite(text: str, where: str) -> Suite:
                 raise KvbenchError(f"{where}: [runners.{runner}] {key} is an empty list")
         if "workload" in table:
             value = table["workload"]
-            _check_workload_names(value if isinstance(value, list) else [value], workloads, where,
-                                  f"[runners.{runner}]")
+            _check_workload_names(
+                value if isinstance(value, list) else [value], workloads, where, f"[runners.{runner}]"
+            )
         overrides[runner] = table
     for wname, table in workloads.items():
         for key, value in table.items():
             if isinstance(value, list) and (key in grid or any(key in t for t in overrides.values())):
-                raise KvbenchError(f"{where}: {key} is swept both in [workloads.{wname}] and in [grid] or "
-                                   f"[runners.*]: sweep it in one place")
+                raise KvbenchError(
+                    f"{where}: {key} is swept both in [workloads.{wname}] and in [grid] or "
+                    f"[runners.*]: sweep it in one place"
+                )
     optional = doc.get("optional_runners", [])
     if not isinstance(optional, list) or not all(isinstance(r, str) and r in RUNNER_NAMES for r in optional):
-        raise KvbenchError(f"{where}: optional_runners must be a list of runner names (known: "
-                           f"{', '.join(RUNNER_NAMES)}), got {optional!r}")
+        raise KvbenchError(
+            f"{where}: optional_runners must be a list of runner names (known: "
+            f"{', '.join(RUNNER_NAMES)}), got {optional!r}"
+        )
     repeats = doc.get("repeats", 1)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise KvbenchError(f"{where}: repeats must be a positive integer, got {repeats!r}")
@@ -251,23 +290,35 @@ def parse_suite(text: str, where: str) -> Suite:
         raise KvbenchError(f"{where}: name must be a non-empty string")
     # The name is the default results directory's last component: it must not be a path.
     path_component(name, f"{where}: name" if "name" in doc else f"{where}: name (from the file name; set name = ...)")
-    suite = Suite(name=name, path=where, settings=settings, workloads=workloads, grid=grid,
-                  runner_overrides=overrides, optional_runners=tuple(optional), repeats=repeats,
-                  reference=tuple(parse_references(doc.get("reference", []), where)),
-                  slo=parse_slo(_table(doc, "slo", where), where) if "slo" in doc else None,
-                  named_workloads="workloads" in doc)
+    suite = Suite(
+        name=name,
+        path=where,
+        settings=settings,
+        workloads=workloads,
+        grid=grid,
+        runner_overrides=overrides,
+        optional_runners=tuple(optional),
+        repeats=repeats,
+        reference=tuple(parse_references(doc.get("reference", []), where)),
+        slo=parse_slo(_table(doc, "slo", where), where) if "slo" in doc else None,
+        named_workloads="workloads" in doc,
+    )
     runs = suite.runners()
     for runner in runs:
         if runner not in RUNNER_NAMES:
             raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNER_NAMES)})")
     for runner in overrides:
         if runner not in runs:
-            raise KvbenchError(f"{where}: [runners.{runner}] configures runner {runner}, which the suite does not "
-                               f"run (it runs: {', '.join(dict.fromkeys(runs))})")
+            raise KvbenchError(
+                f"{where}: [runners.{runner}] configures runner {runner}, which the suite does not "
+                f"run (it runs: {', '.join(dict.fromkeys(runs))})"
+            )
     cells = count_cells(suite)
     if cells > MAX_CELLS:
-        raise KvbenchError(f"{where}: the grid expands to {_count(cells)} cells (runners x the lists of [grid], "
-                           f"[runners.*] and [workloads.*] x repeats), more than the limit of {MAX_CELLS:,}")
+        raise KvbenchError(
+            f"{where}: the grid expands to {_count(cells)} cells (runners x the lists of [grid], "
+            f"[runners.*] and [workloads.*] x repeats), more than the limit of {MAX_CELLS:,}"
+        )
     return suite
 
 
@@ -293,8 +344,7 @@ def count_cells(suite: Suite) -> int:
         grid.pop("workload", None)
         if suite.repeats > 1 and "repeat" not in grid:
             grid["repeat"] = suite.repeats
-        sweeps = sum(math.prod(len(v) for v in suite.workloads[w].values() if isinstance(v, list))
-                     for w in workloads)
+        sweeps = sum(math.prod(len(v) for v in suite.workloads[w].values() if isinstance(v, list)) for w in workloads)
         total += math.prod(grid.values()) * sweeps
     return total
 

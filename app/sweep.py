@@ -13,22 +13,23 @@ import dataclasses
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
 from ..harness.errors import KvbenchError
 from ..harness.spec.specs import RunSpec
-from .suite import Suite
 from ..runners.base import Cell
 from .cell import run_cell
 from .signals import raise_pending
+from .suite import Suite
 
 if TYPE_CHECKING:
     from ..workloads.table import Workload
 
 
-def keep_workload(workload: "Workload", out: Path) -> None:
+def keep_workload(workload: Workload, out: Path) -> None:
     """Write the workload to ``out/workloads/<id>.parquet`` once (its id is its content)."""
     from ..workloads import write_workload
 
@@ -63,13 +64,19 @@ def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepar
                 msg = str(exc)
                 raise KvbenchError(msg if msg.startswith(suite.path) else f"{suite.path}: {msg}") from None
             if w.dropped:
-                log(f"workload {w.workload_id}: dropped {w.dropped} request(s) longer than "
-                    f"max_model_len {spec.memory.max_model_len}")
+                log(
+                    f"workload {w.workload_id}: dropped {w.dropped} request(s) longer than "
+                    f"max_model_len {spec.memory.max_model_len}"
+                )
             if w.raised:
-                log(f"workload {w.workload_id}: raised {w.raised} sampled prompt(s) to prefix_len + 1 = "
-                    f"{spec.workload.prefix_len + 1} tokens (each request computes a token of its own)")
+                log(
+                    f"workload {w.workload_id}: raised {w.raised} sampled prompt(s) to prefix_len + 1 = "
+                    f"{spec.workload.prefix_len + 1} tokens (each request computes a token of its own)"
+                )
             built[key] = w
-        cells.append(Cell(spec=spec, workload=built[key], out=out))
+        cells.append(
+            Cell(spec=spec, workload=built[key], out=out, workload_name=name if suite.named_workloads else None)
+        )
         if spec.runner == "sim":
             names.setdefault(name, built[key].workload_id)
     return Prepared(suite, cells, names)
@@ -108,8 +115,9 @@ class Resume:
     incomplete: dict[str, str] = dataclasses.field(default_factory=dict)  # run id → what is missing: run again
 
 
-def plan_resume(cells: list[Cell], out: Path, rerun: bool = False, keep_stale: bool = False,
-                code: str | None = None) -> Resume:
+def plan_resume(
+    cells: list[Cell], out: Path, rerun: bool = False, keep_stale: bool = False, code: str | None = None
+) -> Resume:
     """Skip the cells already recorded in ``out`` by this code (``code``: the current
     ``code_digest`` by default); run the rest. A cell recorded by other code is run again, its
     partitions replaced as ``--rerun`` replaces them, unless ``keep_stale``; so is a cell whose
@@ -151,8 +159,10 @@ class Progress:
             return
         elapsed = time.monotonic() - self.t0
         eta = elapsed / self.done * (self.total - self.done)
-        line = (f"[{self.done}/{self.total}] failed {self.failed}  remaining {self.total - self.done}  "
-                f"eta {eta:.0f}s  | {label}: {row.get('status')} in {row.get('wall_s') or 0:.2f}s")
+        line = (
+            f"[{self.done}/{self.total}] failed {self.failed}  remaining {self.total - self.done}  "
+            f"eta {eta:.0f}s  | {label}: {row.get('status')} in {row.get('wall_s') or 0:.2f}s"
+        )
         if self.live:
             sys.stderr.write("\r\033[K" + line)
             if self.done == self.total:
@@ -167,9 +177,14 @@ def label(spec: RunSpec) -> str:
     return f"{spec.runner} {spec.policy}{bs} {spec.model.preset or 'config'} {spec.model.kv_dtype}"
 
 
-def run_cells(cells: Iterable[Cell], jobs: int = 1, quiet: bool = False,
-              executor: str = "local", address: str | None = None,
-              check: Callable[[], None] | None = None) -> list[dict[str, object]]:
+def run_cells(
+    cells: Iterable[Cell],
+    jobs: int = 1,
+    quiet: bool = False,
+    executor: str = "local",
+    address: str | None = None,
+    check: Callable[[], None] | None = None,
+) -> list[dict[str, object]]:
     """Run the cells and return their rows. ``check`` (when given) runs before each cell
     starts and after each one ends; whatever it raises stops the sweep, as an interrupt does."""
     cells = list(cells)

@@ -17,7 +17,7 @@ end-to-end time of ``run()`` including writing the tables is shown too).
 requests/s (about the Azure trace's rate), same model/budget/clock, 1k → 1M requests, each in
 a fresh child process: loop time per request and peak RSS (and RSS per request).
 
-(p) Under memory pressure (issue 16): the Azure trace's first 5,000 requests on 4 GiB and the
+(p) Under memory pressure: the Azure trace's first 5,000 requests on 4 GiB and the
 default suite's ShareGPT-like setting (OPT-13B, 12 GiB, 1,000 requests at once), every policy:
 the fast path against vllm-sched for the policies vLLM hosts, against the reference for the
 others, side by side, interleaved, with the preemptions each run took (``--parts p``). Then
@@ -49,7 +49,7 @@ from kvbench.app.sweep import build_cells
 from kvbench.runners.base import Cell
 from kvbench.runners.sim import SimRunner
 
-TRACE = Path("/work/shared/data/azure-llm-inference-2023-conv.csv")
+TRACE = ROOT / "suites" / "data" / "azure-llm-inference-2023-conv.csv"
 
 SUITE = """
 name = "bench-sim-speed"
@@ -115,7 +115,9 @@ def fmt_rate(x: float) -> str:
 
 def part_a(args: argparse.Namespace) -> None:
     print("\n(a) sim (fast path) vs sim reference vs vllm-sched, Azure conv trace, trace arrivals")
-    print("    Llama-3-8B fp16, 8 GiB KV, max_model_len 4096, 256 seqs, 2048 batched tokens, roofline A100-80GB, paged/16")
+    print(
+        "    Llama-3-8B fp16, 8 GiB KV, max_model_len 4096, 256 seqs, 2048 batched tokens, roofline A100-80GB, paged/16"
+    )
     sizes = [5000, None]
     for limit in sizes:
         label = f"{limit:,} requests" if limit else "full trace"
@@ -132,9 +134,11 @@ def part_a(args: argparse.Namespace) -> None:
                     continue
                 rows[kind].append(run_once(cell, kind))
         base = rows["fast"][0]
-        print(f"\n  {label}: {base['num_requests']:,} requests ({base['dropped_requests']} dropped), "
-              f"{base['steps']:,} steps, {base['computed_tokens']:,} computed tokens, "
-              f"{base['sim_time_s']:,.0f} simulated s, mean running {base['mean_running']:.1f}")
+        print(
+            f"\n  {label}: {base['num_requests']:,} requests ({base['dropped_requests']} dropped), "
+            f"{base['steps']:,} steps, {base['computed_tokens']:,} computed tokens, "
+            f"{base['sim_time_s']:,.0f} simulated s, mean running {base['mean_running']:.1f}"
+        )
         print(f"  {'runner':<12}{'runs':>5}{'loop s':>10}{'tokens/s':>13}{'µs/step':>10}{'end-to-end s':>14}")
         med: dict[str, float] = {}
         for kind, rs in rows.items():
@@ -143,8 +147,10 @@ def part_a(args: argparse.Namespace) -> None:
             wall = statistics.median(r["wall_s"] for r in rs)
             e2e = statistics.median(r["end_to_end_s"] for r in rs)
             med[kind] = wall
-            print(f"  {kind:<12}{len(rs):>5}{wall:>10.3f}{fmt_rate(base['computed_tokens'] / wall):>13}"
-                  f"{wall / base['steps'] * 1e6:>10.2f}{e2e:>14.3f}")
+            print(
+                f"  {kind:<12}{len(rs):>5}{wall:>10.3f}{fmt_rate(base['computed_tokens'] / wall):>13}"
+                f"{wall / base['steps'] * 1e6:>10.2f}{e2e:>14.3f}"
+            )
         print(f"  fast vs reference: {med['reference'] / med['fast']:.1f}x")
         if "vllm-sched" in med:
             print(f"  fast vs vllm-sched: {med['vllm-sched'] / med['fast']:.1f}x   (target: 100x)")
@@ -161,9 +167,13 @@ def _child_scale(workload: str, queue: multiprocessing.Queue) -> None:
 
 def part_b(args: argparse.Namespace) -> None:
     print("\n(b) scaling of the fast path: synthetic sharegpt lengths, Poisson 5 req/s, same model/budget/clock")
-    print("    each size in a fresh child process: its peak RSS is its own (the workload table, the requests, the loop)")
-    print(f"  {'requests':>9}{'steps':>12}{'loop s':>9}{'e2e s':>8}{'tokens/s':>12}{'µs/request':>12}"
-          f"{'peak RSS MiB':>14}{'KiB/request':>13}")
+    print(
+        "    each size in a fresh child process: its peak RSS is its own (the workload table, the requests, the loop)"
+    )
+    print(
+        f"  {'requests':>9}{'steps':>12}{'loop s':>9}{'e2e s':>8}{'tokens/s':>12}{'µs/request':>12}"
+        f"{'peak RSS MiB':>14}{'KiB/request':>13}"
+    )
     ctx = multiprocessing.get_context("spawn")
     for n in (x for x in (1_000, 10_000, 100_000, 1_000_000) if x <= args.max_requests):
         q = ctx.Queue()
@@ -171,8 +181,11 @@ def part_b(args: argparse.Namespace) -> None:
         p.start()
         steps, tokens, wall, e2e, before, after = q.get()
         p.join()
-        print(f"  {n:>9,}{steps:>12,}{wall:>9.2f}{e2e:>8.1f}{fmt_rate(tokens / wall):>12}{wall / n * 1e6:>12.1f}"
-              f"{after / 1024:>14.0f}{(after - before) / n:>13.2f}", flush=True)
+        print(
+            f"  {n:>9,}{steps:>12,}{wall:>9.2f}{e2e:>8.1f}{fmt_rate(tokens / wall):>12}{wall / n * 1e6:>12.1f}"
+            f"{after / 1024:>14.0f}{(after - before) / n:>13.2f}",
+            flush=True,
+        )
 
 
 def _child_rss(workload: str, queue: multiprocessing.Queue) -> None:
@@ -184,7 +197,9 @@ def _child_rss(workload: str, queue: multiprocessing.Queue) -> None:
 
 
 def part_c(args: argparse.Namespace) -> None:
-    print("\n(c) memory: 2,000 sharegpt requests, steps grown by lowering the arrival rate (a fresh child process each)")
+    print(
+        "\n(c) memory: 2,000 sharegpt requests, steps grown by lowering the arrival rate (a fresh child process each)"
+    )
     print(f"  {'rate/s':>7}{'steps':>11}{'requests':>10}{'RSS before MiB':>16}{'peak RSS MiB':>14}{'wall s':>8}")
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: peaks not inherited
     for rate in (20.0, 2.0, 0.2):
@@ -198,21 +213,33 @@ def part_c(args: argparse.Namespace) -> None:
 
 
 PRESSURE = {
-    # Issue 16's two workloads, under memory pressure (preemptions on every policy vLLM hosts).
+    # Two workloads under memory pressure (preemptions on every policy vLLM hosts).
     "Azure conv trace, 5,000 req, Llama-3-8B fp16, 4 GiB, block 16": (
-        lambda text: text.replace('kv_budget = "8GiB"', 'kv_budget = "4GiB"'), lambda: trace_workload(5000)),
+        lambda text: text.replace('kv_budget = "8GiB"', 'kv_budget = "4GiB"'),
+        lambda: trace_workload(5000),
+    ),
     "ShareGPT-like, 1,000 at once, OPT-13B fp16, 12 GiB (the default suite's)": (
-        lambda text: (text.replace('preset = "llama-3-8b"', 'preset = "opt-13b"')
-                      .replace('kv_budget = "8GiB"', 'kv_budget = "12GiB"').replace("max_model_len = 4096",
-                                                                                   "max_model_len = 2048")),
-        lambda: 'source = "sharegpt"\nnum_requests = 1000\narrival = "batch"\nseed = 0'),
+        lambda text: (
+            text.replace('preset = "llama-3-8b"', 'preset = "opt-13b"')
+            .replace('kv_budget = "8GiB"', 'kv_budget = "12GiB"')
+            .replace("max_model_len = 4096", "max_model_len = 2048")
+        ),
+        lambda: 'source = "sharegpt"\nnum_requests = 1000\narrival = "batch"\nseed = 0',
+    ),
 }
-_SHARED_PREFIXES = 'source = "sharegpt"\nnum_requests = 1000\narrival = "batch"\nseed = 0\nprefix_groups = 8\nprefix_len = 256'
+_SHARED_PREFIXES = (
+    'source = "sharegpt"\nnum_requests = 1000\narrival = "batch"\nseed = 0\nprefix_groups = 8\nprefix_len = 256'
+)
 SHARED = {
-    # paged-prefix where requests share blocks: the block table, step by step (not in issue 16's goal).
-    "ShareGPT-like, 1,000 at once, 8 shared 256-token prefixes": (PRESSURE[list(PRESSURE)[1]][0], lambda: _SHARED_PREFIXES),
-    "ShareGPT-like, 1,000 at once, 8 shared prefixes, 2 samples": (PRESSURE[list(PRESSURE)[1]][0],
-                                                                    lambda: _SHARED_PREFIXES + "\nn = 2"),
+    # paged-prefix where requests share blocks: the block table, step by step (not in the speed goal).
+    "ShareGPT-like, 1,000 at once, 8 shared 256-token prefixes": (
+        PRESSURE[list(PRESSURE)[1]][0],
+        lambda: _SHARED_PREFIXES,
+    ),
+    "ShareGPT-like, 1,000 at once, 8 shared prefixes, 2 samples": (
+        PRESSURE[list(PRESSURE)[1]][0],
+        lambda: _SHARED_PREFIXES + "\nn = 2",
+    ),
 }
 HOSTED = ("paged", "paged-prefix")  # policies vLLM's own scheduler runs: compared with vllm-sched
 OWN = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "virtual-contiguous")  # vs the reference
@@ -228,7 +255,9 @@ def pressure_cell(edit, workload: str, policy: str) -> Cell:
 def part_p(args: argparse.Namespace) -> None:
     print("\n(p) under memory pressure: the fast path vs vllm-sched (policies vLLM hosts) or vs the reference")
     print(f"  {'workload':<66}{'policy':<20}{'preempt':>8}{'fast s':>9}{'other s':>9}{'ratio':>9}  vs")
-    runs = [(label, edit, workload, policy) for label, (edit, workload) in PRESSURE.items() for policy in (*HOSTED, *OWN)]
+    runs = [
+        (label, edit, workload, policy) for label, (edit, workload) in PRESSURE.items() for policy in (*HOSTED, *OWN)
+    ]
     runs += [(label, edit, workload, "paged-prefix") for label, (edit, workload) in SHARED.items()]
     for label, edit, workload, policy in runs:
         cell = pressure_cell(edit, workload(), policy)
@@ -236,7 +265,11 @@ def part_p(args: argparse.Namespace) -> None:
         fast_s, other_s, rows = [], [], []
         for _ in range(args.repeats):  # interleaved: drift hits both sides alike
             a = run_once(cell, "fast")
-            b = run_once(cell, other) if len(other_s) < (args.vllm_repeats if other == "vllm-sched" else args.repeats) else None
+            b = (
+                run_once(cell, other)
+                if len(other_s) < (args.vllm_repeats if other == "vllm-sched" else args.repeats)
+                else None
+            )
             fast_s.append(a["wall_s"])
             rows.append(a)
             if b is not None:
@@ -244,10 +277,14 @@ def part_p(args: argparse.Namespace) -> None:
                 # Identical allocation work on both sides (the tests check every column; this the totals).
                 assert (a["steps"], a["preemptions"]) == (b["steps"], b["preemptions"]), (label, policy)
         f, o = statistics.median(fast_s), statistics.median(other_s)
-        print(f"  {label[:65]:<66}{policy:<20}{rows[0]['preemptions']:>8,}{f:>9.3f}{o:>9.3f}{o / f:>8.1f}x  {other}",
-              flush=True)
-    print("  (goal, issue 16: >= 100x vllm-sched for paged, >= 50x for paged-prefix, on both workloads;\n"
-          "   the shared-prefix rows go step by step over the block table, outside the goal)")
+        print(
+            f"  {label[:65]:<66}{policy:<20}{rows[0]['preemptions']:>8,}{f:>9.3f}{o:>9.3f}{o / f:>8.1f}x  {other}",
+            flush=True,
+        )
+    print(
+        "  (goal: >= 100x vllm-sched for paged, >= 50x for paged-prefix, on both workloads;\n"
+        "   the shared-prefix rows go step by step over the block table, outside the goal)"
+    )
 
 
 def main() -> None:

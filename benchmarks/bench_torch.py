@@ -33,10 +33,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from kvbench.harness.records import store
-from kvbench.harness.spec.geometry import preset
 from kvbench.app.suite import load_suite, parse_suite
 from kvbench.app.sweep import build_cells
+from kvbench.harness.records import store
+from kvbench.harness.spec.geometry import preset
 from kvbench.runners.base import Cell
 from kvbench.runners.torch_runner import cpu_threads, resolve_device, run_torch
 
@@ -86,8 +86,16 @@ def equal_batch_cells(out: Path, model: str, batch: int, context: int, decode_st
     kv_bytes_per_token = preset(model).kv_bytes_per_token("fp32")
     blocks = -(-(context + output) // 16) + 1
     budget = batch * blocks * 16 * kv_bytes_per_token
-    text = EQUAL_BATCH_SUITE.format(model=model, budget=budget, max_len=max_len, batch=batch, context=context,
-                                    output=output, prefill=batch * context, device=device)
+    text = EQUAL_BATCH_SUITE.format(
+        model=model,
+        budget=budget,
+        max_len=max_len,
+        batch=batch,
+        context=context,
+        output=output,
+        prefill=batch * context,
+        device=device,
+    )
     return build_cells(parse_suite(text, str(out / "bench.toml")), out, lambda m: None)
 
 
@@ -101,8 +109,9 @@ def decode_step_times(out: Path, cell: Cell, batch: int, batch_decode: bool) -> 
     return float(decode["step_wall_s"].median())
 
 
-def indirection(out: Path, model: str, batch: int, context: int, decode_steps: int, repeats: int,
-                device: str) -> dict[str, dict[str, Spread]]:
+def indirection(
+    out: Path, model: str, batch: int, context: int, decode_steps: int, repeats: int, device: str
+) -> dict[str, dict[str, Spread]]:
     cells = {c.spec.policy: c for c in equal_batch_cells(out, model, batch, context, decode_steps, device)}
     result: dict[str, dict[str, Spread]] = {}
     for mode, batched in (("batched decode", True), ("per-sequence", False)):
@@ -112,8 +121,11 @@ def indirection(out: Path, model: str, batch: int, context: int, decode_steps: i
                 times[policy].append(decode_step_times(out, cells[policy], batch, batched))
         times = {p: t[1:] for p, t in times.items()}
         ratios = tuple(p / c for p, c in zip(times["paged"], times["contiguous-oracle"]))
-        result[mode] = {"contiguous_s": Spread(tuple(times["contiguous-oracle"])),
-                        "paged_s": Spread(tuple(times["paged"])), "ratio": Spread(ratios)}
+        result[mode] = {
+            "contiguous_s": Spread(tuple(times["contiguous-oracle"])),
+            "paged_s": Spread(tuple(times["paged"])),
+            "ratio": Spread(ratios),
+        }
     return result
 
 
@@ -132,44 +144,60 @@ def allocation_effect(out: Path, suite_path: Path, repeats: int, device: str | N
     for cell in cells:
         runs = rows[cell.spec.policy][1:]  # drop the warm-up round
         first = runs[0]
-        table.append({
-            "policy": cell.spec.policy,
-            "block_size": cell.spec.block_size,
-            "peak_running": first["peak_running"],
-            "mean_running": first["mean_running"],
-            "preemptions": first["preemptions"],
-            "steps": first["steps"],
-            "tokens_per_step": first["tokens_per_s"],  # steps clock: one simulated second a step
-            "wall_tokens_per_s": Spread(tuple(float(r["wall_tokens_per_s"]) for r in runs)),
-            "mean_step_wall_s": Spread(tuple(float(r["mean_step_wall_s"]) for r in runs)),
-        })
+        table.append(
+            {
+                "policy": cell.spec.policy,
+                "block_size": cell.spec.block_size,
+                "peak_running": first["peak_running"],
+                "mean_running": first["mean_running"],
+                "preemptions": first["preemptions"],
+                "steps": first["steps"],
+                "tokens_per_step": first["tokens_per_s"],  # steps clock: one simulated second a step
+                "wall_tokens_per_s": Spread(tuple(float(r["wall_tokens_per_s"]) for r in runs)),
+                "mean_step_wall_s": Spread(tuple(float(r["mean_step_wall_s"]) for r in runs)),
+            }
+        )
     return table
 
 
-def print_report(env: dict[str, object], ind: dict[str, dict[str, Spread]], alloc: list[dict[str, object]],
-                 args: argparse.Namespace) -> None:
+def print_report(
+    env: dict[str, object], ind: dict[str, dict[str, Spread]], alloc: list[dict[str, object]], args: argparse.Namespace
+) -> None:
     print("torch runner benchmark — " + ", ".join(f"{k} {v}" for k, v in env.items()))
-    print(f"\n1. paged indirection at equal batch: {args.batch} requests decoding, contexts "
-          f"{args.context}–{args.context + args.decode_steps}, fp32 {args.model}, block size 16 "
-          f"(median decode step over {args.repeats} repeats [range])")
+    print(
+        f"\n1. paged indirection at equal batch: {args.batch} requests decoding, contexts "
+        f"{args.context}–{args.context + args.decode_steps}, fp32 {args.model}, block size 16 "
+        f"(median decode step over {args.repeats} repeats [range])"
+    )
     for mode, r in ind.items():
-        print(f"   {mode:15} contiguous {r['contiguous_s'].median * 1e3:7.3f} ms   paged {r['paged_s'].median * 1e3:7.3f} ms"
-              f"   paged/contiguous = {r['ratio']}")
-    print(f"\n2. allocation effect at the same KV budget ({args.suite}; wall tokens/s = generated tokens / "
-          f"Σ step wall time, median [range] of {args.repeats})")
+        print(
+            f"   {mode:15} contiguous {r['contiguous_s'].median * 1e3:7.3f} ms   "
+            f"paged {r['paged_s'].median * 1e3:7.3f} ms"
+            f"   paged/contiguous = {r['ratio']}"
+        )
+    print(
+        f"\n2. allocation effect at the same KV budget ({args.suite}; wall tokens/s = generated tokens / "
+        f"Σ step wall time, median [range] of {args.repeats})"
+    )
     base = next(r for r in alloc if r["policy"] == "contiguous-max")
-    print(f"   {'policy':18} {'bs':>3} {'peak':>5} {'mean run':>8} {'preempt':>7} {'steps':>6} {'tok/step':>8} "
-          f"{'x max':>6} {'wall tok/s':>26} {'x max':>6} {'ms/step':>7}")
+    print(
+        f"   {'policy':18} {'bs':>3} {'peak':>5} {'mean run':>8} {'preempt':>7} {'steps':>6} {'tok/step':>8} "
+        f"{'x max':>6} {'wall tok/s':>26} {'x max':>6} {'ms/step':>7}"
+    )
     for r in alloc:
         wall: Spread = r["wall_tokens_per_s"]  # type: ignore[assignment]
         base_wall: Spread = base["wall_tokens_per_s"]  # type: ignore[assignment]
-        print(f"   {r['policy']:18} {r['block_size']:>3} {r['peak_running']:>5} {r['mean_running']:>8.2f} "
-              f"{r['preemptions']:>7} {r['steps']:>6} {r['tokens_per_step']:>8.2f} "
-              f"{r['tokens_per_step'] / base['tokens_per_step']:>6.2f} {str(wall):>26} "
-              f"{wall.median / base_wall.median:>6.2f} {r['mean_step_wall_s'].median * 1e3:>7.3f}")  # type: ignore[union-attr]
+        print(
+            f"   {r['policy']:18} {r['block_size']:>3} {r['peak_running']:>5} {r['mean_running']:>8.2f} "
+            f"{r['preemptions']:>7} {r['steps']:>6} {r['tokens_per_step']:>8.2f} "
+            f"{r['tokens_per_step'] / base['tokens_per_step']:>6.2f} {str(wall):>26} "
+            f"{wall.median / base_wall.median:>6.2f} {r['mean_step_wall_s'].median * 1e3:>7.3f}"
+        )  # type: ignore[union-attr]
     paged = next(r for r in alloc if r["policy"] == "paged")
-    print(f"\n   paged / contiguous-max: tokens per step {paged['tokens_per_step'] / base['tokens_per_step']:.2f}x, "
-          f"wall tokens/s {paged['wall_tokens_per_s'].median / base['wall_tokens_per_s'].median:.2f}x")  # type: ignore[union-attr]
+    print(
+        f"\n   paged / contiguous-max: tokens per step {paged['tokens_per_step'] / base['tokens_per_step']:.2f}x, "
+        f"wall tokens/s {paged['wall_tokens_per_s'].median / base['wall_tokens_per_s'].median:.2f}x"
+    )  # type: ignore[union-attr]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,13 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-steps", type=int, default=48, help="decode steps measured per run (part 1)")
     p.add_argument("--model", default="tiny", help="preset for part 1")
     p.add_argument("--suite", type=Path, default=ROOT / "suites" / "torch-cpu.toml", help="workload for part 2")
-    p.add_argument("--device", choices=("cpu", "cuda", "auto"), default=None,
-                   help="override the device (part 1 defaults to cpu, part 2 to the suite's)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda", "auto"),
+        default=None,
+        help="override the device (part 1 defaults to cpu, part 2 to the suite's)",
+    )
     args = p.parse_args(argv)
     device = args.device or "cpu"
     with tempfile.TemporaryDirectory(prefix="bench-torch-") as tmp:
-        ind = indirection(Path(tmp) / "equal", args.model, args.batch, args.context, args.decode_steps,
-                          args.repeats, device)
+        ind = indirection(
+            Path(tmp) / "equal", args.model, args.batch, args.context, args.decode_steps, args.repeats, device
+        )
         alloc = allocation_effect(Path(tmp) / "alloc", args.suite, args.repeats, args.device)
     dev = resolve_device(device)
     env = {"torch": torch.__version__, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"}

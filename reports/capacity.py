@@ -29,12 +29,44 @@ import pandas as pd
 from ..harness.spec.capabilities import is_contiguous
 
 # Everything a line holds fixed but the rate (the work without its rate, and the cell).
-LINE_KEYS: tuple[str, ...] = ("suite", "family", "model", "kv_dtype", "budget_bytes", "max_model_len", "scheduler",
-                              "runner", "policy", "block_size", "device", "page_bytes", "arena")
-PAIR_KEYS: tuple[str, ...] = ("suite", "family", "model", "kv_dtype", "budget_bytes", "max_model_len", "scheduler",
-                              "runner", "device")
-COLUMNS: tuple[str, ...] = (*LINE_KEYS, "family_label", "metric", "bound", "rates", "capacity_rps", "next_rps",
-                            "status", "metric_at_capacity", "run_id")
+LINE_KEYS: tuple[str, ...] = (
+    "suite",
+    "family",
+    "model",
+    "kv_dtype",
+    "budget_bytes",
+    "max_model_len",
+    "scheduler",
+    "runner",
+    "policy",
+    "block_size",
+    "device",
+    "page_bytes",
+    "arena",
+)
+PAIR_KEYS: tuple[str, ...] = (
+    "suite",
+    "family",
+    "model",
+    "kv_dtype",
+    "budget_bytes",
+    "max_model_len",
+    "scheduler",
+    "runner",
+    "device",
+)
+COLUMNS: tuple[str, ...] = (
+    *LINE_KEYS,
+    "family_label",
+    "metric",
+    "bound",
+    "rates",
+    "capacity_rps",
+    "next_rps",
+    "status",
+    "metric_at_capacity",
+    "run_id",
+)
 
 
 def _key(value: object) -> object:
@@ -53,8 +85,9 @@ def capacity_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
             continue
         keyed = mine.assign(**{f"_{k}": [_key(v) for v in mine[k]] for k in LINE_KEYS})
         for _, line in keyed.groupby([f"_{k}" for k in LINE_KEYS], sort=True, dropna=False):
-            per_rate = (line.assign(_m=pd.to_numeric(line[metric], errors="coerce"))
-                        .groupby("rate")["_m"].median().sort_index())
+            per_rate = (
+                line.assign(_m=pd.to_numeric(line[metric], errors="coerce")).groupby("rate")["_m"].median().sort_index()
+            )
             if len(per_rate) < 2:
                 continue
             capacity = next_rate = at_capacity = math.nan
@@ -63,13 +96,28 @@ def capacity_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
                     next_rate = float(rate)
                     break
                 capacity, at_capacity = float(rate), float(value)
-            status = ("below the lowest rate" if math.isnan(capacity) else
-                      "at or above the highest rate" if math.isnan(next_rate) else "within the sweep")
+            status = (
+                "below the lowest rate"
+                if math.isnan(capacity)
+                else "at or above the highest rate"
+                if math.isnan(next_rate)
+                else "within the sweep"
+            )
             first = line.iloc[0]
-            rows.append({**{k: first[k] for k in LINE_KEYS}, "family_label": first["family_label"], "metric": metric,
-                         "bound": bound, "rates": len(per_rate), "capacity_rps": capacity, "next_rps": next_rate,
-                         "status": status, "metric_at_capacity": at_capacity,
-                         "run_id": line.sort_values("rate").iloc[0]["run_id"]})  # a run of the line: its spec
+            rows.append(
+                {
+                    **{k: first[k] for k in LINE_KEYS},
+                    "family_label": first["family_label"],
+                    "metric": metric,
+                    "bound": bound,
+                    "rates": len(per_rate),
+                    "capacity_rps": capacity,
+                    "next_rps": next_rate,
+                    "status": status,
+                    "metric_at_capacity": at_capacity,
+                    "run_id": line.sort_values("rate").iloc[0]["run_id"],
+                }
+            )  # a run of the line: its spec
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -78,19 +126,39 @@ def capacity_ratios(table: pd.DataFrame, numerator: str = "paged") -> pd.DataFra
     number it is: "=" (both within their sweeps), "≥" or "≤" (a capacity is only a bound), or "?"."""
     out = []
     if table.empty:
-        return pd.DataFrame(columns=["suite", "family", "family_label", "runner", "policy", "baseline", "ratio", "kind",
-                                     "capacity_rps", "baseline_capacity_rps"])
+        return pd.DataFrame(
+            columns=[
+                "suite",
+                "family",
+                "family_label",
+                "runner",
+                "policy",
+                "baseline",
+                "ratio",
+                "kind",
+                "capacity_rps",
+                "baseline_capacity_rps",
+            ]
+        )
     for _, group in table.groupby([c for c in PAIR_KEYS], sort=True, dropna=False):
         tops = group[group["policy"] == numerator]
         if tops.empty:
             continue
         top = tops.sort_values("block_size").iloc[0]  # several block sizes: the smallest, as the paper's 16
         for base in group[group["policy"].map(is_contiguous)].to_dict("records"):
-            out.append({"suite": top["suite"], "family": top["family"], "family_label": top["family_label"],
-                        "runner": top["runner"],
-                        "policy": numerator, "baseline": base["policy"],
-                        "capacity_rps": top["capacity_rps"], "baseline_capacity_rps": base["capacity_rps"],
-                        **_ratio(top, base)})
+            out.append(
+                {
+                    "suite": top["suite"],
+                    "family": top["family"],
+                    "family_label": top["family_label"],
+                    "runner": top["runner"],
+                    "policy": numerator,
+                    "baseline": base["policy"],
+                    "capacity_rps": top["capacity_rps"],
+                    "baseline_capacity_rps": base["capacity_rps"],
+                    **_ratio(top, base),
+                }
+            )
     return pd.DataFrame(out)
 
 
@@ -100,7 +168,15 @@ def _ratio(top: pd.Series, base: dict) -> dict[str, object]:
     b_floor = base["status"] == "at or above the highest rate"
     if math.isnan(a) or math.isnan(b) or b == 0:
         return {"ratio": math.nan, "kind": "?"}
-    kind = "=" if not a_floor and not b_floor else "≥" if a_floor and not b_floor else "≤" if b_floor and not a_floor else "?"
+    kind = (
+        "="
+        if not a_floor and not b_floor
+        else "≥"
+        if a_floor and not b_floor
+        else "≤"
+        if b_floor and not a_floor
+        else "?"
+    )
     return {"ratio": a / b, "kind": kind}
 
 
@@ -109,8 +185,20 @@ def capacity_vs_published(ratios: pd.DataFrame, reference: pd.DataFrame | None, 
     range) beside the reproduced ratio of the line it names (its suite, policy, baseline and
     workload — any rate of the workload names the sweep); ``off``: the relative distance from
     the published value or range (0 inside it), NaN where nothing matched."""
-    cols = ["item", "policy", "baseline", "published", "published_max", "reproduced", "kind", "off", "runner",
-            "basis", "source", "note"]
+    cols = [
+        "item",
+        "policy",
+        "baseline",
+        "published",
+        "published_max",
+        "reproduced",
+        "kind",
+        "off",
+        "runner",
+        "basis",
+        "source",
+        "note",
+    ]
     if reference is None or reference.empty or "metric" not in reference:
         return pd.DataFrame(columns=cols)
     wanted = reference[reference["metric"] == "capacity_rps"]
@@ -118,22 +206,37 @@ def capacity_vs_published(ratios: pd.DataFrame, reference: pd.DataFrame | None, 
     out = []
     for ref in wanted.to_dict("records"):
         fam = family_of.get(ref.get("workload_id"))
-        match = ratios[(ratios["suite"] == ref["suite"]) & (ratios["policy"] == ref["policy"])
-                       & (ratios["baseline"] == ref["baseline_policy"])] if len(ratios) else ratios
+        match = (
+            ratios[
+                (ratios["suite"] == ref["suite"])
+                & (ratios["policy"] == ref["policy"])
+                & (ratios["baseline"] == ref["baseline_policy"])
+            ]
+            if len(ratios)
+            else ratios
+        )
         if fam is not None and len(match):
             match = match[match["family"] == fam]
         low = float(ref["published"])
         high = ref.get("published_max")
         high = low if high is None or high != high else float(high)
-        base = {"item": ref["item"], "policy": ref["policy"], "baseline": ref["baseline_policy"], "published": low,
-                "published_max": high if high != low else math.nan, "basis": ref.get("basis") or "predicted",
-                "source": ref.get("source"), "note": ref.get("note")}
+        base = {
+            "item": ref["item"],
+            "policy": ref["policy"],
+            "baseline": ref["baseline_policy"],
+            "published": low,
+            "published_max": high if high != low else math.nan,
+            "basis": ref.get("basis") or "predicted",
+            "source": ref.get("source"),
+            "note": ref.get("note"),
+        }
         if match.empty:
             out.append({**base, "reproduced": math.nan, "kind": "?", "off": math.nan, "runner": None})
             continue
         for r in match.to_dict("records"):
             x = float(r["ratio"])
             off = 0.0 if low <= x <= high else (x / high - 1 if x > high else x / low - 1)
-            out.append({**base, "reproduced": x, "kind": r["kind"], "off": off if x == x else math.nan,
-                        "runner": r["runner"]})
+            out.append(
+                {**base, "reproduced": x, "kind": r["kind"], "off": off if x == x else math.nan, "runner": r["runner"]}
+            )
     return pd.DataFrame(out, columns=cols)

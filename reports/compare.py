@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -45,8 +46,14 @@ MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
 NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says
 HIGHER_BETTER: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s", "wall_tokens_per_s")
 LATENCY: tuple[str, ...] = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s")
-LOWER_BETTER: tuple[str, ...] = ("reservation_frac", "internal_frag_frac", "external_frag_frac", "preemptions",
-                                 "mean_step_wall_s", *LATENCY)
+LOWER_BETTER: tuple[str, ...] = (
+    "reservation_frac",
+    "internal_frag_frac",
+    "external_frag_frac",
+    "preemptions",
+    "mean_step_wall_s",
+    *LATENCY,
+)
 METRICS: tuple[str, ...] = HIGHER_BETTER + LOWER_BETTER
 SHARES: tuple[str, ...] = ("reservation_frac", "internal_frag_frac", "external_frag_frac")
 COUNTS: tuple[str, ...] = ("preemptions",)
@@ -65,8 +72,18 @@ CAND_ONLY = "only in candidate"
 ONE_SIDE_MEASURED = "measured on one side only"
 NOT_COMPARABLE = "not ok on either side"
 
-COLUMNS: tuple[str, ...] = ("cell", *MATCH_KEYS, "metric", "base", "cand", "change", "n_base", "n_cand",
-                            "verdict", "detail")
+COLUMNS: tuple[str, ...] = (
+    "cell",
+    *MATCH_KEYS,
+    "metric",
+    "base",
+    "cand",
+    "change",
+    "n_base",
+    "n_cand",
+    "verdict",
+    "detail",
+)
 
 
 def _key(row: dict[str, Any]) -> tuple[str, ...]:
@@ -117,8 +134,11 @@ def judge(metric: str, clock: str, base: list[float], cand: list[float], toleran
         # Beyond the spread: every candidate repetition on the far side of every base one.
         apart = min(cand) > max(base) if delta > 0 else max(cand) < min(base)
         if not apart:
-            return NOISE, delta, (f"base {min(base):.4g}..{max(base):.4g}, "
-                                  f"candidate {min(cand):.4g}..{max(cand):.4g} overlap")
+            return (
+                NOISE,
+                delta,
+                (f"base {min(base):.4g}..{max(base):.4g}, candidate {min(cand):.4g}..{max(cand):.4g} overlap"),
+            )
         return (REGRESSION if worse > 0 else IMPROVEMENT), delta, "beyond tolerance and spread"
     if worse > tolerance:
         return REGRESSION, delta, ""
@@ -139,9 +159,16 @@ def compare(base_runs: pd.DataFrame, cand_runs: pd.DataFrame, tolerance: float) 
         first = side.iloc[0].to_dict()
         ident = {"cell": labels[key], **{k: first.get(k) for k in MATCH_KEYS}}
         if b is None or c is None:
-            rows.append({**ident, "metric": None, "n_base": 0 if b is None else len(b),
-                         "n_cand": 0 if c is None else len(c), "verdict": CAND_ONLY if b is None else BASE_ONLY,
-                         "detail": f"status {'/'.join(sorted(set(side['status'])))}"})
+            rows.append(
+                {
+                    **ident,
+                    "metric": None,
+                    "n_base": 0 if b is None else len(b),
+                    "n_cand": 0 if c is None else len(c),
+                    "verdict": CAND_ONLY if b is None else BASE_ONLY,
+                    "detail": f"status {'/'.join(sorted(set(side['status'])))}",
+                }
+            )
             continue
         rows.extend(_cell_rows(ident, b, c, tolerance))
     return pd.DataFrame(rows, columns=list(COLUMNS))
@@ -166,9 +193,14 @@ def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, toleranc
         cv = pd.to_numeric(c_ok[metric], errors="coerce").dropna().tolist() if metric in c_ok else []
         if not bv and not cv:
             continue  # not measured by this runner (mean_step_wall_s of sim)
-        row = {**ident, "metric": metric, "n_base": len(bv), "n_cand": len(cv),
-               "base": float(pd.Series(bv).median()) if bv else math.nan,
-               "cand": float(pd.Series(cv).median()) if cv else math.nan}
+        row = {
+            **ident,
+            "metric": metric,
+            "n_base": len(bv),
+            "n_cand": len(cv),
+            "base": float(pd.Series(bv).median()) if bv else math.nan,
+            "cand": float(pd.Series(cv).median()) if cv else math.nan,
+        }
         if not bv or not cv:
             out.append({**row, "verdict": ONE_SIDE_MEASURED, "detail": ""})
             continue
@@ -192,9 +224,15 @@ def _labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
             elif k == "workload_id":
                 parts.append(f"workload {str(v)[:8]}")
             elif k == "scheduler":
-                parts.append("scheduler " + ",".join(f"{a}={str(b)[:8]}" for a, b in json.loads(str(v)).items()
-                                                      if a in ("max_num_seqs", "max_num_batched_tokens", "clock",
-                                                               "preemption", "clock_profile_content")))
+                parts.append(
+                    "scheduler "
+                    + ",".join(
+                        f"{a}={str(b)[:8]}"
+                        for a, b in json.loads(str(v)).items()
+                        if a
+                        in ("max_num_seqs", "max_num_batched_tokens", "clock", "preemption", "clock_profile_content")
+                    )
+                )
             else:
                 parts.append(f"{k} {v}")
         out[_key(r)] = " · ".join(parts)
@@ -205,12 +243,17 @@ def code_notes(base_runs: pd.DataFrame, cand_runs: pd.DataFrame) -> list[str]:
     """Notes on the code behind the two sides: each side that mixes runs of several versions
     of kvbench's code (``code_digest``), and whether the two sides ran different code."""
     sides = {"base": code_versions(_digests(base_runs)), "candidate": code_versions(_digests(cand_runs))}
-    notes = [f"{side} mixes runs of {len(counts)} versions of kvbench's code ({describe_versions(counts)}): "
-             "its repetitions of one cell may disagree because the code changed between them"
-             for side, counts in sides.items() if len(counts) > 1]
+    notes = [
+        f"{side} mixes runs of {len(counts)} versions of kvbench's code ({describe_versions(counts)}): "
+        "its repetitions of one cell may disagree because the code changed between them"
+        for side, counts in sides.items()
+        if len(counts) > 1
+    ]
     if set(sides["base"]) != set(sides["candidate"]):
-        notes.append(f"base and candidate ran different code (base {', '.join(sides['base'])}; "
-                     f"candidate {', '.join(sides['candidate'])}): changes below may come from the code")
+        notes.append(
+            f"base and candidate ran different code (base {', '.join(sides['base'])}; "
+            f"candidate {', '.join(sides['candidate'])}): changes below may come from the code"
+        )
     return notes
 
 
@@ -223,6 +266,7 @@ def regressions(result: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- renderers -------------------------------------------------------------------
+
 
 def _fmt_change(metric: Any, delta: Any) -> str:
     if delta is None or (isinstance(delta, float) and math.isnan(delta)):
@@ -248,8 +292,10 @@ def to_markdown(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = (
         lines.append("**No cell matched**: the two directories measure different cells, so nothing was compared.")
     elif len(reg):
         cells = ", ".join(f"`{c}`" for c in dict.fromkeys(reg["cell"]))
-        lines.append(f"**{reg['cell'].nunique()} of {matched} matched cell(s) regressed** beyond tolerance "
-                     f"{tolerance:g}: {cells}")
+        lines.append(
+            f"**{reg['cell'].nunique()} of {matched} matched cell(s) regressed** beyond tolerance "
+            f"{tolerance:g}: {cells}"
+        )
     else:
         lines.append(f"No regression beyond tolerance {tolerance:g} in {matched} matched cell(s).")
     lines.append("")
@@ -258,8 +304,10 @@ def to_markdown(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = (
         lines += ["| cell | metric | base | candidate | change | verdict | detail |", "|---|---|---|---|---|---|---|"]
         order = judged.assign(_o=judged["verdict"].map({REGRESSION: 0, NOISE: 1, IMPROVEMENT: 2}))
         for r in order.sort_values("_o").to_dict("records"):
-            lines.append(f"| {r['cell']} | {r['metric']} | {_fmt(r['base'])} | {_fmt(r['cand'])} | "
-                         f"{_fmt_change(r['metric'], r['change'])} | {r['verdict']} | {r['detail'] or ''} |")
+            lines.append(
+                f"| {r['cell']} | {r['metric']} | {_fmt(r['base'])} | {_fmt(r['cand'])} | "
+                f"{_fmt_change(r['metric'], r['change'])} | {r['verdict']} | {r['detail'] or ''} |"
+            )
         lines.append("")
     one_side = result[result["verdict"].isin((BASE_ONLY, CAND_ONLY))]
     if len(one_side):
@@ -270,13 +318,16 @@ def to_markdown(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = (
     if len(few):
         lines.append(f"Timed metrics not judged — {TOO_FEW} (fewer than {MIN_REPEATS} per side):")
         for metric, sub in few.groupby("metric", sort=False):
-            lines.append(f"- {metric}: {sub['cell'].nunique()} cell(s), changes "
-                         + ", ".join(f"{_fmt_change(metric, d)}" for d in sub["change"].head(6))
-                         + (" …" if len(sub) > 6 else ""))
+            lines.append(
+                f"- {metric}: {sub['cell'].nunique()} cell(s), changes "
+                + ", ".join(f"{_fmt_change(metric, d)}" for d in sub["change"].head(6))
+                + (" …" if len(sub) > 6 else "")
+            )
         lines.append("")
     other = result[result["verdict"].isin((ONE_SIDE_MEASURED, NOT_COMPARABLE))]
-    lines += [f"- `{r['cell']}` {r['metric']}: {r['verdict']} {r['detail'] or ''}".rstrip()
-              for r in other.to_dict("records")]
+    lines += [
+        f"- `{r['cell']}` {r['metric']}: {r['verdict']} {r['detail'] or ''}".rstrip() for r in other.to_dict("records")
+    ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -288,6 +339,15 @@ def to_json(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = ()) -
 
     rows = [{k: clean(v) for k, v in r.items()} for r in result.to_dict("records")]
     reg = regressions(result)
-    return json.dumps({"tolerance": tolerance, "regressed_cells": list(dict.fromkeys(reg["cell"])),
-                       "matched_cells": int(result.loc[~result["verdict"].isin((BASE_ONLY, CAND_ONLY)), "cell"].nunique()),
-                       "notes": list(notes), "rows": rows}, indent=2, default=str, ensure_ascii=False)
+    return json.dumps(
+        {
+            "tolerance": tolerance,
+            "regressed_cells": list(dict.fromkeys(reg["cell"])),
+            "matched_cells": int(result.loc[~result["verdict"].isin((BASE_ONLY, CAND_ONLY)), "cell"].nunique()),
+            "notes": list(notes),
+            "rows": rows,
+        },
+        indent=2,
+        default=str,
+        ensure_ascii=False,
+    )

@@ -3,10 +3,11 @@ numbers, the published-vs-reproduced table; renderers over run rows."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..harness.spec.capabilities import is_contiguous
-from .records import code_note
+from .records import code_note, workload_tag
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,17 +45,23 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     come from more than one version of kvbench's code."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r.get("model"), r.get("workload_id"), r.get("kv_dtype"), r.get("budget_bytes")), []).append(r)
+        groups.setdefault((r.get("model"), r.get("workload_id"), r.get("kv_dtype"), r.get("budget_bytes")), []).append(
+            r
+        )
     out: list[str] = []
-    for (model, wid, dtype, budget), members in groups.items():
-        out.append(f"model {model}  workload {wid}  kv {dtype}  budget {budget:,} B "
-                   f"({members[0].get('budget_positions', 0):,} positions)")
+    for (model, _wid, dtype, budget), members in groups.items():
+        out.append(
+            f"model {model}  workload {workload_tag(members[0])}  kv {dtype}  budget {budget:,} B "
+            f"({members[0].get('budget_positions', 0):,} positions)"
+        )
         table = [[label for _, label in COLUMNS]]
         for r in members:
             table.append([_cell(k, r.get(k), r) for k, _ in COLUMNS])
         widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
         for row in table:
-            out.append("  " + "  ".join(v.rjust(w) if i >= 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths))))
+            out.append(
+                "  " + "  ".join(v.rjust(w) if i >= 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+            )
         for r in members:
             if r.get("status") != "ok" and r.get("error"):
                 out.append(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('error')}")
@@ -65,13 +72,15 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def render_reference(table: "pd.DataFrame") -> str:
+def render_reference(table: pd.DataFrame) -> str:
     """``tables.published_vs_reproduced`` as aligned text: each published number beside the
     reproduced one, their relative difference, and whether a clock was fitted to it."""
     if table.empty:
         return ""
-    out = ["published vs reproduced (fitted: a clock was fitted to the number; predicted: it was not; "
-           "diff: relative, or in points for shares)"]
+    out = [
+        "published vs reproduced (fitted: a clock was fitted to the number; predicted: it was not; "
+        "diff: relative, or in points for shares)"
+    ]
     rows = [["item", "published", "reproduced", "diff", "basis", "runner"]]
     for r in table.to_dict("records"):
         rep = r.get("reproduced")
@@ -80,12 +89,21 @@ def render_reference(table: "pd.DataFrame") -> str:
             diff = f"{100 * (rep - r['published']):+.1f} pt"  # shares of the budget: off by points
         else:
             diff = f"{rep / r['published'] - 1:+.1%}" if have and r["published"] else "-"
-        rows.append([str(r["item"]), f"{r['published']:g}", f"{rep:.3g}" if have else f"- ({r.get('problem')})",
-                     diff, str(r.get("basis") or "predicted"), str(r.get("runner") or "-")])
+        rows.append(
+            [
+                str(r["item"]),
+                f"{r['published']:g}",
+                f"{rep:.3g}" if have else f"- ({r.get('problem')})",
+                diff,
+                str(r.get("basis") or "predicted"),
+                str(r.get("runner") or "-"),
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        out.append("  " + "  ".join(v.ljust(w) if i in (0, 4, 5) else v.rjust(w)
-                                    for i, (v, w) in enumerate(zip(row, widths))))
+        out.append(
+            "  " + "  ".join(v.ljust(w) if i in (0, 4, 5) else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
+        )
     return "\n".join(out) + "\n"
 
 
@@ -93,32 +111,49 @@ def _rate(x: object) -> str:
     return "-" if not isinstance(x, (int, float)) or x != x else f"{x:g}"
 
 
-def render_capacity(table: "pd.DataFrame", ratios: "pd.DataFrame", published: "pd.DataFrame") -> str:
+def render_capacity(table: pd.DataFrame, ratios: pd.DataFrame, published: pd.DataFrame) -> str:
     """Capacity at the SLO per policy line, the capacity ratios, and the published ratios beside them."""
     if table.empty:
         return "capacity at the SLO: no policy was run at two or more request rates\n"
     first = table.iloc[0]
-    out = [f"capacity at the SLO ({first['metric']} ≤ {first['bound']:g}): the highest request rate within it "
-           "(req/s); the next rate tried was over it"]
+    out = [
+        f"capacity at the SLO ({first['metric']} ≤ {first['bound']:g}): the highest request rate within it "
+        "(req/s); the next rate tried was over it"
+    ]
     rows = [["workload", "runner", "policy", "block", "capacity", "next", "rates", "status"]]
     for r in table.to_dict("records"):
         block = "-" if is_contiguous(str(r["policy"])) else str(r["block_size"])
-        rows.append([str(r["family_label"])[:48], str(r["runner"]), str(r["policy"]), block,
-                     _rate(r["capacity_rps"]), _rate(r["next_rps"]), str(r["rates"]), str(r["status"])])
+        rows.append(
+            [
+                str(r["family_label"])[:48],
+                str(r["runner"]),
+                str(r["policy"]),
+                block,
+                _rate(r["capacity_rps"]),
+                _rate(r["next_rps"]),
+                str(r["rates"]),
+                str(r["status"]),
+            ]
+        )
     out += _aligned(rows, right={3, 4, 5, 6})
     if len(ratios):
         out.append("capacity ratios (= both within their sweeps; ≥ / ≤ one capacity is only a bound)")
         rows = [["workload", "runner", "ratio", "value"]]
         for r in ratios.to_dict("records"):
-            value = ("- (both capacities only bounds)" if r["kind"] == "?" or r["ratio"] != r["ratio"]
-                     else f"{r['kind'] if r['kind'] != '=' else ''}{r['ratio']:.2f}x")
+            value = (
+                "- (both capacities only bounds)"
+                if r["kind"] == "?" or r["ratio"] != r["ratio"]
+                else f"{r['kind'] if r['kind'] != '=' else ''}{r['ratio']:.2f}x"
+            )
             rows.append([str(r["family_label"])[:48], str(r["runner"]), f"{r['policy']} ÷ {r['baseline']}", value])
         out += _aligned(rows, right={3})
     if len(published):
         out.append("published vs reproduced capacity ratios (a range: the paper's, over its models)")
         rows = [["item", "published", "reproduced", "off", "basis"]]
         for r in published.to_dict("records"):
-            pub = f"{r['published']:g}" + (f"–{r['published_max']:g}" if r["published_max"] == r["published_max"] else "")
+            pub = f"{r['published']:g}" + (
+                f"–{r['published_max']:g}" if r["published_max"] == r["published_max"] else ""
+            )
             rep = "-" if r["reproduced"] != r["reproduced"] else f"{r['reproduced']:.2f}"
             off = "-" if r["off"] != r["off"] else ("inside" if r["off"] == 0 else f"{r['off']:+.1%}")
             rows.append([str(r["item"]), pub, rep, off, str(r["basis"])])
@@ -128,5 +163,7 @@ def render_capacity(table: "pd.DataFrame", ratios: "pd.DataFrame", published: "p
 
 def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
-            for row in rows]
+    return [
+        "  " + "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+        for row in rows
+    ]

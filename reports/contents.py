@@ -12,7 +12,7 @@ from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published
 from .decomposition import decompose
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
-from .records import code_note
+from .records import code_note, workload_tag
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
 
@@ -54,22 +54,33 @@ def clock_table(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty or "clock" not in runs:
         return pd.DataFrame()
     detail = runs["clock_detail"] if "clock_detail" in runs else pd.Series([None] * len(runs), index=runs.index)
-    frame = pd.DataFrame({"runner": runs["runner"], "clock": runs["clock"],
-                          "clock_detail": detail.fillna("(not recorded: written before kvbench recorded it)")})
-    return (frame.groupby(["runner", "clock", "clock_detail"], sort=True).size().rename("runs").reset_index())
+    frame = pd.DataFrame(
+        {
+            "runner": runs["runner"],
+            "clock": runs["clock"],
+            "clock_detail": detail.fillna("(not recorded: written before kvbench recorded it)"),
+        }
+    )
+    return frame.groupby(["runner", "clock", "clock_detail"], sort=True).size().rename("runs").reset_index()
 
 
-def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
-                  reference_problem: str | None = None, steps: pd.DataFrame | None = None,
-                  slo: pd.DataFrame | None = None) -> ReportTables:
+def report_tables(
+    runs: pd.DataFrame,
+    reference: pd.DataFrame | None = None,
+    reference_problem: str | None = None,
+    steps: pd.DataFrame | None = None,
+    slo: pd.DataFrame | None = None,
+) -> ReportTables:
     baseline = choose_baseline(runs)
     cells = summary(runs)
     cells = ratios(cells, baseline) if baseline else cells
     geo = geomean(cells[cells["policy"] != baseline]) if baseline and len(cells) else pd.DataFrame()
     decomp = decompose(runs)
-    warnings = [f"decomposition ({r['workload_id'][:8]}, {r['kv_dtype']}): {r['warning']}"
-                for r in decomp.drop_duplicates(["workload_id", "kv_dtype", "budget_bytes", "warning"]).to_dict("records")
-                if r["warning"]]
+    warnings = [
+        f"decomposition ({workload_tag(r)}, {r['kv_dtype']}): {r['warning']}"
+        for r in decomp.drop_duplicates(["workload_id", "kv_dtype", "budget_bytes", "warning"]).to_dict("records")
+        if r["warning"]
+    ]
     code = code_note(runs["code_digest"] if "code_digest" in runs else [])
     if code:  # results of different code side by side: said first, it qualifies every table below
         warnings.insert(0, code)
@@ -91,5 +102,17 @@ def report_tables(runs: pd.DataFrame, reference: pd.DataFrame | None = None,
     capacity = capacity_table(runs, slo) if slo is not None and len(slo) else pd.DataFrame()
     cap_ratios = capacity_ratios(capacity) if len(capacity) else pd.DataFrame()
     cap_published = capacity_vs_published(cap_ratios, reference, runs) if len(cap_ratios) else pd.DataFrame()
-    return ReportTables(cells, baseline, geo, decomp, ref, warnings, clock_table(runs), prediction, capacity,
-                        cap_ratios, cap_published, drift_to_show(paired))
+    return ReportTables(
+        cells,
+        baseline,
+        geo,
+        decomp,
+        ref,
+        warnings,
+        clock_table(runs),
+        prediction,
+        capacity,
+        cap_ratios,
+        cap_published,
+        drift_to_show(paired),
+    )

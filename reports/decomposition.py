@@ -1,4 +1,4 @@
-"""The allocation × runtime decomposition (README, docs/runners.md), per workload × precision × budget:
+"""The allocation × runtime decomposition (docs/records.md, docs/runners.md), per workload × precision × budget:
 
     vllm/paged vs torch/contiguous-*     (naive: what a plain comparison shows)
       = torch/paged vs torch/contiguous-*  (allocation effect, same runtime)
@@ -41,20 +41,42 @@ METRICS: tuple[str, ...] = THROUGHPUT + CAPACITY
 RUNTIMES: tuple[str, ...] = MEASURING_RUNNERS  # the runners whose time is a runtime's, not a clock's
 NEEDED: tuple[str, ...] = ("runner", "policy", "block_size", "status", "preemptions", *METRICS)
 COLUMNS: tuple[str, ...] = (
-    *KEYS, "block_size", "baseline", "metric",
-    "torch_contiguous", "torch_paged", "vllm_paged", "naive", "allocation", "runtime",
-    "sim_contiguous", "sim_paged", "sim_allocation", "vllm_sched_paged",
-    "sim_contiguous_preemptions", "sim_paged_preemptions", "vllm_sched_paged_preemptions",
-    "torch_paged_preemptions", "vllm_paged_preemptions", "models", "warning",
+    *KEYS,
+    "block_size",
+    "baseline",
+    "metric",
+    "torch_contiguous",
+    "torch_paged",
+    "vllm_paged",
+    "naive",
+    "allocation",
+    "runtime",
+    "sim_contiguous",
+    "sim_paged",
+    "sim_allocation",
+    "vllm_sched_paged",
+    "sim_contiguous_preemptions",
+    "sim_paged_preemptions",
+    "vllm_sched_paged_preemptions",
+    "torch_paged_preemptions",
+    "vllm_paged_preemptions",
+    "models",
+    "warning",
 )
 
 
 def _value(records: list[dict[str, Any]], runner: str, policy: str, block_size: int | None, metric: str) -> float:
     """Median of ``metric`` over the ok runs of (runner, policy[, block size]); NaN when there are none."""
-    values = [r[metric] for r in records
-              if r["runner"] == runner and r["policy"] == policy and r["status"] == "ok"
-              and (block_size is None or r["block_size"] == block_size)
-              and r.get(metric) is not None and r[metric] == r[metric]]
+    values = [
+        r[metric]
+        for r in records
+        if r["runner"] == runner
+        and r["policy"] == policy
+        and r["status"] == "ok"
+        and (block_size is None or r["block_size"] == block_size)
+        and r.get(metric) is not None
+        and r[metric] == r[metric]
+    ]
     return float(statistics.median(values)) if values else math.nan
 
 
@@ -77,12 +99,15 @@ def decompose(runs: pd.DataFrame) -> pd.DataFrame:
         records = group[list(NEEDED)].to_dict("records")
         sizes = sorted({int(b) for b in timed.loc[timed["policy"] == "paged", "block_size"]})
         paged_sizes: list[int | None] = list(sizes) or [None]
-        baselines: list[str | None] = sorted({p for p in timed.loc[timed["runner"] == "torch", "policy"]
-                            if is_contiguous(str(p))}) or [None]
+        baselines: list[str | None] = sorted(
+            {p for p in timed.loc[timed["runner"] == "torch", "policy"] if is_contiguous(str(p))}
+        ) or [None]
         for bs in paged_sizes:
             for base in baselines:
-                used = group[((group["policy"] == "paged") & ((group["block_size"] == bs) if bs else True))
-                             | (group["policy"] == base)]
+                used = group[
+                    ((group["policy"] == "paged") & ((group["block_size"] == bs) if bs else True))
+                    | (group["policy"] == base)
+                ]
                 warning = "; ".join(mismatches(used)) or None
                 models = ", ".join(sorted({str(m) for m in used["model"].dropna()}))
                 for metric in METRICS:
@@ -90,8 +115,15 @@ def decompose(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def _row(records: list[dict[str, Any]], key: tuple, bs: int | None, base: str | None, metric: str,
-         models: str, warning: str | None) -> dict[str, object]:
+def _row(
+    records: list[dict[str, Any]],
+    key: tuple,
+    bs: int | None,
+    base: str | None,
+    metric: str,
+    models: str,
+    warning: str | None,
+) -> dict[str, object]:
     def v(runner: str, policy: str | None, m: str = metric, block: int | None = None) -> float:
         return math.nan if policy is None else _value(records, runner, policy, block, m)
 
@@ -103,15 +135,25 @@ def _row(records: list[dict[str, Any]], key: tuple, bs: int | None, base: str | 
     sim_p = v("sim", "paged", block=bs) if capacity else math.nan
     sched_p = v("vllm-sched", "paged", block=bs) if capacity else math.nan
     return {
-        **dict(zip(KEYS, key)), "block_size": bs, "baseline": base, "metric": metric,
-        "torch_contiguous": torch_c, "torch_paged": torch_p, "vllm_paged": vllm_p,
-        "naive": allocation * runtime, "allocation": allocation, "runtime": runtime,
-        "sim_contiguous": sim_c, "sim_paged": sim_p, "sim_allocation": _ratio(sim_p, sim_c),
+        **dict(zip(KEYS, key)),
+        "block_size": bs,
+        "baseline": base,
+        "metric": metric,
+        "torch_contiguous": torch_c,
+        "torch_paged": torch_p,
+        "vllm_paged": vllm_p,
+        "naive": allocation * runtime,
+        "allocation": allocation,
+        "runtime": runtime,
+        "sim_contiguous": sim_c,
+        "sim_paged": sim_p,
+        "sim_allocation": _ratio(sim_p, sim_c),
         "vllm_sched_paged": sched_p,
         "sim_contiguous_preemptions": v("sim", base, "preemptions"),
         "sim_paged_preemptions": v("sim", "paged", "preemptions", bs),
         "vllm_sched_paged_preemptions": v("vllm-sched", "paged", "preemptions", bs),
         "torch_paged_preemptions": v("torch", "paged", "preemptions", bs),
         "vllm_paged_preemptions": v("vllm", "paged", "preemptions", bs),
-        "models": models, "warning": warning,
+        "models": models,
+        "warning": warning,
     }

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -29,9 +30,9 @@ CELL_COLUMNS: tuple[Column, ...] = (
     ("preemptions", "preemptions", "int"),
     ("tokens_per_s", "tokens/s", "f1"),
     ("wall_tokens_per_s", "wall tokens/s", "wall"),
-    ("ttft_p50_s", "TTFT p50", "g"),
-    ("latency_p50_s", "latency p50", "g"),
-    ("latency_p90_s", "latency p90", "g"),
+    ("ttft_p50_s", "TTFT p50", "time"),
+    ("latency_p50_s", "latency p50", "time"),
+    ("latency_p90_s", "latency p90", "time"),
     ("mean_running_x", "× mean running", "ratio"),
     ("peak_running_x", "× peak running", "ratio"),
     ("tokens_per_s_x", "× tokens/s", "ratio"),
@@ -47,7 +48,7 @@ GEOMEAN_COLUMNS: tuple[Column, ...] = (
     ("mean_running_groups", "groups", "int"),
 )
 DECOMP_COLUMNS: tuple[Column, ...] = (
-    ("workload_id", "workload", "id"),
+    ("workload_id", "workload", "workload"),
     ("kv_dtype", "KV", "text"),
     ("budget_bytes", "budget", "bytes"),
     ("block_size", "block", "block"),
@@ -82,10 +83,10 @@ PREDICTION_COLUMNS: tuple[Column, ...] = (
     ("policy", "policy", "text"),
     ("engine", "engine", "text"),
     ("repeats", "engine runs", "int"),
-    ("measured_total_s", "measured s (median)", "g"),
-    ("measured_min_s", "min", "g"),
-    ("measured_max_s", "max", "g"),
-    ("predicted_total_s", "predicted s", "g"),
+    ("measured_total_s", "measured (median)", "time"),
+    ("measured_min_s", "min", "time"),
+    ("measured_max_s", "max", "time"),
+    ("predicted_total_s", "predicted", "time"),
     ("total_err", "total error", "err"),
     ("step_median_err", "per-step median abs. error %", "pct"),
     ("step_p90_err", "per-step p90 abs. error %", "pct"),
@@ -96,18 +97,22 @@ PREDICTION_COLUMNS: tuple[Column, ...] = (
     ("latency_p50_s_err", "latency p50 error", "err"),
     ("latency_p90_s_err", "latency p90 error", "err"),
 )
-PREDICTION_NOTE = ("sim on a fitted clock profile (predicted) beside the engine timing its own steps (measured), on "
-                   "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
-                   "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
-                   "step against its measured time, |error| median and p90 (median over the engine's runs); "
-                   "step-sum: their sums (arrivals' idle time left out). Steps over "
-                   f"{DISTURBED_RATIO:g}x their price: the largest share over the engine's runs of steps slowed by "
-                   f"something else; over {DISTURBED_WARN:.0%}, the report warns.")
-DRIFT_NOTE = ("What the step-sum error is made of, when the engine ran in several rounds (repeats) over several "
-              "workloads. The machine: per round, the median over workloads of the step-sum error (+: the engine "
-              "ran faster than the profile); on a shared CPU it moves from one round to the next. The model: per "
-              "workload, the median over rounds of its step-sum error less its round's: an error that repeating "
-              "does not remove.")
+PREDICTION_NOTE = (
+    "sim on a fitted clock profile (predicted) beside the engine timing its own steps (measured), on "
+    "the same work. Total: sim_time_s of each; errors are predicted ÷ the median of the engine's runs "
+    "− 1 (min and max show its own spread). Per-step: the profile's price of each measured engine "
+    "step against its measured time, |error| median and p90 (median over the engine's runs); "
+    "step-sum: their sums (arrivals' idle time left out). Steps over "
+    f"{DISTURBED_RATIO:g}x their price: the largest share over the engine's runs of steps slowed by "
+    f"something else; over {DISTURBED_WARN:.0%}, the report warns."
+)
+DRIFT_NOTE = (
+    "What the step-sum error is made of, when the engine ran in several rounds (repeats) over several "
+    "workloads. The machine: per round, the median over workloads of the step-sum error (+: the engine "
+    "ran faster than the profile); on a shared CPU it moves from one round to the next. The model: per "
+    "workload, the median over rounds of its step-sum error less its round's: an error that repeating "
+    "does not remove."
+)
 DRIFT_ROUND_COLUMNS: tuple[Column, ...] = (
     ("repeat", "round (repeat)", "int"),
     ("workloads", "workloads", "int"),
@@ -153,10 +158,12 @@ CAPACITY_PUBLISHED_COLUMNS: tuple[Column, ...] = (
 def capacity_note(table: pd.DataFrame) -> str:
     """What the capacity table means, with the SLO it was read against."""
     first = table.iloc[0]
-    return (f"SLO: {first['metric']} ≤ {first['bound']:g}. Capacity is the highest request rate run whose SLO "
-            "metric, and that at every lower rate of the same line, is within the bound; the true capacity lies "
-            "between it and the next rate tried (which was over it). Kind: = both capacities within their sweeps, "
-            "≥ / ≤ one of them is only a bound (every rate run was within the SLO).")
+    return (
+        f"SLO: {first['metric']} ≤ {first['bound']:g}. Capacity is the highest request rate run whose SLO "
+        "metric, and that at every lower rate of the same line, is within the bound; the true capacity lies "
+        "between it and the next rate tried (which was over it). Kind: = both capacities within their sweeps, "
+        "≥ / ≤ one of them is only a bound (every rate run was within the SLO)."
+    )
 
 
 CLOCK_COLUMNS: tuple[Column, ...] = (
@@ -165,33 +172,45 @@ CLOCK_COLUMNS: tuple[Column, ...] = (
     ("clock_detail", "what priced each step", "note"),
     ("runs", "runs", "int"),
 )
-CLOCKS_NOTE = ("steps: one step is one second; roofline: a GPU preset's bandwidth and FLOPs times measured "
-               "efficiency factors (fitted to published kernel timings), and where a suite sets roofline_scale, "
-               "every step time times that factor (fitted with `kvbench fit-roofline` to a number an engine "
-               "reports); profile: terms fitted by `kvbench "
-               "calibrate` to an engine's measured steps; measured: the engine's own step times.")
+CLOCKS_NOTE = (
+    "steps: one step is one second; roofline: a GPU preset's bandwidth and FLOPs times measured "
+    "efficiency factors (fitted to published kernel timings), and where a suite sets roofline_scale, "
+    "every step time times that factor (fitted with `kvbench fit-roofline` to a number an engine "
+    "reports); profile: terms fitted by `kvbench "
+    "calibrate` to an engine's measured steps; measured: the engine's own step times."
+)
 GLOSSARY: tuple[tuple[str, str], ...] = (
     ("token states %", "time-weighted mean share of the KV budget holding computed tokens' K/V (useful memory)"),
     ("reservation %", "share reserved for a request's future tokens, filled later"),
     ("internal frag %", "share allocated to requests but never filled (reservation beyond the final length)"),
     ("external frag %", "free share that cannot serve the request waiting at the head of the queue"),
     ("mean / peak running", "requests in the running batch: time-weighted mean and maximum (capacity)"),
-    ("tokens/s", "generated tokens per second of kvbench's clock (roofline: simulated seconds), in every "
-                 "runner; tokens/step under the steps clock"),
+    (
+        "tokens/s",
+        "generated tokens per second of kvbench's clock (roofline: simulated seconds), in every "
+        "runner; tokens/step under the steps clock",
+    ),
     ("wall tokens/s", "computed tokens per wall-clock second, torch and vllm only (sim's would be simulator speed)"),
     ("× …", "ratio to the baseline policy of the same runner in the same comparison group"),
-    ("TTFT / latency p50, p90", "time to first token and end-to-end latency (arrival to finish) over finished "
-                                "requests, in seconds of the run's clock (steps under the steps clock)"),
+    (
+        "TTFT / latency p50, p90",
+        "time to first token and end-to-end latency (arrival to finish) over finished "
+        "requests, in seconds of the run's clock (steps under the steps clock)",
+    ),
 )
 
 
-GROUPS_NOTE = ("A comparison group holds the model, workload, KV precision, KV budget, max_model_len and scheduler "
-               "fixed; only runner, policy and block size vary inside it (and, where shown, the device and the "
-               "contiguous policies' arena).")
-DECOMP_NOTE = ("naive: vllm/paged ÷ torch/contiguous; allocation: torch/paged ÷ torch/contiguous (same runtime); "
-               "runtime: vllm/paged ÷ torch/paged (same allocation); naive = allocation × runtime. “-”: that run is "
-               "missing. tokens_per_s is on kvbench's clock in every runner, where torch and vllm take the same steps: "
-               "its runtime factor is 1 by construction; wall_tokens_per_s (measured) carries the runtime effect.")
+GROUPS_NOTE = (
+    "A comparison group holds the model, workload, KV precision, KV budget, max_model_len and scheduler "
+    "fixed; only runner, policy and block size vary inside it (and, where shown, the device and the "
+    "contiguous policies' arena)."
+)
+DECOMP_NOTE = (
+    "naive: vllm/paged ÷ torch/contiguous; allocation: torch/paged ÷ torch/contiguous (same runtime); "
+    "runtime: vllm/paged ÷ torch/paged (same allocation); naive = allocation × runtime. “-”: that run is "
+    "missing. tokens_per_s is on kvbench's clock in every runner, where torch and vllm take the same steps: "
+    "its runtime factor is 1 by construction; wall_tokens_per_s (measured) carries the runtime effect."
+)
 NO_BASELINE = "No contiguous policy has an ok run, so there are no ratios."
 
 
@@ -200,6 +219,19 @@ def failure(row: dict[str, Any]) -> str:
     error, status = str(row["error"]), str(row["status"])
     cell = f"{row['runner']}/{row['policy']}"
     return f"{cell} {error}" if error.startswith(status) else f"{cell} {status}: {error}"
+
+
+def format_time(value: float, clock: object = None) -> str:
+    """A time with its unit: steps on the steps clock (every step is one unit), else seconds
+    scaled to µs, ms or s."""
+    if clock == "steps":
+        return f"{value:,.0f} steps"
+    size = abs(value)
+    if size == 0 or size >= 1:
+        return f"{value:,.3g} s" if size < 1000 else f"{value:,.0f} s"
+    if size >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} µs"
 
 
 def is_missing(value: Any) -> bool:
@@ -230,6 +262,12 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
         return f"{value:.4g}"
     if kind == "id":
         return str(value)[:8]
+    if kind == "workload":
+        from .records import workload_tag
+
+        return workload_tag({**(row or {}), "workload_id": value})
+    if kind == "time":
+        return format_time(float(value), (row or {}).get("clock"))
     if kind == "bytes":
         from ..harness.spec.units import format_bytes
 
@@ -265,6 +303,8 @@ def cell_columns(table: pd.DataFrame, runners: set[str]) -> list[Column]:
     """The per-cell columns for one group's table; throughput reads 'tokens/step' under the steps clock."""
     cols = visible(CELL_COLUMNS, table, runners)
     if set(table["clock"]) == {"steps"}:
-        cols = [(k, h.replace("tokens/s", "tokens/step") if k in ("tokens_per_s", "tokens_per_s_x") else h, kind)
-                for k, h, kind in cols]
+        cols = [
+            (k, h.replace("tokens/s", "tokens/step") if k in ("tokens_per_s", "tokens_per_s_x") else h, kind)
+            for k, h, kind in cols
+        ]
     return cols

@@ -10,16 +10,27 @@ needed to explain it, or ``None`` when they agree on every step. Pure: no I/O.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pandas loads on first use, so `kvbench --help` stays quick
     import pandas as pd
 
 DEFAULT_COLUMNS: tuple[str, ...] = ("allocated_blocks", "running", "waiting", "preempted")
 # Shown beside the compared columns to explain a divergence.
-CONTEXT_COLUMNS: tuple[str, ...] = ("t_s", "running", "waiting", "admitted", "finished", "preempted",
-                                    "scheduled_tokens", "allocated_blocks", "used_positions",
-                                    "prefix_hit_tokens", "evicted_blocks")
+CONTEXT_COLUMNS: tuple[str, ...] = (
+    "t_s",
+    "running",
+    "waiting",
+    "admitted",
+    "finished",
+    "preempted",
+    "scheduled_tokens",
+    "allocated_blocks",
+    "used_positions",
+    "prefix_hit_tokens",
+    "evicted_blocks",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +51,14 @@ class Divergence:
         keys += [c for c in self.columns if c not in keys]
         if keys:
             width = max(len(k) for k in keys)
-            lines.append(f"  {'':{width}}  {name_a:>14}  {name_b:>14}" + ("   (previous step)" if self.previous_a else ""))
+            lines.append(
+                f"  {'':{width}}  {name_a:>14}  {name_b:>14}" + ("   (previous step)" if self.previous_a else "")
+            )
             for k in keys:
                 mark = "*" if k in self.columns else " "
-                prev = (f"   {_fmt(self.previous_a.get(k)):>8} {_fmt(self.previous_b.get(k)):>8}"
-                        if self.previous_a else "")
+                prev = (
+                    f"   {_fmt(self.previous_a.get(k)):>8} {_fmt(self.previous_b.get(k)):>8}" if self.previous_a else ""
+                )
                 lines.append(f"{mark} {k:{width}}  {_fmt(self.a.get(k)):>14}  {_fmt(self.b.get(k)):>14}{prev}")
         lines.append(f"  steps: {self.steps_a} vs {self.steps_b}")
         return "\n".join(lines)
@@ -84,8 +98,10 @@ def explain(columns: Sequence[str], a: dict[str, object], b: dict[str, object]) 
     if a.get("preempted") != b.get("preempted"):
         why = "one run preempted where the other did not: a running request could not get a block in one of them"
     elif a.get("admitted") != b.get("admitted"):
-        why = ("they admitted different numbers of waiting requests (admission gate: token budget, "
-               "max_num_seqs, or whether the head of the queue fits)")
+        why = (
+            "they admitted different numbers of waiting requests (admission gate: token budget, "
+            "max_num_seqs, or whether the head of the queue fits)"
+        )
     elif a.get("finished") != b.get("finished") and "running" in columns:
         why = "different requests finished in the previous step"
     elif a.get("prefix_hit_tokens") != b.get("prefix_hit_tokens"):
@@ -95,13 +111,14 @@ def explain(columns: Sequence[str], a: dict[str, object], b: dict[str, object]) 
     elif a.get("evicted_blocks") != b.get("evicted_blocks"):
         why = "cached blocks were evicted differently"
     elif "allocated_blocks" in columns:
-        why = ("same admissions and token counts but different block counts: allocation granularity, "
-               "prefix sharing or free order differ")
+        why = (
+            "same admissions and token counts but different block counts: allocation granularity, "
+            "prefix sharing or free order differ"
+        )
     return "; ".join(parts) + (f" ({why})" if why else "")
 
 
-def first_divergence(a: pd.DataFrame, b: pd.DataFrame,
-                     columns: Sequence[str] = DEFAULT_COLUMNS) -> Divergence | None:
+def first_divergence(a: pd.DataFrame, b: pd.DataFrame, columns: Sequence[str] = DEFAULT_COLUMNS) -> Divergence | None:
     """The first step where ``a`` and ``b`` differ on ``columns`` or in length; None if identical."""
     columns = tuple(columns)
     for name, df in (("A", a), ("B", b)):
@@ -123,14 +140,29 @@ def first_divergence(a: pd.DataFrame, b: pd.DataFrame,
             i = int(bad[0])
             ra, rb = _row(a, i), _row(b, i)
             differing = tuple(c for c in columns if ra.get(c) != rb.get(c))
-            return Divergence(step=int(ra.get("step", i)), columns=differing, a=ra, b=rb,
-                              previous_a=_row(a, i - 1), previous_b=_row(b, i - 1),
-                              steps_a=len(a), steps_b=len(b), reason=explain(differing, ra, rb))
+            return Divergence(
+                step=int(ra.get("step", i)),
+                columns=differing,
+                a=ra,
+                b=rb,
+                previous_a=_row(a, i - 1),
+                previous_b=_row(b, i - 1),
+                steps_a=len(a),
+                steps_b=len(b),
+                reason=explain(differing, ra, rb),
+            )
     if len(a) != len(b):
         longer = "A" if len(a) > len(b) else "B"
         ra, rb = _row(a, n), _row(b, n)
-        return Divergence(step=n, columns=(), a=ra, b=rb, previous_a=_row(a, n - 1), previous_b=_row(b, n - 1),
-                          steps_a=len(a), steps_b=len(b),
-                          reason=(f"identical for {n} steps, then only {longer} continues "
-                                  f"({len(a)} vs {len(b)} steps)"))
+        return Divergence(
+            step=n,
+            columns=(),
+            a=ra,
+            b=rb,
+            previous_a=_row(a, n - 1),
+            previous_b=_row(b, n - 1),
+            steps_a=len(a),
+            steps_b=len(b),
+            reason=(f"identical for {n} steps, then only {longer} continues ({len(a)} vs {len(b)} steps)"),
+        )
     return None

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -69,8 +70,10 @@ def selection_note(cells: pd.DataFrame, picked: pd.DataFrame) -> str:
     in_group = cells[(cells["group"] == group) & (cells["ok"] > 0)]
     notes = [f"Comparison group: {picked['group_label'].iloc[0]}."]
     if len(in_group) > len(picked):
-        notes.append(f"Shown: {len(picked)} of its {len(in_group)} ok runs (paged policies at the block size "
-                     f"nearest {PREFERRED_BLOCK}; figure 6 covers the others).")
+        notes.append(
+            f"Shown: {len(picked)} of its {len(in_group)} ok runs (paged policies at the block size "
+            f"nearest {PREFERRED_BLOCK}; figure 6 covers the others)."
+        )
     others = cells["group"].nunique() - 1
     if others:
         notes.append(f"{others} other comparison group(s) are in the tables only.")
@@ -101,13 +104,17 @@ def block_size_lines(cells: pd.DataFrame) -> list[pd.DataFrame]:
     """Per (group, runner, paged policy): its cells when run at two or more block sizes, by block size.
     ``paged`` only when it has such lines (``paged-prefix`` and others otherwise), to keep the figure legible."""
     ok = cells[(cells["ok"] > 0) & cells["policy"].isin(("paged", "paged-prefix"))]
-    lines = [sub.sort_values("block_size") for _, sub in ok.groupby(["group", "runner", "policy"], sort=True)
-             if sub["block_size"].nunique() >= 2]
+    lines = [
+        sub.sort_values("block_size")
+        for _, sub in ok.groupby(["group", "runner", "policy"], sort=True)
+        if sub["block_size"].nunique() >= 2
+    ]
     plain = [line for line in lines if line["policy"].iloc[0] == "paged"]
     return (plain or lines)[:10]
 
 
 # -- figure 2: arithmetic over lengths ------------------------------------------
+
 
 def unused_fraction(lengths: np.ndarray, block_size: int) -> np.ndarray:
     """Unused share of the positions paged allocation holds for a sequence of each length:
@@ -191,8 +198,12 @@ AXIS_SPECS: tuple[AxisSpec, ...] = (
     AxisSpec("page_bytes", "page size", "bytes", PAGE_SIZED_POLICIES),
 )
 TICK_FORMATS: dict[str, Callable[[float], str]] = {
-    "rate": _plain_number, "budget_bytes": short_bytes, "max_model_len": _int_number,
-    "block_size": _int_number, "page_bytes": short_bytes}
+    "rate": _plain_number,
+    "budget_bytes": short_bytes,
+    "max_model_len": _int_number,
+    "block_size": _int_number,
+    "page_bytes": short_bytes,
+}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -292,8 +303,9 @@ class Readable:
     left_contexts: int
 
 
-def readable_lines(axis: SweptAxis, max_lines: int = MAX_CURVE_LINES,
-                   max_contexts: int = MAX_CURVE_CONTEXTS) -> Readable:
+def readable_lines(
+    axis: SweptAxis, max_lines: int = MAX_CURVE_LINES, max_contexts: int = MAX_CURVE_CONTEXTS
+) -> Readable:
     """The lines a row of panels draws. Off the block-size axis, paged policies keep only the
     block size nearest ``PREFERRED_BLOCK`` (one line per runner and policy, as figure 5); then
     whole contexts (workload, budget …, in table order) are kept while they fit in ``max_lines``

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 
 from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 from . import figdata
-from .records import cell_label, time_axis_label, throughput_note
+from .records import cell_label, throughput_note, time_axis_label, workload_tag
 
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
     ("token_states_frac", "token states (K/V of computed tokens)", "#3a8a3a"),
@@ -37,10 +37,16 @@ STEP_PARTS: tuple[tuple[str, str, str], ...] = (
     ("reserved_positions", "reserved, filled later", "#f0a030"),
     ("internal_frag_positions", "internal fragmentation", "#d1495b"),
 )
-POLICY_COLORS = {"contiguous-max": "tab:red", "contiguous-pow2": "tab:orange", "contiguous-oracle": "tab:olive",
-                 "virtual-contiguous": "tab:purple", "paged": "tab:blue", "paged-prefix": "tab:cyan"}
+POLICY_COLORS = {
+    "contiguous-max": "tab:red",
+    "contiguous-pow2": "tab:orange",
+    "contiguous-oracle": "tab:olive",
+    "virtual-contiguous": "tab:purple",
+    "paged": "tab:blue",
+    "paged-prefix": "tab:cyan",
+}
 RUNNER_STYLES = {"sim": "-", "vllm-sched": "--", "torch": "-.", "vllm": ":"}
-SEED_LEN, SEED_BLOCK = 35, 16  # the explainer's example: 3 blocks, 48 positions, 13 unused
+SEED_LEN, SEED_BLOCK = 35, 16  # the worked example: 3 blocks, 48 positions, 13 unused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,18 +87,29 @@ def memory_breakdown(cells: pd.DataFrame) -> Plot:
             bars = ax.bar(x, vals, bottom=bottom, color=color, label=label, edgecolor="white", linewidth=0.5)
             for bar, v in zip(bars, vals):
                 if v >= 4 and col != "free_frac":
-                    ax.text(bar.get_x() + bar.get_width() / 2, bar.get_y() + v / 2, f"{v:.1f}%",
-                            ha="center", va="center", fontsize=8, color="white" if col != "reservation_frac" else "black")
+                    ax.text(
+                        bar.get_x() + bar.get_width() / 2,
+                        bar.get_y() + v / 2,
+                        f"{v:.1f}%",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if col != "reservation_frac" else "black",
+                    )
             bottom += vals
         ax.set_xticks(x, [_label(r, multi) for r in sub.to_dict("records")], rotation=20, ha="right", fontsize=9)
         ax.set_ylim(0, 100)
         ax.set_ylabel("% of KV budget")
         ax.set_title(_wrap(sub["group_label"].iloc[0]), fontsize=9, loc="left")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=9, frameon=False)
-    fig.suptitle("Where the KV budget goes: time-weighted mean share of the budget per policy "
-                 "(vLLM paper Figure 2 style)", fontsize=11)
-    note = ("Each bar is one run; segments are time-weighted means over the run as a share of the KV budget. "
-            "Token states is useful memory; reservation, internal and external fragmentation are waste.")
+    fig.suptitle(
+        "Where the KV budget goes: time-weighted mean share of the budget per policy (vLLM paper Figure 2 style)",
+        fontsize=11,
+    )
+    note = (
+        "Each bar is one run; segments are time-weighted means over the run as a share of the KV budget. "
+        "Token states is useful memory; reservation, internal and external fragmentation are waste."
+    )
     failed = int((cells["ok"] == 0).sum()) if len(cells) else 0
     if failed:
         note += f" {failed} cell(s) with no ok run are not drawn (see the tables)."
@@ -100,8 +117,10 @@ def memory_breakdown(cells: pd.DataFrame) -> Plot:
         note += f" {omitted} more comparison group(s) are in the tables only."
     swept = figdata.swept_axes(ok)
     if swept:  # one bar group per value reads poorly across a sweep: say where the curves are
-        note += (f" The swept {', '.join(a.label for a in swept)} "
-                 f"{'is' if len(swept) == 1 else 'are'} drawn as curves in figure 8.")
+        note += (
+            f" The swept {', '.join(a.label for a in swept)} "
+            f"{'is' if len(swept) == 1 else 'are'} drawn as curves in figure 8."
+        )
     return Plot(name, title, fig, note)
 
 
@@ -122,12 +141,17 @@ def last_block_waste(runs: pd.DataFrame, requests: pd.DataFrame) -> Plot:
     ax.plot([SEED_LEN], [seed], "o", ms=9, mfc="none", mec="black", mew=2, zorder=5)
     blocks = -(-SEED_LEN // SEED_BLOCK)
     held = blocks * SEED_BLOCK
-    ax.annotate(f"the explainer's example: {SEED_LEN} tokens, block {SEED_BLOCK}\n"
-                f"→ {blocks} blocks = {held} positions, {held - SEED_LEN} unused = {held - SEED_LEN}/{held} = {seed:.1f}%",
-                (SEED_LEN, seed), xytext=(SEED_LEN * 1.6, 62), fontsize=9, arrowprops={"arrowstyle": "->"},
-                bbox={"facecolor": "white", "edgecolor": "#999"})
+    ax.annotate(
+        f"worked example: {SEED_LEN} tokens, block {SEED_BLOCK}\n"
+        f"→ {blocks} blocks = {held} positions, {held - SEED_LEN} unused = {held - SEED_LEN}/{held} = {seed:.1f}%",
+        (SEED_LEN, seed),
+        xytext=(SEED_LEN * 1.6, 62),
+        fontsize=9,
+        arrowprops={"arrowstyle": "->"},
+        bbox={"facecolor": "white", "edgecolor": "#999"},
+    )
     ax.set_xscale("log", base=2)
-    ticks = [2 ** k for k in range(0, int(np.log2(top)) + 1)]
+    ticks = [2**k for k in range(0, int(np.log2(top)) + 1)]
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)
@@ -138,15 +162,23 @@ def last_block_waste(runs: pd.DataFrame, requests: pd.DataFrame) -> Plot:
     bins = np.unique(np.geomspace(1, top + 1, 60).astype(int))
     hist.hist(lengths, bins=bins, color="#777")
     hist.set_ylabel("requests (count)")
-    hist.set_title("final lengths of the recorded requests; their unused share (Σ unused / Σ allocated):\n"
-                   + ", ".join(f"block {bs}: {100 * w:.2f}%" for bs, w in summary), fontsize=9, loc="left")
+    hist.set_title(
+        "final lengths of the recorded requests; their unused share (Σ unused / Σ allocated):\n"
+        + ", ".join(f"block {bs}: {100 * w:.2f}%" for bs, w in summary),
+        fontsize=9,
+        loc="left",
+    )
     hist.set_xlabel("sequence length at finish = prompt + output tokens (log scale)")
-    fig.suptitle("Paged allocation wastes only the unfilled tail of the last block — computed from lengths, "
-                 "not measured", fontsize=11)
-    note = ("Curves: (⌈L/B⌉·B − L) / (⌈L/B⌉·B) for every length L on a grid; bottom: the final lengths of the "
-            f"requests in these records ({lengths.size} requests from {figdata.workload_count(runs, requests)} "
-            "workload(s)). This is the waste at a request's final length; while it runs, its last block also holds "
-            "positions that are filled later (reservation, figure 1).")
+    fig.suptitle(
+        "Paged allocation wastes only the unfilled tail of the last block — computed from lengths, not measured",
+        fontsize=11,
+    )
+    note = (
+        "Curves: (⌈L/B⌉·B − L) / (⌈L/B⌉·B) for every length L on a grid; bottom: the final lengths of the "
+        f"requests in these records ({lengths.size} requests from {figdata.workload_count(runs, requests)} "
+        "workload(s)). This is the waste at a request's final length; while it runs, its last block also holds "
+        "positions that are filled later (reservation, figure 1)."
+    )
     return Plot(name, title, fig, note)
 
 
@@ -165,8 +197,13 @@ def allocation_over_time(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
     for ax, row in zip(axes, picked.to_dict("records")):
         st = figdata.thin(steps[steps["run_id"] == row["run_id"]].sort_values("step"))
         t = st["t_s"].to_numpy(dtype=float)
-        ax.stackplot(t, *[st[c].to_numpy(dtype=float) for c, _, _ in STEP_PARTS],
-                     colors=[c for _, _, c in STEP_PARTS], labels=[lab for _, lab, _ in STEP_PARTS], step="post")
+        ax.stackplot(
+            t,
+            *[st[c].to_numpy(dtype=float) for c, _, _ in STEP_PARTS],
+            colors=[c for _, _, c in STEP_PARTS],
+            labels=[lab for _, lab, _ in STEP_PARTS],
+            step="post",
+        )
         ax.axhline(row["budget_positions"], color="black", ls="--", lw=1, label="KV budget")
         ax.set_title(_label(row, multi), fontsize=10)
         ax.set_xlabel(time_axis_label(row["clock"]), fontsize=8)
@@ -175,8 +212,10 @@ def allocation_over_time(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
     for ax in axes[::ncols]:
         ax.set_ylabel("KV positions")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=4, fontsize=9, frameon=False)
-    fig.suptitle(_wrap("Allocated (top of the stack) vs used KV positions over time — "
-                       + picked["group_label"].iloc[0], 130), fontsize=10)
+    fig.suptitle(
+        _wrap("Allocated (top of the stack) vs used KV positions over time — " + picked["group_label"].iloc[0], 130),
+        fontsize=10,
+    )
     return Plot(name, title, fig, figdata.selection_note(cells, picked))
 
 
@@ -192,16 +231,28 @@ def running_requests(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
     ax, bars = fig.subplots(1, 2, width_ratios=(3, 2))
     for row in picked.to_dict("records"):
         st = figdata.thin(steps[steps["run_id"] == row["run_id"]].sort_values("step"))
-        ax.step(st["t_s"], st["running"], where="post", color=_color(row["policy"]),
-                ls=RUNNER_STYLES.get(row["runner"], "-"), lw=1.3, label=_label(row, multi))
+        ax.step(
+            st["t_s"],
+            st["running"],
+            where="post",
+            color=_color(row["policy"]),
+            ls=RUNNER_STYLES.get(row["runner"], "-"),
+            lw=1.3,
+            label=_label(row, multi),
+        )
     ax.set_xlabel(time_axis_label(picked["clock"].iloc[0]))
     ax.set_ylabel("running requests (in the batch)")
     ax.legend(fontsize=8)
     ax.set_title("running requests per step", fontsize=10)
     y = np.arange(len(group))
     bars.barh(y + 0.2, group["peak_running"], height=0.4, color="#bbbbbb", label="peak")
-    bars.barh(y - 0.2, group["mean_running"], height=0.4, color=[_color(p) for p in group["policy"]],
-              label="time-weighted mean")
+    bars.barh(
+        y - 0.2,
+        group["mean_running"],
+        height=0.4,
+        color=[_color(p) for p in group["policy"]],
+        label="time-weighted mean",
+    )
     for yy, m, p in zip(y, group["mean_running"], group["peak_running"]):
         bars.text(p, yy + 0.2, f" {p:.0f}", va="center", fontsize=8)
         bars.text(m, yy - 0.2, f" {m:.1f}", va="center", fontsize=8)
@@ -210,8 +261,9 @@ def running_requests(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
     bars.set_xlabel("running requests (mean is time-weighted)")
     bars.set_title("mean (coloured) and peak (grey) per run", fontsize=10)
     bars.set_xlim(0, 1.15 * max(float(group["peak_running"].max()), 1.0))
-    fig.suptitle(_wrap("Batch capacity: how many requests run at once — " + group["group_label"].iloc[0], 130),
-                 fontsize=10)
+    fig.suptitle(
+        _wrap("Batch capacity: how many requests run at once — " + group["group_label"].iloc[0], 130), fontsize=10
+    )
     return Plot(name, title, fig, figdata.selection_note(cells, picked))
 
 
@@ -231,8 +283,12 @@ def rate_sweep(cells: pd.DataFrame) -> Plot:
         for (_, _), line in fam.groupby(["runner", "policy"], sort=False):
             line = line.sort_values("rate")
             r0 = line.iloc[0].to_dict()
-            kw = {"color": _color(r0["policy"]), "ls": RUNNER_STYLES.get(r0["runner"], "-"), "marker": "o",
-                  "label": _label(r0, multi)}
+            kw = {
+                "color": _color(r0["policy"]),
+                "ls": RUNNER_STYLES.get(r0["runner"], "-"),
+                "marker": "o",
+                "label": _label(r0, multi),
+            }
             axes[0, col].plot(line["rate"], line["preemptions"], **kw)
             axes[1, col].plot(line["rate"], line["tokens_per_s"], **kw)
         axes[0, col].set_title(_wrap(fam["family_label"].iloc[0], 55), fontsize=9)
@@ -272,8 +328,11 @@ def block_size_ablation(cells: pd.DataFrame) -> Plot:
         pre_ax.plot(line["block_size"], line["preemptions"], **kw)
     pre_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     sizes = sorted({int(b) for line in lines for b in line["block_size"]})
-    for ax, ylab in ((waste_ax, "waste, % of KV budget\n(reservation + internal + external)"),
-                     (run_ax, "mean running requests"), (pre_ax, "preemptions per run (count)")):
+    for ax, ylab in (
+        (waste_ax, "waste, % of KV budget\n(reservation + internal + external)"),
+        (run_ax, "mean running requests"),
+        (pre_ax, "preemptions per run (count)"),
+    ):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(s) for s in sizes])
         ax.xaxis.set_minor_formatter(NullFormatter())
@@ -281,21 +340,32 @@ def block_size_ablation(cells: pd.DataFrame) -> Plot:
         ax.set_ylabel(ylab)
         ax.grid(alpha=0.3)
     fig.legend(*waste_ax.get_legend_handles_labels(), loc="outside lower center", ncols=2, fontsize=8, frameon=False)
-    fig.suptitle("Block-size ablation: waste, capacity and preemptions against the paged block size "
-                 "(everything else held fixed along a line)", fontsize=11)
-    return Plot(name, title, fig, "One line per comparison group and runner, for the paged policy (paged-prefix "
-                                  "when only it was swept); everything but the block size is held fixed along a line.")
+    fig.suptitle(
+        "Block-size ablation: waste, capacity and preemptions against the paged block size "
+        "(everything else held fixed along a line)",
+        fontsize=11,
+    )
+    return Plot(
+        name,
+        title,
+        fig,
+        "One line per comparison group and runner, for the paged policy (paged-prefix "
+        "when only it was swept); everything but the block size is held fixed along a line.",
+    )
 
 
 # 7 -----------------------------------------------------------------------------
 def _decomp_group(r: dict) -> str:
     block = f", paged block {int(r['block_size'])}" if r["block_size"] == r["block_size"] and r["block_size"] else ""
-    return f"{str(r['workload_id'])[:8]}, KV {r['kv_dtype']}, budget {format_bytes(r['budget_bytes'])}{block}"
+    return f"{workload_tag(r)}, KV {r['kv_dtype']}, budget {format_bytes(r['budget_bytes'])}{block}"
 
 
-METRIC_TITLES = {"tokens_per_s": "throughput: generated tokens/s (run's clock)",
-                 "wall_tokens_per_s": "measured throughput: generated tokens per second of step time",
-                 "mean_running": "mean running requests", "peak_running": "peak running requests"}
+METRIC_TITLES = {
+    "tokens_per_s": "throughput: generated tokens/s (run's clock)",
+    "wall_tokens_per_s": "measured throughput: generated tokens per second of step time",
+    "mean_running": "mean running requests",
+    "peak_running": "peak running requests",
+}
 
 
 def _decomp_key(r: dict) -> tuple:
@@ -306,8 +376,13 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
     name, title = "7-decomposition", "Decomposition: allocation effect × runtime effect"
     rows = decomp[decomp[["naive", "allocation", "runtime"]].notna().any(axis=1)] if len(decomp) else decomp
     if rows.empty:
-        return Plot(name, title, None, "no torch or vllm runs to decompose (needs torch/paged with torch/contiguous-*, "
-                                       "and vllm/paged for the runtime effect)")
+        return Plot(
+            name,
+            title,
+            None,
+            "no torch or vllm runs to decompose (needs torch/paged with torch/contiguous-*, "
+            "and vllm/paged for the runtime effect)",
+        )
     metrics: Sequence[str] = [m for m in dict.fromkeys(rows["metric"])]
     groups = rows.drop_duplicates(["workload_id", "kv_dtype", "budget_bytes", "block_size"])
     # Several groups: a letter on each tick, spelled out once in the heading (long labels collide).
@@ -317,11 +392,13 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
     nrows = -(-len(metrics) // ncols)
     fig = Figure(figsize=(ncols * max(4.2, 1.6 * per_metric) + 1, 3.6 * nrows + 1.4), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, sharey=True).ravel()
-    for ax in axes[len(metrics):]:
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
-    parts = (("naive", "naive: vllm/paged ÷ torch/contiguous", "#555555"),
-             ("allocation", "allocation effect: torch/paged ÷ torch/contiguous", "tab:blue"),
-             ("runtime", "runtime effect: vllm/paged ÷ torch/paged", "tab:orange"))
+    parts = (
+        ("naive", "naive: vllm/paged ÷ torch/contiguous", "#555555"),
+        ("allocation", "allocation effect: torch/paged ÷ torch/contiguous", "tab:blue"),
+        ("runtime", "runtime effect: vllm/paged ÷ torch/paged", "tab:orange"),
+    )
     finite = rows[["naive", "allocation", "runtime", "sim_allocation"]].to_numpy(dtype=float)
     finite = finite[np.isfinite(finite) & (finite > 0)]
     lo, hi = min(0.8, finite.min() / 1.4), max(1.25, finite.max() * 1.6)
@@ -335,8 +412,14 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
             ax.bar(xs, np.nan_to_num(vals, nan=1.0) - 1.0, bottom=1.0, width=0.27, color=color, label=label)
             for xx, v in zip(xs, vals):
                 up = not v == v or v >= 1
-                ax.text(xx, (v * (1.05 if up else 0.97)) if v == v else 1.0, "n/a" if v != v else f"{v:.2f}×",
-                        ha="center", va="bottom" if up else "top", fontsize=8)
+                ax.text(
+                    xx,
+                    (v * (1.05 if up else 0.97)) if v == v else 1.0,
+                    "n/a" if v != v else f"{v:.2f}×",
+                    ha="center",
+                    va="bottom" if up else "top",
+                    fontsize=8,
+                )
         sim = sub["sim_allocation"].to_numpy(dtype=float)
         if np.isfinite(sim).any():
             ax.plot(x, sim, "D", color="black", ms=6, label="sim allocation effect (no runtime at all)")
@@ -345,29 +428,44 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
         ax.set_ylim(lo, hi)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
         ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}×" if round(v, 6) in (0.5, 2, 3, 5) else ""))
-        ax.set_xticks(x, [(f"{letters[_decomp_key(r)]}: " if len(groups) > 1 else "")
-                          + f"vs {r['baseline'] or '(no contiguous run)'}" for r in sub.to_dict("records")],
-                      fontsize=8)
+        ax.set_xticks(
+            x,
+            [
+                (f"{letters[_decomp_key(r)]}: " if len(groups) > 1 else "")
+                + f"vs {r['baseline'] or '(no contiguous run)'}"
+                for r in sub.to_dict("records")
+            ],
+            fontsize=8,
+        )
         ax.set_title(METRIC_TITLES.get(metric, metric), fontsize=10)
     for ax in axes[::ncols]:
         ax.set_ylabel("ratio (log scale; 1× = no change)")
     handles, labels = axes[len(metrics) - 1].get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: labels[i].startswith("sim"))  # bars first, the diamond last
-    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncols=2,
-               fontsize=9, frameon=False)
+    fig.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        loc="outside lower center",
+        ncols=2,
+        fontsize=9,
+        frameon=False,
+    )
     heading = "What a naive vLLM-vs-contiguous comparison shows, split into allocation effect × runtime effect"
     if len(groups) == 1:
         heading += f"\nworkload {_decomp_group(groups.iloc[0].to_dict())}; models: {groups.iloc[0]['models']}"
     else:
-        heading += "".join(f"\n{letters[_decomp_key(g)]} = workload {_decomp_group(g)}"
-                           for g in groups.to_dict("records"))
+        heading += "".join(
+            f"\n{letters[_decomp_key(g)]} = workload {_decomp_group(g)}" for g in groups.to_dict("records")
+        )
     fig.suptitle(heading, fontsize=11)
     missing = bool(rows[["naive", "allocation", "runtime"]].isna().to_numpy().any())
-    caption = ("Per workload, KV precision and budget: naive = allocation × runtime exactly. "
-               + ("n/a: the runs for that factor are missing (never estimated). " if missing else "")
-               + "On the run's clock torch and vllm take the same steps, so there the runtime factor is 1; "
-                 "measured throughput carries the runtime effect. Diamonds: the same allocation ratio from the "
-                 "simulator, where no runtime differs.")
+    caption = (
+        "Per workload, KV precision and budget: naive = allocation × runtime exactly. "
+        + ("n/a: the runs for that factor are missing (never estimated). " if missing else "")
+        + "On the run's clock torch and vllm take the same steps, so there the runtime factor is 1; "
+        "measured throughput carries the runtime effect. Diamonds: the same allocation ratio from the "
+        "simulator, where no runtime differs."
+    )
     return Plot(name, title, fig, caption)
 
 
@@ -378,9 +476,11 @@ CURVE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 TICK_CHAR_SHARE = 0.03  # of a ~2.5 in panel's width, one 8 pt character of a tick label
 LATENCY_COLUMN = "normalized_latency_mean_s"
 # Normalized latency (a request's latency ÷ its output tokens) in the units of the run's clock.
-LATENCY_UNITS = {"roofline": "simulated s per output token\n(roofline clock)",
-                 "profile": "simulated s per output token\n(profile clock)",
-                 "measured": "measured s per output token"}
+LATENCY_UNITS = {
+    "roofline": "simulated s per output token\n(roofline clock)",
+    "profile": "simulated s per output token\n(profile clock)",
+    "measured": "measured s per output token",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,16 +500,25 @@ def _curve_panels(lines: list[pd.DataFrame]) -> list[CurvePanel]:
     clocks = sorted({str(c) for line in lines for c in line["clock"]})
     timed = [c for c in clocks if c != "steps"]
     runners = {r for line in lines for r in line["runner"]}
-    panels = [CurvePanel("mean_running", "mean running requests", "requests in the batch\n(time-weighted mean)"),
-              CurvePanel("token_states_frac", "token states, % of KV budget",
-                         "% of KV budget holding token states\n(time-weighted mean)", scale=100.0)]
-    if any(LATENCY_COLUMN in line and line.loc[line["clock"].isin(timed), LATENCY_COLUMN].notna().any()
-           for line in lines):
-        unit = LATENCY_UNITS.get(timed[0], "s per output token") if len(timed) == 1 else \
-            "s per output token (several clocks)"
+    panels = [
+        CurvePanel("mean_running", "mean running requests", "requests in the batch\n(time-weighted mean)"),
+        CurvePanel(
+            "token_states_frac",
+            "token states, % of KV budget",
+            "% of KV budget holding token states\n(time-weighted mean)",
+            scale=100.0,
+        ),
+    ]
+    if any(
+        LATENCY_COLUMN in line and line.loc[line["clock"].isin(timed), LATENCY_COLUMN].notna().any() for line in lines
+    ):
+        unit = (
+            LATENCY_UNITS.get(timed[0], "s per output token")
+            if len(timed) == 1
+            else "s per output token (several clocks)"
+        )
         panels.append(CurvePanel(LATENCY_COLUMN, "normalized latency (mean)", unit, clocks=tuple(timed)))
-    panels.append(CurvePanel("tokens_per_s", "throughput",
-                             _wrap(throughput_note(set(clocks), runners), 38)))
+    panels.append(CurvePanel("tokens_per_s", "throughput", _wrap(throughput_note(set(clocks), runners), 38)))
     return panels
 
 
@@ -450,8 +559,14 @@ def _log_minor_label(value: float, _: object) -> str:
     return f"{value:g}" if lead in (2, 5) else ""
 
 
-def _curve_panel(ax: Axes, panel: CurvePanel, axis: figdata.SweptAxis, lines: list[pd.DataFrame],
-                 markers: list[str], bounds: Sequence[float] = ()) -> None:
+def _curve_panel(
+    ax: Axes,
+    panel: CurvePanel,
+    axis: figdata.SweptAxis,
+    lines: list[pd.DataFrame],
+    markers: list[str],
+    bounds: Sequence[float] = (),
+) -> None:
     drawn: list[float] = []
     for line, marker in zip(lines, markers):
         if panel.column not in line:
@@ -462,15 +577,30 @@ def _curve_panel(ax: Axes, panel: CurvePanel, axis: figdata.SweptAxis, lines: li
         if not keep.any():
             continue
         r0 = line.iloc[0]
-        ax.plot(sel[axis.column].to_numpy(dtype=float)[keep], ys[keep], color=_color(str(r0["policy"])),
-                ls=RUNNER_STYLES.get(str(r0["runner"]), "-"), marker=marker, ms=5, lw=1.5)
+        ax.plot(
+            sel[axis.column].to_numpy(dtype=float)[keep],
+            ys[keep],
+            color=_color(str(r0["policy"])),
+            ls=RUNNER_STYLES.get(str(r0["runner"]), "-"),
+            marker=marker,
+            ms=5,
+            lw=1.5,
+        )
         drawn += list(ys[keep])
     ax.set_title(panel.title, fontsize=10)
     ax.set_ylabel(panel.ylabel, fontsize=8)
     _curve_x(ax, axis)
     if not drawn:
-        ax.text(0.5, 0.5, "no values for these runs", transform=ax.transAxes, ha="center", va="center", fontsize=9,
-                color="#777")
+        ax.text(
+            0.5,
+            0.5,
+            "no values for these runs",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="#777",
+        )
         ax.set_yticks([])
         return
     positive = [v for v in drawn if v > 0]
@@ -490,9 +620,19 @@ def _curve_panel(ax: Axes, panel: CurvePanel, axis: figdata.SweptAxis, lines: li
     if panel.column == LATENCY_COLUMN:
         for bound in bounds:  # the suite's SLO: where each line's capacity is read
             ax.axhline(bound, color="#555", ls="--", lw=1)
-            ax.annotate(f"SLO {bound:g}", (0.98, bound), xycoords=("axes fraction", "data"), xytext=(0, 3),
-                        textcoords="offset points", fontsize=8, color="#333", ha="right", va="bottom",
-                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0}, zorder=5)
+            ax.annotate(
+                f"SLO {bound:g}",
+                (0.98, bound),
+                xycoords=("axes fraction", "data"),
+                xytext=(0, 3),
+                textcoords="offset points",
+                fontsize=8,
+                color="#333",
+                ha="right",
+                va="bottom",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1.0},
+                zorder=5,
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -536,30 +676,48 @@ def _curve_legend(fig: Figure, rows: list[CurveRow], markers: dict[str, str]) ->
     fig.legend(handles, labels, loc="outside lower center", ncols=ncols, fontsize=9, frameon=False)
 
 
-def _curve_note(rows: list[CurveRow], skipped: list[figdata.SweptAxis], panels: list[CurvePanel],
-                bounds: Sequence[float] = ()) -> str:
+def _curve_note(
+    rows: list[CurveRow], skipped: list[figdata.SweptAxis], panels: list[CurvePanel], bounds: Sequence[float] = ()
+) -> str:
     parts = []
     for row in rows:
         axis, shown = row.axis, row.shown
         vs = axis.values
         span = f"{axis.tick_label(vs[0])}–{axis.tick_label(vs[-1])}" + ("" if axis.unit == "bytes" else f" {axis.unit}")
-        left = (f"; {shown.left_lines} more line(s) of {shown.left_contexts} other workload(s) or setting(s) are "
-                "in the tables only" if shown.left_lines else "")
+        left = (
+            f"; {shown.left_lines} more line(s) of {shown.left_contexts} other workload(s) or setting(s) are "
+            "in the tables only"
+            if shown.left_lines
+            else ""
+        )
         parts.append(f"against {axis.label}, {len(shown.lines)} line(s) over {len(vs)} values ({span}){left}")
     marked = any(c for row in rows for c in row.contexts)
-    note = ("Colour: policy; line style: runner"
-            + ("; marker: the workload or setting that differs between lines of one policy" if marked else "")
-            + ". Everything but the swept axis is held fixed along a line; markers at the measured cells (medians "
-              "over repetitions). Drawn: " + "; ".join(parts) + ".")
-    blocks = sorted({int(b) for row in rows if row.axis.column != "block_size" for line in row.shown.lines
-                     if not is_contiguous(str(line["policy"].iloc[0])) for b in line["block_size"]})
+    note = (
+        "Colour: policy; line style: runner"
+        + ("; marker: the workload or setting that differs between lines of one policy" if marked else "")
+        + ". Everything but the swept axis is held fixed along a line; markers at the measured cells (medians "
+        "over repetitions). Drawn: " + "; ".join(parts) + "."
+    )
+    blocks = sorted(
+        {
+            int(b)
+            for row in rows
+            if row.axis.column != "block_size"
+            for line in row.shown.lines
+            if not is_contiguous(str(line["policy"].iloc[0]))
+            for b in line["block_size"]
+        }
+    )
     if blocks:
-        note += (f" Paged policies are drawn at block size {', '.join(map(str, blocks))} (the one nearest "
-                 f"{figdata.PREFERRED_BLOCK} of each)"
-                 + (" except against block size." if any(r.axis.column == "block_size" for r in rows) else "."))
+        note += (
+            f" Paged policies are drawn at block size {', '.join(map(str, blocks))} (the one nearest "
+            f"{figdata.PREFERRED_BLOCK} of each)"
+            + (" except against block size." if any(r.axis.column == "block_size" for r in rows) else ".")
+        )
     if skipped:
-        note += (f" Also swept but not drawn (at most {MAX_CURVE_AXES} axes): "
-                 + ", ".join(a.label for a in skipped) + ".")
+        note += (
+            f" Also swept but not drawn (at most {MAX_CURVE_AXES} axes): " + ", ".join(a.label for a in skipped) + "."
+        )
     latency = any(p.column == LATENCY_COLUMN for p in panels)
     if not latency:
         note += " Normalized latency is not drawn: no cell here has it on a clock in seconds."
@@ -577,9 +735,14 @@ def swept_curves(cells: pd.DataFrame, slo_bounds: Sequence[float] = ()) -> Plot:
     name, title = "8-swept-curves", "Metrics against each swept axis"
     found = figdata.swept_axes(cells) if len(cells) else []
     if not found:
-        return Plot(name, title, None, "no numeric axis swept: no request rate, KV budget, max_model_len, paged block "
-                                       f"size or page size was run at {figdata.MIN_CURVE_POINTS} or more values with "
-                                       "everything else fixed")
+        return Plot(
+            name,
+            title,
+            None,
+            "no numeric axis swept: no request rate, KV budget, max_model_len, paged block "
+            f"size or page size was run at {figdata.MIN_CURVE_POINTS} or more values with "
+            "everything else fixed",
+        )
     rows = _curve_rows(cells, found[:MAX_CURVE_AXES])
     panels = _curve_panels([line for row in rows for line in row.shown.lines])
     # One marker per context across the figure, so a workload keeps its marker from row to row.
@@ -588,28 +751,49 @@ def swept_curves(cells: pd.DataFrame, slo_bounds: Sequence[float] = ()) -> Plot:
     if "" in markers:
         markers[""] = "o"
     n_entries = len({s for row in rows for s in row.series}) + len(contexts)
-    fig = Figure(figsize=(min(13.0, 3.2 * len(panels) + 0.6), 0.7 + 3.2 * len(rows) + 0.22 * -(-n_entries // 3)),
-                 layout="constrained")
+    fig = Figure(
+        figsize=(min(13.0, 3.2 * len(panels) + 0.6), 0.7 + 3.2 * len(rows) + 0.22 * -(-n_entries // 3)),
+        layout="constrained",
+    )
     # A sub-figure per row, so each row can say what its lines hold fixed above its panels.
     subfigs = fig.subfigures(len(rows), 1, squeeze=False)[:, 0]
     for sub, row in zip(subfigs, rows):
         held = figdata.held_fixed(row.shown.lines, row.axis.column)
-        sub.suptitle(_wrap(f"Against {row.axis.label}" + (f" — {held}" if held else ""), 150), x=0.01, ha="left",
-                     fontsize=9, fontweight="bold")
+        sub.suptitle(
+            _wrap(f"Against {row.axis.label}" + (f" — {held}" if held else ""), 150),
+            x=0.01,
+            ha="left",
+            fontsize=9,
+            fontweight="bold",
+        )
         for ax, panel in zip(sub.subplots(1, len(panels), squeeze=False)[0], panels):
             _curve_panel(ax, panel, row.axis, row.shown.lines, [markers[c] for c in row.contexts], slo_bounds)
     _curve_legend(fig, rows, markers)
-    fig.suptitle("Metrics against each swept axis (one row per axis; everything else held fixed along a line)",
-                 fontsize=11)
+    fig.suptitle(
+        "Metrics against each swept axis (one row per axis; everything else held fixed along a line)", fontsize=11
+    )
     return Plot(name, title, fig, _curve_note(rows, found[MAX_CURVE_AXES:], panels, slo_bounds))
 
 
-def all_plots(cells: pd.DataFrame, runs: pd.DataFrame, steps: pd.DataFrame, requests: pd.DataFrame,
-              decomp: pd.DataFrame, slo: pd.DataFrame | None = None) -> list[Plot]:
+def all_plots(
+    cells: pd.DataFrame,
+    runs: pd.DataFrame,
+    steps: pd.DataFrame,
+    requests: pd.DataFrame,
+    decomp: pd.DataFrame,
+    slo: pd.DataFrame | None = None,
+) -> list[Plot]:
     """Every figure of the report, in order (drawn or with the reason it is not)."""
-    return [memory_breakdown(cells), last_block_waste(runs, requests), allocation_over_time(cells, steps),
-            running_requests(cells, steps), rate_sweep(cells), block_size_ablation(cells), decomposition(decomp),
-            swept_curves(cells, _latency_bounds(slo))]
+    return [
+        memory_breakdown(cells),
+        last_block_waste(runs, requests),
+        allocation_over_time(cells, steps),
+        running_requests(cells, steps),
+        rate_sweep(cells),
+        block_size_ablation(cells),
+        decomposition(decomp),
+        swept_curves(cells, _latency_bounds(slo)),
+    ]
 
 
 def _latency_bounds(slo: pd.DataFrame | None) -> list[float]:

@@ -9,21 +9,21 @@ import html
 import io
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 
 from ..harness.errors import storage_error
 from . import display, markdown
+from .contents import ReportTables, report_tables
 from .display import Column
 from .figures import Plot, all_plots
 from .records import load
 from .report_files import MANIFEST, check_replaceable, manifest_bytes, replace_report
-from .contents import ReportTables, report_tables
 
 FIGURE_DPI = 110
-CELL_CLASS = {"text": "text", "id": "text", "note": "note"}  # any other kind is a number
+CELL_CLASS = {"text": "text", "id": "text", "workload": "text", "note": "note"}  # any other kind is a number
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em; color: #222; }
@@ -58,7 +58,9 @@ def table(columns: Sequence[Column], frame: pd.DataFrame) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for _, h, _ in columns)
     body = []
     for row in display.rows(columns, frame):
-        tds = "".join(f'<td class="{CELL_CLASS.get(kind, "num")}">{_e(v)}</td>' for v, (_, _, kind) in zip(row, columns))
+        tds = "".join(
+            f'<td class="{CELL_CLASS.get(kind, "num")}">{_e(v)}</td>' for v, (_, _, kind) in zip(row, columns)
+        )
         body.append(f"<tr>{tds}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -73,24 +75,38 @@ def png_bytes(plot: Plot) -> bytes:
 def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs: dict[str, bytes]) -> str:
     cells, runners = tables.cells, set(runs["runner"])
     suites = ", ".join(sorted({str(s) for s in runs["suite"].dropna()})) or "?"
-    parts = [f"<h1>kvbench report: {_e(suites)}</h1>",
-             f'<p class="meta">{len(runs)} run(s) of {len(cells)} cell(s) in {cells["group"].nunique() if len(cells) else 0} '
-             f"comparison group(s); runners: {_e(', '.join(sorted(runners)))}. {_e(markdown.provenance(runs))}.</p>"]
+    parts = [
+        f"<h1>kvbench report: {_e(suites)}</h1>",
+        f'<p class="meta">{len(runs)} run(s) of {len(cells)} cell(s) in '
+        f"{cells['group'].nunique() if len(cells) else 0} "
+        f"comparison group(s); runners: {_e(', '.join(sorted(runners)))}. {_e(markdown.provenance(runs))}.</p>",
+    ]
     parts += [f'<p class="warning">⚠ Warning: {_e(w)}</p>' for w in tables.warnings]
     base = tables.baseline
-    parts.append(f"<p>{_e(display.GROUPS_NOTE)} "
-                 + (f"Ratios (×) are to <b>{_e(base)}</b> of the same runner in the same group." if base
-                    else _e(display.NO_BASELINE)) + "</p>")
+    parts.append(
+        f"<p>{_e(display.GROUPS_NOTE)} "
+        + (
+            f"Ratios (×) are to <b>{_e(base)}</b> of the same runner in the same group."
+            if base
+            else _e(display.NO_BASELINE)
+        )
+        + "</p>"
+    )
     for g, sub in cells.groupby("group", sort=True):
         parts.append(f"<h2>Group {g + 1}: {_e(sub['group_label'].iloc[0])}</h2>")
         parts.append(table(display.cell_columns(sub, runners), sub))
-        parts += [f'<p class="error">{_e(display.failure(r))}</p>'
-                  for r in sub.to_dict("records") if r["status"] != "ok" and r["error"]]
+        parts += [
+            f'<p class="error">{_e(display.failure(r))}</p>'
+            for r in sub.to_dict("records")
+            if r["status"] != "ok" and r["error"]
+        ]
     if len(tables.geomean) and cells["group"].nunique() > 1:
         parts.append(f"<h2>Across all groups: geometric mean of the ratios to {_e(base)}</h2>")
         parts.append(table(display.visible(display.GEOMEAN_COLUMNS, tables.geomean, runners), tables.geomean))
-        parts.append("<p>The geometric mean, not the arithmetic mean: 2× in one group and 0.5× in another average "
-                     "to 1×. <i>groups</i> counts the groups where the ratio exists.</p>")
+        parts.append(
+            "<p>The geometric mean, not the arithmetic mean: 2× in one group and 0.5× in another average "
+            "to 1×. <i>groups</i> counts the groups where the ratio exists.</p>"
+        )
     if len(tables.decomposition):
         d = tables.decomposition
         parts.append("<h2>Decomposition: naive = allocation × runtime</h2>")
@@ -123,17 +139,25 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
     for i, p in enumerate(plots, 1):
         if p.name in pngs:
             data = base64.b64encode(pngs[p.name]).decode("ascii")
-            parts.append(f'<figure id="{_e(p.name)}"><img src="data:image/png;base64,{data}" alt="{_e(p.title)}">'
-                         f"<figcaption><b>Figure {i}. {_e(p.title)}.</b> {_e(p.note)} "
-                         f'(<a href="{_e(p.name)}.png">{_e(p.name)}.png</a>)</figcaption></figure>')
+            parts.append(
+                f'<figure id="{_e(p.name)}"><img src="data:image/png;base64,{data}" alt="{_e(p.title)}">'
+                f"<figcaption><b>Figure {i}. {_e(p.title)}.</b> {_e(p.note)} "
+                f'(<a href="{_e(p.name)}.png">{_e(p.name)}.png</a>)</figcaption></figure>'
+            )
         else:
-            parts.append(f'<p class="skipped" id="{_e(p.name)}">Figure {i}. {_e(p.title)}: not drawn — '
-                         f"{_e(p.note)}.</p>")
-    parts.append("<h2>Column definitions</h2><ul>"
-                 + "".join(f"<li><b>{_e(n)}</b>: {_e(t)}</li>" for n, t in display.GLOSSARY) + "</ul>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>kvbench report: {_e(suites)}</title><style>{STYLE}</style><script>{SCRIPT}</script></head>"
-            f"<body>\n" + "\n".join(parts) + "\n</body></html>\n")
+            parts.append(
+                f'<p class="skipped" id="{_e(p.name)}">Figure {i}. {_e(p.title)}: not drawn — {_e(p.note)}.</p>'
+            )
+    parts.append(
+        "<h2>Column definitions</h2><ul>"
+        + "".join(f"<li><b>{_e(n)}</b>: {_e(t)}</li>" for n, t in display.GLOSSARY)
+        + "</ul>"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>kvbench report: {_e(suites)}</title><style>{STYLE}</style><script>{SCRIPT}</script></head>"
+        f"<body>\n" + "\n".join(parts) + "\n</body></html>\n"
+    )
 
 
 def write_report(out: Path) -> Path:

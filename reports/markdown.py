@@ -6,19 +6,21 @@ file name (a job summary cannot show local images) with why any was not drawn.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
 from . import display
+from .contents import ReportTables
 from .display import Column
 from .figures import Plot
-from .contents import ReportTables
 
 
 def table(columns: Sequence[Column], frame: pd.DataFrame) -> list[str]:
     head = "| " + " | ".join(h for _, h, _ in columns) + " |"
-    align = "|" + "|".join("---" if kind in ("text", "id", "note") else "---:" for _, _, kind in columns) + "|"
+    align = (
+        "|" + "|".join("---" if kind in ("text", "id", "workload", "note") else "---:" for _, _, kind in columns) + "|"
+    )
     body = ["| " + " | ".join(v.replace("|", "\\|") for v in row) + " |" for row in display.rows(columns, frame)]
     return [head, align, *body]
 
@@ -33,11 +35,15 @@ def provenance(runs: pd.DataFrame) -> str:
         vals = sorted({str(v)[:short] if short else str(v) for v in runs[col].dropna()}) if col in runs else []
         return ", ".join(vals) or "?"
 
-    dirty = " (uncommitted changes)" if "git_dirty" in runs and runs["git_dirty"].fillna(False).astype(bool).any() else ""
+    dirty = (
+        " (uncommitted changes)" if "git_dirty" in runs and runs["git_dirty"].fillna(False).astype(bool).any() else ""
+    )
     # The code digest only where recorded: rows from before it was say nothing new by "?".
     code = f" · code {values('code_digest')}" if "code_digest" in runs and runs["code_digest"].notna().any() else ""
-    return (f"git {values('git_sha', 10)}{dirty} · kvbench {values('kvbench_version')}{code} · "
-            f"host {values('host')} · python {values('python_version')}")
+    return (
+        f"git {values('git_sha', 10)}{dirty} · kvbench {values('kvbench_version')}{code} · "
+        f"host {values('host')} · python {values('python_version')}"
+    )
 
 
 def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ()) -> str:
@@ -45,14 +51,22 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     runners = set(runs["runner"])
     suites = ", ".join(sorted({str(s) for s in runs["suite"].dropna()})) or "?"
     n_groups = cells["group"].nunique() if len(cells) else 0
-    out = [f"# kvbench report: {suites}", "",
-           f"{len(runs)} run(s) of {len(cells)} cell(s) in {n_groups} comparison group(s); "
-           f"runners: {', '.join(sorted(runners))}. {provenance(runs)}.", ""]
+    out = [
+        f"# kvbench report: {suites}",
+        "",
+        f"{len(runs)} run(s) of {len(cells)} cell(s) in {n_groups} comparison group(s); "
+        f"runners: {', '.join(sorted(runners))}. {provenance(runs)}.",
+        "",
+    ]
     for w in tables.warnings:
         out += warning(w)
     base = tables.baseline
-    out += [display.GROUPS_NOTE + " " + (f"Ratios (×) are to **{base}** of the same runner in the same group."
-                                         if base else display.NO_BASELINE), ""]
+    out += [
+        display.GROUPS_NOTE
+        + " "
+        + (f"Ratios (×) are to **{base}** of the same runner in the same group." if base else display.NO_BASELINE),
+        "",
+    ]
     for g, sub in cells.groupby("group", sort=True):
         out += [f"## Group {g + 1}: {sub['group_label'].iloc[0]}", ""]
         out += table(display.cell_columns(sub, runners), sub)
@@ -61,8 +75,12 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     if len(tables.geomean) and n_groups > 1:
         out += [f"## Across all {n_groups} groups: geometric mean of the ratios to {base}", ""]
         out += table(display.visible(display.GEOMEAN_COLUMNS, tables.geomean, runners), tables.geomean)
-        out += ["", "The geometric mean, not the arithmetic mean: 2× in one group and 0.5× in another average to 1×. "
-                "`groups` counts the groups where the ratio exists.", ""]
+        out += [
+            "",
+            "The geometric mean, not the arithmetic mean: 2× in one group and 0.5× in another average to 1×. "
+            "`groups` counts the groups where the ratio exists.",
+            "",
+        ]
     decomp = tables.decomposition
     if len(decomp):
         out += ["## Decomposition: naive = allocation × runtime", "", display.DECOMP_NOTE, ""]
@@ -90,8 +108,9 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     if plots:
         out += ["## Figures", "", "In `report/` next to this file (open `index.html`):", ""]
         for p in plots:
-            out.append(f"- `{p.name}.png` — {p.title}" if p.figure is not None
-                       else f"- {p.title}: not drawn — {p.note}")
+            out.append(
+                f"- `{p.name}.png` — {p.title}" if p.figure is not None else f"- {p.title}: not drawn — {p.note}"
+            )
         out.append("")
     out += ["<details><summary>Column definitions</summary>", ""]
     out += [f"- **{name}**: {text}" for name, text in display.GLOSSARY]

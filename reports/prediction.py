@@ -36,10 +36,10 @@ import json
 import numpy as np
 import pandas as pd
 
+from ..harness.errors import KvbenchError
 from ..harness.spec import identity
 from ..harness.spec.capabilities import MEASURING_RUNNERS
 from ..harness.spec.clock_profile import parse_profile
-from ..harness.errors import KvbenchError
 from .calibration import DISTURBED_RATIO, DISTURBED_WARN, FEATURES, disturbed_share, error_stats, predict
 from .records import with_keys
 
@@ -55,9 +55,15 @@ def _with_pair_key(runs: pd.DataFrame) -> pd.DataFrame:
     keyed = with_keys(runs)
     work = [c for c in identity.WORK_COLUMNS if c != "scheduler"]
     runs = runs.copy()
-    runs[PAIR_KEY] = [identity.canonical_json({**{c: str(r[c]) for c in work},  # equality is all a key needs
-                                               "scheduling": identity.scheduling_part(json.loads(r["scheduler"]))})
-                      for r in keyed.to_dict("records")]
+    runs[PAIR_KEY] = [
+        identity.canonical_json(
+            {
+                **{c: str(r[c]) for c in work},  # equality is all a key needs
+                "scheduling": identity.scheduling_part(json.loads(r["scheduler"])),
+            }
+        )
+        for r in keyed.to_dict("records")
+    ]
     return runs
 
 
@@ -74,8 +80,11 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     # sim is deterministic: its repeats of one work on one profile are one prediction, set beside
     # every engine repeat once (a suite repeats its engine cells to measure them, and sim's with them).
-    sims = _with_pair_key(sims).sort_values("repeat", kind="stable").drop_duplicates(
-        [PAIR_KEY, *PAIR_CELL, "clock_profile"])
+    sims = (
+        _with_pair_key(sims)
+        .sort_values("repeat", kind="stable")
+        .drop_duplicates([PAIR_KEY, *PAIR_CELL, "clock_profile"])
+    )
     engines = _with_pair_key(engines)
     pairs = sims.merge(engines, on=[PAIR_KEY, *PAIR_CELL], suffixes=("_sim", "_eng"))
     rows = []
@@ -89,12 +98,17 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             per_step = error_stats(priced, measured)
             disturbed = disturbed_share(priced, measured)
         row = {
-            "workload": r.get("workload_sim", r["workload_id_sim"]), "policy": r["policy"],
-            "engine": r["runner_eng"], "repeat": r.get("repeat_eng"),
-            "run_id_sim": r["run_id_sim"], "run_id_eng": r["run_id_eng"],
-            "measured_total_s": r["sim_time_s_eng"], "predicted_total_s": r["sim_time_s_sim"],
+            "workload": r.get("workload_sim", r["workload_id_sim"]),
+            "policy": r["policy"],
+            "engine": r["runner_eng"],
+            "repeat": r.get("repeat_eng"),
+            "run_id_sim": r["run_id_sim"],
+            "run_id_eng": r["run_id_eng"],
+            "measured_total_s": r["sim_time_s_eng"],
+            "predicted_total_s": r["sim_time_s_sim"],
             "total_err": _rel(r["sim_time_s_sim"], r["sim_time_s_eng"]),
-            "steps_measured": r["steps_eng"], "steps_predicted": r["steps_sim"],
+            "steps_measured": r["steps_eng"],
+            "steps_predicted": r["steps_sim"],
             "step_median_err": per_step.median_abs if per_step else float("nan"),
             "step_sum_err": per_step.total if per_step else float("nan"),
             "disturbed_frac": disturbed,
@@ -105,7 +119,9 @@ def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             row[f"{key}_predicted"] = r.get(f"{key}_sim")
             row[f"{key}_err"] = _rel(r.get(f"{key}_sim", float("nan")), r.get(f"{key}_eng", float("nan")))
         rows.append(row)
-    return pd.DataFrame(rows).sort_values(["workload", "policy", "engine", "repeat"], kind="stable").reset_index(drop=True)
+    return (
+        pd.DataFrame(rows).sort_values(["workload", "policy", "engine", "repeat"], kind="stable").reset_index(drop=True)
+    )
 
 
 def prediction_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -118,14 +134,21 @@ def prediction_summary(table: pd.DataFrame) -> pd.DataFrame:
     for (workload, policy, engine), g in table.groupby(["workload", "policy", "engine"], sort=True):
         measured = g["measured_total_s"].astype(float)
         predicted = float(g["predicted_total_s"].iloc[0])
-        row = {"workload": workload, "policy": policy, "engine": engine, "repeats": len(g),
-               "measured_total_s": float(measured.median()), "measured_min_s": float(measured.min()),
-               "measured_max_s": float(measured.max()), "predicted_total_s": predicted,
-               "total_err": _rel(predicted, float(measured.median())),
-               "step_median_err": float(g["step_median_err"].median()),
-               "step_p90_err": float(g["step_p90_err"].median()),
-               "step_sum_err": float(g["step_sum_err"].median()),
-               "disturbed_frac": float(g["disturbed_frac"].max())}
+        row = {
+            "workload": workload,
+            "policy": policy,
+            "engine": engine,
+            "repeats": len(g),
+            "measured_total_s": float(measured.median()),
+            "measured_min_s": float(measured.min()),
+            "measured_max_s": float(measured.max()),
+            "predicted_total_s": predicted,
+            "total_err": _rel(predicted, float(measured.median())),
+            "step_median_err": float(g["step_median_err"].median()),
+            "step_p90_err": float(g["step_p90_err"].median()),
+            "step_sum_err": float(g["step_sum_err"].median()),
+            "disturbed_frac": float(g["disturbed_frac"].max()),
+        }
         for key in LATENCY_PAIRS:
             m = pd.to_numeric(g[f"{key}_measured"], errors="coerce").median()
             row[f"{key}_err"] = _rel(float(g[f"{key}_predicted"].iloc[0]), float(m))
@@ -142,10 +165,12 @@ def disturbed_warning(summary: pd.DataFrame) -> str | None:
     bad = summary[summary["disturbed_frac"] > DISTURBED_WARN]
     if bad.empty:
         return None
-    return (f"predicted vs measured: {len(bad)} workload(s) had an engine run with over {DISTURBED_WARN:.0%} of "
-            f"its steps at more than {DISTURBED_RATIO:g}x their price (up to {bad['disturbed_frac'].max():.1%}): "
-            f"another process was probably using the cores, so those measured "
-            f"times and their errors are not the engine's alone")
+    return (
+        f"predicted vs measured: {len(bad)} workload(s) had an engine run with over {DISTURBED_WARN:.0%} of "
+        f"its steps at more than {DISTURBED_RATIO:g}x their price (up to {bad['disturbed_frac'].max():.1%}): "
+        f"another process was probably using the cores, so those measured "
+        f"times and their errors are not the engine's alone"
+    )
 
 
 DRIFT_KEY: tuple[str, ...] = ("workload", "policy", "engine")
@@ -166,19 +191,22 @@ def prediction_drift(table: pd.DataFrame) -> Drift:
     """The step-sum errors of ``prediction_table`` split into a phase per round (what the machine
     did) and an offset per workload (what the model does); see the module's docstring. Rows
     without a per-step error (no profile, no measured steps) take no part."""
-    empty = Drift(pd.DataFrame(columns=["repeat", "workloads", "phase"]),
-                  pd.DataFrame(columns=[*DRIFT_KEY, "rounds", "step_sum_err", "offset"]))
+    empty = Drift(
+        pd.DataFrame(columns=["repeat", "workloads", "phase"]),
+        pd.DataFrame(columns=[*DRIFT_KEY, "rounds", "step_sum_err", "offset"]),
+    )
     t = table.dropna(subset=["step_sum_err"]) if "step_sum_err" in table else table
     if t.empty:
         return empty
     t = t.assign(repeat=t["repeat"].fillna(-1).astype(int))
-    rounds = (t.groupby("repeat", sort=True)["step_sum_err"].agg(workloads="size", phase="median")
-              .reset_index())
+    rounds = t.groupby("repeat", sort=True)["step_sum_err"].agg(workloads="size", phase="median").reset_index()
     t = t.merge(rounds[["repeat", "phase"]], on="repeat")
     t = t.assign(offset=t["step_sum_err"] - t["phase"])
-    workloads = (t.groupby(list(DRIFT_KEY), sort=True)
-                 .agg(rounds=("repeat", "size"), step_sum_err=("step_sum_err", "median"), offset=("offset", "median"))
-                 .reset_index())
+    workloads = (
+        t.groupby(list(DRIFT_KEY), sort=True)
+        .agg(rounds=("repeat", "size"), step_sum_err=("step_sum_err", "median"), offset=("offset", "median"))
+        .reset_index()
+    )
     return Drift(rounds, workloads)
 
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
+from ..harness.errors import KvbenchError
+from ..harness.records.reference import PAPER_SPLIT
 from ..harness.spec import identity
 from ..harness.spec.capabilities import is_contiguous
-from ..harness.records.reference import PAPER_SPLIT
-from ..harness.errors import KvbenchError
 from ..harness.spec.units import format_bytes
 
 # What a comparison holds fixed, and what varies inside it: harness.spec.identity says it once
@@ -76,6 +77,7 @@ def read_reference(path: Path) -> tuple[pd.DataFrame | None, str | None]:
 
 
 # -- keys ------------------------------------------------------------------------
+
 
 def parse_spec(spec_json: Any) -> dict[str, Any]:
     if not isinstance(spec_json, str) or not spec_json:
@@ -154,8 +156,11 @@ def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
             runs[col] = None
     # The arena as identity sees it: "buddy" for a buddy-placed contiguous run, None for first-fit
     # (the default, and what rows from before the column mean) and for the other policies.
-    runs["arena"] = pd.Series([identity.key_value("arena", str(r.get("runner")), str(r.get("policy")), r.get("arena"))
-                               for r in rows], index=runs.index, dtype=object)
+    runs["arena"] = pd.Series(
+        [identity.key_value("arena", str(r.get("runner")), str(r.get("policy")), r.get("arena")) for r in rows],
+        index=runs.index,
+        dtype=object,
+    )
     runs["family"] = [workload_family(r) for r in rows]
     runs["workload"] = [workload_label(r) for r in rows]
     runs["family_label"] = [workload_label(r, rate=False) for r in rows]
@@ -170,8 +175,9 @@ def paper_split(runs: pd.DataFrame) -> dict[str, pd.Series]:
     if "internal_frag_frac" not in runs or "external_frag_frac" not in runs:
         return {}
     rounding = pd.to_numeric(runs["rounding_frac"], errors="coerce").fillna(0.0) if "rounding_frac" in runs else 0.0
-    return {name: pd.to_numeric(runs[base], errors="coerce") + sign * rounding
-            for name, (base, sign) in PAPER_SPLIT.items()}
+    return {
+        name: pd.to_numeric(runs[base], errors="coerce") + sign * rounding for name, (base, sign) in PAPER_SPLIT.items()
+    }
 
 
 def _plain(value: Any) -> Any:
@@ -205,15 +211,26 @@ def code_note(digests: Iterable[Any]) -> str | None:
     counts = code_versions(digests)
     if len(counts) <= 1:
         return None
-    return (f"these runs come from {len(counts)} versions of kvbench's code ({describe_versions(counts)}); "
-            "numbers set side by side may differ because the code did (`kvbench run` re-runs such cells "
-            "unless --keep-stale)")
+    return (
+        f"these runs come from {len(counts)} versions of kvbench's code ({describe_versions(counts)}); "
+        "numbers set side by side may differ because the code did (`kvbench run` re-runs such cells "
+        "unless --keep-stale)"
+    )
 
 
 # -- labels ----------------------------------------------------------------------
 
+
 def _num(x: Any) -> str:
     return f"{x:g}" if isinstance(x, (int, float)) else str(x)
+
+
+def workload_tag(row: Mapping[str, Any]) -> str:
+    """A workload as the suite names it, with the start of its content id: 'sharegpt (14df3e48)';
+    the id alone for a suite's one unnamed [workload] (or records without names)."""
+    wid = str(row.get("workload_id") or "")[:8]
+    name = row.get("workload_name")
+    return f"{name} ({wid})" if isinstance(name, str) and name else wid
 
 
 def workload_label(row: Mapping[str, Any], rate: bool = True) -> str:
@@ -224,8 +241,10 @@ def workload_label(row: Mapping[str, Any], rate: bool = True) -> str:
     if source == "fixed":
         lengths = f"prompt {wl.get('prompt_len')} / output {wl.get('output_len')}"
     elif source == "uniform":
-        lengths = (f"prompt {wl.get('prompt_min')}–{wl.get('prompt_max')} / "
-                   f"output {wl.get('output_min')}–{wl.get('output_max')}")
+        lengths = (
+            f"prompt {wl.get('prompt_min')}–{wl.get('prompt_max')} / "
+            f"output {wl.get('output_min')}–{wl.get('output_max')}"
+        )
     elif source == "lognormal":
         lengths = f"mean prompt {_num(wl.get('prompt_mean'))} / output {_num(wl.get('output_mean'))}"
     else:
@@ -242,7 +261,7 @@ def workload_label(row: Mapping[str, Any], rate: bool = True) -> str:
         count = f"{int(n)} req" if isinstance(n, (int, float)) and n == n else ""
     parts = [source + (f" {lengths}" if lengths else ""), count, arrival]
     text = ", ".join(p for p in parts if p)
-    return text + f" [{str(row.get('workload_id') or '')[:8]}]" if rate else text
+    return text + f" [{workload_tag(row)}]" if rate else text
 
 
 def cell_label(row: Mapping[str, Any], with_runner: bool = True) -> str:
@@ -260,12 +279,16 @@ def group_label(row: Mapping[str, Any]) -> str:
     positions = row.get("budget_positions")
     sched = json.loads(row["scheduler"]) if isinstance(row.get("scheduler"), str) else {}
     clock = sched.get("clock") or row.get("clock")
-    text = (f"{row.get('model')}, KV {row.get('kv_dtype')}, budget {format_bytes(budget) if budget is not None else '?'}"
-            + (f" ({int(positions):,} positions)" if positions == positions and positions is not None else "")
-            + f", max_model_len {row.get('max_model_len')}, workload {row.get('workload')}")
-    extras = [f"max_num_seqs {sched['max_num_seqs']}" if "max_num_seqs" in sched else "",
-              f"max_num_batched_tokens {sched['max_num_batched_tokens']}" if "max_num_batched_tokens" in sched else "",
-              f"clock {clock}" if clock else ""]
+    text = (
+        f"{row.get('model')}, KV {row.get('kv_dtype')}, budget {format_bytes(budget) if budget is not None else '?'}"
+        + (f" ({int(positions):,} positions)" if positions == positions and positions is not None else "")
+        + f", max_model_len {row.get('max_model_len')}, workload {row.get('workload')}"
+    )
+    extras = [
+        f"max_num_seqs {sched['max_num_seqs']}" if "max_num_seqs" in sched else "",
+        f"max_num_batched_tokens {sched['max_num_batched_tokens']}" if "max_num_batched_tokens" in sched else "",
+        f"clock {clock}" if clock else "",
+    ]
     return text + "; " + ", ".join(e for e in extras if e)
 
 

@@ -14,8 +14,8 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..harness.errors import KvbenchError
 from ..harness.records.safe_paths import own_folder
@@ -68,8 +68,10 @@ def check_replaceable(folder: Path) -> None:
         raise KvbenchError(f"{folder}: cannot list ({exc.strerror or exc})") from None
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise KvbenchError(f"{folder}: holds files kvbench did not write or that changed since ({shown}); "
-                           f"the report replaces this folder whole: move them away, or use --no-report")
+        raise KvbenchError(
+            f"{folder}: holds files kvbench did not write or that changed since ({shown}); "
+            f"the report replaces this folder whole: move them away, or use --no-report"
+        )
 
 
 def replace_report(tmp: Path, dest: Path) -> None:

@@ -16,31 +16,62 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from ..harness.spec import identity
 from ..harness.records.reference import SWEEP_METRICS
+from ..harness.spec import identity
 from .records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
 
 # Per-cell metrics the summary keeps (medians over ok repetitions).
 METRICS: tuple[str, ...] = (
-    "token_states_frac", "reservation_frac", "internal_frag_frac", "external_frag_frac", "free_frac",
-    "mean_running", "peak_running", "preemptions", "tokens_per_s", "wall_tokens_per_s", "mean_step_wall_s",
-    "prefix_hit_rate", "ttft_p50_s", "ttft_p90_s", "latency_p50_s", "latency_p90_s",
-    "tpot_p50_s", "tpot_p90_s", "normalized_latency_mean_s", "normalized_latency_p50_s", "normalized_latency_p90_s",
+    "token_states_frac",
+    "reservation_frac",
+    "internal_frag_frac",
+    "external_frag_frac",
+    "free_frac",
+    "mean_running",
+    "peak_running",
+    "preemptions",
+    "tokens_per_s",
+    "wall_tokens_per_s",
+    "mean_step_wall_s",
+    "prefix_hit_rate",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "latency_p50_s",
+    "latency_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "normalized_latency_mean_s",
+    "normalized_latency_p50_s",
+    "normalized_latency_p90_s",
 )
 # Ratios are taken only of metrics where higher is better and zero is not the norm.
 RATIO_METRICS: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s")
 DEFAULT_BASELINE = "contiguous-max"
 # Policies in the order tables list them: from the most to the least reserved.
-POLICY_ORDER: tuple[str, ...] = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "virtual-contiguous",
-                                 "paged", "paged-prefix")
+POLICY_ORDER: tuple[str, ...] = (
+    "contiguous-max",
+    "contiguous-pow2",
+    "contiguous-oracle",
+    "virtual-contiguous",
+    "paged",
+    "paged-prefix",
+)
 # Groups are listed by model, precision, budget, then workload (a rate sweep in rate order).
-GROUP_ORDER: tuple[str, ...] = ("model", "kv_dtype", "budget_bytes", "max_model_len", "family_label", "rate",
-                                "workload_id", "scheduler")
+GROUP_ORDER: tuple[str, ...] = (
+    "model",
+    "kv_dtype",
+    "budget_bytes",
+    "max_model_len",
+    "family_label",
+    "rate",
+    "workload_id",
+    "scheduler",
+)
 # What must be equal for runs to be "the same work", with the words a sentence uses for each
 # (harness.spec.identity); the model is there because it sets bytes per token, hence positions
 # for the same budget.
@@ -66,9 +97,15 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
         statuses = sorted(set(cell["status"]))
         row = dict(zip(keys, key))
         row.update(
-            workload=first["workload"], family=first["family"], family_label=first["family_label"],
-            rate=first.get("rate"), budget_positions=first.get("budget_positions"), clock=first.get("clock"),
-            suite=first.get("suite"), repeats=len(cell), ok=len(ok),
+            workload=first["workload"],
+            family=first["family"],
+            family_label=first["family_label"],
+            rate=first.get("rate"),
+            budget_positions=first.get("budget_positions"),
+            clock=first.get("clock"),
+            suite=first.get("suite"),
+            repeats=len(cell),
+            ok=len(ok),
             status=statuses[0] if len(statuses) == 1 else "/".join(statuses),
             error=next((e for e in cell["error"] if isinstance(e, str) and e), None),
             run_id=first["run_id"],
@@ -81,8 +118,9 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
     if table.empty:
         return table
     table["_policy_order"] = table["policy"].map(_policy_rank)
-    table = table.sort_values(list(GROUP_ORDER) + ["runner", "_policy_order", "block_size", "device"],
-                              na_position="first")
+    table = table.sort_values(
+        list(GROUP_ORDER) + ["runner", "_policy_order", "block_size", "device"], na_position="first"
+    )
     table = table.drop(columns="_policy_order")
     groups = {k: i for i, k in enumerate(dict.fromkeys(map(tuple, table[list(GROUP_KEYS)].astype(str).values)))}
     table["group"] = [groups[tuple(v)] for v in table[list(GROUP_KEYS)].astype(str).values]
@@ -94,8 +132,9 @@ def _policy_rank(policy: str) -> int:
     return POLICY_ORDER.index(policy) if policy in POLICY_ORDER else len(POLICY_ORDER)
 
 
-def ratios(cells: pd.DataFrame, baseline: str = DEFAULT_BASELINE,
-           metrics: Sequence[str] = RATIO_METRICS) -> pd.DataFrame:
+def ratios(
+    cells: pd.DataFrame, baseline: str = DEFAULT_BASELINE, metrics: Sequence[str] = RATIO_METRICS
+) -> pd.DataFrame:
     """``cells`` (from ``summary``) plus ``<metric>_x``: the cell over the baseline policy of its
     group, runner and device. NaN where that has no ok baseline, or the baseline is 0."""
     out = cells.copy()
@@ -204,25 +243,54 @@ def published_vs_reproduced(reference: pd.DataFrame, runs: pd.DataFrame) -> pd.D
         if isinstance(baseline, str) and baseline:
             base["metric"] = f"{metric} ÷ {baseline}"
         if metric not in runs.columns:
-            rows.append({**base, "runner": None, "workload": None, "run_id": None, "reproduced": math.nan,
-                         "problem": f"{metric!r} is not a runs column"})
+            rows.append(
+                {
+                    **base,
+                    "runner": None,
+                    "workload": None,
+                    "run_id": None,
+                    "reproduced": math.nan,
+                    "problem": f"{metric!r} is not a runs column",
+                }
+            )
             continue
         if match.empty:
-            rows.append({**base, "runner": None, "workload": None, "run_id": None, "reproduced": math.nan,
-                         "problem": "no matching ok run"})
+            rows.append(
+                {
+                    **base,
+                    "runner": None,
+                    "workload": None,
+                    "run_id": None,
+                    "reproduced": math.nan,
+                    "problem": "no matching ok run",
+                }
+            )
             continue
         for r in match.to_dict("records"):
             value = float(pd.to_numeric(pd.Series([r.get(metric)]), errors="coerce").iloc[0])
             problem = None
             if isinstance(baseline, str) and baseline:
-                peers = ok[(ok["suite"] == r["suite"]) & (ok["runner"] == r["runner"])
-                           & (ok["workload_id"] == r["workload_id"]) & (ok["policy"] == baseline)]
+                peers = ok[
+                    (ok["suite"] == r["suite"])
+                    & (ok["runner"] == r["runner"])
+                    & (ok["workload_id"] == r["workload_id"])
+                    & (ok["policy"] == baseline)
+                ]
                 denom = float(pd.to_numeric(peers[metric], errors="coerce").median()) if len(peers) else math.nan
                 if denom == denom and denom != 0:
                     value = value / denom
                 else:
                     value, problem = math.nan, f"no ok {baseline} run on the same workload"
-            rows.append({**base, "runner": r["runner"], "workload": r.get("workload"), "run_id": r["run_id"],
-                         "reproduced": value, "problem": problem})
-    return pd.DataFrame(rows, columns=[*REFERENCE_COLUMNS, "basis", "runner", "workload", "run_id", "reproduced",
-                                       "problem"])
+            rows.append(
+                {
+                    **base,
+                    "runner": r["runner"],
+                    "workload": r.get("workload"),
+                    "run_id": r["run_id"],
+                    "reproduced": value,
+                    "problem": problem,
+                }
+            )
+    return pd.DataFrame(
+        rows, columns=[*REFERENCE_COLUMNS, "basis", "runner", "workload", "run_id", "reproduced", "problem"]
+    )

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-from ..harness.spec.capabilities import RUNNER_NAMES
 from ..harness.errors import KvbenchError
+from ..harness.spec.capabilities import RUNNER_NAMES
 from .base import Runner
 
 RUNNERS: dict[str, str] = {  # module relative to this package : class
@@ -27,12 +27,16 @@ def get_runner(name: str) -> Runner:
     except KeyError:
         raise KvbenchError(f"unknown runner {name!r} (known: {', '.join(RUNNERS)})") from None
     module_name, cls_name = target.split(":")
-    try:
-        module = importlib.import_module(module_name, __name__)
-    except ModuleNotFoundError as exc:
-        if exc.name == f"{__name__}{module_name}":
-            raise KvbenchError(f"runner {name!r} is not built yet") from None
-        raise
+    module = importlib.import_module(module_name, __name__)
     runner = getattr(module, cls_name)()
     assert isinstance(runner, Runner), f"{target} does not implement Runner"
     return runner
+
+
+def availability(name: str) -> str | None:
+    """None when runner ``name`` runs here, else why not: the runner's own reason, or the error
+    that names it unknown. One probe for ``run``, ``doctor`` and each cell."""
+    try:
+        return get_runner(name).unavailable()
+    except KvbenchError as exc:
+        return str(exc)

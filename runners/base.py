@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from ..harness.spec.specs import RunSpec
 from ..workloads.table import Workload
@@ -18,6 +19,7 @@ class Cell:
     workload: Workload
     out: Path
     progress: bool = False  # report progress within the cell on stderr (long single cells)
+    workload_name: str | None = None  # the suite's name for the workload (reports show it; not identity)
 
     @property
     def run_id(self) -> str:

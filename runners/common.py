@@ -9,15 +9,15 @@ import math
 import os
 from pathlib import Path
 
-from ..harness.spec.capabilities import is_contiguous
-from ..harness.spec.clock_model import GPU_PRESETS
-from ..harness.spec.feasibility import Shortfall
-from ..harness.sim.latency import latency_summary
-from ..harness.sim.policies.base import Policy
 from ..harness.records.provenance import provenance
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import REQUESTS
+from ..harness.sim.latency import latency_summary
+from ..harness.sim.policies.base import Policy
 from ..harness.sim.sequence import FINISHED, Seq
+from ..harness.spec.capabilities import is_contiguous
+from ..harness.spec.clock_model import GPU_PRESETS
+from ..harness.spec.feasibility import Shortfall
 from ..harness.spec.specs import RunSpec
 from .base import Cell, RunResult
 
@@ -27,8 +27,10 @@ def expand_seqs(cell: Cell) -> list[Seq]:
     sharing its prompt (as vLLM's front end fans them out)."""
     df = cell.workload.requests
     seqs: list[Seq] = []
-    cols = [df[c].to_numpy().tolist() for c in
-            ("request_id", "prompt_len", "output_len", "arrival_s", "prefix_group", "prefix_len", "n")]
+    cols = [
+        df[c].to_numpy().tolist()
+        for c in ("request_id", "prompt_len", "output_len", "arrival_s", "prefix_group", "prefix_len", "n")
+    ]
     for rid, p, o, a, g, pl, n in zip(*cols):
         for k in range(n):
             seqs.append(Seq(len(seqs), rid, k, p, o, a, g, pl))
@@ -39,22 +41,29 @@ def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
     """The largest need no policy state could ever meet, if any."""
     spec = cell.spec
     if policy.budget_positions < policy.block_size or policy.budget_positions <= 0:
-        return Shortfall(f"one block of {policy.block_size} positions",
-                         f"a block size of at most {max(policy.budget_positions, 0)} positions",
-                         policy.block_size, policy.budget_positions, spec.kv_bytes_per_token,
-                         spec.memory.kv_budget_bytes)
+        return Shortfall(
+            f"one block of {policy.block_size} positions",
+            f"a block size of at most {max(policy.budget_positions, 0)} positions",
+            policy.block_size,
+            policy.budget_positions,
+            spec.kv_bytes_per_token,
+            spec.memory.kv_budget_bytes,
+        )
     usable = (policy.budget_positions // policy.block_size) * policy.block_size
     worst = max(seqs, key=policy.needs_positions)
     need = policy.needs_positions(worst)
     if need > usable:
-        what = (f"{spec.policy}'s reservation for request {worst.request_id} "
-                f"(prompt {worst.prompt_len} + output {worst.output_len})")
+        what = (
+            f"{spec.policy}'s reservation for request {worst.request_id} "
+            f"(prompt {worst.prompt_len} + output {worst.output_len})"
+        )
         if spec.policy == "contiguous-max":
             smaller = f"a max_model_len of at most {usable} (it is {spec.memory.max_model_len})"
         else:
             smaller = f"a smaller workload: requests of at most {usable} tokens"
-        return Shortfall(what, smaller, need, policy.budget_positions, spec.kv_bytes_per_token,
-                         spec.memory.kv_budget_bytes)
+        return Shortfall(
+            what, smaller, need, policy.budget_positions, spec.kv_bytes_per_token, spec.memory.kv_budget_bytes
+        )
     return None
 
 
@@ -85,6 +94,7 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         "max_model_len": spec.memory.max_model_len,
         "model": spec.geometry.name,
         "workload_id": w.workload_id,
+        "workload_name": cell.workload_name,
         "workload_source": spec.workload.source,
         "arrival": spec.workload.arrival,
         "rate": spec.workload.rate,
@@ -96,7 +106,7 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         **clock_columns(spec),
         "repeat": spec.repeat,
         "device": "cpu",
-        "started_at": _dt.datetime.now(_dt.timezone.utc),
+        "started_at": _dt.datetime.now(_dt.UTC),
         "spec_json": spec.to_json(),
         **provenance(),
     }
@@ -109,8 +119,9 @@ def clock_columns(spec: RunSpec) -> dict[str, object]:
         profile = sched.profile()
         return {"clock_detail": profile.describe(), "clock_profile": json.dumps(profile.document, sort_keys=True)}
     if sched.clock == "roofline":
-        scaled = (f"; step time × {sched.roofline_scale:g} (roofline_scale, fitted)" if sched.roofline_scale != 1.0
-                  else "")
+        scaled = (
+            f"; step time × {sched.roofline_scale:g} (roofline_scale, fitted)" if sched.roofline_scale != 1.0 else ""
+        )
         return {"clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}{scaled}", "clock_profile": None}
     if sched.clock == "measured":
         return {"clock_detail": "measured: each step's wall time", "clock_profile": None}
@@ -146,30 +157,33 @@ def rounding_frac(seqs: list[Seq], denominator: float) -> float | None:
     return held / denominator
 
 
-def complete_row(row: dict[str, object], recorder: RunRecorder, seqs: list[Seq], wall_s: float,
-                 sim_time_s: float) -> dict[str, object]:
+def complete_row(
+    row: dict[str, object], recorder: RunRecorder, seqs: list[Seq], wall_s: float, sim_time_s: float
+) -> dict[str, object]:
     summ = recorder.summary
     generated = sum(s.num_output for s in seqs)
     prompt_tokens = sum(s.prompt_len for s in seqs)
     row.update(summ.fractions())
     row["rounding_frac"] = rounding_frac(seqs, summ.time * summ.budget) if is_contiguous(str(row["policy"])) else None
-    row.update({
-        "wall_s": wall_s,
-        "sim_time_s": sim_time_s,
-        "steps": summ.steps,
-        "generated_tokens": generated,
-        "computed_tokens": summ.computed_tokens,
-        "tokens_per_s": generated / sim_time_s if sim_time_s > 0 else None,
-        "computed_tokens_per_wall_s": summ.computed_tokens / wall_s if wall_s > 0 else None,
-        "preemptions": summ.preemptions,
-        "evictions": summ.evictions,
-        "prefix_hit_rate": summ.prefix_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
-        "peak_running": summ.peak_running,
-        "mean_running": summ.w_running / summ.time if summ.time > 0 else None,
-        "peak_kv_bytes_allocated": summ.peak_kv_bytes,
-        "mean_step_wall_s": summ.wall_sum / summ.wall_n if summ.wall_n else None,
-        **latency_summary(seqs),
-    })
+    row.update(
+        {
+            "wall_s": wall_s,
+            "sim_time_s": sim_time_s,
+            "steps": summ.steps,
+            "generated_tokens": generated,
+            "computed_tokens": summ.computed_tokens,
+            "tokens_per_s": generated / sim_time_s if sim_time_s > 0 else None,
+            "computed_tokens_per_wall_s": summ.computed_tokens / wall_s if wall_s > 0 else None,
+            "preemptions": summ.preemptions,
+            "evictions": summ.evictions,
+            "prefix_hit_rate": summ.prefix_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+            "peak_running": summ.peak_running,
+            "mean_running": summ.w_running / summ.time if summ.time > 0 else None,
+            "peak_kv_bytes_allocated": summ.peak_kv_bytes,
+            "mean_step_wall_s": summ.wall_sum / summ.wall_n if summ.wall_n else None,
+            **latency_summary(seqs),
+        }
+    )
     return row
 
 

@@ -23,8 +23,8 @@ import time
 from typing import Protocol
 
 from ..harness.records.recorder import RunRecorder
-from ..harness.sim.scheduler import Arrivals
 from ..harness.records.schema import StepRow
+from ..harness.sim.scheduler import Arrivals
 from ..harness.sim.sequence import FINISHED, Seq
 from .base import Cell, RunResult
 from .common import complete_row, requests_columns
@@ -67,8 +67,9 @@ class Heartbeat:
             self.last = now
             self.shown = True
             finished = sum(s.status == FINISHED for s in self.seqs)  # counted only when shown
-            sys.stderr.write(f"\r\033[K  {self.label}: step {step:,}, {finished:,}/{len(self.seqs):,} "
-                             "sequences finished")
+            sys.stderr.write(
+                f"\r\033[K  {self.label}: step {step:,}, {finished:,}/{len(self.seqs):,} sequences finished"
+            )
             sys.stderr.flush()
 
     def close(self) -> None:
@@ -117,8 +118,9 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
             stall = stall + 1 if step.scheduled_tokens == 0 and not pending else 0
             if stall > max_stall:
                 status = "failed"
-                error = (f"livelock: {stall} steps without progress with {step.waiting} waiting and "
-                         f"{step.running} running")
+                error = (
+                    f"livelock: {stall} steps without progress with {step.waiting} waiting and {step.running} running"
+                )
                 break
     except BaseException:
         recorder.abort()

@@ -24,8 +24,10 @@ class PromptIds:
         self.vocab = cell.spec.geometry.vocab_size
         df = cell.workload.requests
         grouped = df[df["prefix_group"] >= 0]
-        self.groups = {int(g): self._draw([self.seed, 1, int(g)], int(n))
-                       for g, n in grouped.groupby("prefix_group")["prefix_len"].max().items()}
+        self.groups = {
+            int(g): self._draw([self.seed, 1, int(g)], int(n))
+            for g, n in grouped.groupby("prefix_group")["prefix_len"].max().items()
+        }
         self._last: tuple[int, list[int]] | None = None
 
     def _draw(self, key: list[int], size: int) -> list[int]:

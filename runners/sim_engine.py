@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..harness.sim.clock import clock_for
-from ..harness.spec.feasibility import explain
-from ..harness.sim.policies import make_policy
 from ..harness.records.recorder import RunRecorder
-from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.records.schema import StepRow
+from ..harness.sim.clock import clock_for
+from ..harness.sim.policies import make_policy
+from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
+from ..harness.spec.feasibility import explain
 from .base import Cell, RunResult
 from .common import base_row, expand_seqs, shortfall, write_status_only
 from .driver import drive
@@ -58,19 +58,34 @@ class SimEngine:
     def step(self) -> StepRow:
         sched = self.sched
         plan = sched.schedule()
-        (running, waiting, blocks, allocated, used, reserved, internal, external, free,
-         evicted) = sched.measure_values()
+        (running, waiting, blocks, allocated, used, reserved, internal, external, free, evicted) = (
+            sched.measure_values()
+        )
         wall, kv_bytes = self.executor.execute(plan) if self.executor is not None else (None, None)
         done = sched.finish_step(plan, wall)
         work = plan.work
         measured = wall is not None  # the step's work beside its measured time (calibrate's features)
         return StepRow(
-            step=plan.step, t_s=plan.t_s, dt_s=sched.now - plan.t_s, running=running, waiting=waiting,
-            admitted=plan.admitted, finished=len(done), preempted=len(plan.preempted),
-            scheduled_tokens=work.scheduled_tokens, allocated_blocks=blocks, allocated_positions=allocated,
-            used_positions=used, reserved_positions=reserved, internal_frag_positions=internal,
-            external_frag_positions=external, free_positions=free, evicted_blocks=evicted,
-            prefix_hit_tokens=plan.prefix_hit_tokens, kv_bytes_allocated=kv_bytes, step_wall_s=wall,
+            step=plan.step,
+            t_s=plan.t_s,
+            dt_s=sched.now - plan.t_s,
+            running=running,
+            waiting=waiting,
+            admitted=plan.admitted,
+            finished=len(done),
+            preempted=len(plan.preempted),
+            scheduled_tokens=work.scheduled_tokens,
+            allocated_blocks=blocks,
+            allocated_positions=allocated,
+            used_positions=used,
+            reserved_positions=reserved,
+            internal_frag_positions=internal,
+            external_frag_positions=external,
+            free_positions=free,
+            evicted_blocks=evicted,
+            prefix_hit_tokens=plan.prefix_hit_tokens,
+            kv_bytes_allocated=kv_bytes,
+            step_wall_s=wall,
             scheduled_seqs=work.scheduled_seqs if measured else None,
             context_tokens=work.context_tokens if measured else None,
             attention_pairs=work.attention_pairs if measured else None,
@@ -80,8 +95,9 @@ class SimEngine:
         return self.executor.extra_row() if self.executor is not None else {}
 
 
-def run_scheduler(cell: Cell, runner: str, executor: StepExecutor | None = None,
-                  scheduler_cls: type[Scheduler] = Scheduler) -> RunResult:
+def run_scheduler(
+    cell: Cell, runner: str, executor: StepExecutor | None = None, scheduler_cls: type[Scheduler] = Scheduler
+) -> RunResult:
     """Run kvbench's scheduler over the cell through the driver, recording every step.
 
     ``scheduler_cls`` may be the fast path (``FastScheduler``) only without an

@@ -31,13 +31,13 @@ in two shapes:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from ..harness.sim.sequence import Seq
-
 
 # Opaque to the caller: what one layout's plan_reads returns and its contexts takes back.
 ReadPlan = Any
@@ -72,10 +72,10 @@ class KVCache(Protocol):
     def contexts(self, layer: int, plan: ReadPlan) -> list[torch.Tensor]:
         """Per sequence, its [2, ctx, kv_heads, head_dim] K/V of ``layer``."""
 
-    def plan_batch(self, spans: list[tuple[Seq, int]]) -> "BatchRead":
+    def plan_batch(self, spans: list[tuple[Seq, int]]) -> BatchRead:
         """What ``batch_contexts`` needs to read all (sequence, context length) as one padded batch."""
 
-    def batch_contexts(self, layer: int, plan: "BatchRead") -> torch.Tensor:
+    def batch_contexts(self, layer: int, plan: BatchRead) -> torch.Tensor:
         """[2, B, L, kv_heads, head_dim] K/V of ``layer``; row b is valid where ``plan.mask`` is."""
 
     def allocated_bytes(self, holders: Iterable[Seq]) -> int:
@@ -144,8 +144,15 @@ class ContiguousKVCache(_FlatCache):
     kind = "contiguous"
     backend = "torch-contiguous"
 
-    def __init__(self, num_layers: int, num_positions: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_positions: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.arena = torch.zeros(num_layers, 2, num_positions, kv_heads, head_dim, dtype=dtype, device=device)
         self.flat = self.arena
         self.num_positions = num_positions
@@ -162,7 +169,7 @@ class ContiguousKVCache(_FlatCache):
 
     def contexts(self, layer: int, plan: list[tuple[int, int]]) -> list[torch.Tensor]:
         arena = self.arena[layer]
-        return [arena[:, start:start + ctx] for start, ctx in plan]
+        return [arena[:, start : start + ctx] for start, ctx in plan]
 
     def plan_batch(self, spans: list[tuple[Seq, int]]) -> BatchRead:
         """Row b reads its range ``alloc_start + [0, L)``, clamped to its last position."""
@@ -170,8 +177,9 @@ class ContiguousKVCache(_FlatCache):
         ctx = np.fromiter((c for _, c in spans), dtype=np.int64, count=len(spans))
         length = int(ctx.max())
         index = starts[:, None] + np.minimum(np.arange(length)[None, :], ctx[:, None] - 1)
-        return BatchRead(torch.from_numpy(index.reshape(-1)).to(self.device), len(spans), length,
-                         _mask(ctx, length, self.device))
+        return BatchRead(
+            torch.from_numpy(index.reshape(-1)).to(self.device), len(spans), length, _mask(ctx, length, self.device)
+        )
 
     def batch_contexts(self, layer: int, plan: BatchRead) -> torch.Tensor:
         arena = self.arena[layer]  # [2, positions, kv_heads, hd]
@@ -186,8 +194,16 @@ class PagedKVCache(_FlatCache):
     kind = "paged"
     backend = "torch-gather"
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.pool = torch.zeros(num_layers, 2, num_blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
         self.flat = self.pool.view(num_layers, 2, num_blocks * block_size, kv_heads, head_dim)
         self.num_blocks = num_blocks
@@ -211,14 +227,16 @@ class PagedKVCache(_FlatCache):
         where: list[tuple[int, int]] = []
         for seq, ctx in spans:
             where.append((len(table) * bs, ctx))
-            table.extend(seq.blocks[:-(-ctx // bs)])
+            table.extend(seq.blocks[: -(-ctx // bs)])
         return torch.tensor(table, dtype=torch.long).to(self.device, non_blocking=True), where
 
     def contexts(self, layer: int, plan: tuple[torch.Tensor, list[tuple[int, int]]]) -> list[torch.Tensor]:
         table, where = plan
         pool = self.pool[layer]
-        gathered = cooked(raw(pool).index_select(1, table), pool.dtype).flatten(1, 2)  # [2, Σ blocks × bs, kv_heads, hd]
-        return [gathered[:, off:off + ctx] for off, ctx in where]
+        gathered = cooked(raw(pool).index_select(1, table), pool.dtype).flatten(
+            1, 2
+        )  # [2, Σ blocks × bs, kv_heads, hd]
+        return [gathered[:, off : off + ctx] for off, ctx in where]
 
     def plan_batch(self, spans: list[tuple[Seq, int]]) -> BatchRead:
         """A padded block table: row b's blocks, the last one repeated up to the widest row."""
@@ -232,8 +250,9 @@ class PagedKVCache(_FlatCache):
             table[b, :n] = seq.blocks[:n]
             table[b, n:] = seq.blocks[n - 1]
         length = width * bs
-        return BatchRead(torch.from_numpy(table.reshape(-1)).to(self.device), len(spans), length,
-                         _mask(ctx, length, self.device))
+        return BatchRead(
+            torch.from_numpy(table.reshape(-1)).to(self.device), len(spans), length, _mask(ctx, length, self.device)
+        )
 
     def batch_contexts(self, layer: int, plan: BatchRead) -> torch.Tensor:
         pool = self.pool[layer]  # [2, blocks, block_size, kv_heads, hd]

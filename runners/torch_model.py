@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..harness.spec.capabilities import RUNNER_FACTS
 from ..harness.errors import KvbenchError
+from ..harness.spec.capabilities import RUNNER_FACTS
 from ..harness.spec.geometry import ModelGeometry, llama_param_count
 
 ROPE_THETA = 10_000.0
@@ -72,8 +72,15 @@ def compute_dtype(kv_dtype: str, device: torch.device) -> torch.dtype:
 
 def param_count(g: ModelGeometry) -> int:
     """Parameters of the decoder built here (untied embeddings), not the preset's published total."""
-    return llama_param_count(g.num_layers, g.hidden_size, g.num_attention_heads, g.num_kv_heads,
-                             g.head_dim, g.intermediate_size, g.vocab_size)
+    return llama_param_count(
+        g.num_layers,
+        g.hidden_size,
+        g.num_attention_heads,
+        g.num_kv_heads,
+        g.head_dim,
+        g.intermediate_size,
+        g.vocab_size,
+    )
 
 
 def layer_param_count(g: ModelGeometry) -> int:
@@ -112,8 +119,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class DecoderModel:
     """Seeded random weights of a Llama-style decoder; forward over flat token batches."""
 
-    def __init__(self, geometry: ModelGeometry, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", seed: int = 0, max_positions: int = 4096) -> None:
+    def __init__(
+        self,
+        geometry: ModelGeometry,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        max_positions: int = 4096,
+    ) -> None:
         g = geometry
         if g.head_dim % 2:
             raise KvbenchError(f"torch runner: head_dim {g.head_dim} must be even for rotary embeddings")
@@ -131,7 +145,13 @@ class DecoderModel:
         def ones(n: int) -> torch.Tensor:
             return torch.ones(n, device=self.device, dtype=dtype)
 
-        hd, nh, nkv, hidden, inter = g.head_dim, g.num_attention_heads, g.num_kv_heads, g.hidden_size, g.intermediate_size
+        hd, nh, nkv, hidden, inter = (
+            g.head_dim,
+            g.num_attention_heads,
+            g.num_kv_heads,
+            g.hidden_size,
+            g.intermediate_size,
+        )
         self.embed = draw(g.vocab_size, hidden)
         self.layers = [
             Layer(
@@ -160,8 +180,9 @@ class DecoderModel:
             tensors += dataclasses.astuple(layer)
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
-                sample_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend, sample_rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """fp32 logits of the rows ``sample_rows`` (all rows when None) of a flat token batch.
 
         ``tokens`` and ``positions`` are [T] int64 on the model's device; ``attend``
@@ -194,8 +215,9 @@ class DecoderModel:
         positions = torch.arange(len(token_ids), device=self.device)
 
         def attend(_layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                               is_causal=True, enable_gqa=True)
+            o = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True
+            )
             return o.transpose(0, 1).reshape(q.shape[0], -1)
 
         return self.forward(tokens, positions, attend)

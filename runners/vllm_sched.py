@@ -18,9 +18,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..harness.spec.feasibility import explain
 from ..harness.sim.policies import make_policy
 from ..harness.sim.scheduler import Arrivals
+from ..harness.spec.feasibility import explain
 from . import vllm_adapter
 from .base import Cell, RunResult
 from .common import base_row, expand_seqs, shortfall, write_status_only

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..harness.sim.clock import StepWork, clock_for
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
+from ..harness.sim.clock import StepWork, clock_for
 from ..harness.sim.sequence import FINISHED, Seq
 from .base import Cell
 from .prompts import PromptIds
@@ -132,14 +132,26 @@ class VllmStepEngine:
         evictions = self.source.evictions
         evicted, self.evictions_seen = evictions - self.evictions_seen, evictions
         row = StepRow(
-            step=self.step_index, t_s=t_s, dt_s=now - t_s, running=occ.running, waiting=occ.waiting,
-            admitted=len(out.admitted), finished=len(done.finished), preempted=len(out.preempted),
-            scheduled_tokens=out.scheduled_tokens, allocated_blocks=occ.allocated_blocks,
-            allocated_positions=allocated, used_positions=used, reserved_positions=allocated - used - internal,
+            step=self.step_index,
+            t_s=t_s,
+            dt_s=now - t_s,
+            running=occ.running,
+            waiting=occ.waiting,
+            admitted=len(out.admitted),
+            finished=len(done.finished),
+            preempted=len(out.preempted),
+            scheduled_tokens=out.scheduled_tokens,
+            allocated_blocks=occ.allocated_blocks,
+            allocated_positions=allocated,
+            used_positions=used,
+            reserved_positions=allocated - used - internal,
             internal_frag_positions=internal,
             external_frag_positions=self.external_when_waiting if occ.waiting else 0,
-            free_positions=self.budget - allocated, evicted_blocks=evicted, prefix_hit_tokens=hit_tokens,
-            kv_bytes_allocated=done.kv_bytes, step_wall_s=done.wall_s,
+            free_positions=self.budget - allocated,
+            evicted_blocks=evicted,
+            prefix_hit_tokens=hit_tokens,
+            kv_bytes_allocated=done.kv_bytes,
+            step_wall_s=done.wall_s,
             scheduled_seqs=work.scheduled_seqs if measured else None,
             context_tokens=work.context_tokens if measured else None,
             attention_pairs=work.attention_pairs if measured else None,

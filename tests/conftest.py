@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import stat
 import subprocess
@@ -11,12 +12,32 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from kvbench.harness.records import store
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
+from kvbench.harness.records import store
+from kvbench.reports.divergence import DEFAULT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Every step column that sim, vLLM's scheduler and the engine record alike (the engine adds
+# step_wall_s and kv_bytes_allocated): what the agreement tests compare step by step.
+AGREEMENT_COLUMNS = DEFAULT_COLUMNS + (
+    "t_s",
+    "dt_s",
+    "admitted",
+    "finished",
+    "scheduled_tokens",
+    "allocated_positions",
+    "used_positions",
+    "reserved_positions",
+    "internal_frag_positions",
+    "external_frag_positions",
+    "free_positions",
+    "evicted_blocks",
+    "prefix_hit_tokens",
+)
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
 DATA = ROOT / "tests" / "data"
 
 
@@ -25,21 +46,29 @@ def run_suite_text(text: str, out: Path) -> tuple[list[dict], dict[str, pd.DataF
     suite = parse_suite(text, str(out / "suite.toml"))
     cells = build_cells(suite, out, lambda msg: None)
     rows = [run_cell(c) for c in cells]
-    steps = {r["run_id"]: store.read_table(out, "steps", {r["run_id"]}).sort_values("step").reset_index(drop=True)
-             for r in rows}
+    steps = {
+        r["run_id"]: store.read_table(out, "steps", {r["run_id"]}).sort_values("step").reset_index(drop=True)
+        for r in rows
+    }
     return rows, steps
 
 
 def kvbench(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=timeout)
+    env = dict(os.environ)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.app.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     assert proc.returncode != 0, proc.stdout
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     for needle in needles:

@@ -18,14 +18,16 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = 4096
 
 
 # -- a real small filesystem ---------------------------------------------------------
+
 
 def _run(*cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True)
@@ -91,14 +93,22 @@ def tmpfs(path: Path, size_bytes: int) -> Iterator[Tmpfs]:
 
 # -- the seam: a writer that fails on the Nth write ------------------------------------
 
-def kvbench_failing_at(fail_at: int, log: Path, *args: str, once: bool = False,
-                       timeout: float = 300) -> subprocess.CompletedProcess:
+
+def kvbench_failing_at(
+    fail_at: int, log: Path, *args: str, once: bool = False, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess whose FAIL_AT-th write (and every later one, unless ``once``)
     fails with ENOSPC."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ)
     mode = "once" if once else "full"
-    return subprocess.run([sys.executable, "-m", "tests.faultkit", str(fail_at), mode, str(log), "--", *args],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.faultkit", str(fail_at), mode, str(log), "--", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def read_log(log: Path) -> list[tuple[int, str, str]]:
@@ -136,6 +146,7 @@ def _install(disk: _DiskFull) -> None:
             if isinstance(where, (str, os.PathLike)):
                 with open(where, "wb") as f:
                     f.write(b"PAR1\x15\x00")
+
         return leave
 
     def init(self: Any, where: Any, *args: Any, **kwargs: Any) -> None:

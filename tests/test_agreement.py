@@ -18,19 +18,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from kvbench.harness.records import store  # noqa: E402
 from kvbench.app.suite import parse_suite  # noqa: E402
 from kvbench.app.sweep import build_cells, run_cell  # noqa: E402
+from kvbench.harness.records import store  # noqa: E402
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence  # noqa: E402
+
+from tests.conftest import AGREEMENT_COLUMNS  # noqa: E402
 
 AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
 
-# Every step column both runners measure (kv_bytes_allocated and step_wall_s are null for both).
-ALL_COLUMNS = DEFAULT_COLUMNS + (
-    "t_s", "dt_s", "admitted", "finished", "scheduled_tokens", "allocated_positions", "used_positions",
-    "reserved_positions", "internal_frag_positions", "external_frag_positions", "free_positions",
-    "evicted_blocks", "prefix_hit_tokens",
-)
 
 TEMPLATE = """
 name = "agreement-test"
@@ -54,37 +50,66 @@ block_size = [{block_size}]
 
 # Llama-3-8B at fp16: 128 KiB per token, so 1 GiB = 8,192 positions = 512 blocks of 16.
 CASES: dict[str, dict[str, object]] = {
-    "fixed-batch": dict(workload='source = "fixed"\nprompt_len = 200\noutput_len = 150\nnum_requests = 150\n'
-                                 'arrival = "batch"', budget="1GiB", max_num_seqs=64, max_num_batched_tokens=2048),
+    "fixed-batch": dict(
+        workload='source = "fixed"\nprompt_len = 200\noutput_len = 150\nnum_requests = 150\narrival = "batch"',
+        budget="1GiB",
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+    ),
     "lognormal-poisson-roofline": dict(
         workload='source = "lognormal"\nprompt_mean = 250.0\noutput_mean = 120.0\nnum_requests = 150\n'
-                 'arrival = "poisson"\nrate = 30.0\nseed = 4',
-        budget="1GiB", max_num_seqs=64, max_num_batched_tokens=512, clock="roofline"),
+        'arrival = "poisson"\nrate = 30.0\nseed = 4',
+        budget="1GiB",
+        max_num_seqs=64,
+        max_num_batched_tokens=512,
+        clock="roofline",
+    ),
     "azure-trace-slice": dict(
         workload=f'source = "trace"\npath = "{AZURE_SLICE}"\nlimit = 200\narrival = "trace"\ntime_scale = 0.02',
-        budget="2GiB", max_num_seqs=128, max_num_batched_tokens=1024, clock="roofline"),
+        budget="2GiB",
+        max_num_seqs=128,
+        max_num_batched_tokens=1024,
+        clock="roofline",
+    ),
     "tight-preempting": dict(
         workload='source = "lognormal"\nprompt_mean = 300.0\noutput_mean = 200.0\nnum_requests = 80\n'
-                 'arrival = "batch"\nseed = 5',
-        budget="256MiB", max_num_seqs=32, max_num_batched_tokens=512, block_size=8),
+        'arrival = "batch"\nseed = 5',
+        budget="256MiB",
+        max_num_seqs=32,
+        max_num_batched_tokens=512,
+        block_size=8,
+    ),
     "chunked-prefill": dict(
         workload='source = "uniform"\nprompt_min = 100\nprompt_max = 700\noutput_min = 1\noutput_max = 100\n'
-                 'num_requests = 60\narrival = "batch"\nseed = 6',
-        budget="256MiB", max_num_seqs=16, max_num_batched_tokens=32, block_size=32),
+        'num_requests = 60\narrival = "batch"\nseed = 6',
+        budget="256MiB",
+        max_num_seqs=16,
+        max_num_batched_tokens=32,
+        block_size=32,
+    ),
     "samples-and-prefix-groups": dict(
         workload='source = "uniform"\nprompt_min = 16\nprompt_max = 400\noutput_min = 1\noutput_max = 200\n'
-                 'num_requests = 60\nn = 3\nprefix_groups = 4\nprefix_len = 64\narrival = "batch"\nseed = 2',
-        budget="512MiB", max_num_seqs=48, max_num_batched_tokens=256),
+        'num_requests = 60\nn = 3\nprefix_groups = 4\nprefix_len = 64\narrival = "batch"\nseed = 2',
+        budget="512MiB",
+        max_num_seqs=48,
+        max_num_batched_tokens=256,
+    ),
     "at-max-model-len": dict(
         workload='source = "fixed"\nprompt_len = 199\noutput_len = 57\nnum_requests = 40\nn = 2\n'
-                 'arrival = "batch"\nseed = 7',
-        preset="tiny", budget="240KiB", max_model_len=256, max_num_seqs=16, max_num_batched_tokens=128),
+        'arrival = "batch"\nseed = 7',
+        preset="tiny",
+        budget="240KiB",
+        max_model_len=256,
+        max_num_seqs=16,
+        max_num_batched_tokens=128,
+    ),
 }
 
 
 def run_pair(tmp_path: Path, **kw: object) -> tuple[dict, dict]:
-    settings: dict[str, object] = dict(preset="llama-3-8b", max_model_len=2048, clock="steps", policy="paged",
-                                       block_size=16)
+    settings: dict[str, object] = dict(
+        preset="llama-3-8b", max_model_len=2048, clock="steps", policy="paged", block_size=16
+    )
     settings.update(kw)
     suite = parse_suite(TEMPLATE.format(**settings), str(tmp_path / "agreement-test.toml"))
     cells = build_cells(suite, tmp_path, lambda m: None)
@@ -101,7 +126,7 @@ def assert_agree(tmp_path: Path, sim: dict, vllm: dict) -> tuple[pd.DataFrame, p
     assert len(sa) == len(sb) == sim["steps"] == vllm["steps"]
     d = first_divergence(sa, sb, DEFAULT_COLUMNS)  # the contract
     assert d is None, d.describe("sim", "vllm-sched")
-    d = first_divergence(sa, sb, ALL_COLUMNS)  # and everything else measured
+    d = first_divergence(sa, sb, AGREEMENT_COLUMNS)  # and everything else measured
     assert d is None, d.describe("sim", "vllm-sched")
     reqs = store.read_table(tmp_path, "requests", {a, b})
 
@@ -112,8 +137,18 @@ def assert_agree(tmp_path: Path, sim: dict, vllm: dict) -> tuple[pd.DataFrame, p
     ra, rb = table(a), table(b)
     pd.testing.assert_series_equal(ra["num_preemptions"], rb["num_preemptions"])  # per request
     pd.testing.assert_frame_equal(ra, rb)
-    for key in ("steps", "preemptions", "evictions", "generated_tokens", "computed_tokens", "sim_time_s",
-                "token_states_frac", "reservation_frac", "internal_frag_frac", "external_frag_frac"):
+    for key in (
+        "steps",
+        "preemptions",
+        "evictions",
+        "generated_tokens",
+        "computed_tokens",
+        "sim_time_s",
+        "token_states_frac",
+        "reservation_frac",
+        "internal_frag_frac",
+        "external_frag_frac",
+    ):
         assert sim[key] == vllm[key], key
     return sa, ra
 

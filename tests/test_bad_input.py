@@ -52,18 +52,30 @@ SUITE_EDITS = {
     "empty_grid_list": (('runner = ["sim"]', "runner = []"), ("runner",)),
     "grid_names_missing_workload": (('runner = ["sim"]', 'runner = ["sim"]\nworkload = ["nope"]'), ("nope",)),
     "malformed_toml": (("[memory]", "[memory"), ("suite.toml", "TOML")),
-    "roofline_scale_below_one": (("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\n'
-                                 "roofline_scale = 0.5"), ("roofline_scale", "0.5")),
-    "roofline_scale_text": (("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\n'
-                            'roofline_scale = "fast"'), ("roofline_scale", "fast")),
-    "roofline_scale_without_roofline": (("max_num_batched_tokens = 2048",
-                                         "max_num_batched_tokens = 2048\nroofline_scale = 2.0"),
-                                        ("roofline_scale", "roofline")),
-    "reference_basis_unknown": (("block_size = [16]", 'block_size = [16]\n[[reference]]\nitem = "x"\npolicy = "paged"\n'
-                                 'metric = "mean_running"\npublished = 1.0\nsource = "s"\nbasis = "guessed"'),
-                                ("basis", "guessed")),
-    "trace_file_missing": (('source = "fixed"', 'source = "trace"\npath = "/nonexistent/trace.csv"'),
-                           ("/nonexistent/trace.csv",)),
+    "roofline_scale_below_one": (
+        ("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\nroofline_scale = 0.5'),
+        ("roofline_scale", "0.5"),
+    ),
+    "roofline_scale_text": (
+        ("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\nroofline_scale = "fast"'),
+        ("roofline_scale", "fast"),
+    ),
+    "roofline_scale_without_roofline": (
+        ("max_num_batched_tokens = 2048", "max_num_batched_tokens = 2048\nroofline_scale = 2.0"),
+        ("roofline_scale", "roofline"),
+    ),
+    "reference_basis_unknown": (
+        (
+            "block_size = [16]",
+            'block_size = [16]\n[[reference]]\nitem = "x"\npolicy = "paged"\n'
+            'metric = "mean_running"\npublished = 1.0\nsource = "s"\nbasis = "guessed"',
+        ),
+        ("basis", "guessed"),
+    ),
+    "trace_file_missing": (
+        ('source = "fixed"', 'source = "trace"\npath = "/nonexistent/trace.csv"'),
+        ("/nonexistent/trace.csv",),
+    ),
 }
 
 
@@ -78,7 +90,9 @@ def test_bad_suite(tmp_path, case):
 
 def test_a_named_workload_error_names_its_table(tmp_path):
     p = tmp_path / "suite.toml"
-    p.write_text(EXAMPLE.replace("[workload]", "[workloads.chat]", 1).replace("num_requests = 200", "num_requests = 0", 1))
+    p.write_text(
+        EXAMPLE.replace("[workload]", "[workloads.chat]", 1).replace("num_requests = 200", "num_requests = 0", 1)
+    )
     proc = kvbench("run", str(p), "--out", str(tmp_path / "out"), "--quiet")
     assert_one_line_error(proc, "suite.toml", "[workloads.chat]", "num_requests")
     assert "[workload] " not in proc.stderr
@@ -115,10 +129,25 @@ CALC = {
     "unknown_model": (["--block-size", "16", "--tokens", "35", "--model", "gpt-5", "--budget", "1GiB"], ("gpt-5",)),
     "bad_budget": (["--block-size", "16", "--tokens", "35", "--model", "opt-13b", "--budget", "lots"], ("lots",)),
     "budget_without_model": (["--block-size", "16", "--tokens", "35", "--budget", "1GiB"], ("--model",)),
-    "unknown_dtype": (["--block-size", "16", "--tokens", "35", "--model", "opt-13b", "--budget", "1GiB",
-                       "--kv-dtype", "fp5"], ("fp5",)),
-    "missing_workload": (["--block-size", "16", "--tokens", "35", "--model", "opt-13b", "--budget", "1GiB",
-                          "--workload", "/nonexistent.parquet"], ("/nonexistent.parquet",)),
+    "unknown_dtype": (
+        ["--block-size", "16", "--tokens", "35", "--model", "opt-13b", "--budget", "1GiB", "--kv-dtype", "fp5"],
+        ("fp5",),
+    ),
+    "missing_workload": (
+        [
+            "--block-size",
+            "16",
+            "--tokens",
+            "35",
+            "--model",
+            "opt-13b",
+            "--budget",
+            "1GiB",
+            "--workload",
+            "/nonexistent.parquet",
+        ],
+        ("/nonexistent.parquet",),
+    ),
 }
 
 
@@ -146,11 +175,14 @@ def test_missing_and_non_suite_paths(tmp_path):
     assert_one_line_error(kvbench("run", str(binary)), "binary.toml")
     out_file = tmp_path / "file"
     out_file.write_text("x")
-    assert_one_line_error(kvbench("run", str(ROOT / "suites" / "example.toml"), "--out", str(out_file)), "not a directory")
+    assert_one_line_error(
+        kvbench("run", str(ROOT / "suites" / "example.toml"), "--out", str(out_file)), "not a directory"
+    )
 
 
-@pytest.mark.parametrize("args", [["frobnicate"], ["run", "--jobs", "0"], ["workload", "show"],
-                                  ["workload", "show", "/nonexistent.parquet"]])
+@pytest.mark.parametrize(
+    "args", [["frobnicate"], ["run", "--jobs", "0"], ["workload", "show"], ["workload", "show", "/nonexistent.parquet"]]
+)
 def test_bad_command_lines(args):
     assert_one_line_error(kvbench(*args))
 
@@ -158,15 +190,31 @@ def test_bad_command_lines(args):
 FIT_ROOFLINE = {
     # (arguments after `kvbench fit-roofline`): (expected words in the error line)
     "not_a_roofline_suite": (["example", "--target", "5"], ("roofline",)),
-    "unknown_metric": (["paper-batched-requests", "--workload", "sharegpt", "--metric", "speed", "--target", "5"],
-                       ("speed",)),
+    "unknown_metric": (
+        ["paper-batched-requests", "--workload", "sharegpt", "--metric", "speed", "--target", "5"],
+        ("speed",),
+    ),
     "ambiguous_workload": (["paper-batched-requests", "--target", "5"], ("--workload", "sharegpt")),
     "unknown_workload": (["paper-batched-requests", "--workload", "dolly", "--target", "5"], ("dolly", "sharegpt")),
-    "no_such_policy": (["paper-batched-requests", "--workload", "sharegpt", "--policy", "paged-prefix",
-                        "--target", "5"], ("paged-prefix",)),
+    "no_such_policy": (
+        ["paper-batched-requests", "--workload", "sharegpt", "--policy", "paged-prefix", "--target", "5"],
+        ("paged-prefix",),
+    ),
     # Memory-bound: no slowing of the clock takes Orca (Max) to 100 requests at once.
-    "unreachable_target": (["paper-batched-requests", "--workload", "sharegpt", "--policy", "contiguous-max",
-                            "--target", "100", "--max-scale", "2"], ("100", "outside")),
+    "unreachable_target": (
+        [
+            "paper-batched-requests",
+            "--workload",
+            "sharegpt",
+            "--policy",
+            "contiguous-max",
+            "--target",
+            "100",
+            "--max-scale",
+            "2",
+        ],
+        ("100", "outside"),
+    ),
 }
 
 
@@ -240,8 +288,10 @@ def test_workload_names_that_look_like_paths_stay_inside_the_results_directory(t
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
     names = ["../../escape", "/tmp/kvbench-escape-w", "a\x00b", "y" * 300]
-    tables = "".join(f"[workloads.{json.dumps(n)}]\nsource = \"fixed\"\nprompt_len = {10 + i}\noutput_len = 10\n"
-                     f"num_requests = 5\n" for i, n in enumerate(names))
+    tables = "".join(
+        f'[workloads.{json.dumps(n)}]\nsource = "fixed"\nprompt_len = {10 + i}\noutput_len = 10\nnum_requests = 5\n'
+        for i, n in enumerate(names)
+    )
     suite = cwd / "suite.toml"
     suite.write_text('name = "paths"\n[model]\npreset = "tiny"\n[memory]\nkv_budget = "1MiB"\n' + tables)
     proc = kvbench("run", str(suite), "--quiet", "--no-report", cwd=cwd)
@@ -254,8 +304,14 @@ def test_workload_names_that_look_like_paths_stay_inside_the_results_directory(t
 
 # -- model configs that cannot be right ----------------------------------------------------------
 
-LLAMA_CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 256,
-                "intermediate_size": 512, "vocab_size": 1000}
+LLAMA_CONFIG = {
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+}
 BAD_CONFIGS = {
     # changes to a valid config: words the one line must hold
     "head_size_not_integral": ({"hidden_size": 250}, ("hidden_size 250", "num_attention_heads 4", "62.5", "head_dim")),
@@ -308,6 +364,7 @@ def test_an_explicit_head_dim_is_honoured(tmp_path):
 
 # -- refused before anything is written ----------------------------------------------------------
 
+
 def grid_of(key: str, count: int) -> str:
     return f"{key} = [{', '.join(str(i) for i in range(count))}]"
 
@@ -316,56 +373,112 @@ REFUSED_SUITES = {
     # (old text, new text): (expected words in the error line)
     "requests_absurd": (("num_requests = 200", "num_requests = 1000000000000"), ("num_requests", "10,000,000")),
     "requests_one_over": (("num_requests = 200", "num_requests = 10000001"), ("num_requests", "10,000,000")),
-    "rate_times_duration": (('arrival = "batch"', 'arrival = "poisson"\nrate = 1e6\nduration_s = 1e6'),
-                            ("rate * duration_s", "10,000,000")),
-    "rate_times_duration_overflows": (('arrival = "batch"', 'arrival = "gamma"\nrate = 1e300\nduration_s = 1e300'),
-                                      ("rate * duration_s", "inf", "10,000,000")),
-    "trace_limit_absurd": (('source = "fixed"', 'source = "trace"\npath = "/nonexistent/t.csv"\nlimit = 100000000000'),
-                           ("limit", "10,000,000")),
+    "rate_times_duration": (
+        ('arrival = "batch"', 'arrival = "poisson"\nrate = 1e6\nduration_s = 1e6'),
+        ("rate * duration_s", "10,000,000"),
+    ),
+    "rate_times_duration_overflows": (
+        ('arrival = "batch"', 'arrival = "gamma"\nrate = 1e300\nduration_s = 1e300'),
+        ("rate * duration_s", "inf", "10,000,000"),
+    ),
+    "trace_limit_absurd": (
+        ('source = "fixed"', 'source = "trace"\npath = "/nonexistent/t.csv"\nlimit = 100000000000'),
+        ("limit", "10,000,000"),
+    ),
     "repeats_absurd": (('name = "example"', 'name = "example"\nrepeats = 100000000'), ("repeats", "1,000")),
     "repeats_one_over": (('name = "example"', 'name = "example"\nrepeats = 1001'), ("repeats", "1,000")),
-    "grid_product": (("block_size = [16]", f"{grid_of('block_size', 64)}\n{grid_of('seed', 500)}"),
-                     ("128,000 cells", "100,000")),
-    "grid_product_astronomical": (("block_size = [16]", "\n".join(grid_of(k, 100) for k in
-                                                                  ("block_size", "seed", "n", "max_num_seqs",
-                                                                   "max_num_batched_tokens", "output_len",
-                                                                   "prompt_len", "max_model_len"))),
-                                  ("about 10^16 cells", "100,000")),
-    "grid_times_repeats": (("block_size = [16]", f"block_size = [16]\n{grid_of('seed', 100)}"),
-                           ("400,000 cells", "100,000"), 'name = "example"\nrepeats = 1000'),
-    "runner_override_product": (("block_size = [16]", f"{grid_of('block_size', 100)}\n[runners.sim]\n"
-                                                      f"{grid_of('seed', 1000)}"), ("400,000 cells",)),
-    "unknown_runner_table": (("block_size = [16]", 'block_size = [16]\n[runners.simm]\npolicy = ["paged"]'),
-                             ("[runners.simm]", "'simm'", "vllm-sched")),
-    "runner_table_capitalised": (("block_size = [16]", "block_size = [16]\n[runners.Sim]\nmax_num_seqs = 8"),
-                                 ("[runners.Sim]", "known: sim")),
-    "runner_table_underscore": (("block_size = [16]", 'block_size = [16]\n[runners.vllm_sched]\npolicy = ["paged"]'),
-                                ("[runners.vllm_sched]", "vllm-sched")),
-    "runner_table_not_run": (("block_size = [16]", 'block_size = [16]\n[runners.vllm]\npolicy = ["paged"]'),
-                             ("[runners.vllm]", "configures runner vllm", "does not run", "it runs: sim")),
-    "runner_override_empty_list": (("block_size = [16]", "block_size = [16]\n[runners.sim]\npolicy = []"),
-                                   ("[runners.sim]", "policy", "empty list")),
-    "runner_override_empty_block_sizes": (("block_size = [16]", "block_size = [16]\n[runners.sim]\nblock_size = []"),
-                                          ("[runners.sim]", "block_size", "empty list")),
-    "runner_override_undefined_workload": (("block_size = [16]", 'block_size = [16]\n[runners.sim]\n'
-                                                                 'workload = ["nope"]'),
-                                           ("[runners.sim]", "'nope'", "not defined")),
-    "optional_runners_a_string": (('name = "example"', 'name = "example"\noptional_runners = "vllm"'),
-                                  ("optional_runners", "list of runner names")),
-    "optional_runner_typo": (('name = "example"', 'name = "example"\noptional_runners = ["vlm"]'),
-                             ("optional_runners", "'vlm'", "vllm-sched")),
-    "prefix_as_long_as_the_prompt": (("seed = 0", "seed = 0\nprefix_groups = 2\nprefix_len = 100"),
-                                     ("prefix_len (100) must be below prompt_len (100)", "a token of its own")),
-    "prefix_longer_than_the_prompt": (("seed = 0", "seed = 0\nprefix_groups = 2\nprefix_len = 150"),
-                                      ("prefix_len (150) must be below prompt_len (100)",)),
+    "grid_product": (
+        ("block_size = [16]", f"{grid_of('block_size', 64)}\n{grid_of('seed', 500)}"),
+        ("128,000 cells", "100,000"),
+    ),
+    "grid_product_astronomical": (
+        (
+            "block_size = [16]",
+            "\n".join(
+                grid_of(k, 100)
+                for k in (
+                    "block_size",
+                    "seed",
+                    "n",
+                    "max_num_seqs",
+                    "max_num_batched_tokens",
+                    "output_len",
+                    "prompt_len",
+                    "max_model_len",
+                )
+            ),
+        ),
+        ("about 10^16 cells", "100,000"),
+    ),
+    "grid_times_repeats": (
+        ("block_size = [16]", f"block_size = [16]\n{grid_of('seed', 100)}"),
+        ("400,000 cells", "100,000"),
+        'name = "example"\nrepeats = 1000',
+    ),
+    "runner_override_product": (
+        ("block_size = [16]", f"{grid_of('block_size', 100)}\n[runners.sim]\n{grid_of('seed', 1000)}"),
+        ("400,000 cells",),
+    ),
+    "unknown_runner_table": (
+        ("block_size = [16]", 'block_size = [16]\n[runners.simm]\npolicy = ["paged"]'),
+        ("[runners.simm]", "'simm'", "vllm-sched"),
+    ),
+    "runner_table_capitalised": (
+        ("block_size = [16]", "block_size = [16]\n[runners.Sim]\nmax_num_seqs = 8"),
+        ("[runners.Sim]", "known: sim"),
+    ),
+    "runner_table_underscore": (
+        ("block_size = [16]", 'block_size = [16]\n[runners.vllm_sched]\npolicy = ["paged"]'),
+        ("[runners.vllm_sched]", "vllm-sched"),
+    ),
+    "runner_table_not_run": (
+        ("block_size = [16]", 'block_size = [16]\n[runners.vllm]\npolicy = ["paged"]'),
+        ("[runners.vllm]", "configures runner vllm", "does not run", "it runs: sim"),
+    ),
+    "runner_override_empty_list": (
+        ("block_size = [16]", "block_size = [16]\n[runners.sim]\npolicy = []"),
+        ("[runners.sim]", "policy", "empty list"),
+    ),
+    "runner_override_empty_block_sizes": (
+        ("block_size = [16]", "block_size = [16]\n[runners.sim]\nblock_size = []"),
+        ("[runners.sim]", "block_size", "empty list"),
+    ),
+    "runner_override_undefined_workload": (
+        ("block_size = [16]", 'block_size = [16]\n[runners.sim]\nworkload = ["nope"]'),
+        ("[runners.sim]", "'nope'", "not defined"),
+    ),
+    "optional_runners_a_string": (
+        ('name = "example"', 'name = "example"\noptional_runners = "vllm"'),
+        ("optional_runners", "list of runner names"),
+    ),
+    "optional_runner_typo": (
+        ('name = "example"', 'name = "example"\noptional_runners = ["vlm"]'),
+        ("optional_runners", "'vlm'", "vllm-sched"),
+    ),
+    "prefix_as_long_as_the_prompt": (
+        ("seed = 0", "seed = 0\nprefix_groups = 2\nprefix_len = 100"),
+        ("prefix_len (100) must be below prompt_len (100)", "a token of its own"),
+    ),
+    "prefix_longer_than_the_prompt": (
+        ("seed = 0", "seed = 0\nprefix_groups = 2\nprefix_len = 150"),
+        ("prefix_len (150) must be below prompt_len (100)",),
+    ),
     "config_is_a_device": (('preset = "opt-13b"', 'config = "/dev/zero"'), ("/dev/zero", "not a regular file")),
-    "profile_is_a_device": (("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "profile"\n'
-                                                             'clock_profile = "/dev/urandom"'),
-                            ("/dev/urandom", "not a regular file")),
-    "trace_is_a_device": (('source = "fixed"', 'source = "trace"\npath = "/dev/zero"'),
-                          ("trace /dev/zero", "not a regular file")),
-    "sharegpt_json_is_a_device": (('source = "fixed"', 'source = "sharegpt-json"\npath = "/dev/zero"'),
-                                  ("/dev/zero", "not a regular file")),
+    "profile_is_a_device": (
+        (
+            "max_num_batched_tokens = 2048",
+            'max_num_batched_tokens = 2048\nclock = "profile"\nclock_profile = "/dev/urandom"',
+        ),
+        ("/dev/urandom", "not a regular file"),
+    ),
+    "trace_is_a_device": (
+        ('source = "fixed"', 'source = "trace"\npath = "/dev/zero"'),
+        ("trace /dev/zero", "not a regular file"),
+    ),
+    "sharegpt_json_is_a_device": (
+        ('source = "fixed"', 'source = "sharegpt-json"\npath = "/dev/zero"'),
+        ("/dev/zero", "not a regular file"),
+    ),
 }
 
 
@@ -454,8 +567,14 @@ def test_a_clock_profile_that_is_not_a_file(tmp_path, kind):
 def test_a_trace_that_is_not_a_file(tmp_path, kind):
     path = _not_a_file(tmp_path, kind, "trace.csv")
     out = tmp_path / "out"
-    proc = kvbench("run", suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{path}"'),
-                   "--out", str(out), "--quiet", timeout=60)
+    proc = kvbench(
+        "run",
+        suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{path}"'),
+        "--out",
+        str(out),
+        "--quiet",
+        timeout=60,
+    )
     assert_one_line_error(proc, f"trace {path}", "not a regular file")
     assert not out.exists()
 
@@ -467,8 +586,9 @@ def test_workload_show_config_that_is_not_a_file(tmp_path):
         path = _not_a_file(tmp_path, kind, f"{kind.strip('/').replace('/', '-')}.json")
         if kind == "directory":  # a model directory: its config.json is read
             os.mkfifo(Path(path) / "config.json")
-        assert_one_line_error(kvbench("workload", "show", str(w), "--config", path, timeout=60), path,
-                              "not a regular file")
+        assert_one_line_error(
+            kvbench("workload", "show", str(w), "--config", path, timeout=60), path, "not a regular file"
+        )
 
 
 def test_workload_make_refuses_an_absurd_count(tmp_path):
@@ -476,8 +596,9 @@ def test_workload_make_refuses_an_absurd_count(tmp_path):
     proc = kvbench("workload", "make", "--out", str(out), "--num-requests", "1000000000000")
     assert_one_line_error(proc, "num_requests", "10,000,000")
     assert not out.exists()
-    proc = kvbench("workload", "make", "--out", str(out), "--arrival", "poisson", "--rate", "1e6",
-                   "--duration-s", "1e6")
+    proc = kvbench(
+        "workload", "make", "--out", str(out), "--arrival", "poisson", "--rate", "1e6", "--duration-s", "1e6"
+    )
     assert_one_line_error(proc, "rate * duration_s", "10,000,000")
     assert not out.exists()
 
@@ -493,8 +614,10 @@ def test_a_request_count_at_the_limit_is_accepted():
 OVERSIZED = {
     # what, the limit's bytes, how to use the file
     "suite": (2**20, lambda p, tmp: kvbench("run", str(p), "--out", str(tmp / "out"), "--quiet")),
-    "config": (16 * 2**20, lambda p, tmp: kvbench("calc", "--block-size", "16", "--tokens", "3", "--model", str(p),
-                                                  "--budget", "1GiB")),
+    "config": (
+        16 * 2**20,
+        lambda p, tmp: kvbench("calc", "--block-size", "16", "--tokens", "3", "--model", str(p), "--budget", "1GiB"),
+    ),
 }
 
 
@@ -511,31 +634,43 @@ def test_an_oversized_input_is_refused_with_its_limit(tmp_path, case):
 
 # -- whatever the locale -------------------------------------------------------------------------
 
+
 def c_locale(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """The real CLI under the C locale, UTF-8 mode off: the default encoding is ASCII."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), LC_ALL="C", LANG="C", PYTHONUTF8="0")
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0")
     env.pop("PYTHONIOENCODING", None)
-    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", *args], capture_output=True, text=True,
-                          encoding="utf-8", errors="replace", cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.app.cli", *args],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_utf8_inputs_under_the_c_locale(tmp_path):
     suite = tmp_path / "suite.toml"
-    suite.write_text(EXAMPLE.replace('name = "example"', 'name = "example"\ndescription = "café, 東京"'),
-                     encoding="utf-8")
+    suite.write_text(
+        EXAMPLE.replace('name = "example"', 'name = "example"\ndescription = "café, 東京"'), encoding="utf-8"
+    )
     proc = c_locale("run", str(suite), "--out", "out", "--quiet", "--no-report", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({**LLAMA_CONFIG, "_name_or_path": "modèle"}, ensure_ascii=False), encoding="utf-8")
-    proc = c_locale("calc", "--block-size", "16", "--tokens", "3", "--model", str(cfg), "--budget", "1GiB",
-                    cwd=tmp_path)
+    proc = c_locale(
+        "calc", "--block-size", "16", "--tokens", "3", "--model", str(cfg), "--budget", "1GiB", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_a_suite_that_is_not_utf8_says_so(tmp_path):
     suite = tmp_path / "suite.toml"
-    suite.write_bytes(EXAMPLE.replace('name = "example"', 'name = "example"\ndescription = "caf\xe9"')
-                      .encode("latin-1"))
+    suite.write_bytes(
+        EXAMPLE.replace('name = "example"', 'name = "example"\ndescription = "caf\xe9"').encode("latin-1")
+    )
     assert_one_line_error(kvbench("run", str(suite), "--quiet"), "suite.toml", "not UTF-8", "0xe9")
 
 
@@ -616,15 +751,16 @@ def test_a_profile_with_some_zero_terms_is_accepted(tmp_path):
     # A fit constrains terms to >= 0 and may well give 0 for some: only the whole step matters.
     profile = _profile(tmp_path, {"per_seq_s": 0.0, "per_context_token_s": 0.0, "per_attention_pair_s": 0.0})
     suite = suite_with(tmp_path, "max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "profile"')
-    proc = kvbench("run", suite, "--clock-profile", str(profile), "--out", str(tmp_path / "out"), "--quiet",
-                   "--no-report")
+    proc = kvbench(
+        "run", suite, "--clock-profile", str(profile), "--out", str(tmp_path / "out"), "--quiet", "--no-report"
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_no_profile_is_written_whose_steps_cost_nothing():
+    from kvbench.harness.errors import KvbenchError
     from kvbench.harness.spec.clock_model import ClockTerms
     from kvbench.harness.spec.clock_profile import profile_document
-    from kvbench.harness.errors import KvbenchError
     from kvbench.harness.spec.geometry import preset
 
     with pytest.raises(KvbenchError, match="1e-06 s minimum"):
@@ -634,21 +770,41 @@ def test_no_profile_is_written_whose_steps_cost_nothing():
 # -- traces that say one thing twice; lengths the user wrote -------------------------------------
 
 AMBIGUOUS_TRACES = {
-    "csv_duplicate_column": ("trace.csv", "prompt_len,output_len,prompt_len\n10,5,20\n",
-                             ("'prompt_len'", "more than once")),
-    "csv_duplicate_after_spaces": ("trace.csv", "prompt_len, output_len, output_len\n10,5,20\n",
-                                   ("'output_len'", "more than once")),
-    "csv_duplicate_azure_column": ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n"
-                                                "2023-11-16 18:15:46.68,374,44,3\n", ("'ContextTokens'",)),
-    "csv_both_schemes": ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,prompt_len,output_len\n"
-                                      "2023-11-16 18:15:46.68,374,44,10,5\n",
-                         ("ContextTokens", "prompt_len", "keep one scheme")),
-    "csv_azure_with_arrival_s": ("trace.csv", "TIMESTAMP,ContextTokens,GeneratedTokens,arrival_s\n"
-                                              "2023-11-16 18:15:46.68,374,44,0.5\n", ("arrival_s", "keep one scheme")),
-    "jsonl_duplicate_key": ("trace.jsonl", '{"prompt_len": 10, "output_len": 5, "prompt_len": 20}\n',
-                            ("line 1", "'prompt_len'", "more than once")),
-    "jsonl_both_schemes": ("trace.jsonl", '{"ContextTokens": 10, "GeneratedTokens": 5, "TIMESTAMP": "2023-11-16", '
-                                          '"output_len": 5}\n', ("output_len", "keep one scheme")),
+    "csv_duplicate_column": (
+        "trace.csv",
+        "prompt_len,output_len,prompt_len\n10,5,20\n",
+        ("'prompt_len'", "more than once"),
+    ),
+    "csv_duplicate_after_spaces": (
+        "trace.csv",
+        "prompt_len, output_len, output_len\n10,5,20\n",
+        ("'output_len'", "more than once"),
+    ),
+    "csv_duplicate_azure_column": (
+        "trace.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens\n2023-11-16 18:15:46.68,374,44,3\n",
+        ("'ContextTokens'",),
+    ),
+    "csv_both_schemes": (
+        "trace.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens,prompt_len,output_len\n2023-11-16 18:15:46.68,374,44,10,5\n",
+        ("ContextTokens", "prompt_len", "keep one scheme"),
+    ),
+    "csv_azure_with_arrival_s": (
+        "trace.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens,arrival_s\n2023-11-16 18:15:46.68,374,44,0.5\n",
+        ("arrival_s", "keep one scheme"),
+    ),
+    "jsonl_duplicate_key": (
+        "trace.jsonl",
+        '{"prompt_len": 10, "output_len": 5, "prompt_len": 20}\n',
+        ("line 1", "'prompt_len'", "more than once"),
+    ),
+    "jsonl_both_schemes": (
+        "trace.jsonl",
+        '{"ContextTokens": 10, "GeneratedTokens": 5, "TIMESTAMP": "2023-11-16", "output_len": 5}\n',
+        ("output_len", "keep one scheme"),
+    ),
 }
 
 
@@ -658,8 +814,13 @@ def test_an_ambiguous_trace_is_refused(tmp_path, case):
     trace = tmp_path / name
     trace.write_text(text)
     out = tmp_path / "out"
-    proc = kvbench("run", suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"'),
-                   "--out", str(out), "--quiet")
+    proc = kvbench(
+        "run",
+        suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"'),
+        "--out",
+        str(out),
+        "--quiet",
+    )
     assert_one_line_error(proc, name, *needles)
     assert not out.exists()
 
@@ -669,18 +830,28 @@ def test_a_parquet_trace_with_a_duplicate_column_is_refused(tmp_path):
     import pyarrow.parquet as pq
 
     trace = tmp_path / "trace.parquet"
-    pq.write_table(pa.Table.from_arrays([pa.array([10]), pa.array([5]), pa.array([20])],
-                                        names=["prompt_len", "output_len", "prompt_len"]), trace)
-    proc = kvbench("run", suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"'),
-                   "--out", str(tmp_path / "out"), "--quiet")
+    pq.write_table(
+        pa.Table.from_arrays(
+            [pa.array([10]), pa.array([5]), pa.array([20])], names=["prompt_len", "output_len", "prompt_len"]
+        ),
+        trace,
+    )
+    proc = kvbench(
+        "run",
+        suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"'),
+        "--out",
+        str(tmp_path / "out"),
+        "--quiet",
+    )
     assert_one_line_error(proc, "trace.parquet", "'prompt_len'", "more than once")
 
 
 def test_trace_prompts_not_longer_than_the_prefix_are_refused(tmp_path):
     trace = tmp_path / "trace.csv"
     trace.write_text("prompt_len,output_len\n10,5\n200,5\n20,5\n21,5\n")
-    suite = suite_with(tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"\nprefix_groups = 2\n'
-                                                     "prefix_len = 20")
+    suite = suite_with(
+        tmp_path, 'source = "fixed"', f'source = "trace"\npath = "{trace}"\nprefix_groups = 2\nprefix_len = 20'
+    )
     out = tmp_path / "out"
     proc = kvbench("run", suite, "--out", str(out), "--quiet")
     assert_one_line_error(proc, "trace.csv", "2 of the 4 prompts", "prefix_len (20)")

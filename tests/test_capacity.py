@@ -1,4 +1,4 @@
-"""Capacity at an SLO (issue 19): the highest rate each policy serves within a latency bound,
+"""Capacity at an SLO: the highest rate each policy serves within a latency bound,
 read off a rate sweep, refined by bisection, set beside the paper's Figure 12 ranges; and the
 suite forms that make a sweep (a workload's own rate list, duration_s)."""
 
@@ -11,29 +11,33 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from reportkit import run, runs_frame, workload
 from kvbench.app import cli
 from kvbench.app.suite import parse_suite
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.capacity import capacity_ratios, capacity_table, capacity_vs_published
 from kvbench.reports.records import load
+from reportkit import run, runs_frame, workload
+
 from tests.conftest import assert_one_line_error, kvbench
 
 SLO = pd.DataFrame([{"suite": "golden", "metric": "normalized_latency_mean_s", "bound": 0.5}])
 
 
 def sweep(policy: str, latencies: dict[float, float | None]) -> list[dict]:
-    return [run("sim", policy, wl=workload(f"w{int(rate * 100):04d}{'0' * 12}", rate=rate),
-                normalized_latency_mean_s=value) for rate, value in latencies.items()]
+    return [
+        run("sim", policy, wl=workload(f"w{int(rate * 100):04d}{'0' * 12}", rate=rate), normalized_latency_mean_s=value)
+        for rate, value in latencies.items()
+    ]
 
 
 def test_capacity_is_the_last_rate_within_the_bound_before_the_first_over_it() -> None:
-    rows = (sweep("paged", {0.5: 0.1, 1.0: 0.2, 2.0: 0.45, 4.0: 3.0, 8.0: 0.3})  # a lucky point after: ignored
-            + sweep("contiguous-max", {0.5: 0.2, 1.0: 0.9, 2.0: 5.0, 4.0: 9.0, 8.0: 20.0})
-            + sweep("contiguous-oracle", {0.5: 0.1, 1.0: 0.1, 2.0: 0.1, 4.0: 0.2, 8.0: 0.3})  # never over
-            + sweep("contiguous-pow2", {0.5: 0.7, 1.0: None, 2.0: 9.0, 4.0: 9.0, 8.0: 9.0}))  # over from the start
+    rows = (
+        sweep("paged", {0.5: 0.1, 1.0: 0.2, 2.0: 0.45, 4.0: 3.0, 8.0: 0.3})  # a lucky point after: ignored
+        + sweep("contiguous-max", {0.5: 0.2, 1.0: 0.9, 2.0: 5.0, 4.0: 9.0, 8.0: 20.0})
+        + sweep("contiguous-oracle", {0.5: 0.1, 1.0: 0.1, 2.0: 0.1, 4.0: 0.2, 8.0: 0.3})  # never over
+        + sweep("contiguous-pow2", {0.5: 0.7, 1.0: None, 2.0: 9.0, 4.0: 9.0, 8.0: 9.0})
+    )  # over from the start
     table = capacity_table(runs_frame(rows), SLO).set_index("policy")
     assert table.loc["paged", "capacity_rps"] == 2.0 and table.loc["paged", "next_rps"] == 4.0
     assert table.loc["paged", "status"] == "within the sweep" and table.loc["paged", "rates"] == 5
@@ -51,10 +55,24 @@ def test_a_published_range_is_met_inside_and_missed_by_the_distance_to_its_neare
     rows = sweep("paged", {1.0: 0.1, 2.0: 0.2, 4.0: 3.0}) + sweep("contiguous-max", {1.0: 0.1, 2.0: 0.9, 4.0: 3.0})
     runs = runs_frame(rows)
     ratios = capacity_ratios(capacity_table(runs, SLO))  # paged 2 ÷ max 1 = 2
-    ref = pd.DataFrame([{"suite": "golden", "item": "x", "policy": "paged", "baseline_policy": "contiguous-max",
-                         "metric": "capacity_rps", "published": low, "published_max": high, "basis": "predicted",
-                         "workload_id": rows[0]["workload_id"], "source": "s", "note": None}
-                        for low, high in ((1.5, 2.5), (2.5, 8.0), (1.0, None))])
+    ref = pd.DataFrame(
+        [
+            {
+                "suite": "golden",
+                "item": "x",
+                "policy": "paged",
+                "baseline_policy": "contiguous-max",
+                "metric": "capacity_rps",
+                "published": low,
+                "published_max": high,
+                "basis": "predicted",
+                "workload_id": rows[0]["workload_id"],
+                "source": "s",
+                "note": None,
+            }
+            for low, high in ((1.5, 2.5), (2.5, 8.0), (1.0, None))
+        ]
+    )
     table = capacity_vs_published(ratios, ref, runs)
     assert table["reproduced"].tolist() == [2.0, 2.0, 2.0]
     assert table["off"].tolist() == pytest.approx([0.0, 2.0 / 2.5 - 1, 1.0])
@@ -123,13 +141,17 @@ def test_a_workload_sweeps_its_own_rates_and_duration_sets_the_count() -> None:
     with pytest.raises(KvbenchError, match="duration_s needs a rate arrival"):
         WorkloadSpec(source="sharegpt", duration_s=100)
     with pytest.raises(KvbenchError, match="swept both"):
-        parse_suite(SUITE.replace("{refine}", "0").replace('block_size = [16]', 'block_size = [16]\nrate = [1.0]'),
-                    "cap.toml")
+        parse_suite(
+            SUITE.replace("{refine}", "0").replace("block_size = [16]", "block_size = [16]\nrate = [1.0]"), "cap.toml"
+        )
 
 
 BAD = {
-    "slo_metric_not_latency": (("bound = 0.3", 'bound = 0.3\n'), ('metric = "normalized_latency_mean_s"',
-                                                                  'metric = "mean_running"'), ("mean_running",)),
+    "slo_metric_not_latency": (
+        ("bound = 0.3", "bound = 0.3\n"),
+        ('metric = "normalized_latency_mean_s"', 'metric = "mean_running"'),
+        ("mean_running",),
+    ),
     "slo_bound_zero": (("bound = 0.3", "bound = 0"), None, ("bound",)),
     "slo_refine_negative": (("refine = 0", "refine = -1"), None, ("refine",)),
     "slo_unknown_key": (("refine = 0", "refine = 0\nbounds = 1"), None, ("bounds",)),
@@ -160,7 +182,7 @@ def test_the_figure_12_suite_reproduces_the_papers_capacity_ranges(tmp_path: Pat
     assert len(table) == 8 and (table["status"] == "within the sweep").all()
     published = capacity_vs_published(capacity_ratios(table), records.reference, records.runs)
     assert len(published) == 2 and published["reproduced"].notna().all()
-    # Issue 19's goal: within 20% of what the paper reports (here a range over its three models).
+    # The goal: within 20% of what the paper reports (here a range over its three models).
     assert (published["off"].abs() <= 0.20).all(), published[["item", "reproduced", "off"]].to_string()
     assert "published vs reproduced capacity ratios" in printed.getvalue()
     assert (tmp_path / "report" / "8-swept-curves.png").stat().st_size > 20_000  # drawn, not a placeholder
@@ -170,8 +192,10 @@ def test_figure_8_draws_the_slo_bound_on_the_latency_panel() -> None:
     from kvbench.reports.figures import swept_curves
     from kvbench.reports.tables import summary
 
-    rows = [dict(r, clock="roofline", mean_running=1.0, tokens_per_s=1.0)
-            for r in sweep("paged", {0.5: 0.1, 1.0: 0.2, 2.0: 0.45, 4.0: 3.0})]
+    rows = [
+        dict(r, clock="roofline", mean_running=1.0, tokens_per_s=1.0)
+        for r in sweep("paged", {0.5: 0.1, 1.0: 0.2, 2.0: 0.45, 4.0: 3.0})
+    ]
     plot = swept_curves(summary(runs_frame(rows)), [0.3])
     assert plot.figure is not None and "SLO bound" in plot.note
     axes = [ax for ax in plot.figure.get_axes() if ax.get_title().startswith("normalized latency")]

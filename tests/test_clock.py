@@ -17,21 +17,27 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
+from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
 from kvbench.harness.sim.clock import ProfileClock, StepWork
 from kvbench.harness.spec.clock_model import ClockTerms, RecentCounts, cache_misses
 from kvbench.harness.spec.clock_profile import load_profile
-from kvbench.harness.errors import KvbenchError
 from kvbench.reports.calibration import fit, fit_terms, misses, nnls, predict
+
 from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
 
 PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written fixture terms (format version 1)
 KNEE_PROFILE = DATA / "profile-opt-13b-fp16-b16-knee.json"  # the same, version 2, with an early-token cost
 CACHE_PROFILE = DATA / "profile-opt-13b-fp16-b16-cache.json"  # version 3: primitive-cache terms, a cache of 4
 
-TERMS = ClockTerms(step_s=3e-3, per_token_s=3.5e-5, per_seq_s=5e-5, per_context_token_s=3e-7,
-                   per_attention_pair_s=2e-8, per_early_token_s=1.2e-5)
+TERMS = ClockTerms(
+    step_s=3e-3,
+    per_token_s=3.5e-5,
+    per_seq_s=5e-5,
+    per_context_token_s=3e-7,
+    per_attention_pair_s=2e-8,
+    per_early_token_s=1.2e-5,
+)
 
 
 def test_profile_step_times_are_step_time_bit_for_bit():
@@ -42,9 +48,11 @@ def test_profile_step_times_are_step_time_bit_for_bit():
         pairs = context + rng.integers(0, 10**5, 300)
         seqs = rng.integers(1, 64, 300)
         assert clock.step_times(n, context, pairs, seqs).tolist() == [
-            clock.step_time(StepWork(n, int(c), int(p), int(s))) for c, p, s in zip(context, pairs, seqs)]
+            clock.step_time(StepWork(n, int(c), int(p), int(s))) for c, p, s in zip(context, pairs, seqs)
+        ]
         assert clock.step_times(n, context, pairs, n).tolist() == [
-            clock.step_time(StepWork(n, int(c), int(p), n)) for c, p in zip(context, pairs)]
+            clock.step_time(StepWork(n, int(c), int(p), n)) for c, p in zip(context, pairs)
+        ]
 
 
 def test_recent_counts_is_an_lru_of_distinct_counts():
@@ -54,9 +62,18 @@ def test_recent_counts_is_an_lru_of_distinct_counts():
     assert cache_misses(np.array([3, 3, 0, 4, 3, 5, 4, 0, 3]), 2).tolist() == [1, 0, 0, 1, 0, 1, 1, 0, 1]
 
 
-CACHE_TERMS = ClockTerms(step_s=3e-3, per_token_s=3.5e-5, per_seq_s=5e-5, per_context_token_s=3e-7,
-                         per_attention_pair_s=2e-8, per_early_token_s=1.2e-5, miss_s=4e-4, miss_per_token_s=3e-6,
-                         seq_miss_s=6e-4, primitive_cache=3)
+CACHE_TERMS = ClockTerms(
+    step_s=3e-3,
+    per_token_s=3.5e-5,
+    per_seq_s=5e-5,
+    per_context_token_s=3e-7,
+    per_attention_pair_s=2e-8,
+    per_early_token_s=1.2e-5,
+    miss_s=4e-4,
+    miss_per_token_s=3e-6,
+    seq_miss_s=6e-4,
+    primitive_cache=3,
+)
 
 
 def test_cache_clock_peek_and_take_many_are_take_step_by_step():
@@ -68,8 +85,11 @@ def test_cache_clock_peek_and_take_many_are_take_step_by_step():
         steps = int(rng.integers(1, 30))
         # One count for the whole stretch, or one per step (a stretch in which decoders finish).
         tokens = int(rng.integers(1, 6)) if rng.random() < 0.3 else rng.integers(0, 6, steps)
-        seqs = tokens if rng.random() < 0.5 else (int(rng.integers(1, 6)) if rng.random() < 0.3
-                                                   else rng.integers(1, 6, steps))
+        seqs = (
+            tokens
+            if rng.random() < 0.5
+            else (int(rng.integers(1, 6)) if rng.random() < 0.3 else rng.integers(1, 6, steps))
+        )
         a, b = ProfileClock(CACHE_TERMS), ProfileClock(CACHE_TERMS)
         for v in warm:
             assert a.take(v, v) == b.take(v, v)
@@ -102,8 +122,16 @@ def _synthetic_steps(rng: np.random.Generator, n: int, noise: float) -> pd.DataF
     tokens = np.where(prefill, seqs + rng.integers(10, 1000, n), seqs)
     context = seqs * rng.integers(20, 900, n)
     pairs = np.where(prefill, context + (tokens - seqs) * rng.integers(10, 900, n), context)
-    steps = pd.DataFrame({"run_id": "r0", "step": np.arange(n), "scheduled_tokens": tokens, "scheduled_seqs": seqs,
-                          "context_tokens": context, "attention_pairs": pairs})
+    steps = pd.DataFrame(
+        {
+            "run_id": "r0",
+            "step": np.arange(n),
+            "scheduled_tokens": tokens,
+            "scheduled_seqs": seqs,
+            "context_tokens": context,
+            "attention_pairs": pairs,
+        }
+    )
     exact = predict(TERMS, steps)
     steps["step_wall_s"] = exact * (1 + noise * rng.standard_normal(n))
     return steps
@@ -113,6 +141,7 @@ def test_fit_recovers_primitive_cache_terms():
     """Steps whose token counts come back after others (misses in a cache of 32) cost more; the
     fit tells that cost apart from the dense layers' and the requests'."""
     from kvbench.reports.calibration import TERM_NAMES
+
     rng = np.random.default_rng(5)
     terms = dataclasses.replace(CACHE_TERMS, primitive_cache=32)
     frames = []
@@ -123,8 +152,18 @@ def test_fit_recovers_primitive_cache_terms():
         tokens = np.where(prefill, seqs + rng.integers(10, 1000, n), seqs)
         context = seqs * rng.integers(20, 900, n)
         pairs = np.where(prefill, context + (tokens - seqs) * rng.integers(10, 900, n), context)
-        frames.append(pd.DataFrame({"run_id": f"r{run}", "step": np.arange(n), "scheduled_tokens": tokens,
-                                    "scheduled_seqs": seqs, "context_tokens": context, "attention_pairs": pairs}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run_id": f"r{run}",
+                    "step": np.arange(n),
+                    "scheduled_tokens": tokens,
+                    "scheduled_seqs": seqs,
+                    "context_tokens": context,
+                    "attention_pairs": pairs,
+                }
+            )
+        )
     steps = pd.concat(frames, ignore_index=True)
     token_miss, seq_miss = misses(steps, 32)
     assert 0.1 < token_miss.mean() < 0.9 and 0.01 < seq_miss.mean() < 0.9  # hits and misses of both kinds
@@ -138,8 +177,14 @@ def test_fit_recovers_primitive_cache_terms():
 def test_fit_recovers_known_terms_and_keeps_them_non_negative():
     rng = np.random.default_rng(0)
     exact = fit_terms(_synthetic_steps(rng, 2000, 0.0))
-    for name in ("step_s", "per_token_s", "per_seq_s", "per_context_token_s", "per_attention_pair_s",
-                 "per_early_token_s"):
+    for name in (
+        "step_s",
+        "per_token_s",
+        "per_seq_s",
+        "per_context_token_s",
+        "per_attention_pair_s",
+        "per_early_token_s",
+    ):
         assert getattr(exact, name) == pytest.approx(getattr(TERMS, name), rel=1e-6), name
     assert exact.token_knee == 256
     noisy = fit(_synthetic_steps(rng, 3000, 0.05))
@@ -159,8 +204,15 @@ def test_fit_recovers_known_terms_and_keeps_them_non_negative():
     assert (x >= 0).all() and x[1] == 0.0
 
 
-def _profile_suite(profile: Path, clock_line: str = "", extra: str = "", policy: str = '"paged"',
-                   block: int = 16, kv: str = "fp16", preset: str = "opt-13b") -> str:
+def _profile_suite(
+    profile: Path,
+    clock_line: str = "",
+    extra: str = "",
+    policy: str = '"paged"',
+    block: int = 16,
+    kv: str = "fp16",
+    preset: str = "opt-13b",
+) -> str:
     return f"""
 name = "profiled"
 [model]
@@ -198,17 +250,25 @@ def test_sim_on_a_profile_prices_each_step_with_its_terms(out):
 
 @pytest.mark.parametrize("profile", [PROFILE, KNEE_PROFILE], ids=["version-1", "version-2-knee"])
 def test_profile_step_time_of_one_request_by_hand(out, profile):
-    text = _profile_suite(profile).replace('source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
-                                           'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1')
+    text = _profile_suite(profile).replace(
+        'source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
+        'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1',
+    )
     (row,), steps = run_suite_text(text, out)
     t = load_profile(profile).terms
     # A version 1 profile has no early-token term: its steps are priced by the five terms alone, exactly.
     assert (t.per_early_token_s == 0.0) == (profile == PROFILE)
     # (tokens, seqs, context after the step, tokens × context): the prefill, then two decodes.
     work = [(4, 1, 4, 16), (1, 1, 5, 5), (1, 1, 6, 6)]
-    expected = [t.step_s + n * t.per_token_s + q * t.per_seq_s + c * t.per_context_token_s + p * t.per_attention_pair_s
-                + (n * t.per_early_token_s if profile == KNEE_PROFILE else 0.0)  # n < the knee of 256
-                for n, q, c, p in work]
+    expected = [
+        t.step_s
+        + n * t.per_token_s
+        + q * t.per_seq_s
+        + c * t.per_context_token_s
+        + p * t.per_attention_pair_s
+        + (n * t.per_early_token_s if profile == KNEE_PROFILE else 0.0)  # n < the knee of 256
+        for n, q, c, p in work
+    ]
     # Start times accumulate the step times left to right, exactly (dt_s is their difference).
     assert steps[row["run_id"]]["t_s"].tolist() == [0.0, expected[0], expected[0] + expected[1]]
     assert row["sim_time_s"] == expected[0] + expected[1] + expected[2]
@@ -220,12 +280,20 @@ def test_profile_cache_misses_by_hand(out):
     second nothing."""
     text = _profile_suite(CACHE_PROFILE).replace(
         'source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
-        'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1')
+        'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1',
+    )
     (row,), steps = run_suite_text(text, out)
     t = load_profile(CACHE_PROFILE).terms
     assert t.primitive_cache == 4 and t.miss_s > 0 and t.seq_miss_s > 0
-    base = [t.step_s + n * t.per_token_s + q * t.per_seq_s + c * t.per_context_token_s + p * t.per_attention_pair_s
-            + n * t.per_early_token_s for n, q, c, p in [(4, 1, 4, 16), (1, 1, 5, 5), (1, 1, 6, 6)]]
+    base = [
+        t.step_s
+        + n * t.per_token_s
+        + q * t.per_seq_s
+        + c * t.per_context_token_s
+        + p * t.per_attention_pair_s
+        + n * t.per_early_token_s
+        for n, q, c, p in [(4, 1, 4, 16), (1, 1, 5, 5), (1, 1, 6, 6)]
+    ]
     extra = [(t.miss_s + 4 * t.miss_per_token_s) + t.seq_miss_s, (t.miss_s + 1 * t.miss_per_token_s) + 0.0, 0.0]
     dt = [b + e for b, e in zip(base, extra)]
     assert steps[row["run_id"]]["t_s"].tolist() == [0.0, dt[0], dt[0] + dt[1]]
@@ -244,7 +312,7 @@ def test_run_id_follows_the_profile_content_not_its_path(tmp_path):
 
     def run_id(path: Path) -> str:
         suite = parse_suite(_profile_suite(path), str(tmp_path / "s.toml"))
-        (spec, wl), = list(suite.cells())
+        ((spec, wl),) = list(suite.cells())
         return spec.run_id("w")
 
     assert run_id(PROFILE) == run_id(copy) != run_id(changed)
@@ -350,9 +418,12 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
 
     # Two workloads in two rounds: the report splits the step-sum error into the machine's phase
     # per round and the model's offset per workload.
-    two = both.replace("[workload]", "[workloads.a]").replace("[grid]", "[workloads.b]\nsource = \"fixed\"\n"
-                                                               "prompt_len = 40\noutput_len = 8\nnum_requests = 16\n"
-                                                               "arrival = \"batch\"\n[grid]\nrepeat = [0, 1]")
+    two = both.replace("[workload]", "[workloads.a]").replace(
+        "[grid]",
+        '[workloads.b]\nsource = "fixed"\n'
+        "prompt_len = 40\noutput_len = 8\nnum_requests = 16\n"
+        'arrival = "batch"\n[grid]\nrepeat = [0, 1]',
+    )
     res2 = tmp_path / "res2"
     suite.write_text(two)
     proc = kvbench("run", str(suite), "--out", str(res2), "--quiet", timeout=600)
@@ -372,11 +443,15 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
 
 # -- bad input ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("change, needle", [
-    (dict(preset="llama-3-8b"), "fitted on model opt-13b"),
-    (dict(kv="fp8"), "fitted with KV fp16, not fp8"),
-    (dict(block=32), "fitted with block size 16, not 32"),
-])
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (dict(preset="llama-3-8b"), "fitted on model opt-13b"),
+        (dict(kv="fp8"), "fitted with KV fp16, not fp8"),
+        (dict(block=32), "fitted with block size 16, not 32"),
+    ],
+)
 def test_a_profile_from_another_setup_is_refused(tmp_path, change, needle):
     suite = tmp_path / "s.toml"
     suite.write_text(_profile_suite(PROFILE, **change))
@@ -392,13 +467,19 @@ def test_contiguous_cells_take_the_profile_at_any_block_size(out):
     assert rows[0]["status"] == "ok"
 
 
-@pytest.mark.parametrize("content, needle", [
-    (b"{not json", "not JSON"),
-    (json.dumps({"format": "kvbench.clock_profile", "version": 99}).encode(), "format version 99 is newer"),
-    (json.dumps({"format": "something-else"}).encode(), "not a kvbench clock profile"),
-    (PROFILE.read_bytes().replace(b'"step_s": 0.012', b'"step_s": -1'), "corrupt clock profile"),
-    (CACHE_PROFILE.read_bytes().replace(b'"primitive_cache": 4', b'"primitive_cache": 1.5'), "primitive_cache must be a whole"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"{not json", "not JSON"),
+        (json.dumps({"format": "kvbench.clock_profile", "version": 99}).encode(), "format version 99 is newer"),
+        (json.dumps({"format": "something-else"}).encode(), "not a kvbench clock profile"),
+        (PROFILE.read_bytes().replace(b'"step_s": 0.012', b'"step_s": -1'), "corrupt clock profile"),
+        (
+            CACHE_PROFILE.read_bytes().replace(b'"primitive_cache": 4', b'"primitive_cache": 1.5'),
+            "primitive_cache must be a whole",
+        ),
+    ],
+)
 def test_a_corrupt_or_newer_profile_is_one_line(tmp_path, content, needle):
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)
@@ -415,28 +496,39 @@ def test_profile_clock_settings_are_checked(tmp_path):
     suite.write_text(_profile_suite(PROFILE).replace(f'clock_profile = "{PROFILE}"', ""))
     assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), "needs clock_profile")
     suite.write_text(_profile_suite(PROFILE).replace('clock = "profile"', 'clock = "measured"'))
-    assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")),
-                          'clock = "measured"', "only torch and vllm measure steps")
+    assert_one_line_error(
+        kvbench("run", str(suite), "--out", str(tmp_path / "o")),
+        'clock = "measured"',
+        "only torch and vllm measure steps",
+    )
     with pytest.raises(KvbenchError, match="not a kvbench clock profile"):
         from kvbench.harness.spec.clock_profile import parse_profile
+
         parse_profile(b"[]", "x")
 
 
 def test_clock_profile_option_is_checked(tmp_path):
     example = str(Path(__file__).resolve().parents[1] / "suites" / "example.toml")
-    assert_one_line_error(kvbench("run", example, "--clock-profile", str(tmp_path / "nope.json"),
-                                  "--out", str(tmp_path / "o")), "no such clock profile")
-    assert_one_line_error(kvbench("run", example, "--clock-profile", str(PROFILE), "--out", str(tmp_path / "o")),
-                          'no cell of suite', 'clock = "profile"')
+    assert_one_line_error(
+        kvbench("run", example, "--clock-profile", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o")),
+        "no such clock profile",
+    )
+    assert_one_line_error(
+        kvbench("run", example, "--clock-profile", str(PROFILE), "--out", str(tmp_path / "o")),
+        "no cell of suite",
+        'clock = "profile"',
+    )
     assert not (tmp_path / "o").exists()
 
 
 def test_calibrate_needs_measured_steps(tmp_path, out):
-    assert_one_line_error(kvbench("calibrate", str(tmp_path / "nope"), "--out", str(tmp_path / "p.json")),
-                          "no such results directory")
+    assert_one_line_error(
+        kvbench("calibrate", str(tmp_path / "nope"), "--out", str(tmp_path / "p.json")), "no such results directory"
+    )
     run_suite_text(_profile_suite(PROFILE), out)  # sim only: no measured steps
-    assert_one_line_error(kvbench("calibrate", str(out), "--out", str(tmp_path / "p.json")),
-                          "no ok runs of a runner that measures steps")
+    assert_one_line_error(
+        kvbench("calibrate", str(out), "--out", str(tmp_path / "p.json")), "no ok runs of a runner that measures steps"
+    )
     assert not (tmp_path / "p.json").exists()
     assert_one_line_error(kvbench("calibrate", str(out), "--out", str(tmp_path / "p.txt")), "a profile is a .json")
 
@@ -444,16 +536,18 @@ def test_calibrate_needs_measured_steps(tmp_path, out):
 def test_calibrate_refuses_too_few_steps(tmp_path):
     pytest.importorskip("torch")
     suite = tmp_path / "few.toml"
-    suite.write_text(TORCH_MEASURED.replace("num_requests = 24", "num_requests = 1")
-                     .replace("output_max = 40", "output_max = 5"))
+    suite.write_text(
+        TORCH_MEASURED.replace("num_requests = 24", "num_requests = 1").replace("output_max = 40", "output_max = 5")
+    )
     res = tmp_path / "res"
     assert kvbench("run", str(suite), "--out", str(res), "--quiet", "--no-report", timeout=600).returncode == 0
-    assert_one_line_error(kvbench("calibrate", str(res), "--out", str(tmp_path / "p.json")),
-                          "measured steps; calibrate needs at least 50")
+    assert_one_line_error(
+        kvbench("calibrate", str(res), "--out", str(tmp_path / "p.json")), "measured steps; calibrate needs at least 50"
+    )
 
 
 def test_fit_roofline_bisects_a_monotone_metric_to_its_target() -> None:
-    from kvbench.app.fit_roofline import bisect
+    from kvbench.app.commands.fit_roofline import bisect
     from kvbench.harness.errors import KvbenchError
 
     trials: list[tuple[float, float]] = []
@@ -468,12 +562,12 @@ def test_fit_roofline_bisects_a_monotone_metric_to_its_target() -> None:
 
 def test_runs_too_short_for_a_held_out_block_hold_out_every_fifth_step():
     import pandas as pd
-
     from kvbench.reports.calibration import HOLDOUT_BLOCK, HOLDOUT_EVERY, held_out_mask
 
     short = pd.DataFrame({"step": np.arange(HOLDOUT_BLOCK * (HOLDOUT_EVERY - 1) - 1)})
     held = held_out_mask(short)
     assert held.any() and list(np.flatnonzero(held)) == list(range(HOLDOUT_EVERY - 1, len(short), HOLDOUT_EVERY))
     long = pd.DataFrame({"step": np.arange(HOLDOUT_BLOCK * HOLDOUT_EVERY)})
-    assert list(np.flatnonzero(held_out_mask(long))) == list(range(HOLDOUT_BLOCK * (HOLDOUT_EVERY - 1),
-                                                                   HOLDOUT_BLOCK * HOLDOUT_EVERY))
+    assert list(np.flatnonzero(held_out_mask(long))) == list(
+        range(HOLDOUT_BLOCK * (HOLDOUT_EVERY - 1), HOLDOUT_BLOCK * HOLDOUT_EVERY)
+    )

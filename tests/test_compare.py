@@ -7,18 +7,38 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
+from kvbench.reports.compare import (
+    BASE_ONLY,
+    CAND_ONLY,
+    IMPROVEMENT,
+    NOISE,
+    REGRESSION,
+    SAME,
+    TOO_FEW,
+    WITHIN,
+    compare,
+    to_json,
+    to_markdown,
+)
 from reportkit import W2, kvbench, run, write_records
-from kvbench.reports.compare import (BASE_ONLY, CAND_ONLY, IMPROVEMENT, NOISE, REGRESSION, SAME, TOO_FEW, WITHIN, compare,
-                             to_json, to_markdown)
 
 TOL = 0.02
 
 
 def base_rows() -> list[dict]:
-    return [run("sim", "contiguous-max", mean_running=2.0, peak_running=2, tokens_per_s=10.0, wall_tokens_per_s=1e6),
-            run("sim", "paged", 16, mean_running=4.0, peak_running=6, tokens_per_s=20.0, preemptions=3,
-                wall_tokens_per_s=1e6)]
+    return [
+        run("sim", "contiguous-max", mean_running=2.0, peak_running=2, tokens_per_s=10.0, wall_tokens_per_s=1e6),
+        run(
+            "sim",
+            "paged",
+            16,
+            mean_running=4.0,
+            peak_running=6,
+            tokens_per_s=20.0,
+            preemptions=3,
+            wall_tokens_per_s=1e6,
+        ),
+    ]
 
 
 def changed(rows: list[dict], policy: str, **metrics: object) -> list[dict]:
@@ -33,6 +53,7 @@ def verdicts(base: list[dict], cand: list[dict], metric: str | None = None) -> d
 
 
 # -- the pure comparison ---------------------------------------------------------------
+
 
 def test_identical_cells_are_the_same() -> None:
     result = compare(pd.DataFrame(base_rows()), pd.DataFrame(base_rows()), TOL)
@@ -81,8 +102,18 @@ def test_infeasible_on_both_sides_is_the_same() -> None:
 
 
 def test_cells_match_by_spec_not_by_suite_run_id_or_provenance() -> None:
-    cand = [dict(r, suite="renamed", run_id=r["run_id"] + "x", git_sha="f" * 40, host="other", repeat=5,
-                 spec_json=r["spec_json"].replace('"suite": "golden"', '"suite": "renamed"')) for r in base_rows()]
+    cand = [
+        dict(
+            r,
+            suite="renamed",
+            run_id=r["run_id"] + "x",
+            git_sha="f" * 40,
+            host="other",
+            repeat=5,
+            spec_json=r["spec_json"].replace('"suite": "golden"', '"suite": "renamed"'),
+        )
+        for r in base_rows()
+    ]
     result = compare(pd.DataFrame(base_rows()), pd.DataFrame(cand), TOL)
     assert set(result["cell"]) == {"sim/contiguous-max", "sim/paged b16"}
     assert set(result["verdict"]) == {SAME, TOO_FEW}  # TOO_FEW: sim's wall_tokens_per_s, one run a side
@@ -101,8 +132,19 @@ def test_one_sided_cells_are_listed() -> None:
 
 
 def timed(runner: str, values: list[float]) -> list[dict]:
-    return [run(runner, "paged", 16, repeat=i, mean_running=4.0, tokens_per_s=v, wall_tokens_per_s=v,
-                mean_step_wall_s=1.0 / v) for i, v in enumerate(values)]
+    return [
+        run(
+            runner,
+            "paged",
+            16,
+            repeat=i,
+            mean_running=4.0,
+            tokens_per_s=v,
+            wall_tokens_per_s=v,
+            mean_step_wall_s=1.0 / v,
+        )
+        for i, v in enumerate(values)
+    ]
 
 
 def test_timed_metrics_with_two_repetitions_are_not_judged() -> None:
@@ -117,16 +159,18 @@ def test_timed_metrics_with_two_repetitions_are_not_judged() -> None:
 
 
 def test_timed_2x_slower_beyond_the_spread_regresses() -> None:
-    result = compare(pd.DataFrame(timed("torch", [100.0, 101.0, 99.0])),
-                     pd.DataFrame(timed("torch", [50.0, 51.0, 49.0])), TOL)
+    result = compare(
+        pd.DataFrame(timed("torch", [100.0, 101.0, 99.0])), pd.DataFrame(timed("torch", [50.0, 51.0, 49.0])), TOL
+    )
     by_metric = dict(zip(result["metric"], result["verdict"]))
     assert by_metric["wall_tokens_per_s"] == REGRESSION
     assert by_metric["mean_step_wall_s"] == REGRESSION
 
 
 def test_timed_5_percent_slower_inside_the_spread_is_noise() -> None:
-    result = compare(pd.DataFrame(timed("torch", [100.0, 80.0, 120.0])),
-                     pd.DataFrame(timed("torch", [95.0, 76.0, 114.0])), TOL)
+    result = compare(
+        pd.DataFrame(timed("torch", [100.0, 80.0, 120.0])), pd.DataFrame(timed("torch", [95.0, 76.0, 114.0])), TOL
+    )
     assert dict(zip(result["metric"], result["verdict"]))["wall_tokens_per_s"] == NOISE
 
 
@@ -170,6 +214,7 @@ def test_json_renderer_round_trips() -> None:
 
 # -- the real command line ------------------------------------------------------------------
 
+
 @pytest.fixture
 def dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
     base = write_records(tmp_path / "base", base_rows())
@@ -200,8 +245,11 @@ def test_cli_worse_cell_exits_1_and_is_named(dirs: tuple[Path, Path, Path]) -> N
 def test_cli_bad_dirs_are_one_line_errors(dirs: tuple[Path, Path, Path], tmp_path: Path) -> None:
     base, _, _ = dirs
     (tmp_path / "empty").mkdir()
-    for args, needle in (((base, tmp_path / "nope"), "CAND_DIR"), ((tmp_path / "empty", base), "no runs/ directory"),
-                         ((base, base, "--tolerance", "-1"), "--tolerance")):
+    for args, needle in (
+        ((base, tmp_path / "nope"), "CAND_DIR"),
+        ((tmp_path / "empty", base), "no runs/ directory"),
+        ((base, base, "--tolerance", "-1"), "--tolerance"),
+    ):
         done = kvbench("compare", *args)
         assert done.returncode == 2, done.stdout
         assert len(done.stderr.splitlines()) == 1 and needle in done.stderr and "Traceback" not in done.stderr

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from kvbench.harness.sim.counted_stretch import CrossingPlan
 from kvbench.harness.sim.sequence import Seq
 

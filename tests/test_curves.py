@@ -11,12 +11,11 @@ from typing import Any
 
 import pandas as pd
 import pytest
-
-from reportkit import GIB, run, runs_frame, workload
 from conftest import run_suite_text
 from kvbench.reports import figdata, figures
 from kvbench.reports.records import load
 from kvbench.reports.tables import summary
+from reportkit import GIB, run, runs_frame, workload
 
 RATES = (0.5, 1.0, 2.0, 4.0, 8.0)
 POLICIES = ("contiguous-max", "contiguous-oracle", "paged")
@@ -33,8 +32,18 @@ def rate_rows(rates: tuple[float, ...] = RATES, prompt_len: int = 100, **kw: Any
     for wl in rate_workloads(rates, prompt_len):
         for k, policy in enumerate(POLICIES):
             r = wl["rate"]
-            rows.append(run("sim", policy, 16, wl=wl, mean_running=r * (k + 1), tokens_per_s=10.0 * r * (k + 1),
-                            token_states_frac=0.1 * (k + 1), **kw))
+            rows.append(
+                run(
+                    "sim",
+                    policy,
+                    16,
+                    wl=wl,
+                    mean_running=r * (k + 1),
+                    tokens_per_s=10.0 * r * (k + 1),
+                    token_states_frac=0.1 * (k + 1),
+                    **kw,
+                )
+            )
     return rows
 
 
@@ -48,6 +57,7 @@ def axis_named(axes: list[figdata.SweptAxis], column: str) -> figdata.SweptAxis:
 
 
 # -- the axis finder ----------------------------------------------------------------------------
+
 
 def test_a_rate_sweep_is_one_line_per_policy_sorted_by_rate() -> None:
     axes = figdata.swept_axes(cells_of(rate_rows()))
@@ -68,8 +78,11 @@ def test_two_rates_are_not_a_curve() -> None:
 
 
 def test_a_budget_sweep_is_found_and_its_ticks_are_in_bytes() -> None:
-    rows = [run("sim", policy, 16, budget_bytes=g * GIB, mean_running=float(g))
-            for g in (4, 8, 12, 16) for policy in ("contiguous-max", "paged")]
+    rows = [
+        run("sim", policy, 16, budget_bytes=g * GIB, mean_running=float(g))
+        for g in (4, 8, 12, 16)
+        for policy in ("contiguous-max", "paged")
+    ]
     axes = figdata.swept_axes(cells_of(rows))
     budget = axis_named(axes, "budget_bytes")
     assert len(budget.lines) == 2
@@ -152,6 +165,7 @@ def test_paged_keeps_the_block_size_nearest_16_off_the_block_axis() -> None:
 
 # -- the figure ---------------------------------------------------------------------------------
 
+
 def panels_of(plot: figures.Plot) -> list[Any]:
     assert plot.figure is not None
     return [ax for ax in plot.figure.get_axes() if ax.get_visible()]
@@ -191,8 +205,11 @@ def test_normalized_latency_is_drawn_in_seconds_and_never_for_the_steps_clock() 
 
 
 def test_budget_and_rate_sweeps_draw_a_row_each() -> None:
-    rows = rate_rows() + [run("sim", p, 16, budget_bytes=g * GIB, mean_running=float(g), tokens_per_s=1.0)
-                          for g in (2, 4, 8) for p in POLICIES]
+    rows = rate_rows() + [
+        run("sim", p, 16, budget_bytes=g * GIB, mean_running=float(g), tokens_per_s=1.0)
+        for g in (2, 4, 8)
+        for p in POLICIES
+    ]
     plot = figures.swept_curves(cells_of(rows))
     axes = panels_of(plot)
     assert len(axes) == 2 * 3
@@ -265,11 +282,15 @@ block_size = [16]
     assert all(list(line.get_xdata()) == [1.0, 4.0, 16.0] for ax in axes for line in ax.get_lines())
 
 
-@pytest.mark.parametrize("values, log, gap, kept", [
-    ([1.0, 2.0, 4.0, 8.0], True, 0.1, [1.0, 2.0, 4.0, 8.0]),
-    ([4.0, 8.0, 12.0, 16.0, 20.0, 24.0], True, 0.21, [4.0, 8.0, 12.0, 24.0]),
-    ([1.0, 1.1, 1.2], False, 0.9, [1.0, 1.2]),
-])
-def test_crowded_tick_labels_are_thinned_keeping_both_ends(values: list[float], log: bool, gap: float,
-                                                           kept: list[float]) -> None:
+@pytest.mark.parametrize(
+    "values, log, gap, kept",
+    [
+        ([1.0, 2.0, 4.0, 8.0], True, 0.1, [1.0, 2.0, 4.0, 8.0]),
+        ([4.0, 8.0, 12.0, 16.0, 20.0, 24.0], True, 0.21, [4.0, 8.0, 12.0, 24.0]),
+        ([1.0, 1.1, 1.2], False, 0.9, [1.0, 1.2]),
+    ],
+)
+def test_crowded_tick_labels_are_thinned_keeping_both_ends(
+    values: list[float], log: bool, gap: float, kept: list[float]
+) -> None:
     assert figures._spaced_ticks(values, log, gap) == kept

@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-
 from kvbench.harness.records import store
 from kvbench.harness.records.lock import LOCK_NAME
+
 from tests.conftest import ROOT, assert_one_line_error, tree
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text(encoding="utf-8")
@@ -33,12 +33,19 @@ SMALL = EXAMPLE.replace("num_requests = 200", "num_requests = 20")  # 4 sim cell
 CELLS = 4
 
 
-def cli(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None,
-        timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess (``cwd`` defaults to the repository)."""
-    full = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", *map(str, args)], capture_output=True,
-                          text=True, cwd=cwd or ROOT, env=full, timeout=timeout)
+    full = dict(os.environ, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.app.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        env=full,
+        timeout=timeout,
+    )
 
 
 def suite_file(folder: Path, text: str = SMALL, name: str = "suite.toml") -> Path:
@@ -53,8 +60,9 @@ def run_ok(suite: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[s
     return proc
 
 
-def refused_and_unchanged(proc: subprocess.CompletedProcess[str], root: Path, before: dict[str, tuple],
-                          *needles: str) -> None:
+def refused_and_unchanged(
+    proc: subprocess.CompletedProcess[str], root: Path, before: dict[str, tuple], *needles: str
+) -> None:
     assert_one_line_error(proc, *needles)
     assert tree(root) == before, "a refused command changed the tree"
 
@@ -69,6 +77,7 @@ def device_node(path: Path) -> bool:
 
 
 # -- --out FILE: only a new file or a regular file --------------------------------------------
+
 
 def _special(kind: str, path: Path, elsewhere: Path) -> None:
     if kind == "fifo":
@@ -129,11 +138,14 @@ def _umask() -> int:
     return mask
 
 
-@pytest.mark.parametrize("command", [
-    ["workload", "make", "--num-requests", "5", "--out", ""],
-    ["run", "suites/example.toml", "--quiet", "--out", ""],
-    ["calibrate", ".", "--out", ""],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["workload", "make", "--num-requests", "5", "--out", ""],
+        ["run", "suites/example.toml", "--quiet", "--out", ""],
+        ["calibrate", ".", "--out", ""],
+    ],
+)
 def test_an_empty_out_names_nothing(tmp_path, command):
     shutil.copy(ROOT / "suites" / "example.toml", tmp_path / "example.toml")
     command = [c.replace("suites/example.toml", str(tmp_path / "example.toml")) for c in command]
@@ -153,6 +165,7 @@ def test_run_out_that_is_not_a_directory_is_refused(tmp_path, kind):
 
 
 # -- inside a results directory: real folders only, foreign files never removed -------------------
+
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> tuple[Path, Path]:
@@ -202,8 +215,16 @@ def test_a_report_kvbench_wrote_is_replaced_and_so_is_an_older_one_without_a_man
     assert not [p for p in out.iterdir() if p.name.startswith(".report")]
 
 
-LINKED = ["runs", "steps", "requests", "workloads", "steps/run_id=*", "requests/run_id=*", LOCK_NAME,
-          "reference.parquet"]
+LINKED = [
+    "runs",
+    "steps",
+    "requests",
+    "workloads",
+    "steps/run_id=*",
+    "requests/run_id=*",
+    LOCK_NAME,
+    "reference.parquet",
+]
 
 
 @pytest.mark.parametrize("what", LINKED)
@@ -246,6 +267,7 @@ def test_an_orphan_partition_holding_foreign_files_is_left_alone(recorded, tmp_p
 
 
 # -- completeness from the records ---------------------------------------------------------------
+
 
 def _damage(out: Path, how: str) -> str:
     runs = sorted(p.name.split("=", 1)[1] for p in (out / "runs").glob("run_id=*"))
@@ -307,8 +329,9 @@ REFUSED_GRIDS = {
 def test_a_refused_grid_creates_nothing(tmp_path, case, existing):
     if case == "a_later_workload_refused":  # the first workload builds, the second cannot
         text = SMALL.replace("[workload]", "[workloads.a]").replace(
-            "[scheduler]", "[workloads.b]\nsource = \"fixed\"\nprompt_len = 5000\noutput_len = 10\n"
-                           "num_requests = 3\n[scheduler]")
+            "[scheduler]",
+            '[workloads.b]\nsource = "fixed"\nprompt_len = 5000\noutput_len = 10\nnum_requests = 3\n[scheduler]',
+        )
     else:
         old, new = REFUSED_GRIDS[case]
         text = SMALL.replace(old, new)
@@ -332,6 +355,7 @@ def test_reading_commands_leave_nothing_in_a_folder_that_is_not_a_results_direct
 
 # -- options that do not apply, and bounded waits -----------------------------------------------
 
+
 def test_address_without_ray_is_refused(tmp_path):
     suite = suite_file(tmp_path)
     before = tree(tmp_path)
@@ -343,8 +367,7 @@ def test_an_unreachable_ray_address_fails_at_once(tmp_path):
     suite = suite_file(tmp_path)
     before = tree(tmp_path)
     start = time.monotonic()
-    proc = cli("run", suite, "--out", tmp_path / "out", "--executor", "ray", "--address", "127.0.0.1:1",
-               timeout=120)
+    proc = cli("run", suite, "--out", tmp_path / "out", "--executor", "ray", "--address", "127.0.0.1:1", timeout=120)
     assert time.monotonic() - start < 60
     if "Ray is not installed" in proc.stderr:
         refused_and_unchanged(proc, tmp_path, before, "Ray is not installed")
@@ -372,6 +395,7 @@ def test_compare_fails_when_one_side_measured_nothing(tmp_path):
 
 # -- interrupts at any moment ----------------------------------------------------------------------
 
+
 def _handles_sigterm(pid: int) -> bool:
     """Whether the process has entered kvbench's main (it catches SIGTERM from then on)."""
     try:
@@ -388,9 +412,15 @@ def _handles_sigterm(pid: int) -> bool:
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(recorded, tmp_path, command, delay):
     suite, out = copy_of(recorded, tmp_path)
     args = ["run", suite, "--out", tmp_path / "fresh", "--quiet"] if command == "run" else ["report", out]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "kvbench.app.cli", *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.app.cli", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not _handles_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -406,6 +436,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(recorded, tmp_path, comma
 
 
 # -- what kvbench asks of the user's checkout ------------------------------------------------------
+
 
 def test_git_is_asked_without_taking_the_index_lock(monkeypatch):
     from kvbench.harness.records import provenance

@@ -7,9 +7,8 @@ import math
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from reportkit import W1, W2, run, runs_frame
 from kvbench.reports.decomposition import METRICS, decompose
+from reportkit import W1, W2, run, runs_frame
 
 
 def row(table: pd.DataFrame, metric: str, baseline: str | None = "contiguous-max", **keys: object) -> dict:
@@ -25,10 +24,26 @@ def torch_1_5x_vllm_3x() -> list[dict]:
     """Wall tokens/s: torch/paged is 1.5× torch/contiguous-max, vllm/paged 3× torch/paged: naive 4.5×."""
     return [
         run("torch", "contiguous-max", tokens_per_s=100.0, wall_tokens_per_s=80.0, mean_running=2.0, peak_running=2),
-        run("torch", "paged", 16, tokens_per_s=150.0, wall_tokens_per_s=120.0, mean_running=4.0, peak_running=8,
-            preemptions=5),
-        run("vllm", "paged", 16, tokens_per_s=300.0, wall_tokens_per_s=360.0, mean_running=5.0, peak_running=8,
-            preemptions=2),
+        run(
+            "torch",
+            "paged",
+            16,
+            tokens_per_s=150.0,
+            wall_tokens_per_s=120.0,
+            mean_running=4.0,
+            peak_running=8,
+            preemptions=5,
+        ),
+        run(
+            "vllm",
+            "paged",
+            16,
+            tokens_per_s=300.0,
+            wall_tokens_per_s=360.0,
+            mean_running=5.0,
+            peak_running=8,
+            preemptions=2,
+        ),
         run("sim", "contiguous-max", mean_running=2.0, peak_running=2, preemptions=0),
         run("sim", "paged", 16, mean_running=4.5, peak_running=9, preemptions=4),
         run("vllm-sched", "paged", 16, mean_running=4.5, peak_running=9, preemptions=4),
@@ -124,8 +139,11 @@ def test_different_models_are_flagged() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.floats(1e-3, 1e6), st.floats(1e-3, 1e6), st.floats(1e-3, 1e6))
 def test_product_identity_holds_exactly(contiguous: float, paged: float, vllm: float) -> None:
-    rows = [run("torch", "contiguous-max", wall_tokens_per_s=contiguous),
-            run("torch", "paged", 16, wall_tokens_per_s=paged), run("vllm", "paged", 16, wall_tokens_per_s=vllm)]
+    rows = [
+        run("torch", "contiguous-max", wall_tokens_per_s=contiguous),
+        run("torch", "paged", 16, wall_tokens_per_s=paged),
+        run("vllm", "paged", 16, wall_tokens_per_s=vllm),
+    ]
     tps = row(decompose(pd.DataFrame(rows)), "wall_tokens_per_s")
     assert tps["naive"] == tps["allocation"] * tps["runtime"]
     assert math.isclose(tps["naive"], vllm / contiguous, rel_tol=1e-12)

@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
 from kvbench.harness.records import store
 from kvbench.harness.records.recorder import MEASURED_FIELDS, RunRecorder, UnknownColumns
-from kvbench.harness.sim.scheduler import Arrivals
 from kvbench.harness.records.schema import REQUESTS, RUNS, STEPS, StepRow
+from kvbench.harness.sim.scheduler import Arrivals
 from kvbench.harness.sim.sequence import FINISHED, Seq
 from kvbench.runners.base import Cell, RunResult
 from kvbench.runners.common import base_row, expand_seqs

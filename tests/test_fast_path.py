@@ -13,21 +13,23 @@ import math
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from kvbench.harness.sim import counted_stretch
-from kvbench.harness.records import store
-from kvbench.harness.sim.clock import RooflineClock, StepWork
-from kvbench.harness.spec.clock_model import GPU_PRESETS
-from kvbench.harness.sim.fast_scheduler import FastScheduler
-from kvbench.harness.spec.geometry import resolve_model
-from kvbench.harness.records.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
-from kvbench.harness.records.schema import StepRow
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
+from kvbench.harness.records import store
+from kvbench.harness.records.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
+from kvbench.harness.records.schema import StepRow
+from kvbench.harness.sim import counted_stretch
+from kvbench.harness.sim.clock import RooflineClock, StepWork
+from kvbench.harness.sim.fast_scheduler import FastScheduler
+from kvbench.harness.spec.clock_model import GPU_PRESETS
+from kvbench.harness.spec.geometry import resolve_model
 from kvbench.runners.sim import SimRunner
+
 from tests.conftest import DATA
 
-ALL_POLICIES = '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
+ALL_POLICIES = (
+    '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
+)
 
 BASE = """
 name = "fast"
@@ -52,108 +54,215 @@ block_size = {block_sizes}
 """
 
 AZURE = DATA / "azure-conv-slice.csv"
-PROFILE = DATA / "profile-opt-13b-fp16-b16-knee.json"  # hand-written terms (every term > 0): a fixture, not a measurement
+PROFILE = (
+    DATA / "profile-opt-13b-fp16-b16-knee.json"
+)  # hand-written terms (every term > 0): a fixture, not a measurement
 # The same with primitive-cache terms and a cache of 4 counts, so that misses are frequent: a clock with memory.
 CACHE_PROFILE = DATA / "profile-opt-13b-fp16-b16-cache.json"
 
 CASES = {
     "roomy-sharegpt": dict(budget="12GiB", workload='source = "sharegpt"\nnum_requests = 300'),
     "tight-preempting": dict(budget="2300MiB", workload='source = "sharegpt"\nnum_requests = 200'),
-    "chunked-prefill": dict(budget="2GiB", tokens=96, seqs=32,
-                            workload='source = "lognormal"\nprompt_mean = 300.0\noutput_mean = 60.0\nnum_requests = 120'),
-    "prefix-groups-and-samples": dict(budget="2100MiB", workload='source = "uniform"\nprompt_min = 40\nprompt_max = 400\n'
-                                      'output_min = 1\noutput_max = 120\nnum_requests = 150\nprefix_groups = 4\n'
-                                      'prefix_len = 64\nn = 3'),
-    "poisson-roofline": dict(budget="3GiB", clock="roofline",
-                             workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
+    "chunked-prefill": dict(
+        budget="2GiB",
+        tokens=96,
+        seqs=32,
+        workload='source = "lognormal"\nprompt_mean = 300.0\noutput_mean = 60.0\nnum_requests = 120',
+    ),
+    "prefix-groups-and-samples": dict(
+        budget="2100MiB",
+        workload='source = "uniform"\nprompt_min = 40\nprompt_max = 400\n'
+        "output_min = 1\noutput_max = 120\nnum_requests = 150\nprefix_groups = 4\n"
+        "prefix_len = 64\nn = 3",
+    ),
+    "poisson-roofline": dict(
+        budget="3GiB",
+        clock="roofline",
+        workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0',
+    ),
     # The roofline with a fitted factor (roofline_scale): counted stretches price steps with it too.
-    "scaled-roofline": dict(budget="3GiB", clock="roofline", gpu='A100-40GB"\nroofline_scale = 1.534\n#"',
-                            workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0'),
+    "scaled-roofline": dict(
+        budget="3GiB",
+        clock="roofline",
+        gpu='A100-40GB"\nroofline_scale = 1.534\n#"',
+        workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0',
+    ),
     "swap": dict(budget="2300MiB", preemption="swap", workload='source = "sharegpt"\nnum_requests = 150'),
     # A calibrated clock (a fixture profile): Poisson arrivals priced by fitted terms, with preemption.
-    "poisson-profile-preempting": dict(budget="2300MiB", clock=f'profile"\nclock_profile = "{PROFILE}', block_sizes="[16]",
-                                       workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0'),
+    "poisson-profile-preempting": dict(
+        budget="2300MiB",
+        clock=f'profile"\nclock_profile = "{PROFILE}',
+        block_sizes="[16]",
+        workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0',
+    ),
     # A clock that remembers the counts it priced (primitive-cache misses): quiet and counted
     # stretches price look-ahead without taking it, then take the steps they record.
-    "profile-cache-misses": dict(budget="2300MiB", clock=f'profile"\nclock_profile = "{CACHE_PROFILE}', block_sizes="[16]",
-                                 workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0'),
-    "azure-slice": dict(preset="llama-3-8b", budget="1200MiB", max_len=8192, tokens=4096,
-                        workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 300\n'
-                                 'arrival = "trace"\ntime_scale = 0.02'),
+    "profile-cache-misses": dict(
+        budget="2300MiB",
+        clock=f'profile"\nclock_profile = "{CACHE_PROFILE}',
+        block_sizes="[16]",
+        workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0',
+    ),
+    "azure-slice": dict(
+        preset="llama-3-8b",
+        budget="1200MiB",
+        max_len=8192,
+        tokens=4096,
+        workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 300\narrival = "trace"\ntime_scale = 0.02',
+    ),
     # The benchmark's shape: real-time trace arrivals priced by the roofline clock (long quiet stretches).
-    "azure-trace-roofline": dict(preset="llama-3-8b", budget="1GiB", max_len=4096, seqs=256, clock="roofline",
-                                 gpu="A100-80GB", workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 150\n'
-                                                           'arrival = "trace"\ntime_scale = 0.05'),
+    "azure-trace-roofline": dict(
+        preset="llama-3-8b",
+        budget="1GiB",
+        max_len=4096,
+        seqs=256,
+        clock="roofline",
+        gpu="A100-80GB",
+        workload=f'source = "trace"\npath = "{AZURE}"\nlimit = 150\narrival = "trace"\ntime_scale = 0.05',
+    ),
     # Admission blocked while decoders run (the head does not fit), stretches with a waiting queue.
-    "blocked-admission": dict(preset="llama-3-8b", budget="700MiB", seqs=64, clock="roofline",
-                              workload='source = "lognormal"\nprompt_mean = 400.0\noutput_mean = 300.0\n'
-                                       'num_requests = 120\narrival = "poisson"\nrate = 20.0\nseed = 3'),
+    "blocked-admission": dict(
+        preset="llama-3-8b",
+        budget="700MiB",
+        seqs=64,
+        clock="roofline",
+        workload='source = "lognormal"\nprompt_mean = 400.0\noutput_mean = 300.0\n'
+        'num_requests = 120\narrival = "poisson"\nrate = 20.0\nseed = 3',
+    ),
     # Prefix caching where nothing is shared (one sample, no common prefix), under memory pressure:
     # counted stretches evict cached blocks and re-admit the preempted on their own cached blocks,
     # whole or in chunks, recompute and swap (asserted below).
-    "private-prefix-pressure": dict(preset="llama-3-8b", budget="600MiB", seqs=48, tokens=512, clock="roofline",
-                                    policies='["paged-prefix"]', block_sizes="[16, 8, 32]",
-                                    grid_extra='preemption = ["recompute", "swap"]',
-                                    workload='source = "uniform"\nprompt_min = 10\nprompt_max = 900\n'
-                                             'output_min = 1\noutput_max = 600\nnum_requests = 250\n'
-                                             'arrival = "poisson"\nrate = 30.0\nseed = 8'),
+    "private-prefix-pressure": dict(
+        preset="llama-3-8b",
+        budget="600MiB",
+        seqs=48,
+        tokens=512,
+        clock="roofline",
+        policies='["paged-prefix"]',
+        block_sizes="[16, 8, 32]",
+        grid_extra='preemption = ["recompute", "swap"]',
+        workload='source = "uniform"\nprompt_min = 10\nprompt_max = 900\n'
+        "output_min = 1\noutput_max = 600\nnum_requests = 250\n"
+        'arrival = "poisson"\nrate = 30.0\nseed = 8',
+    ),
     # Prefix caching under memory pressure: cached blocks are evicted (asserted below).
-    "prefix-evictions": dict(budget="600MiB", policies='["paged-prefix"]', block_sizes="[16, 8]",
-                             workload='source = "uniform"\nprompt_min = 64\nprompt_max = 300\noutput_min = 1\n'
-                                      'output_max = 200\nnum_requests = 200\nprefix_groups = 6\nprefix_len = 128\n'
-                                      'n = 2\narrival = "poisson"\nrate = 4.0'),
+    "prefix-evictions": dict(
+        budget="600MiB",
+        policies='["paged-prefix"]',
+        block_sizes="[16, 8]",
+        workload='source = "uniform"\nprompt_min = 64\nprompt_max = 300\noutput_min = 1\n'
+        "output_max = 200\nnum_requests = 200\nprefix_groups = 6\nprefix_len = 128\n"
+        'n = 2\narrival = "poisson"\nrate = 4.0',
+    ),
     # More steps than a Parquet row group, mostly quiet: bulk rows cross row-group boundaries.
-    "long-quiet": dict(budget="4GiB", seqs=8, clock="roofline", policies='["paged", "contiguous-oracle"]',
-                       block_sizes="[16]", workload='source = "fixed"\nprompt_len = 100\noutput_len = 1900\n'
-                                                    'num_requests = 30\narrival = "poisson"\nrate = 0.1'),
+    "long-quiet": dict(
+        budget="4GiB",
+        seqs=8,
+        clock="roofline",
+        policies='["paged", "contiguous-oracle"]',
+        block_sizes="[16]",
+        workload='source = "fixed"\nprompt_len = 100\noutput_len = 1900\n'
+        'num_requests = 30\narrival = "poisson"\nrate = 0.1',
+    ),
     # Decoders finishing inside quiet stretches, several at one step and down to none left,
     # with nothing waiting (the stretch goes on) and with a blocked queue (it stops there).
-    "finishes-in-stretches": dict(budget="3GiB", seqs=12, clock="roofline", block_sizes="[16, 8]",
-                                  workload='source = "uniform"\nprompt_min = 20\nprompt_max = 300\n'
-                                           'output_min = 1\noutput_max = 400\nnum_requests = 150\n'
-                                           'arrival = "poisson"\nrate = 2.0\nseed = 5'),
+    "finishes-in-stretches": dict(
+        budget="3GiB",
+        seqs=12,
+        clock="roofline",
+        block_sizes="[16, 8]",
+        workload='source = "uniform"\nprompt_min = 20\nprompt_max = 300\n'
+        "output_min = 1\noutput_max = 400\nnum_requests = 150\n"
+        'arrival = "poisson"\nrate = 2.0\nseed = 5',
+    ),
     # Counted stretches running on through admissions: prompts longer than the budget left (chunked),
     # max_num_seqs and memory stopping admission, preemptions, single-token outputs (they end a
     # stretch), samples arriving together, several block sizes; a contiguous policy beside them.
-    "merged-admissions": dict(preset="llama-3-8b", budget="900MiB", seqs=12, tokens=640, clock="roofline",
-                              gpu="A100-80GB", policies='["paged", "virtual-contiguous", "contiguous-oracle"]',
-                              block_sizes="[16, 8, 32]",
-                              workload='source = "uniform"\nprompt_min = 10\nprompt_max = 700\n'
-                                       'output_min = 1\noutput_max = 500\nnum_requests = 220\nn = 2\n'
-                                       'arrival = "poisson"\nrate = 2.0\nseed = 11'),
+    "merged-admissions": dict(
+        preset="llama-3-8b",
+        budget="900MiB",
+        seqs=12,
+        tokens=640,
+        clock="roofline",
+        gpu="A100-80GB",
+        policies='["paged", "virtual-contiguous", "contiguous-oracle"]',
+        block_sizes="[16, 8, 32]",
+        workload='source = "uniform"\nprompt_min = 10\nprompt_max = 700\n'
+        "output_min = 1\noutput_max = 500\nnum_requests = 220\nn = 2\n"
+        'arrival = "poisson"\nrate = 2.0\nseed = 11',
+    ),
     # Counted stretches under memory pressure (paged and virtual-contiguous, roofline): preemptions
     # inside stretches, re-admission of the preempted (whole, or in chunks: the stretch ends), a
     # waiting queue, head-of-line blocking, arrivals released in preempting steps.
-    "tight-preempting-roofline": dict(budget="2300MiB", clock="roofline", policies='["paged", "virtual-contiguous"]',
-                                      block_sizes="[16, 8]", workload='source = "sharegpt"\nnum_requests = 200'),
-    "batch-pressure-roofline": dict(budget="1500MiB", clock="roofline", tokens=1024, seqs=48,
-                                    policies='["paged", "virtual-contiguous"]', block_sizes="[16, 32]",
-                                    workload='source = "sharegpt"\nnum_requests = 250\narrival = "batch"\nseed = 4'),
-    "arrivals-under-pressure": dict(preset="llama-3-8b", budget="600MiB", seqs=48, tokens=1024, clock="roofline",
-                                    policies='["paged", "virtual-contiguous"]', block_sizes="[16, 32]",
-                                    workload='source = "uniform"\nprompt_min = 10\nprompt_max = 900\n'
-                                             'output_min = 1\noutput_max = 600\nnum_requests = 250\n'
-                                             'arrival = "poisson"\nrate = 30.0\nseed = 7'),
+    "tight-preempting-roofline": dict(
+        budget="2300MiB",
+        clock="roofline",
+        policies='["paged", "virtual-contiguous"]',
+        block_sizes="[16, 8]",
+        workload='source = "sharegpt"\nnum_requests = 200',
+    ),
+    "batch-pressure-roofline": dict(
+        budget="1500MiB",
+        clock="roofline",
+        tokens=1024,
+        seqs=48,
+        policies='["paged", "virtual-contiguous"]',
+        block_sizes="[16, 32]",
+        workload='source = "sharegpt"\nnum_requests = 250\narrival = "batch"\nseed = 4',
+    ),
+    "arrivals-under-pressure": dict(
+        preset="llama-3-8b",
+        budget="600MiB",
+        seqs=48,
+        tokens=1024,
+        clock="roofline",
+        policies='["paged", "virtual-contiguous"]',
+        block_sizes="[16, 32]",
+        workload='source = "uniform"\nprompt_min = 10\nprompt_max = 900\n'
+        "output_min = 1\noutput_max = 600\nnum_requests = 250\n"
+        'arrival = "poisson"\nrate = 30.0\nseed = 7',
+    ),
     # A token budget of a few tokens: every prompt prefills in chunks inside counted stretches, and
     # heads that would finish in their admission step (one output token) end them mid-chunk.
-    "chunks-in-stretches": dict(preset="llama-3-8b", budget="256MiB", tokens=32, seqs=16,
-                                policies='["paged", "virtual-contiguous"]', block_sizes="[32, 16]",
-                                workload='source = "uniform"\nprompt_min = 100\nprompt_max = 700\n'
-                                         'output_min = 1\noutput_max = 100\nnum_requests = 60\n'
-                                         'arrival = "batch"\nseed = 6'),
+    "chunks-in-stretches": dict(
+        preset="llama-3-8b",
+        budget="256MiB",
+        tokens=32,
+        seqs=16,
+        policies='["paged", "virtual-contiguous"]',
+        block_sizes="[32, 16]",
+        workload='source = "uniform"\nprompt_min = 100\nprompt_max = 700\n'
+        "output_min = 1\noutput_max = 100\nnum_requests = 60\n"
+        'arrival = "batch"\nseed = 6',
+    ),
     # The buddy arena: contiguous reservations rounded to powers of two, queued admissions
     # (external fragmentation of the head), quiet stretches with a blocked queue, roofline.
-    "buddy-arena": dict(budget="2300MiB", seqs=32, clock="roofline", block_sizes="[16]",
-                        policies='["contiguous-max", "contiguous-pow2", "contiguous-oracle"]',
-                        grid_extra='arena = ["buddy"]',
-                        workload='source = "uniform"\nprompt_min = 10\nprompt_max = 500\noutput_min = 1\n'
-                                 'output_max = 400\nnum_requests = 150\narrival = "poisson"\nrate = 4.0\nseed = 2'),
+    "buddy-arena": dict(
+        budget="2300MiB",
+        seqs=32,
+        clock="roofline",
+        block_sizes="[16]",
+        policies='["contiguous-max", "contiguous-pow2", "contiguous-oracle"]',
+        grid_extra='arena = ["buddy"]',
+        workload='source = "uniform"\nprompt_min = 10\nprompt_max = 500\noutput_min = 1\n'
+        'output_max = 400\nnum_requests = 150\narrival = "poisson"\nrate = 4.0\nseed = 2',
+    ),
 }
 
 
 def _suite(**kw) -> str:
-    values = dict(preset="opt-13b", max_len=2048, seqs=64, tokens=2048, preemption="recompute", clock="steps",
-                  gpu="A100-40GB", policies=ALL_POLICIES, block_sizes="[16, 32]", grid_extra="")
+    values = dict(
+        preset="opt-13b",
+        max_len=2048,
+        seqs=64,
+        tokens=2048,
+        preemption="recompute",
+        clock="steps",
+        gpu="A100-40GB",
+        policies=ALL_POLICIES,
+        block_sizes="[16, 32]",
+        grid_extra="",
+    )
     values.update(kw)
     return BASE.format(**values)
 
@@ -168,8 +277,17 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 @pytest.fixture
 def bulk_counter(monkeypatch):
     """Counts the steps the fast path records in bulk (quiet stretches)."""
-    counted = {"steps": 0, "finished": 0, "counted": 0, "counted_admissions": 0, "preempting": 0,
-               "counted_preemptions": 0, "counted_chunks": 0, "counted_evictions": 0, "counted_hits": 0}
+    counted = {
+        "steps": 0,
+        "finished": 0,
+        "counted": 0,
+        "counted_admissions": 0,
+        "preempting": 0,
+        "counted_preemptions": 0,
+        "counted_chunks": 0,
+        "counted_evictions": 0,
+        "counted_hits": 0,
+    }
     real = FastScheduler.record_quiet_steps
     real_preempting = FastScheduler._schedule_preempting
 
@@ -233,15 +351,23 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         for key in set(a) | set(b):
             if key not in WALL_COLUMNS:
                 va, vb = a.get(key), b.get(key)
-                same = va == vb or (isinstance(va, float) and isinstance(vb, float) and math.isnan(va) and math.isnan(vb))
+                same = va == vb or (
+                    isinstance(va, float) and isinstance(vb, float) and math.isnan(va) and math.isnan(vb)
+                )
                 assert same, (case, cell.spec.policy, key, va, vb)
         arenas.add(b["arena"])
         preempted += b["preemptions"]
         evicted += b["evictions"]
         steps += b["steps"]
         fewest_steps = b["steps"] if fewest_steps is None else min(fewest_steps, b["steps"])
-    if case in ("tight-preempting", "swap", "prefix-groups-and-samples", "prefix-evictions", "poisson-profile-preempting",
-                "profile-cache-misses"):
+    if case in (
+        "tight-preempting",
+        "swap",
+        "prefix-groups-and-samples",
+        "prefix-evictions",
+        "poisson-profile-preempting",
+        "profile-cache-misses",
+    ):
         assert preempted > 0  # the case really exercises preemption
     if case in ("prefix-groups-and-samples", "prefix-evictions"):
         # Preemptions taken event by event: the block table (prefix caching with shared blocks).
@@ -260,12 +386,24 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert bulk_counter["finished"] > 0  # stretches really ran through finishes
         # Both kinds of stretch ran: counted (paged, virtual-contiguous), quiet (contiguous).
         assert 0 < bulk_counter["counted"] < bulk_counter["steps"]
-    if case in ("azure-trace-roofline", "poisson-roofline", "finishes-in-stretches", "merged-admissions",
-                "scaled-roofline"):
+    if case in (
+        "azure-trace-roofline",
+        "poisson-roofline",
+        "finishes-in-stretches",
+        "merged-admissions",
+        "scaled-roofline",
+    ):
         # Counted stretches ran on through admissions.
         assert bulk_counter["counted"] > 0 and bulk_counter["counted_admissions"] > 0
-    if case in ("merged-admissions", "tight-preempting-roofline", "batch-pressure-roofline", "arrivals-under-pressure",
-                "tight-preempting", "swap", "chunks-in-stretches"):
+    if case in (
+        "merged-admissions",
+        "tight-preempting-roofline",
+        "batch-pressure-roofline",
+        "arrivals-under-pressure",
+        "tight-preempting",
+        "swap",
+        "chunks-in-stretches",
+    ):
         assert preempted > 0 and bulk_counter["counted_preemptions"] > 0  # preemptions inside counted stretches
         assert bulk_counter["counted_chunks"] > 0  # … and prompts admitted in chunks
     if case == "buddy-arena":
@@ -281,7 +419,8 @@ def test_roofline_step_times_are_step_time_bit_for_bit(scale):
         context = rng.integers(0, 10**9, 500)
         pairs = context + rng.integers(0, 10**6, 500)
         assert clock.step_times(n, context, pairs, n).tolist() == [
-            clock.step_time(StepWork(n, int(c), int(p), n)) for c, p in zip(context, pairs)]
+            clock.step_time(StepWork(n, int(c), int(p), n)) for c, p in zip(context, pairs)
+        ]
 
 
 def _random_rows(rng, n, measured=False):
@@ -312,16 +451,24 @@ def test_bulk_recording_is_row_by_row_recording(tmp_path, measured):
     i = 0
     while i < len(rows):
         k = int(rng.integers(1, 3000))
-        chunk = rows[i:i + k]
+        chunk = rows[i : i + k]
         mode = int(rng.integers(0, 3))
         if mode == 0:
             for row in chunk:
                 bulk.add_step(row)
         elif mode == 1:
             cols = list(zip(*chunk))
-            bulk.add_steps([c[0] if len(set(c)) == 1 else
-                            np.array([math.nan if v is None else v for v in c]) if None in c else np.array(c)
-                            for c in cols], len(chunk))
+            bulk.add_steps(
+                [
+                    c[0]
+                    if len(set(c)) == 1
+                    else np.array([math.nan if v is None else v for v in c])
+                    if None in c
+                    else np.array(c)
+                    for c in cols
+                ],
+                len(chunk),
+            )
         else:
             bulk.add_step_rows(np.array([[math.nan if v is None else v for v in r] for r in chunk]))
         i += k
@@ -339,6 +486,7 @@ def test_bulk_recording_is_row_by_row_recording(tmp_path, measured):
 
 def _empty_requests():
     from kvbench.harness.records.schema import REQUESTS
+
     return {name: [] for name in REQUESTS.names}
 
 
@@ -348,17 +496,25 @@ def _random_suite(rng: np.random.Generator) -> str:
     batch and Poisson arrivals, parallel samples, every clock but a profile."""
     mml = int(rng.choice([512, 1024, 2048]))
     arrival = str(rng.choice(["batch", "poisson"]))
-    workload = (f'source = "uniform"\nprompt_min = {int(rng.integers(1, 50))}\nprompt_max = {int(rng.integers(60, mml // 2))}\n'
-                f'output_min = 1\noutput_max = {int(rng.integers(2, mml // 2))}\nnum_requests = {int(rng.integers(20, 90))}\n'
-                f'arrival = "{arrival}"\nseed = {int(rng.integers(0, 100))}\nn = {int(rng.choice([1, 1, 2]))}')
+    workload = (
+        f'source = "uniform"\nprompt_min = {int(rng.integers(1, 50))}\nprompt_max = {int(rng.integers(60, mml // 2))}\n'
+        f"output_min = 1\noutput_max = {int(rng.integers(2, mml // 2))}\nnum_requests = {int(rng.integers(20, 90))}\n"
+        f'arrival = "{arrival}"\nseed = {int(rng.integers(0, 100))}\nn = {int(rng.choice([1, 1, 2]))}'
+    )
     if arrival == "poisson":
         workload += f"\nrate = {float(rng.choice([1.0, 10.0, 100.0]))}"
-    return _suite(preset="llama-3-8b", budget=f"{int(rng.choice([150, 250, 400, 600, 1500]))}MiB", max_len=mml,
-                  seqs=int(rng.choice([4, 16, 64])), tokens=int(rng.choice([16, 64, 256, 2048])),
-                  preemption=str(rng.choice(["recompute", "recompute", "swap"])),
-                  clock=str(rng.choice(["steps", "roofline"])),
-                  policies='["paged", "paged-prefix", "virtual-contiguous"]',
-                  block_sizes=f"[{int(rng.choice([8, 16, 32]))}]", workload=workload)
+    return _suite(
+        preset="llama-3-8b",
+        budget=f"{int(rng.choice([150, 250, 400, 600, 1500]))}MiB",
+        max_len=mml,
+        seqs=int(rng.choice([4, 16, 64])),
+        tokens=int(rng.choice([16, 64, 256, 2048])),
+        preemption=str(rng.choice(["recompute", "recompute", "swap"])),
+        clock=str(rng.choice(["steps", "roofline"])),
+        policies='["paged", "paged-prefix", "virtual-contiguous"]',
+        block_sizes=f"[{int(rng.choice([8, 16, 32]))}]",
+        workload=workload,
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -378,6 +534,10 @@ def test_counted_stretches_agree_with_the_reference_on_random_settings(tmp_path,
                 continue  # infeasible: no files
             ran += 1
             for table in ("steps", "requests"):
-                assert _path(fast, table, cell.run_id).read_bytes() == _path(ref, table, cell.run_id).read_bytes(), \
-                    (seed, i, cell.spec.policy, table)
+                assert _path(fast, table, cell.run_id).read_bytes() == _path(ref, table, cell.run_id).read_bytes(), (
+                    seed,
+                    i,
+                    cell.spec.policy,
+                    table,
+                )
     assert ran >= 4  # the settings are feasible often enough to test something

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from kvbench.harness.records import store
 from kvbench.harness.records.lock import LOCK_NAME
+
 from tests.conftest import ROOT, assert_one_line_error, kvbench
 from tests.faultkit import kvbench_failing_at, read_log, tmpfs, tmpfs_unavailable
 
@@ -52,16 +52,33 @@ clock = "roofline"
 policy = ["contiguous-max", "contiguous-oracle", "paged"]
 """
 SLOW_CELLS = 3
-TOP_LEVEL = {LOCK_NAME, "runs", "steps", "requests", "workloads", "report", "reference.parquet"}
+TOP_LEVEL = {LOCK_NAME, "kvbench.log", "runs", "steps", "requests", "workloads", "report", "reference.parquet"}
 PNG_END = b"IEND\xaeB`\x82"
 # Run columns that do not depend on the machine's speed or the moment: equal run for run.
-STABLE = ["run_id", "status", "error", "policy", "block_size", "steps", "preemptions", "peak_running",
-          "mean_running", "token_states_frac", "reservation_frac", "internal_frag_frac", "external_frag_frac",
-          "workload_id", "num_requests", "tokens_per_s", "sim_time_s"]
+STABLE = [
+    "run_id",
+    "status",
+    "error",
+    "policy",
+    "block_size",
+    "steps",
+    "preemptions",
+    "peak_running",
+    "mean_running",
+    "token_states_frac",
+    "reservation_frac",
+    "internal_frag_frac",
+    "external_frag_frac",
+    "workload_id",
+    "num_requests",
+    "tokens_per_s",
+    "sim_time_s",
+]
 NO_TMPFS = tmpfs_unavailable()
 
 
 # -- invariants --------------------------------------------------------------------------
+
 
 def assert_whole(out: Path) -> set[str]:
     """Only whole things in ``out``: no temporary file, every run's three partitions readable and
@@ -113,7 +130,9 @@ def assert_same_records(out: Path, reference: Path) -> None:
     got, want = records(out), records(reference)
     for table in want:
         pd.testing.assert_frame_equal(got[table], want[table], check_like=True, obj=table)
-    assert sorted(p.name for p in (out / "workloads").iterdir()) == sorted(p.name for p in (reference / "workloads").iterdir())
+    assert sorted(p.name for p in (out / "workloads").iterdir()) == sorted(
+        p.name for p in (reference / "workloads").iterdir()
+    )
 
 
 def complete_in_line(line: str, total: int) -> int:
@@ -130,12 +149,13 @@ def complete_in_line(line: str, total: int) -> int:
 
 def the_line(proc: subprocess.CompletedProcess) -> str:
     assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr
     return lines[0]
 
 
 # -- fixtures ------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def suites(tmp_path_factory) -> dict[str, Path]:
@@ -163,13 +183,15 @@ def write_log(suites, tmp_path_factory) -> list[tuple[int, str, str]]:
     """Every write of an uninterrupted run of the small suite's records, in order (the report's
     writes come next)."""
     d = tmp_path_factory.mktemp("count")
-    proc = kvbench_failing_at(0, d / "log", "run", str(suites["small"]), "--out", str(d / "out"), "--quiet",
-                              "--no-report")
+    proc = kvbench_failing_at(
+        0, d / "log", "run", str(suites["small"]), "--out", str(d / "out"), "--quiet", "--no-report"
+    )
     assert proc.returncode == 0, proc.stderr
     return read_log(d / "log")
 
 
 # -- disk full: a writer that fails on the Nth write (runs everywhere) -----------------------
+
 
 def _nth(log: list[tuple[int, str, str]], what: str, where: str, k: int = 0) -> int:
     hits = [n for n, w, path in log if w == what and f"/{where}/" in path]
@@ -231,6 +253,7 @@ def test_a_write_that_fails_once_stops_the_sweep_and_is_not_a_failed_row(suites,
 
 # -- disk full: a real small filesystem --------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def sizes(suites, tmp_path_factory) -> dict[str, int]:
     """Bytes a tmpfs holds after the small suite's records, and after its report too."""
@@ -274,8 +297,11 @@ def test_disk_full_on_a_real_tmpfs_then_resume(room, suites, reference, sizes, t
 @pytest.mark.skipif(bool(NO_TMPFS), reason=f"no tmpfs here ({NO_TMPFS})")
 def test_read_only_filesystem_keeps_completed_runs_then_resume(suites, reference, tmp_path):
     half = tmp_path / "half.toml"  # the same cells' first half: same run ids (the suite name is not in them)
-    half.write_text(SMALL.replace('"contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"',
-                                  '"contiguous-max", "contiguous-pow2"'))
+    half.write_text(
+        SMALL.replace(
+            '"contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"', '"contiguous-max", "contiguous-pow2"'
+        )
+    )
     with tmpfs(tmp_path / "fs", 16 * 2**20) as fs:
         out = fs.path / "out"
         assert kvbench("run", str(half), "--out", str(out), "--quiet", "--no-report").returncode == 0
@@ -293,9 +319,12 @@ def test_read_only_filesystem_keeps_completed_runs_then_resume(suites, reference
 
 # -- an output that cannot be created or written ------------------------------------------------
 
+
 def test_output_that_cannot_be_created(suites, tmp_path):
-    for out, cause in (("/proc/kvbench-nope", "No such file or directory"),
-                       (str(suites["small"]) + "/sub", "Not a directory")):
+    for out, cause in (
+        ("/proc/kvbench-nope", "No such file or directory"),
+        (str(suites["small"]) + "/sub", "Not a directory"),
+    ):
         proc = kvbench("run", str(suites["small"]), "--out", out, "--quiet")
         assert_one_line_error(proc, out, cause)
         assert proc.returncode == 74
@@ -306,16 +335,23 @@ def _as_nobody() -> list[str] | None:
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         return None
     prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
-    probe = subprocess.run([*prefix, sys.executable, "-c", "import kvbench.app.cli, pyarrow"], capture_output=True,
-                           cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    probe = subprocess.run(
+        [*prefix, sys.executable, "-c", "import kvbench.app.cli, pyarrow"],
+        capture_output=True,
+        cwd=ROOT,
+        env=dict(os.environ),
+    )
     return prefix if probe.returncode == 0 else None
 
 
 NOBODY = _as_nobody()
 
 
-@pytest.mark.skipif(NOBODY is None, reason="needs root, setpriv and a Python the user 'nobody' can run, "
-                                           "to drop to an unprivileged user (root ignores permissions)")
+@pytest.mark.skipif(
+    NOBODY is None,
+    reason="needs root, setpriv and a Python the user 'nobody' can run, "
+    "to drop to an unprivileged user (root ignores permissions)",
+)
 def test_unwritable_output_as_an_unprivileged_user():
     # Not under pytest's tmp_path: its parents are private to root, and 'nobody' must reach the suite.
     base = Path(tempfile.mkdtemp(prefix="kvbench-perm-"))
@@ -327,10 +363,15 @@ def test_unwritable_output_as_an_unprivileged_user():
         assert kvbench("run", str(suite), "--out", str(done), "--quiet", "--no-report").returncode == 0
         before = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
         (base / "empty").mkdir()
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ)
         for out in (base / "new", base / "empty", done, base / "new" / "deeper"):
-            proc = subprocess.run([*NOBODY, sys.executable, "-m", "kvbench.app.cli", "run", str(suite),
-                                   "--out", str(out), "--quiet"], capture_output=True, text=True, cwd=ROOT, env=env)
+            proc = subprocess.run(
+                [*NOBODY, sys.executable, "-m", "kvbench.app.cli", "run", str(suite), "--out", str(out), "--quiet"],
+                capture_output=True,
+                text=True,
+                cwd=ROOT,
+                env=env,
+            )
             assert_one_line_error(proc, str(out), "Permission denied")
             assert proc.returncode == 74
         assert not (base / "new").exists() and not any((base / "empty").iterdir())
@@ -341,6 +382,7 @@ def test_unwritable_output_as_an_unprivileged_user():
 
 # -- signals --------------------------------------------------------------------------------------
 
+
 def _interactive_signals() -> None:
     # What a terminal's child gets: SIGINT at its default. A test runner started in the
     # background of a non-interactive shell (`cmd &`) ignores SIGINT, an ignored disposition
@@ -350,11 +392,28 @@ def _interactive_signals() -> None:
 
 
 def _start(suite: Path, out: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "kvbench.app.cli", "run", str(suite), "--out", str(out), "--quiet",
-                             "--no-report", *extra], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=_interactive_signals)
+    env = dict(os.environ)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.app.cli",
+            "run",
+            str(suite),
+            "--out",
+            str(out),
+            "--quiet",
+            "--no-report",
+            *extra,
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_interactive_signals,
+    )
 
 
 def _wait_for_runs(proc: subprocess.Popen, out: Path, n: int) -> None:
@@ -365,9 +424,11 @@ def _wait_for_runs(proc: subprocess.Popen, out: Path, n: int) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("sig,jobs,group", [(signal.SIGTERM, 1, False), (signal.SIGTERM, 2, False),
-                                            (signal.SIGINT, 2, True)],
-                         ids=["sigterm", "sigterm-jobs2", "ctrl-c-jobs2"])
+@pytest.mark.parametrize(
+    "sig,jobs,group",
+    [(signal.SIGTERM, 1, False), (signal.SIGTERM, 2, False), (signal.SIGINT, 2, True)],
+    ids=["sigterm", "sigterm-jobs2", "ctrl-c-jobs2"],
+)
 def test_signal_mid_sweep_stops_cleanly_then_resume(sig, jobs, group, suites, reference, tmp_path):
     out = tmp_path / "out"
     proc = _start(suites["slow"], out, "--jobs", str(jobs))
@@ -441,6 +502,7 @@ def test_results_directory_removed_mid_run(suites, reference, tmp_path):
 
 
 # -- two runs on one directory: the second is refused --------------------------------------------
+
 
 def test_a_second_run_on_the_same_directory_is_refused(suites, reference, tmp_path):
     out = tmp_path / "out"

@@ -11,17 +11,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from reportkit import SCHED, run, runs_frame, write_records
 from kvbench.app.cli import main
 from kvbench.harness.records import code_identity, store
-from kvbench.harness.spec import identity
 from kvbench.harness.records.schema import RUNS
+from kvbench.harness.spec import identity
 from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
 from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.compare import BASE_ONLY, CAND_ONLY, SAME, code_notes, compare, to_json, to_markdown
 from kvbench.reports.records import GROUP_KEYS, code_note, work_differences
 from kvbench.reports.tables import mismatches, summary
+from reportkit import SCHED, run, runs_frame, write_records
+
 from tests.conftest import DATA, run_suite_text
 
 PROFILE = DATA / "profile-opt-13b-fp16-b16.json"
@@ -29,21 +29,31 @@ TOL = 0.02
 
 
 def spec(**changes: object) -> RunSpec:
-    base: dict[str, object] = dict(runner="sim", policy="paged", block_size=16, model=ModelSpec(),
-                                   memory=MemorySpec(), workload=WorkloadSpec(), scheduler=SchedulerSpec())
+    base: dict[str, object] = dict(
+        runner="sim",
+        policy="paged",
+        block_size=16,
+        model=ModelSpec(),
+        memory=MemorySpec(),
+        workload=WorkloadSpec(),
+        scheduler=SchedulerSpec(),
+    )
     base.update(changes)
     return RunSpec(**base)  # type: ignore[arg-type]
 
 
 # -- run ids -----------------------------------------------------------------------------------
 
+
 def test_run_ids_of_existing_specs_did_not_change() -> None:
     # Computed by the code before harness.spec.identity existed: a changed run id would make every
     # results directory run all its cells again.
     wid = "w0123456789abcdef"
     assert spec().run_id(wid) == "a57e87f0cad95ffd"
-    assert spec(runner="torch", device="cuda", model=ModelSpec(preset="llama-mini", kv_dtype="fp32")).run_id(wid) \
+    assert (
+        spec(runner="torch", device="cuda", model=ModelSpec(preset="llama-mini", kv_dtype="fp32")).run_id(wid)
         == "ef7f3d79eb18d7dd"
+    )
     assert spec(policy="virtual-contiguous", page_bytes=2**20, repeat=2).run_id(wid) == "ea89075f6496de83"
     assert spec(scheduler=SchedulerSpec(clock="profile", clock_profile=str(PROFILE))).run_id(wid) == "5d6c72843b1c5e46"
 
@@ -79,8 +89,9 @@ def test_the_roofline_scale_counts_only_when_not_1() -> None:
     assert "roofline_scale" not in roof.canonical("w")["scheduler"]  # run ids from before the factor stay
     assert same.run_id("w") == roof.run_id("w") and scaled.run_id("w") != roof.run_id("w")
     # A timing setting: runs on another scale are the same scheduling, on another clock.
-    assert identity.scheduling_part(scaled.canonical("w")["scheduler"]) == \
-        identity.scheduling_part(roof.canonical("w")["scheduler"])
+    assert identity.scheduling_part(scaled.canonical("w")["scheduler"]) == identity.scheduling_part(
+        roof.canonical("w")["scheduler"]
+    )
 
 
 def test_compare_pairs_first_fit_runs_with_rows_from_before_the_arena_column() -> None:
@@ -105,6 +116,7 @@ def test_a_copied_profile_is_the_same_run_id_its_path_is_not_identity(tmp_path: 
 
 # -- compare and the report: the same identity from the rows ------------------------------------
 
+
 def torch_on(device: str, **metrics: object) -> dict:
     row = run("torch", "paged", 16, **{"mean_running": 4.0, "tokens_per_s": 100.0, **metrics})
     return dict(row, device=device, run_id=row["run_id"] + device)
@@ -128,22 +140,32 @@ def on_profile(path: str, document: dict, suffix: str, **metrics: object) -> dic
     row = run("sim", "paged", 16, mean_running=4.0, **metrics)
     spec_doc = json.loads(row["spec_json"])
     spec_doc["scheduler"] = {**SCHED, "clock": "profile", "clock_profile": path}
-    return dict(row, clock="profile", clock_profile=json.dumps(document, sort_keys=True),
-                spec_json=json.dumps(spec_doc, sort_keys=True), run_id=row["run_id"] + suffix)
+    return dict(
+        row,
+        clock="profile",
+        clock_profile=json.dumps(document, sort_keys=True),
+        spec_json=json.dumps(spec_doc, sort_keys=True),
+        run_id=row["run_id"] + suffix,
+    )
 
 
 def test_compare_pairs_a_profile_by_its_content_not_its_path() -> None:
     doc = json.loads(PROFILE.read_text())
-    moved = compare(pd.DataFrame([on_profile("/a/p.json", doc, "a")]),
-                    pd.DataFrame([on_profile("/b/copy.json", doc, "b")]), TOL)
+    moved = compare(
+        pd.DataFrame([on_profile("/a/p.json", doc, "a")]), pd.DataFrame([on_profile("/b/copy.json", doc, "b")]), TOL
+    )
     assert set(moved["verdict"]) == {SAME}
     refit = dict(doc, terms={k: v * 2 for k, v in doc["terms"].items()})
-    recalibrated = compare(pd.DataFrame([on_profile("/a/p.json", doc, "a")]),
-                           pd.DataFrame([on_profile("/a/p.json", refit, "b")]), TOL)
+    recalibrated = compare(
+        pd.DataFrame([on_profile("/a/p.json", doc, "a")]), pd.DataFrame([on_profile("/a/p.json", refit, "b")]), TOL
+    )
     assert set(recalibrated["verdict"]) == {BASE_ONLY, CAND_ONLY}
     # and the report: the copy is one cell (two repetitions), the refit another group
-    cells = summary(runs_frame([on_profile("/a/p.json", doc, "a"), on_profile("/b/c.json", doc, "b"),
-                                on_profile("/a/p.json", refit, "c")]))
+    cells = summary(
+        runs_frame(
+            [on_profile("/a/p.json", doc, "a"), on_profile("/b/c.json", doc, "b"), on_profile("/a/p.json", refit, "c")]
+        )
+    )
     assert sorted(cells["repeats"]) == [1, 2] and cells["group"].nunique() == 2
 
 
@@ -207,6 +229,7 @@ def test_diverge_names_a_scheduler_setting_that_differs() -> None:
 
 # -- code identity ---------------------------------------------------------------------------
 
+
 def test_code_digest_covers_the_result_packages_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = code_identity.package_dirs()
     compute = code_identity.code_digest.__wrapped__  # uncached
@@ -235,6 +258,7 @@ def test_every_run_row_records_the_code_digest(tmp_path: Path) -> None:
 
 
 # -- resume: cells recorded by other code run again ----------------------------------------------
+
 
 def set_code_digest(out: Path, run_id: str, value: str | None) -> None:
     path = store.partition_dir(out, "runs", run_id) / store.PART
@@ -307,6 +331,7 @@ def test_keep_stale_with_rerun_is_a_one_line_error(recorded, capsys) -> None:
 
 # -- reports and compare say when code differs -----------------------------------------------
 
+
 def coded(rows: list[dict], digests: list[str | None]) -> list[dict]:
     return [dict(r, code_digest=d) for r, d in zip(rows, digests)]
 
@@ -314,8 +339,11 @@ def coded(rows: list[dict], digests: list[str | None]) -> list[dict]:
 def test_report_notes_runs_of_mixed_code(tmp_path: Path) -> None:
     from kvbench.reports.html import write_report
 
-    rows = [run("sim", "contiguous-max", mean_running=2.0), run("sim", "paged", 16, mean_running=4.0),
-            run("sim", "paged", 16, repeat=1, mean_running=4.0)]
+    rows = [
+        run("sim", "contiguous-max", mean_running=2.0),
+        run("sim", "paged", 16, mean_running=4.0),
+        run("sim", "paged", 16, repeat=1, mean_running=4.0),
+    ]
     mixed = write_records(tmp_path / "mixed", coded(rows, ["aaaaaaaaaaaa", "aaaaaaaaaaaa", "bbbbbbbbbbbb"]))
     page = write_report(mixed).read_text()
     md = (mixed / "report" / "summary.md").read_text()

@@ -7,7 +7,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from kvbench.app.suite import default_suite_path, load_suite, shipped_suites
 from kvbench.harness.errors import KvbenchError
 
@@ -18,8 +17,11 @@ def test_every_package_folder_is_in_the_wheel() -> None:
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     mapped = {folder: name for name, folder in tool["package-dir"].items()}
     assert set(tool["packages"]) == set(tool["package-dir"])
-    folders = {str(p.parent.relative_to(ROOT)) for top in ("harness", "workloads", "runners", "reports", "app", "suites")
-               for p in (ROOT / top).rglob("__init__.py")}
+    folders = {
+        str(p.parent.relative_to(ROOT))
+        for top in ("harness", "workloads", "runners", "reports", "app", "suites")
+        for p in (ROOT / top).rglob("__init__.py")
+    }
     assert folders == set(mapped), "a package folder is missing from [tool.setuptools] (or mapped but gone)"
     for folder in folders:  # typed packages say so (PEP 561), the suites ship their TOML
         name = mapped[folder]

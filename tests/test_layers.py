@@ -127,8 +127,9 @@ def graph() -> tuple[dict[str, set[str]], list[str]]:
 
 
 def climbing(edges: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} -> {b}" for a, bs in edges.items() for b in bs
-                  if room(b) != room(a) and room(b) not in ALLOWED[room(a)])
+    return sorted(
+        f"{a} -> {b}" for a, bs in edges.items() for b in bs if room(b) != room(a) and room(b) not in ALLOWED[room(a)]
+    )
 
 
 def test_packages_import_only_down(graph: tuple[dict[str, set[str]], list[str]]) -> None:
@@ -165,8 +166,8 @@ def test_the_checker_sees_a_cycle_and_a_climb() -> None:
 
 def test_registries_agree_with_capabilities() -> None:
     # Importing the registries runs their agreement checks against harness/spec/capabilities.py.
-    from kvbench.harness.spec import capabilities
     from kvbench.harness.sim.policies import POLICIES
+    from kvbench.harness.spec import capabilities
     from kvbench.runners import RUNNERS
 
     assert tuple(POLICIES) == capabilities.POLICIES

@@ -39,8 +39,9 @@ block_size = [16]
 
 def nightly(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    return subprocess.run(["bash", str(NIGHTLY), "--no-install", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=600)
+    return subprocess.run(
+        ["bash", str(NIGHTLY), "--no-install", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 def improve_baseline(night: Path) -> None:

@@ -1,6 +1,6 @@
 """The vLLM paper's §6.2 batched-requests comparison from suites/paper-batched-requests.toml:
 one clock factor fitted to vLLM's published mean batch on ShareGPT, the Orca ratios predicted
-on that clock within 15% of the published ones (issue 17's goal), the table marked fitted or
+on that clock within 15% of the published ones, the table marked fitted or
 predicted, and ``kvbench fit-roofline`` finding the shipped factor again."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from kvbench.app import cli
 from kvbench.reports.records import load
 from kvbench.reports.tables import published_vs_reproduced

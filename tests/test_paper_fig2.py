@@ -1,6 +1,6 @@
 """The vLLM paper's Figure 2 (memory waste) from suites/paper-memory-waste.toml: Orca on a buddy
 arena, its rounding read the paper's way, every share within 5 points of the published one
-(issue 17's goal), and the buddy rounding accounted exactly."""
+(the goal), and the buddy rounding accounted exactly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from kvbench.app.suite import load_suite
 from kvbench.app.sweep import build_cells, run_cells
 from kvbench.reports.records import load
@@ -41,7 +40,8 @@ def test_buddy_rounding_is_the_oracle_s_only_internal_fragmentation(records) -> 
     assert oracle["arena"] == "buddy" and oracle["rounding_frac"] > 0.1
     assert oracle["internal_frag_no_rounding_frac"] == pytest.approx(0.0, abs=1e-12)
     assert oracle["external_frag_with_rounding_frac"] == pytest.approx(
-        oracle["external_frag_frac"] + oracle["rounding_frac"])
+        oracle["external_frag_frac"] + oracle["rounding_frac"]
+    )
     # max_model_len 2048 is a power of two: Orca (Max) is never rounded.
     assert runs.loc["contiguous-max", "rounding_frac"] == 0.0
     assert pd.isna(runs.loc["paged", "rounding_frac"])  # not a contiguous policy: nothing to round

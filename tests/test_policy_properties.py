@@ -3,13 +3,11 @@ random allocate / free sequences against the buddy arena."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import pytest
-
 from kvbench.harness.sim.policies.arena import Arena, BuddyArena, top_blocks
-from kvbench.harness.sim.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2, ContiguousPolicy
+from kvbench.harness.sim.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPolicy, ContiguousPow2
 from kvbench.harness.sim.policies.counting_prefix import CachedRuns, CountingPrefixPolicy
 from kvbench.harness.sim.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from kvbench.harness.sim.sequence import Seq
@@ -39,7 +37,9 @@ op_strategy = st.tuples(st.sampled_from(["admit", "grow", "free"]), st.integers(
 
 
 def check(policy, live: list[Seq]) -> None:
-    assert policy.allocated_positions + (policy.budget_positions - policy.allocated_positions) == policy.budget_positions
+    assert (
+        policy.allocated_positions + (policy.budget_positions - policy.allocated_positions) == policy.budget_positions
+    )
     assert 0 <= policy.allocated_positions <= policy.budget_positions
     if isinstance(policy, ContiguousPolicy):
         ranges = sorted((s.alloc_start, s.allocated) for s in live if s.allocated)
@@ -77,12 +77,15 @@ def check(policy, live: list[Seq]) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(policy_name=st.sampled_from(["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged",
-                                    "paged-prefix", "virtual-contiguous"]),
-       block_size=st.sampled_from([1, 4, 16]),
-       arena=st.sampled_from(["first-fit", "buddy"]),
-       specs=st.lists(seq_strategy, min_size=1, max_size=12),
-       ops=st.lists(op_strategy, max_size=80))
+@given(
+    policy_name=st.sampled_from(
+        ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]
+    ),
+    block_size=st.sampled_from([1, 4, 16]),
+    arena=st.sampled_from(["first-fit", "buddy"]),
+    specs=st.lists(seq_strategy, min_size=1, max_size=12),
+    ops=st.lists(op_strategy, max_size=80),
+)
 def test_random_operations_keep_every_invariant(policy_name, block_size, arena, specs, ops):
     policy = make(policy_name, block_size, arena)
     seqs = []
@@ -133,9 +136,12 @@ def _write(policy, seq: Seq, start: int, end: int) -> None:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(block_size=st.sampled_from([1, 4, 16]), swap=st.booleans(),
-       specs=st.lists(st.tuples(st.integers(1, 100), st.integers(1, 59)), min_size=1, max_size=12),
-       ops=st.lists(op_strategy, max_size=150))
+@given(
+    block_size=st.sampled_from([1, 4, 16]),
+    swap=st.booleans(),
+    specs=st.lists(st.tuples(st.integers(1, 100), st.integers(1, 59)), min_size=1, max_size=12),
+    ops=st.lists(op_strategy, max_size=150),
+)
 def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(block_size, swap, specs, ops):
     """Prefix caching as counts (``CountingPrefixPolicy``) answers every call as the block table
     does — hits, fits, evictions, free blocks, internal fragmentation — on sequences that share
@@ -183,14 +189,23 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
             if not swap:
                 for ss in twins:
                     ss[i].num_computed = 0
-        both(lambda pol, ss: (pol.free_blocks(), pol.evictions, pol.internal_positions, pol.allocated_positions,
-                              [s.allocated for s in ss]))
+        both(
+            lambda pol, ss: (
+                pol.free_blocks(),
+                pol.evictions,
+                pol.internal_positions,
+                pol.allocated_positions,
+                [s.allocated for s in ss],
+            )
+        )
 
 
 @settings(max_examples=300, deadline=None)
-@given(parks=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=10),
-       later=st.lists(st.tuples(st.sampled_from(["take", "hit"]), st.integers(0, 9), st.integers(0, 8)), max_size=8),
-       seed=st.integers(0, 10**6))
+@given(
+    parks=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=10),
+    later=st.lists(st.tuples(st.sampled_from(["take", "hit"]), st.integers(0, 9), st.integers(0, 8)), max_size=8),
+    seed=st.integers(0, 10**6),
+)
 def test_a_previewed_hit_is_the_hit_after_the_operations(parks, later, seed):
     """``CachedRuns.cached_after`` (a stretch decides a step's hits before changing anything)
     equals ``cached`` after really taking the step's blocks and hits in between, in order."""
@@ -217,6 +232,7 @@ def test_a_previewed_hit_is_the_hit_after_the_operations(parks, later, seed):
 
 
 # -- the buddy arena on its own --------------------------------------------------------------
+
 
 def test_top_blocks_are_the_binary_decomposition_of_the_size() -> None:
     assert top_blocks(600) == [(0, 512), (512, 64), (576, 16), (592, 8)]

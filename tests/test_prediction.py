@@ -7,7 +7,6 @@ import math
 
 import pandas as pd
 import pytest
-
 from kvbench.reports.prediction import prediction_drift
 
 PHASES = {0: 0.12, 1: -0.15, 2: 0.03}  # the machine: faster or slower than the profile, per round
@@ -15,8 +14,12 @@ OFFSETS = {"a": -0.10, "b": 0.0, "c": 0.08}  # the model: its own error per work
 
 
 def table(phases: dict[int, float], offsets: dict[str, float]) -> pd.DataFrame:
-    return pd.DataFrame([{"workload": w, "policy": "paged", "engine": "vllm", "repeat": r, "step_sum_err": p + o}
-                         for (r, p), (w, o) in itertools.product(phases.items(), offsets.items())])
+    return pd.DataFrame(
+        [
+            {"workload": w, "policy": "paged", "engine": "vllm", "repeat": r, "step_sum_err": p + o}
+            for (r, p), (w, o) in itertools.product(phases.items(), offsets.items())
+        ]
+    )
 
 
 def test_phase_and_offset_are_recovered_when_the_model_is_centred():
@@ -27,7 +30,8 @@ def test_phase_and_offset_are_recovered_when_the_model_is_centred():
     assert got == pytest.approx(OFFSETS)
     # The step-sum error per workload is the median over rounds, phases included.
     assert dict(zip(drift.workloads["workload"], drift.workloads["step_sum_err"])) == pytest.approx(
-        {w: o + 0.03 for w, o in OFFSETS.items()})
+        {w: o + 0.03 for w, o in OFFSETS.items()}
+    )
 
 
 def test_a_model_biased_on_every_workload_reads_as_the_machine():
@@ -58,7 +62,6 @@ def test_policies_keep_their_own_offsets_and_share_the_rounds():
 
 def test_a_disturbed_engine_run_is_warned_about_in_one_line():
     import numpy as np
-
     from kvbench.reports.calibration import disturbed_share
     from kvbench.reports.prediction import disturbed_warning
 

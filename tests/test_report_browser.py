@@ -11,7 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from reportkit import write_golden
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -21,9 +20,21 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not instal
 
 
 def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args]
+    cmd = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
 
 
@@ -52,8 +63,14 @@ def test_every_image_loads_without_console_errors(page: Path, tmp_path: Path) ->
 
 def test_screenshot_shows_the_page(page: Path, tmp_path: Path) -> None:
     shot = tmp_path / "shot.png"
-    done = chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,4000", "--hide-scrollbars",
-                    "--virtual-time-budget=5000", page.as_uri())
+    done = chromium(
+        tmp_path / "profile",
+        f"--screenshot={shot}",
+        "--window-size=1280,4000",
+        "--hide-scrollbars",
+        "--virtual-time-budget=5000",
+        page.as_uri(),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
     assert console_messages(done.stderr) == []

@@ -13,11 +13,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from reportkit import GIB, W1, W2, golden_rows, kvbench, run, runs_frame, workload, write_golden, write_records
 from kvbench.reports import figdata, figures
 from kvbench.reports.decomposition import decompose
-from kvbench.reports.tables import geometric_mean, geomean, mismatches, published_vs_reproduced, ratios, summary
+from kvbench.reports.tables import geomean, geometric_mean, mismatches, published_vs_reproduced, ratios, summary
+from reportkit import GIB, W1, W2, golden_rows, kvbench, run, runs_frame, workload, write_golden, write_records
 
 GOLDEN = Path(__file__).parent / "golden" / "summary.md"
 
@@ -45,9 +44,12 @@ def ratio_of(table: pd.DataFrame, runner: str, policy: str, metric: str, block: 
 
 # -- tables: ratios and geometric means ----------------------------------------------------
 
+
 def test_paged_2x_capacity() -> None:
-    rows = [run("sim", "contiguous-max", mean_running=2.0, peak_running=2, tokens_per_s=10.0),
-            run("sim", "paged", 16, mean_running=4.0, peak_running=6, tokens_per_s=25.0)]
+    rows = [
+        run("sim", "contiguous-max", mean_running=2.0, peak_running=2, tokens_per_s=10.0),
+        run("sim", "paged", 16, mean_running=4.0, peak_running=6, tokens_per_s=25.0),
+    ]
     table = ratios(cells_of(rows))
     assert ratio_of(table, "sim", "paged", "mean_running") == 2.0
     assert ratio_of(table, "sim", "paged", "peak_running") == 3.0
@@ -57,10 +59,12 @@ def test_paged_2x_capacity() -> None:
 
 def test_paged_2x_and_8x_across_groups_is_4x_not_5x() -> None:
     w2 = workload("w2222222bbbbbbbb")
-    rows = [run("sim", "contiguous-max", wl=W1, mean_running=1.0),
-            run("sim", "paged", 16, wl=W1, mean_running=2.0),
-            run("sim", "contiguous-max", wl=w2, mean_running=1.0),
-            run("sim", "paged", 16, wl=w2, mean_running=8.0)]
+    rows = [
+        run("sim", "contiguous-max", wl=W1, mean_running=1.0),
+        run("sim", "paged", 16, wl=W1, mean_running=2.0),
+        run("sim", "contiguous-max", wl=w2, mean_running=1.0),
+        run("sim", "paged", 16, wl=w2, mean_running=8.0),
+    ]
     geo = geomean(ratios(cells_of(rows)))
     paged = geo[geo["policy"] == "paged"].iloc[0]
     assert paged["mean_running_x"] == 4.0
@@ -75,19 +79,27 @@ def test_2x_faster_and_2x_slower_cancel() -> None:
 
 
 def test_geometric_mean_survives_overflow() -> None:
-    assert geometric_mean([1e200, 1e200, 1e-200]) == pytest.approx(1e200 ** (1 / 3) * 1e200 ** (1 / 3) * 1e-200 ** (1 / 3))
+    assert geometric_mean([1e200, 1e200, 1e-200]) == pytest.approx(
+        1e200 ** (1 / 3) * 1e200 ** (1 / 3) * 1e-200 ** (1 / 3)
+    )
 
 
 def test_ratio_is_to_the_same_runners_baseline() -> None:
-    rows = [run("sim", "contiguous-max", mean_running=1.0), run("torch", "contiguous-max", mean_running=4.0),
-            run("torch", "paged", 16, mean_running=6.0)]
+    rows = [
+        run("sim", "contiguous-max", mean_running=1.0),
+        run("torch", "contiguous-max", mean_running=4.0),
+        run("torch", "paged", 16, mean_running=6.0),
+    ]
     table = ratios(cells_of(rows))
     assert ratio_of(table, "torch", "paged", "mean_running") == 1.5
 
 
 def test_missing_baseline_gives_nan_not_a_number() -> None:
-    rows = [run("sim", "paged", 16, mean_running=6.0), run("vllm", "paged", 16, mean_running=6.0),
-            run("vllm", "contiguous-max", status="failed", error="oom")]
+    rows = [
+        run("sim", "paged", 16, mean_running=6.0),
+        run("vllm", "paged", 16, mean_running=6.0),
+        run("vllm", "contiguous-max", status="failed", error="oom"),
+    ]
     table = ratios(cells_of(rows))
     assert math.isnan(ratio_of(table, "sim", "paged", "mean_running"))
     assert math.isnan(ratio_of(table, "vllm", "paged", "mean_running"))
@@ -102,16 +114,26 @@ def test_repeats_collapse_to_their_median() -> None:
 
 
 def test_one_comparison_group_per_workload_precision_budget() -> None:
-    rows = [run("sim", "paged", 16, wl=W1), run("sim", "paged", 16, wl=W2), run("sim", "paged", 16, kv_dtype="fp8"),
-            run("sim", "paged", 16, budget_bytes=2 * GIB), run("sim", "paged", 32)]
+    rows = [
+        run("sim", "paged", 16, wl=W1),
+        run("sim", "paged", 16, wl=W2),
+        run("sim", "paged", 16, kv_dtype="fp8"),
+        run("sim", "paged", 16, budget_bytes=2 * GIB),
+        run("sim", "paged", 32),
+    ]
     assert cells_of(rows)["group"].nunique() == 4
 
 
 def test_mismatches_name_what_differs() -> None:
     same = runs_frame([run("sim", "paged", 16), run("sim", "contiguous-max")])
     assert mismatches(same) == []
-    mixed = runs_frame([run("sim", "paged", 16), run("sim", "paged", 16, kv_dtype="fp8", budget_bytes=2 * GIB),
-                        run("sim", "paged", 16, wl=W2)])
+    mixed = runs_frame(
+        [
+            run("sim", "paged", 16),
+            run("sim", "paged", 16, kv_dtype="fp8", budget_bytes=2 * GIB),
+            run("sim", "paged", 16, wl=W2),
+        ]
+    )
     text = " | ".join(mismatches(mixed))
     assert "workload" in text and "KV precision" in text and "KV budget" in text and "model" not in text
     assert mismatches(mixed, allow=("workload_id", "kv_dtype", "budget_bytes")) == []
@@ -119,10 +141,18 @@ def test_mismatches_name_what_differs() -> None:
 
 def test_published_vs_reproduced_matches_suite_policy_block_and_metric() -> None:
     runs = runs_frame([run("sim", "paged", 16, peak_running=7), run("sim", "contiguous-max", peak_running=2)])
-    ref = pd.DataFrame({"suite": ["golden", "golden", "golden"], "item": ["Fig 2", "Fig 2", "OPT-13B check"],
-                        "policy": ["paged", "paged", "contiguous-max"], "block_size": [16, 32, None],
-                        "metric": ["peak_running", "peak_running", "peak_running"], "published": [7.0, 5.0, 7.0],
-                        "source": ["paper"] * 3, "note": ["", "", "admits 7"]})
+    ref = pd.DataFrame(
+        {
+            "suite": ["golden", "golden", "golden"],
+            "item": ["Fig 2", "Fig 2", "OPT-13B check"],
+            "policy": ["paged", "paged", "contiguous-max"],
+            "block_size": [16, 32, None],
+            "metric": ["peak_running", "peak_running", "peak_running"],
+            "published": [7.0, 5.0, 7.0],
+            "source": ["paper"] * 3,
+            "note": ["", "", "admits 7"],
+        }
+    )
     table = published_vs_reproduced(ref, runs)
     assert table["reproduced"].tolist()[0] == 7.0
     assert math.isnan(table["reproduced"].tolist()[1]) and table["problem"].tolist()[1] == "no matching ok run"
@@ -130,6 +160,7 @@ def test_published_vs_reproduced_matches_suite_policy_block_and_metric() -> None
 
 
 # -- figure 2's arithmetic -----------------------------------------------------------------
+
 
 def test_seed_example_35_tokens_block_16_is_13_of_48() -> None:
     assert figdata.unused_fraction(np.array([35]), 16)[0] == 13 / 48
@@ -139,6 +170,7 @@ def test_seed_example_35_tokens_block_16_is_13_of_48() -> None:
 
 # -- figures ----------------------------------------------------------------------------
 
+
 def plots_for(rows: list[dict], steps: pd.DataFrame, requests: pd.DataFrame) -> dict[str, figures.Plot]:
     runs = runs_frame(rows)
     cells = ratios(summary(runs))
@@ -147,21 +179,31 @@ def plots_for(rows: list[dict], steps: pd.DataFrame, requests: pd.DataFrame) -> 
 
 def test_every_figure_renders_from_the_golden_records(golden_dir: Path) -> None:
     pngs = sorted(p.name for p in (golden_dir / "report").glob("*.png"))
-    assert pngs == ["1-memory-breakdown.png", "2-last-block-waste.png", "3-allocation-over-time.png",
-                    "4-running-requests.png", "5-rate-sweep.png", "6-block-size-ablation.png", "7-decomposition.png"]
+    assert pngs == [
+        "1-memory-breakdown.png",
+        "2-last-block-waste.png",
+        "3-allocation-over-time.png",
+        "4-running-requests.png",
+        "5-rate-sweep.png",
+        "6-block-size-ablation.png",
+        "7-decomposition.png",
+    ]
     for name in pngs:
         assert (golden_dir / "report" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("name, reason", [
-    ("1-memory-breakdown", "no ok run"),
-    ("2-last-block-waste", "no requests"),
-    ("3-allocation-over-time", "no ok run has step records"),
-    ("4-running-requests", "no ok run has step records"),
-    ("5-rate-sweep", "no request-rate sweep"),
-    ("6-block-size-ablation", "no block-size sweep"),
-    ("7-decomposition", "no torch or vllm runs"),
-])
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("1-memory-breakdown", "no ok run"),
+        ("2-last-block-waste", "no requests"),
+        ("3-allocation-over-time", "no ok run has step records"),
+        ("4-running-requests", "no ok run has step records"),
+        ("5-rate-sweep", "no request-rate sweep"),
+        ("6-block-size-ablation", "no block-size sweep"),
+        ("7-decomposition", "no torch or vllm runs"),
+    ],
+)
 def test_each_figure_is_skipped_with_a_reason_when_its_data_is_absent(name: str, reason: str) -> None:
     rows = [run("sim", "paged", 16, status="failed", error="x")]
     plot = plots_for(rows, pd.DataFrame(), pd.DataFrame())[name]
@@ -177,6 +219,7 @@ def test_figures_drawn_only_from_what_the_records_hold() -> None:
 
 
 # -- summary.md (golden) and index.html ---------------------------------------------------------
+
 
 def test_summary_md_matches_golden(golden_dir: Path) -> None:
     text = (golden_dir / "report" / "summary.md").read_text()
@@ -216,13 +259,25 @@ def test_published_vs_reproduced_table_when_reference_exists(tmp_path: Path) -> 
     from kvbench.reports.html import write_report
 
     out = write_records(tmp_path / "r", [run("sim", "contiguous-max", peak_running=7, mean_running=6.9)])
-    pd.DataFrame({"suite": ["golden"], "item": ["OPT-13B 12 GiB admits 7"], "policy": ["contiguous-max"],
-                  "block_size": [None], "metric": ["peak_running"], "published": [7.0],
-                  "source": ["vLLM paper §3"], "note": ["exactly 7 at once"]}).to_parquet(out / "reference.parquet")
+    pd.DataFrame(
+        {
+            "suite": ["golden"],
+            "item": ["OPT-13B 12 GiB admits 7"],
+            "policy": ["contiguous-max"],
+            "block_size": [None],
+            "metric": ["peak_running"],
+            "published": [7.0],
+            "source": ["vLLM paper §3"],
+            "note": ["exactly 7 at once"],
+        }
+    ).to_parquet(out / "reference.parquet")
     page = write_report(out).read_text()
     md = (out / "report" / "summary.md").read_text()
     assert "Published vs reproduced" in page and "exactly 7 at once" in page
-    assert "| OPT-13B 12 GiB admits 7 | contiguous-max | - | peak_running | 7 | 7 | predicted | sim | vLLM paper §3 | exactly 7 at once |" in md
+    assert (
+        "| OPT-13B 12 GiB admits 7 | contiguous-max | - | peak_running | 7 | 7 | predicted | sim | vLLM paper §3 "
+        "| exactly 7 at once |" in md
+    )
 
 
 def test_bad_reference_file_is_a_warning_not_a_crash(tmp_path: Path) -> None:
@@ -245,9 +300,11 @@ def test_report_cli_prints_the_page_path(tmp_path: Path) -> None:
 
 
 def test_decomposition_caption_speaks_of_n_a_only_when_a_factor_is_missing() -> None:
-    both = [run("torch", "contiguous-max", tokens_per_s=1.0, wall_tokens_per_s=80.0, mean_running=2.0, peak_running=2),
-            run("torch", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=120.0, mean_running=4.0, peak_running=8),
-            run("vllm", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=360.0, mean_running=4.0, peak_running=8)]
+    both = [
+        run("torch", "contiguous-max", tokens_per_s=1.0, wall_tokens_per_s=80.0, mean_running=2.0, peak_running=2),
+        run("torch", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=120.0, mean_running=4.0, peak_running=8),
+        run("vllm", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=360.0, mean_running=4.0, peak_running=8),
+    ]
     full = plots_for(both, pd.DataFrame(), pd.DataFrame())["7-decomposition"]
     assert full.figure is not None and "n/a" not in full.note
     no_engine = plots_for(both[:2], pd.DataFrame(), pd.DataFrame())["7-decomposition"]
@@ -257,11 +314,19 @@ def test_decomposition_caption_speaks_of_n_a_only_when_a_factor_is_missing() -> 
 def test_device_and_arena_columns_only_where_they_differ() -> None:
     from kvbench.reports.display import cell_columns
 
-    base = {"runner": "torch", "policy": "contiguous-max", "block_size": 1, "status": "ok", "clock": "roofline",
-            "token_states_frac": 0.5, "arena": None}
+    base = {
+        "runner": "torch",
+        "policy": "contiguous-max",
+        "block_size": 1,
+        "status": "ok",
+        "clock": "roofline",
+        "token_states_frac": 0.5,
+        "arena": None,
+    }
     one = pd.DataFrame([{**base, "device": "cpu"}, {**base, "policy": "paged", "block_size": 16, "device": "cpu"}])
-    both = pd.DataFrame([{**base, "device": "cpu"}, {**base, "device": "cuda"},
-                         {**base, "device": "cpu", "arena": "buddy"}])
+    both = pd.DataFrame(
+        [{**base, "device": "cpu"}, {**base, "device": "cuda"}, {**base, "device": "cpu", "arena": "buddy"}]
+    )
     keys = lambda t: [k for k, _, _ in cell_columns(t, {"torch"})]  # noqa: E731
     assert "device" not in keys(one) and "arena" not in keys(one)
     assert "device" in keys(both) and "arena" in keys(both)
@@ -270,12 +335,28 @@ def test_device_and_arena_columns_only_where_they_differ() -> None:
 def test_kvbench_run_prints_shares_off_by_points_and_ratios_off_by_percent() -> None:
     from kvbench.reports.console import render_reference
 
-    table = pd.DataFrame([
-        {"item": "share", "metric": "token_states_frac", "published": 0.963, "reproduced": 0.926, "basis": "predicted",
-         "runner": "sim", "problem": None},
-        {"item": "ratio", "metric": "mean_running ÷ contiguous-max", "published": 4.3, "reproduced": 4.41,
-         "basis": "fitted", "runner": "sim", "problem": None},
-    ])
+    table = pd.DataFrame(
+        [
+            {
+                "item": "share",
+                "metric": "token_states_frac",
+                "published": 0.963,
+                "reproduced": 0.926,
+                "basis": "predicted",
+                "runner": "sim",
+                "problem": None,
+            },
+            {
+                "item": "ratio",
+                "metric": "mean_running ÷ contiguous-max",
+                "published": 4.3,
+                "reproduced": 4.41,
+                "basis": "fitted",
+                "runner": "sim",
+                "problem": None,
+            },
+        ]
+    )
     lines = render_reference(table).splitlines()
     assert "-3.7 pt" in next(x for x in lines if "share" in x and "0.963" in x)
     ratio = next(x for x in lines if x.strip().startswith("ratio"))

@@ -6,18 +6,18 @@ import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells
 from kvbench.harness.records import store
+from kvbench.harness.records.schema import RUNS, STEPS, VERSION_KEY
 from kvbench.harness.sim.clock import Clock
 from kvbench.harness.sim.policies import make_policy
 from kvbench.harness.sim.scheduler import Arrivals, Scheduler
-from kvbench.harness.records.schema import RUNS, STEPS, VERSION_KEY
 from kvbench.harness.sim.sequence import FINISHED
-from kvbench.app.suite import parse_suite
-from kvbench.app.sweep import build_cells
 from kvbench.runners.common import base_row, expand_seqs
 from kvbench.runners.driver import drive
 from kvbench.runners.sim_engine import SimEngine
+
 from tests.conftest import run_suite_text
 
 OPT13B = """
@@ -33,12 +33,16 @@ max_num_seqs = 256
 max_num_batched_tokens = 2048
 """
 
-ALL_POLICIES = '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
+ALL_POLICIES = (
+    '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
+)
 
 
 def test_seed_example_35_tokens_block_16(out):
     # One 35-token prompt in 16-token blocks: 3 blocks, 48 positions, 13 unused.
-    rows, steps = run_suite_text(OPT13B + """
+    rows, steps = run_suite_text(
+        OPT13B
+        + """
 [workload]
 source = "fixed"
 prompt_len = 35
@@ -47,7 +51,9 @@ num_requests = 1
 [grid]
 policy = ["paged"]
 block_size = [16]
-""", out)
+""",
+        out,
+    )
     (row,) = rows
     s = steps[row["run_id"]].iloc[0]
     assert s.allocated_blocks == 3
@@ -58,7 +64,9 @@ block_size = [16]
 
 
 def test_opt13b_contiguous_max_runs_exactly_7(out):
-    rows, _ = run_suite_text(OPT13B + """
+    rows, _ = run_suite_text(
+        OPT13B
+        + """
 [workload]
 source = "fixed"
 prompt_len = 100
@@ -66,7 +74,9 @@ output_len = 100
 num_requests = 200
 [grid]
 policy = ["contiguous-max", "contiguous-oracle", "contiguous-pow2"]
-""", out)
+""",
+        out,
+    )
     by = {r["policy"]: r for r in rows}
     assert by["contiguous-max"]["budget_positions"] == 15728  # ⌊12 GiB / 800 KiB⌋
     assert by["contiguous-max"]["peak_running"] == 7  # ⌊15728 / 2048⌋
@@ -80,18 +90,24 @@ WORKLOADS = {
     "lognormal": 'source = "lognormal"\nprompt_mean = 200.0\noutput_mean = 150.0\nnum_requests = 80\nseed = 3\n',
     "poisson": 'source = "sharegpt"\nnum_requests = 60\narrival = "poisson"\nrate = 0.5\nseed = 1\n',
     "prefix": 'source = "uniform"\nprompt_min = 50\nprompt_max = 400\noutput_min = 5\noutput_max = 100\n'
-              'num_requests = 50\nprefix_groups = 3\nprefix_len = 40\nn = 2\n',
+    "num_requests = 50\nprefix_groups = 3\nprefix_len = 40\nn = 2\n",
 }
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_invariants_every_step_every_policy(out, workload):
     # A tight budget (about 2,900 positions) so that paged preempts and contiguous queues.
-    rows, steps = run_suite_text(OPT13B.replace('"12GiB"', '"2300MiB"') + "[workload]\n" + WORKLOADS[workload] + f"""
+    rows, steps = run_suite_text(
+        OPT13B.replace('"12GiB"', '"2300MiB"')
+        + "[workload]\n"
+        + WORKLOADS[workload]
+        + f"""
 [grid]
 policy = {ALL_POLICIES}
 block_size = [16, 64]
-""", out)
+""",
+        out,
+    )
     assert len(rows) == 3 + 2 * 2 + 1  # contiguous and virtual policies ignore block_size
     for row in rows:
         assert_step_invariants(row, steps[row["run_id"]])
@@ -120,15 +136,22 @@ CONTIGUOUS = '["contiguous-max", "contiguous-pow2", "contiguous-oracle"]'
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_invariants_every_step_buddy_arena(out, workload):
-    rows, steps = run_suite_text(OPT13B.replace('"12GiB"', '"2300MiB"') + "[workload]\n" + WORKLOADS[workload] + """
+    rows, steps = run_suite_text(
+        OPT13B.replace('"12GiB"', '"2300MiB"')
+        + "[workload]\n"
+        + WORKLOADS[workload]
+        + """
 [grid]
 policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"]
 arena = ["first-fit", "buddy"]
-""", out)
+""",
+        out,
+    )
     # The arena varies the contiguous cells only: paged runs once, and records no arena.
     assert sorted((r["policy"], str(r["arena"])) for r in rows) == sorted(
         [(p, a) for p in ("contiguous-max", "contiguous-pow2", "contiguous-oracle") for a in ("first-fit", "buddy")]
-        + [("paged", "None")])
+        + [("paged", "None")]
+    )
     by = {(r["policy"], r["arena"]): r for r in rows}
     for row in rows:
         assert_step_invariants(row, steps[row["run_id"]])
@@ -141,7 +164,9 @@ arena = ["first-fit", "buddy"]
 
 
 def test_buddy_arena_rounds_each_reservation_to_a_power_of_two(out):
-    rows, steps = run_suite_text(OPT13B + """
+    rows, steps = run_suite_text(
+        OPT13B
+        + """
 [workload]
 source = "fixed"
 prompt_len = 100
@@ -151,10 +176,16 @@ num_requests = 200
 arena = "buddy"
 [grid]
 policy = ["contiguous-max", "contiguous-oracle", "contiguous-pow2", "paged"]
-""", out)
+""",
+        out,
+    )
     by = {r["policy"]: r for r in rows}
     assert {p: r["arena"] for p, r in by.items()} == {
-        "contiguous-max": "buddy", "contiguous-oracle": "buddy", "contiguous-pow2": "buddy", "paged": None}
+        "contiguous-max": "buddy",
+        "contiguous-oracle": "buddy",
+        "contiguous-pow2": "buddy",
+        "paged": None,
+    }
     # 15,728 positions = 8192 + 4096 + 2048 + 1024 + 256 + 64 + 32 + 16: 61 blocks of 256 (200 and
     # 228 both round to 256), 7 of 2048 (as first-fit: 2048 is a power of two).
     assert by["contiguous-oracle"]["peak_running"] == by["contiguous-pow2"]["peak_running"] == 61
@@ -171,20 +202,22 @@ def test_unknown_arena_is_a_one_line_error(tmp_path, capsys):
     from kvbench.app.cli import main
 
     suite = tmp_path / "s.toml"
-    suite.write_text(OPT13B + '[workload]\nsource = "fixed"\n[run]\narena = "best-fit"\n'
-                     '[grid]\npolicy = ["paged"]\n')
+    suite.write_text(OPT13B + '[workload]\nsource = "fixed"\n[run]\narena = "best-fit"\n[grid]\npolicy = ["paged"]\n')
     assert main(["run", str(suite), "--out", str(tmp_path / "out"), "--no-report", "--quiet"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "unknown arena 'best-fit' (known: first-fit, buddy)" in err[0]
 
 
-
-
-@pytest.mark.parametrize("policy", ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged",
-                                    "paged-prefix", "virtual-contiguous"])
+@pytest.mark.parametrize(
+    "policy", ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]
+)
 def test_every_request_finishes_once_with_its_output_and_nothing_stays_allocated(tmp_path, policy):
-    text = OPT13B.replace('"12GiB"', '"2300MiB"') + "[workload]\n" + WORKLOADS["prefix"] + \
-        f'[grid]\npolicy = ["{policy}"]\nblock_size = [16]\n'
+    text = (
+        OPT13B.replace('"12GiB"', '"2300MiB"')
+        + "[workload]\n"
+        + WORKLOADS["prefix"]
+        + f'[grid]\npolicy = ["{policy}"]\nblock_size = [16]\n'
+    )
     (cell,) = build_cells(parse_suite(text, "t.toml"), tmp_path, lambda m: None)
     seqs = expand_seqs(cell)
     policy_obj = make_policy(cell.spec)
@@ -201,7 +234,9 @@ def test_every_request_finishes_once_with_its_output_and_nothing_stays_allocated
 
 
 def test_prefix_caching_shares_blocks_and_counts_them_once(out):
-    rows, steps = run_suite_text(OPT13B + """
+    rows, steps = run_suite_text(
+        OPT13B
+        + """
 [workload]
 source = "fixed"
 prompt_len = 200
@@ -212,7 +247,9 @@ prefix_len = 160
 [grid]
 policy = ["paged", "paged-prefix"]
 block_size = [16]
-""", out)
+""",
+        out,
+    )
     by = {r["policy"]: r for r in rows}
     # 160 shared tokens = 10 full blocks; every request after the first hits them.
     assert by["paged-prefix"]["prefix_hit_rate"] > 0
@@ -222,7 +259,9 @@ block_size = [16]
 
 
 def test_infeasible_request_is_a_row_with_bytes_and_levers(out):
-    rows, steps = run_suite_text(OPT13B.replace('"12GiB"', '"100MiB"') + """
+    rows, steps = run_suite_text(
+        OPT13B.replace('"12GiB"', '"100MiB"')
+        + """
 [workload]
 source = "fixed"
 prompt_len = 200
@@ -230,7 +269,9 @@ output_len = 100
 num_requests = 3
 [grid]
 policy = ["paged", "contiguous-max"]
-""", out)
+""",
+        out,
+    )
     for row in rows:
         assert row["status"] == "infeasible"
         assert "positions" in row["error"] and "MiB" in row["error"]

@@ -10,13 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from kvbench.harness.records import store
-from kvbench.harness.errors import KvbenchError
-from kvbench.harness.records.schema import SCHEMA_VERSION, STEPS, VERSION_KEY
 from kvbench.app.suite import parse_suite
-from tests.conftest import ROOT, run_suite_text
+from kvbench.harness.errors import KvbenchError
+from kvbench.harness.records import store
+from kvbench.harness.records.schema import SCHEMA_VERSION, STEPS, VERSION_KEY
 from kvbench.harness.spec.workload_spec import WorkloadSpec
+
+from tests.conftest import ROOT, run_suite_text
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text()
 
@@ -58,22 +58,44 @@ def test_a_partition_without_its_file_is_not_a_run(tmp_path):
 
 # -- fuzzing -----------------------------------------------------------------------
 
-toml_scalars = st.one_of(st.integers(-10**12, 10**12), st.floats(allow_nan=True), st.text(max_size=12),
-                         st.booleans(), st.lists(st.integers(-5, 5000), max_size=3))
+toml_scalars = st.one_of(
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.booleans(),
+    st.lists(st.integers(-5, 5000), max_size=3),
+)
 SECTIONS = {
     "model": ["preset", "config", "kv_dtype", "colour"],
     "memory": ["kv_budget", "max_model_len"],
-    "workload": ["source", "num_requests", "prompt_len", "output_len", "arrival", "rate", "path", "seed", "n",
-                 "prefix_groups", "prefix_len", "sigma", "prompt_mean"],
+    "workload": [
+        "source",
+        "num_requests",
+        "prompt_len",
+        "output_len",
+        "arrival",
+        "rate",
+        "path",
+        "seed",
+        "n",
+        "prefix_groups",
+        "prefix_len",
+        "sigma",
+        "prompt_mean",
+    ],
     "scheduler": ["max_num_seqs", "max_num_batched_tokens", "preemption", "clock", "gpu"],
     "grid": ["runner", "policy", "block_size", "rate", "kv_dtype"],
 }
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.dictionaries(st.sampled_from(list(SECTIONS)),
-                       st.dictionaries(st.sampled_from(sorted({k for ks in SECTIONS.values() for k in ks})),
-                                       toml_scalars, max_size=4), max_size=5))
+@given(
+    st.dictionaries(
+        st.sampled_from(list(SECTIONS)),
+        st.dictionaries(st.sampled_from(sorted({k for ks in SECTIONS.values() for k in ks})), toml_scalars, max_size=4),
+        max_size=5,
+    )
+)
 def test_fuzzed_suites_give_cells_or_one_kvbench_error(doc):
     base = tomllib.loads(EXAMPLE)
     for section, table in doc.items():
@@ -97,12 +119,29 @@ def test_fuzzed_toml_text_never_crashes_the_parser(text):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(header=st.sampled_from(["prompt_len,output_len", "prompt_len,output_len,arrival_s",
-                               "TIMESTAMP,ContextTokens,GeneratedTokens", "request_id,prompt_len,output_len",
-                               "a,b"]),
-       rows=st.lists(st.lists(st.one_of(st.integers(-3, 3000), st.floats(allow_nan=True, allow_infinity=True),
-                                        st.text(alphabet="0123456789.-: abcxT", max_size=8)),
-                              min_size=0, max_size=4), max_size=6))
+@given(
+    header=st.sampled_from(
+        [
+            "prompt_len,output_len",
+            "prompt_len,output_len,arrival_s",
+            "TIMESTAMP,ContextTokens,GeneratedTokens",
+            "request_id,prompt_len,output_len",
+            "a,b",
+        ]
+    ),
+    rows=st.lists(
+        st.lists(
+            st.one_of(
+                st.integers(-3, 3000),
+                st.floats(allow_nan=True, allow_infinity=True),
+                st.text(alphabet="0123456789.-: abcxT", max_size=8),
+            ),
+            min_size=0,
+            max_size=4,
+        ),
+        max_size=6,
+    ),
+)
 def test_fuzzed_traces_give_a_workload_or_one_kvbench_error(tmp_path, header, rows):
     from kvbench.workloads import build_workload
 

@@ -10,11 +10,11 @@ import sys
 import time
 
 import pytest
-
-from kvbench.harness.records import store
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cells
-from tests.conftest import ROOT, kvbench
+from kvbench.harness.records import store
+
+from tests.conftest import kvbench
 
 GRID = """
 name = "grid"
@@ -53,10 +53,26 @@ def test_sigkill_mid_sweep_then_resume_gives_every_cell_exactly_once(tmp_path, s
     suite = tmp_path / "grid.toml"
     suite.write_text(GRID)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "kvbench.app.cli", "run", str(suite), "--out", str(out),
-                             "--jobs", "2", "--quiet", "--no-report"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.app.cli",
+            "run",
+            str(suite),
+            "--out",
+            str(out),
+            "--jobs",
+            "2",
+            "--quiet",
+            "--no-report",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     target = random.Random(seed).randint(1, CELLS - 3)
     deadline = time.monotonic() + 120
     while len(store.existing_run_ids(out)) < target and time.monotonic() < deadline and proc.poll() is None:

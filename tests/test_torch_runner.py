@@ -15,13 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-from kvbench.harness.records import store
-from kvbench.harness.errors import KvbenchError
-from kvbench.harness.records.recorder import MEASURED_FIELDS
-from kvbench.harness.sim.sequence import Seq
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
+from kvbench.harness.errors import KvbenchError
+from kvbench.harness.records import store
+from kvbench.harness.records.recorder import MEASURED_FIELDS
+from kvbench.harness.sim.sequence import Seq
 from kvbench.runners import get_runner
 from kvbench.runners.base import Cell
 from kvbench.runners.torch_kv import ContiguousKVCache, PagedKVCache
@@ -61,15 +60,31 @@ block_size = {block_sizes}
 """
 
 
-def make_cells(out: Path, policies: list[str], runners: tuple[str, ...] = ("torch",),
-               block_sizes: tuple[int, ...] = (16,), budget: str = "64KiB", kv_dtype: str = "fp32",
-               num_requests: int = 16, groups: int = 0, prefix_len: int = 0, n: int = 1,
-               preemption: str = "recompute") -> list[Cell]:
-    text = BASE.format(kv_dtype=kv_dtype, budget=budget, num_requests=num_requests, groups=groups,
-                       prefix_len=prefix_len, n=n, preemption=preemption,
-                       runners="[" + ", ".join(f'"{r}"' for r in runners) + "]",
-                       policies="[" + ", ".join(f'"{p}"' for p in policies) + "]",
-                       block_sizes=list(block_sizes))
+def make_cells(
+    out: Path,
+    policies: list[str],
+    runners: tuple[str, ...] = ("torch",),
+    block_sizes: tuple[int, ...] = (16,),
+    budget: str = "64KiB",
+    kv_dtype: str = "fp32",
+    num_requests: int = 16,
+    groups: int = 0,
+    prefix_len: int = 0,
+    n: int = 1,
+    preemption: str = "recompute",
+) -> list[Cell]:
+    text = BASE.format(
+        kv_dtype=kv_dtype,
+        budget=budget,
+        num_requests=num_requests,
+        groups=groups,
+        prefix_len=prefix_len,
+        n=n,
+        preemption=preemption,
+        runners="[" + ", ".join(f'"{r}"' for r in runners) + "]",
+        policies="[" + ", ".join(f'"{p}"' for p in policies) + "]",
+        block_sizes=list(block_sizes),
+    )
     return build_cells(parse_suite(text, str(out / "suite.toml")), out, lambda msg: None)
 
 
@@ -93,6 +108,7 @@ def assert_same_generation(a: TorchExecutor, b: TorchExecutor) -> None:
 
 # -- shared runs (one module-wide: the whole file must stay fast on two cores) ------
 
+
 @pytest.fixture(scope="module")
 def tight(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A budget of 128 positions: contiguous runs few at once, paged preempts (recompute)."""
@@ -114,8 +130,18 @@ def tight(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def shared_prefix(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two prefix groups of 24 tokens and two samples a request."""
     out = tmp_path_factory.mktemp("prefix")
-    cells = by_key(make_cells(out, ["contiguous-oracle", "paged-prefix"], block_sizes=(4, 16), budget="128KiB",
-                              num_requests=12, groups=2, prefix_len=24, n=2))
+    cells = by_key(
+        make_cells(
+            out,
+            ["contiguous-oracle", "paged-prefix"],
+            block_sizes=(4, 16),
+            budget="128KiB",
+            num_requests=12,
+            groups=2,
+            prefix_len=24,
+            n=2,
+        )
+    )
     runs = {}
     for key, cell in cells.items():
         result, ex = run_torch(cell, record_logits=True)
@@ -124,6 +150,7 @@ def shared_prefix(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 # -- correctness --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_paged_cache_generates_what_the_contiguous_cache_does(tight: dict, block_size: int) -> None:
@@ -162,11 +189,11 @@ def test_prompt_tokens_agree_with_the_policy_block_keys(shared_prefix: dict) -> 
     """Group members share their prefix tokens; samples of a request share the prompt."""
     ex = shared_prefix["runs"][("torch", "paged-prefix", 16)][1]
     seqs = list(ex.seqs.values())
-    prompt = {s.index: ex.tokens[s.index][:s.prompt_len] for s in seqs}
+    prompt = {s.index: ex.tokens[s.index][: s.prompt_len] for s in seqs}
     for a in seqs:
         for b in seqs:
             if a.prefix_group == b.prefix_group >= 0:
-                np.testing.assert_array_equal(prompt[a.index][:a.prefix_len], prompt[b.index][:b.prefix_len])
+                np.testing.assert_array_equal(prompt[a.index][: a.prefix_len], prompt[b.index][: b.prefix_len])
             if a.request_id == b.request_id:
                 np.testing.assert_array_equal(prompt[a.index], prompt[b.index])
             elif a.prefix_group != b.prefix_group:
@@ -175,13 +202,16 @@ def test_prompt_tokens_agree_with_the_policy_block_keys(shared_prefix: dict) -> 
 
 def test_cached_decoding_matches_the_model_without_a_cache(tight: dict, shared_prefix: dict) -> None:
     """Both caches against plain causal attention over the whole sequence (no cache at all)."""
-    for ex in (tight["runs"][("torch", "contiguous-pow2", 1)][1], tight["runs"][("torch", "paged", 4)][1],
-               shared_prefix["runs"][("torch", "paged-prefix", 16)][1]):
+    for ex in (
+        tight["runs"][("torch", "contiguous-pow2", 1)][1],
+        tight["runs"][("torch", "paged", 4)][1],
+        shared_prefix["runs"][("torch", "paged-prefix", 16)][1],
+    ):
         logits = ex.sampled_logits()
         for s in list(ex.seqs.values())[:4]:
-            ids = ex.tokens[s.index][:ex.length[s.index]].tolist()
-            ref = ex.model.reference_logits(ids[:-1])[s.prompt_len - 1:]
-            assert ref.argmax(-1).tolist() == ids[s.prompt_len:]
+            ids = ex.tokens[s.index][: ex.length[s.index]].tolist()
+            ref = ex.model.reference_logits(ids[:-1])[s.prompt_len - 1 :]
+            assert ref.argmax(-1).tolist() == ids[s.prompt_len :]
             torch.testing.assert_close(logits[(s.request_id, s.sample)], ref, atol=ATOL, rtol=0)
 
 
@@ -214,8 +244,9 @@ def test_token_ids_ignore_global_random_state(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kv_dtype,element_bytes", [("bf16", 2), ("fp16", 2), ("fp8", 1)])
 def test_low_precision_caches_run(tmp_path: Path, kv_dtype: str, element_bytes: int) -> None:
-    cells = by_key(make_cells(tmp_path, ["contiguous-oracle", "paged"], kv_dtype=kv_dtype, budget="32KiB",
-                              num_requests=6))
+    cells = by_key(
+        make_cells(tmp_path, ["contiguous-oracle", "paged"], kv_dtype=kv_dtype, budget="32KiB", num_requests=6)
+    )
     for cell in cells.values():
         result, ex = run_torch(cell)
         assert result.status == "ok", result.error
@@ -250,6 +281,7 @@ def test_sim_and_torch_make_identical_allocation_decisions(tight: dict) -> None:
 
 # -- memory -----------------------------------------------------------------------------
 
+
 def test_kv_bytes_follow_blocks_for_paged_and_reservations_for_contiguous(tight: dict) -> None:
     out = tight["out"]
     for (runner, policy, bs), (row, ex) in tight["runs"].items():
@@ -278,13 +310,20 @@ def test_kv_bytes_follow_blocks_for_paged_and_reservations_for_contiguous(tight:
 
 def test_paged_cache_slots_by_hand() -> None:
     """Block size 4, blocks [5, 2]: positions 0-3 in block 5, 4-6 in block 2."""
-    cache = PagedKVCache(num_layers=1, num_blocks=8, block_size=4, kv_heads=1, head_dim=2,
-                         dtype=torch.float32, device=torch.device("cpu"))
+    cache = PagedKVCache(
+        num_layers=1,
+        num_blocks=8,
+        block_size=4,
+        kv_heads=1,
+        head_dim=2,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+    )
     seq = Seq(0, 0, 0, prompt_len=7, output_len=1, arrival_s=0.0)
     seq.blocks = [5, 2]
     assert cache.slots(seq, 0, 7) == [20, 21, 22, 23, 8, 9, 10]
     assert cache.allocated_bytes([seq]) == 2 * 4 * cache.bytes_per_position
-    # the explainer's 35-token sequence at block size 16: 3 blocks, 48 positions backed
+    # the worked example's 35-token sequence at block size 16: 3 blocks, 48 positions backed
     big = PagedKVCache(1, 4, 16, 1, 2, torch.float32, torch.device("cpu"))
     s35 = Seq(1, 1, 0, prompt_len=35, output_len=1, arrival_s=0.0)
     s35.blocks = [0, 1, 2]
@@ -292,8 +331,9 @@ def test_paged_cache_slots_by_hand() -> None:
 
 
 def test_contiguous_cache_reads_the_reserved_range() -> None:
-    cache = ContiguousKVCache(num_layers=1, num_positions=32, kv_heads=1, head_dim=2,
-                              dtype=torch.float32, device=torch.device("cpu"))
+    cache = ContiguousKVCache(
+        num_layers=1, num_positions=32, kv_heads=1, head_dim=2, dtype=torch.float32, device=torch.device("cpu")
+    )
     seq = Seq(0, 0, 0, prompt_len=5, output_len=3, arrival_s=0.0)
     seq.alloc_start, seq.allocated = 10, 8
     assert cache.slots(seq, 2, 5) == [12, 13, 14]
@@ -309,11 +349,18 @@ def test_contiguous_cache_reads_the_reserved_range() -> None:
 
 # -- out of memory ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("error", [MemoryError(), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"),
-                                   RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate; "
-                                                "out of memory")])
-def test_out_of_memory_during_the_run_is_an_oom_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    error: BaseException) -> None:
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"),
+        RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate; out of memory"),
+    ],
+)
+def test_out_of_memory_during_the_run_is_an_oom_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: BaseException
+) -> None:
     cell = by_key(make_cells(tmp_path, ["paged"], num_requests=4))[("torch", "paged", 16)]
 
     def boom(self, plan):  # type: ignore[no-untyped-def]
@@ -339,8 +386,18 @@ def test_other_errors_are_not_mistaken_for_oom(tmp_path: Path, monkeypatch: pyte
 
 def test_a_geometry_too_large_is_refused_up_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("kvbench.runners.torch_runner.available_bytes", lambda device: 8 * 2**30)
-    text = BASE.format(kv_dtype="fp16", budget="1GiB", num_requests=2, groups=0, prefix_len=0, n=1,
-                       preemption="recompute", runners='["torch"]', policies='["paged"]', block_sizes=[16])
+    text = BASE.format(
+        kv_dtype="fp16",
+        budget="1GiB",
+        num_requests=2,
+        groups=0,
+        prefix_len=0,
+        n=1,
+        preemption="recompute",
+        runners='["torch"]',
+        policies='["paged"]',
+        block_sizes=[16],
+    )
     text = text.replace('preset = "tiny"', 'preset = "llama-3-8b"')
     (cell,) = build_cells(parse_suite(text, str(tmp_path / "s.toml")), tmp_path, lambda m: None)
     built = []
@@ -363,11 +420,12 @@ def test_unsupported_kv_dtype_is_a_clear_failure(tmp_path: Path) -> None:
 
 # -- the runner as the sweep sees it ------------------------------------------------------
 
+
 def test_runner_row(tight: dict) -> None:
     runner = get_runner("torch")
     assert runner.name == "torch" and runner.unavailable() is None
     out = tight["out"]
-    for (r, policy, bs), (row, ex) in tight["runs"].items():
+    for (r, policy, _bs), (row, _ex) in tight["runs"].items():
         if r != "torch":
             continue
         runs = store.read_table(out, "runs", {row["run_id"]})

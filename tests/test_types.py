@@ -25,7 +25,19 @@ def test_mypy_is_clean(tmp_path: Path) -> None:
     for pkg in PACKAGES:
         (tree / pkg).symlink_to(ROOT / pkg, target_is_directory=True)
     targets = [arg for pkg in PACKAGES[:-1] for arg in ("-p", f"kvbench.{pkg}")]
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                           "--cache-dir", str(tmp_path / "cache"), *targets],
-                          cwd=tmp_path, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            *targets,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

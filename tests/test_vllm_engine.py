@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from kvbench.harness.records import store
-from kvbench.harness.errors import KvbenchError
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
-from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
+from kvbench.harness.errors import KvbenchError
+from kvbench.harness.records import store
+from kvbench.reports.divergence import first_divergence
 from kvbench.runners import vllm_adapter, vllm_engine
 from kvbench.runners.vllm_engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
-from tests.conftest import kvbench
+
+from tests.conftest import AGREEMENT_COLUMNS, kvbench
 
 BUILD = vllm_adapter.installed_build()
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None and BUILD is not None
@@ -41,15 +41,10 @@ def _engine_runs_here() -> str | None:
 
 ENGINE_REASON = _engine_runs_here()
 needs_engine = pytest.mark.skipif(ENGINE_REASON is not None, reason=f"the vLLM engine cannot run here: {ENGINE_REASON}")
-cuda_build_without_gpu = pytest.mark.skipif(ENGINE_REASON != NO_CUDA,
-                                            reason="checks the CUDA build's no-GPU path; not this machine's case")
-
-# Every step column the three runners measure alike (the engine adds step_wall_s and kv_bytes_allocated).
-ALL_COLUMNS = DEFAULT_COLUMNS + (
-    "t_s", "dt_s", "admitted", "finished", "scheduled_tokens", "allocated_positions", "used_positions",
-    "reserved_positions", "internal_frag_positions", "external_frag_positions", "free_positions",
-    "evicted_blocks", "prefix_hit_tokens",
+cuda_build_without_gpu = pytest.mark.skipif(
+    ENGINE_REASON != NO_CUDA, reason="checks the CUDA build's no-GPU path; not this machine's case"
 )
+
 
 SUITE = """
 name = "engine-test"
@@ -76,29 +71,51 @@ block_size = [{block_size}]
 CASES: dict[str, dict[str, object]] = {
     "preempting-batch": dict(
         workload='source = "uniform"\nprompt_min = 16\nprompt_max = 200\noutput_min = 20\noutput_max = 300\n'
-                 'num_requests = 40\narrival = "batch"\nseed = 5',
-        budget="3MiB", max_num_seqs=64, max_num_batched_tokens=1024),
+        'num_requests = 40\narrival = "batch"\nseed = 5',
+        budget="3MiB",
+        max_num_seqs=64,
+        max_num_batched_tokens=1024,
+    ),
     "chunked-prefill": dict(
         workload='source = "uniform"\nprompt_min = 100\nprompt_max = 500\noutput_min = 1\noutput_max = 60\n'
-                 'num_requests = 24\narrival = "batch"\nseed = 6',
-        budget="2MiB", max_num_seqs=16, max_num_batched_tokens=64),
+        'num_requests = 24\narrival = "batch"\nseed = 6',
+        budget="2MiB",
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+    ),
     "poisson-roofline": dict(
         workload='source = "lognormal"\nprompt_mean = 120.0\noutput_mean = 80.0\nnum_requests = 40\n'
-                 'arrival = "poisson"\nrate = 400.0\nseed = 4',
-        budget="2MiB", max_num_seqs=32, max_num_batched_tokens=512, clock="roofline"),
+        'arrival = "poisson"\nrate = 400.0\nseed = 4',
+        budget="2MiB",
+        max_num_seqs=32,
+        max_num_batched_tokens=512,
+        clock="roofline",
+    ),
     "prefix-samples": dict(
         workload='source = "uniform"\nprompt_min = 40\nprompt_max = 300\noutput_min = 1\noutput_max = 120\n'
-                 'num_requests = 24\nn = 2\nprefix_groups = 3\nprefix_len = 96\narrival = "batch"\nseed = 2',
-        budget="2MiB", max_num_seqs=32, max_num_batched_tokens=256, policy="paged-prefix"),
+        'num_requests = 24\nn = 2\nprefix_groups = 3\nprefix_len = 96\narrival = "batch"\nseed = 2',
+        budget="2MiB",
+        max_num_seqs=32,
+        max_num_batched_tokens=256,
+        policy="paged-prefix",
+    ),
 }
 
 
 def suite_text(**kw: object) -> str:
-    settings: dict[str, object] = dict(preset="llama-mini", kv_dtype="bf16", max_model_len=1024, clock="steps",
-                                       policy="paged", block_size=32, runners='["sim", "vllm-sched", "vllm"]',
-                                       budget="2MiB", max_num_seqs=16, max_num_batched_tokens=256,
-                                       workload='source = "fixed"\nprompt_len = 40\noutput_len = 8\n'
-                                                'num_requests = 6\narrival = "batch"')
+    settings: dict[str, object] = dict(
+        preset="llama-mini",
+        kv_dtype="bf16",
+        max_model_len=1024,
+        clock="steps",
+        policy="paged",
+        block_size=32,
+        runners='["sim", "vllm-sched", "vllm"]',
+        budget="2MiB",
+        max_num_seqs=16,
+        max_num_batched_tokens=256,
+        workload='source = "fixed"\nprompt_len = 40\noutput_len = 8\nnum_requests = 6\narrival = "batch"',
+    )
     settings.update(kw)
     return SUITE.format(**settings)
 
@@ -128,13 +145,24 @@ def requests_of(out: Path, row: dict) -> pd.DataFrame:
 # --- the spec, checked before any engine starts (no vLLM needed) --------------------------
 
 
-@pytest.mark.parametrize("changes, device, needle", [
-    ({"policy": "contiguous-max"}, "cpu", POLICY_ERROR),
-    ({"block_size": 16}, "cpu", "block_size 16 is refused by vLLM's CPU attention backend (it takes multiples of 32"),
-    ({"preset": "tiny"}, "cpu", "head size 16 (tiny) is refused by vLLM's CPU attention backend (it takes 32, 64, 80"),
-    ({"kv_dtype": "int8"}, "cpu", "kv_dtype int8 is not supported on cpu"),
-    ({"kv_dtype": "fp32"}, "cuda", "kv_dtype fp32 is not supported on cuda"),
-])
+@pytest.mark.parametrize(
+    "changes, device, needle",
+    [
+        ({"policy": "contiguous-max"}, "cpu", POLICY_ERROR),
+        (
+            {"block_size": 16},
+            "cpu",
+            "block_size 16 is refused by vLLM's CPU attention backend (it takes multiples of 32",
+        ),
+        (
+            {"preset": "tiny"},
+            "cpu",
+            "head size 16 (tiny) is refused by vLLM's CPU attention backend (it takes 32, 64, 80",
+        ),
+        ({"kv_dtype": "int8"}, "cpu", "kv_dtype int8 is not supported on cpu"),
+        ({"kv_dtype": "fp32"}, "cuda", "kv_dtype fp32 is not supported on cuda"),
+    ],
+)
 def test_refused_specs_are_one_line_errors(tmp_path: Path, changes: dict, device: str, needle: str) -> None:
     (cell,) = cells_for(tmp_path, runners='["vllm"]', **changes)
     with pytest.raises(KvbenchError) as exc:
@@ -150,7 +178,7 @@ def test_cpu_takes_its_block_and_head_sizes(tmp_path: Path) -> None:
 
 
 def test_asking_for_the_other_device_is_refused(tmp_path: Path) -> None:
-    text = suite_text(runners='["vllm"]').replace("[grid]", "[run]\ndevice = \"cuda\"\n[grid]")
+    text = suite_text(runners='["vllm"]').replace("[grid]", '[run]\ndevice = "cuda"\n[grid]')
     (cell,) = build_cells(parse_suite(text, str(tmp_path / "s.toml")), tmp_path, lambda m: None)
     with pytest.raises(KvbenchError, match="device 'cuda' was asked for, but the installed vLLM is the CPU build"):
         vllm_engine.check_spec(cell.spec, "cpu")
@@ -173,8 +201,12 @@ def test_gpu_memory_utilization_stays_below_free_memory() -> None:
 def test_out_of_memory_errors_are_recognised() -> None:
     assert vllm_engine.is_oom(MemoryError())
     assert vllm_engine.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert vllm_engine.is_oom(ValueError("Available memory on node 0 (3.1/8.6 GiB) on kv cache allocation is "
-                                         "less than requested memory for kv (64.0 GiB)."))
+    assert vllm_engine.is_oom(
+        ValueError(
+            "Available memory on node 0 (3.1/8.6 GiB) on kv cache allocation is "
+            "less than requested memory for kv (64.0 GiB)."
+        )
+    )
     assert not vllm_engine.is_oom(ValueError("Unsupported CPU attention configuration: head_dim=16"))
 
 
@@ -236,11 +268,21 @@ def test_engine_agrees_with_sim_and_vllm_sched_on_every_step(tmp_path: Path, cas
         row = rows[runner]
         steps = steps_of(tmp_path, row)
         assert len(steps) == len(base_steps) == sim["steps"] == row["steps"]
-        d = first_divergence(base_steps, steps, ALL_COLUMNS)
+        d = first_divergence(base_steps, steps, AGREEMENT_COLUMNS)
         assert d is None, d.describe("sim", runner)
         pd.testing.assert_frame_equal(base_reqs, requests_of(tmp_path, row))
-        for key in ("preemptions", "evictions", "generated_tokens", "computed_tokens", "sim_time_s", "tokens_per_s",
-                    "token_states_frac", "reservation_frac", "internal_frag_frac", "external_frag_frac"):
+        for key in (
+            "preemptions",
+            "evictions",
+            "generated_tokens",
+            "computed_tokens",
+            "sim_time_s",
+            "tokens_per_s",
+            "token_states_frac",
+            "reservation_frac",
+            "internal_frag_frac",
+            "external_frag_frac",
+        ):
             assert sim[key] == row[key], (runner, key)
     if case in ("preempting-batch", "prefix-samples"):
         assert sim["preemptions"] > 0  # the interesting regime is really exercised

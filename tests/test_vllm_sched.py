@@ -17,17 +17,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from kvbench.harness.records import store
 from kvbench.app.cli import main
-from kvbench.harness.errors import KvbenchError
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
+from kvbench.harness.errors import KvbenchError
+from kvbench.harness.records import store
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
 from kvbench.runners import get_runner, vllm_adapter
 
-HAVE_VLLM = importlib.util.find_spec("vllm") is not None
-needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
+from tests.conftest import needs_vllm
 
 SUITE = """
 name = "t"
@@ -63,9 +61,19 @@ seed = 3"""
 
 
 def cells_for(tmp_path: Path, **kw: object) -> list:
-    settings = dict(preset="tiny", kv_dtype="fp16", budget="64KiB", max_model_len=256, workload=SMALL_WORKLOAD,
-                    max_num_seqs=8, max_num_batched_tokens=64, preemption="recompute",
-                    runners='["vllm-sched"]', policies='["paged"]', block_size=16)
+    settings = dict(
+        preset="tiny",
+        kv_dtype="fp16",
+        budget="64KiB",
+        max_model_len=256,
+        workload=SMALL_WORKLOAD,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        preemption="recompute",
+        runners='["vllm-sched"]',
+        policies='["paged"]',
+        block_size=16,
+    )
     settings.update(kw)
     suite = parse_suite(SUITE.format(**settings), str(tmp_path / "t.toml"))
     return build_cells(suite, tmp_path, lambda m: None)
@@ -74,9 +82,19 @@ def cells_for(tmp_path: Path, **kw: object) -> list:
 # --- version gate and availability (no vLLM needed) ---------------------------------------------
 
 
-@pytest.mark.parametrize("version, ok", [("0.33.0", True), ("0.33.7", True), ("0.33.1+cu130", True),
-                                         ("0.32.0", True), ("0.32.9+cpu", True),
-                                         ("0.34.0", False), ("0.31.9", False), ("1.33.0", False)])
+@pytest.mark.parametrize(
+    "version, ok",
+    [
+        ("0.33.0", True),
+        ("0.33.7", True),
+        ("0.33.1+cu130", True),
+        ("0.32.0", True),
+        ("0.32.9+cpu", True),
+        ("0.34.0", False),
+        ("0.31.9", False),
+        ("1.33.0", False),
+    ],
+)
 def test_version_series(version: str, ok: bool) -> None:
     assert vllm_adapter._version_supported(version) is ok
 
@@ -114,12 +132,15 @@ def test_unavailable_runner_is_a_failed_row(tmp_path: Path, monkeypatch: pytest.
     assert row["status"] == "failed" and row["error"] == vllm_adapter.NOT_INSTALLED
 
 
-@pytest.mark.parametrize("kw, needle", [
-    ({"policies": '["contiguous-max"]'}, vllm_adapter.POLICY_ERROR),
-    ({"policies": '["virtual-contiguous"]'}, vllm_adapter.POLICY_ERROR),
-    ({"kv_dtype": "int8"}, "kv_dtype int8 cannot be hosted"),
-    ({"preemption": "swap"}, "recompute only"),
-])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        ({"policies": '["contiguous-max"]'}, vllm_adapter.POLICY_ERROR),
+        ({"policies": '["virtual-contiguous"]'}, vllm_adapter.POLICY_ERROR),
+        ({"kv_dtype": "int8"}, "kv_dtype int8 cannot be hosted"),
+        ({"preemption": "swap"}, "recompute only"),
+    ],
+)
 @needs_vllm  # without vLLM the row says so first (the runner is unavailable), whatever the cell
 def test_unhostable_cells_are_failed_rows(tmp_path: Path, kw: dict, needle: str) -> None:
     (cell,) = cells_for(tmp_path, **kw)
@@ -153,8 +174,10 @@ def test_run_records_sim_columns_and_invariants(tmp_path: Path) -> None:
     assert (steps["external_frag_positions"] <= steps["free_positions"]).all()
     assert (steps["used_positions"] <= steps["allocated_positions"]).all()
     assert (steps["reserved_positions"] >= 0).all() and (steps["internal_frag_positions"] >= 0).all()
-    assert (steps["used_positions"] + steps["reserved_positions"] + steps["internal_frag_positions"]
-            == steps["allocated_positions"]).all()
+    assert (
+        steps["used_positions"] + steps["reserved_positions"] + steps["internal_frag_positions"]
+        == steps["allocated_positions"]
+    ).all()
     assert steps["step_wall_s"].isna().all() and steps["kv_bytes_allocated"].isna().all()
     assert (steps["scheduled_tokens"] <= spec.scheduler.max_num_batched_tokens).all()
     assert (steps["running"] <= spec.scheduler.max_num_seqs).all()
@@ -185,10 +208,16 @@ def test_rejected_vllm_config_is_a_failed_row(tmp_path: Path) -> None:
 
 
 @needs_vllm
-@pytest.mark.parametrize("kv_dtype, torch_name, cache_dtype", [
-    ("fp16", "float16", "auto"), ("bf16", "bfloat16", "auto"), ("fp32", "float32", "auto"),
-    ("fp8", "float8_e4m3fn", "fp8_e4m3"), ("fp8_e5m2", "float8_e5m2", "fp8_e5m2"),
-])
+@pytest.mark.parametrize(
+    "kv_dtype, torch_name, cache_dtype",
+    [
+        ("fp16", "float16", "auto"),
+        ("bf16", "bfloat16", "auto"),
+        ("fp32", "float32", "auto"),
+        ("fp8", "float8_e4m3fn", "fp8_e4m3"),
+        ("fp8_e5m2", "float8_e5m2", "fp8_e5m2"),
+    ],
+)
 def test_geometry_budget_and_dtype_mapping(tmp_path: Path, kv_dtype: str, torch_name: str, cache_dtype: str) -> None:
     import torch
 
@@ -201,16 +230,21 @@ def test_geometry_budget_and_dtype_mapping(tmp_path: Path, kv_dtype: str, torch_
     assert vs.kv_dtype == getattr(torch, torch_name) and vs.cache_dtype == cache_dtype
     cfg = json.loads((tmp_path / "model" / "config.json").read_text())
     g = spec.geometry
-    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
-            cfg["hidden_size"], cfg["vocab_size"]) == (g.num_layers, g.num_attention_heads, g.num_kv_heads,
-                                                       g.head_dim, g.hidden_size, g.vocab_size)
+    assert (
+        cfg["num_hidden_layers"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+        cfg["hidden_size"],
+        cfg["vocab_size"],
+    ) == (g.num_layers, g.num_attention_heads, g.num_kv_heads, g.head_dim, g.hidden_size, g.vocab_size)
     assert cfg["max_position_embeddings"] >= spec.memory.max_model_len
 
 
 @needs_vllm
 def test_token_ids_deterministic_and_shared(tmp_path: Path) -> None:
-    from kvbench.runners.prompts import PromptIds
     from kvbench.runners.common import expand_seqs
+    from kvbench.runners.prompts import PromptIds
 
     (cell,) = cells_for(tmp_path)
     seqs = expand_seqs(cell)
@@ -243,8 +277,9 @@ def test_same_cell_twice_is_identical(tmp_path: Path) -> None:
     first = store.read_table(tmp_path, "steps", {cell.run_id}).drop(columns="run_id")
     run_cell(cell)
     second = store.read_table(tmp_path, "steps", {cell.run_id}).drop(columns="run_id")
-    pd.testing.assert_frame_equal(first.sort_values("step").reset_index(drop=True),
-                                  second.sort_values("step").reset_index(drop=True))
+    pd.testing.assert_frame_equal(
+        first.sort_values("step").reset_index(drop=True), second.sort_values("step").reset_index(drop=True)
+    )
     assert first["preempted"].sum() > 0  # the budget is tight enough to preempt
 
 
@@ -286,16 +321,23 @@ def test_divergence_in_length_and_explanations() -> None:
 
 
 def test_diverge_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cells = cells_for(tmp_path, runners='["sim"]', policies='["paged", "paged-prefix", "contiguous-max"]',
-                      budget="1MiB",
-                      workload=SMALL_WORKLOAD.replace("prefix_groups = 3\nprefix_len = 20\n", "").replace("n = 2", "n = 1"))
+    cells = cells_for(
+        tmp_path,
+        runners='["sim"]',
+        policies='["paged", "paged-prefix", "contiguous-max"]',
+        budget="1MiB",
+        workload=SMALL_WORKLOAD.replace("prefix_groups = 3\nprefix_len = 20\n", "").replace("n = 2", "n = 1"),
+    )
     ids = {c.spec.policy: run_cell(c)["run_id"] for c in cells}
     # No shared prefix, one sample each, no preemption (a preempted request would
     # hit its own cached blocks): prefix caching changes nothing here.
     assert main(["diverge", str(tmp_path), ids["paged"], ids["paged-prefix"][:8]]) == 0
     out = capsys.readouterr().out
     assert out.startswith("identical over ") and "sim/paged vs sim/paged-prefix" in out
-    assert main(["diverge", str(tmp_path), ids["paged"], ids["contiguous-max"], "--columns", "running,allocated_blocks"]) == 1
+    assert (
+        main(["diverge", str(tmp_path), ids["paged"], ids["contiguous-max"], "--columns", "running,allocated_blocks"])
+        == 1
+    )
     out = capsys.readouterr().out
     assert "first divergence at step" in out and "not the same work: block_size" in out
     assert main(["diverge", str(tmp_path), ids["paged"], "nope"]) == 2

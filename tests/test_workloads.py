@@ -11,13 +11,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.geometry import preset
+from kvbench.harness.spec.workload_spec import SOURCES, WorkloadSpec
 from kvbench.workloads.arrivals import gamma_arrivals, poisson_arrivals
 from kvbench.workloads.build import build_workload
 from kvbench.workloads.distributions import ALPACA_OUTPUT, ALPACA_PROMPT, SHAREGPT_OUTPUT, SHAREGPT_PROMPT
-from kvbench.harness.spec.workload_spec import SOURCES, WorkloadSpec
 from kvbench.workloads.table import COLUMNS, Workload, read_workload, summarize, write_workload
 from kvbench.workloads.traces import approx_token_count, read_sharegpt_json, read_trace
 
@@ -39,8 +38,10 @@ def test_spec_defaults_and_canonical_json() -> None:
     assert list(data) == sorted(data)
     assert WorkloadSpec.from_json(spec.to_json(), "x") == spec
     # Unused parameters are allowed (a [grid] may vary source/arrival over one table); the id ignores them.
-    assert build_workload(WorkloadSpec(num_requests=2, rate=3.0, path="unused.csv")).workload_id == \
-        build_workload(WorkloadSpec(num_requests=2)).workload_id
+    assert (
+        build_workload(WorkloadSpec(num_requests=2, rate=3.0, path="unused.csv")).workload_id
+        == build_workload(WorkloadSpec(num_requests=2)).workload_id
+    )
     # An int given for a float field is the same spec (same JSON) as the float.
     assert WorkloadSpec(sigma=1).to_json() == WorkloadSpec(sigma=1.0).to_json()
 
@@ -84,8 +85,9 @@ def test_spec_from_mapping_errors_name_file_and_key() -> None:
         WorkloadSpec.from_mapping({"num_requests": "ten"}, where="s.toml")
     with pytest.raises(KvbenchError, match=r"^s\.toml: \[workload\] num_requests must be >= 1, got 0$"):
         WorkloadSpec.from_mapping({"num_requests": 0}, where="s.toml")
-    spec = WorkloadSpec.from_mapping({"source": "lognormal", "prompt_mean": 100, "arrival": "poisson", "rate": 2},
-                                     where="s.toml")
+    spec = WorkloadSpec.from_mapping(
+        {"source": "lognormal", "prompt_mean": 100, "arrival": "poisson", "rate": 2}, where="s.toml"
+    )
     assert spec.prompt_mean == 100.0 and isinstance(spec.rate, float)
 
 
@@ -111,8 +113,11 @@ def test_fixed_workload_exact_table() -> None:
 
 
 def test_prefix_groups_round_robin_and_sampled_prompt_floor() -> None:
-    w = build_workload(WorkloadSpec(source="uniform", num_requests=5, prompt_min=5, prompt_max=5, output_len=1,
-                                    prefix_groups=2, prefix_len=8))
+    w = build_workload(
+        WorkloadSpec(
+            source="uniform", num_requests=5, prompt_min=5, prompt_max=5, output_len=1, prefix_groups=2, prefix_len=8
+        )
+    )
     assert cols(w, "prefix_group") == [0, 1, 0, 1, 0]
     assert cols(w, "prefix_len") == [8] * 5
     assert cols(w, "prompt_len") == [9] * 5  # sampled prompts raised to prefix_len + 1, and counted
@@ -125,8 +130,9 @@ def test_a_fixed_prompt_not_longer_than_the_prefix_is_refused() -> None:
 
 
 def test_uniform_deterministic_and_inclusive_bounds() -> None:
-    spec = WorkloadSpec(source="uniform", num_requests=2000, prompt_min=3, prompt_max=9, output_min=1, output_max=2,
-                        seed=7)
+    spec = WorkloadSpec(
+        source="uniform", num_requests=2000, prompt_min=3, prompt_max=9, output_min=1, output_max=2, seed=7
+    )
     a, b = build_workload(spec), build_workload(spec)
     pd.testing.assert_frame_equal(a.requests, b.requests)
     assert a.workload_id == b.workload_id
@@ -146,8 +152,9 @@ def test_lognormal_mean_and_clamps() -> None:
     assert build_workload(spec).workload_id == w.workload_id
 
 
-@pytest.mark.parametrize(("source", "fits"), [("sharegpt", (SHAREGPT_PROMPT, SHAREGPT_OUTPUT)),
-                                               ("alpaca", (ALPACA_PROMPT, ALPACA_OUTPUT))])
+@pytest.mark.parametrize(
+    ("source", "fits"), [("sharegpt", (SHAREGPT_PROMPT, SHAREGPT_OUTPUT)), ("alpaca", (ALPACA_PROMPT, ALPACA_OUTPUT))]
+)
 def test_dataset_fits_match_published_means(source: str, fits: tuple) -> None:
     assert (fits[0].mean, fits[1].mean) == {"sharegpt": (161.31, 337.99), "alpaca": (19.31, 58.45)}[source]
     w = build_workload(WorkloadSpec(source=source, num_requests=20_000))
@@ -185,8 +192,9 @@ def test_arrival_process_does_not_change_lengths() -> None:
 
 
 def test_same_spec_same_table_despite_global_rng_scrambling() -> None:
-    spec = WorkloadSpec(source="sharegpt", num_requests=300, arrival="gamma", rate=3.0, cv=1.5,
-                        prefix_groups=4, prefix_len=16, seed=11)
+    spec = WorkloadSpec(
+        source="sharegpt", num_requests=300, arrival="gamma", rate=3.0, cv=1.5, prefix_groups=4, prefix_len=16, seed=11
+    )
     first = build_workload(spec, max_model_len=1024)
     np.random.seed(12345)
     np.random.random(1000)
@@ -255,9 +263,14 @@ def _write_generic(path: Path, rows: list[dict]) -> None:
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
 def test_generic_traces(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"trace{suffix}"
-    _write_generic(path, [{"prompt_len": 3, "output_len": 4, "arrival_s": 0.5},
-                          {"prompt_len": 30, "output_len": 1, "arrival_s": 0.5},
-                          {"prompt_len": 7, "output_len": 2, "arrival_s": 2.0}])
+    _write_generic(
+        path,
+        [
+            {"prompt_len": 3, "output_len": 4, "arrival_s": 0.5},
+            {"prompt_len": 30, "output_len": 1, "arrival_s": 0.5},
+            {"prompt_len": 7, "output_len": 2, "arrival_s": 2.0},
+        ],
+    )
     data = read_trace(path)
     assert data.kind == "generic"
     assert data.prompt_len.tolist() == [3, 30, 7] and data.output_len.tolist() == [4, 1, 2]
@@ -288,12 +301,21 @@ BAD_TRACES = [
     ("neg.csv", "prompt_len,output_len\n-3,4\n", "line 2: prompt_len must be >= 1"),
     ("unsorted.csv", "prompt_len,output_len,arrival_s\n1,1,0\n1,1,2\n1,1,1\n", "line 4: arrival goes backwards"),
     ("negtime.csv", "prompt_len,output_len,arrival_s\n1,1,-1\n", "line 2: arrival_s must be a number of seconds"),
-    ("dup.csv", "request_id,prompt_len,output_len\n0,1,1\n1,1,1\n0,2,2\n",
-     "line 4: duplicate request_id '0' (first at line 2)"),
-    ("badtime.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n",
-     "line 2: TIMESTAMP 'yesterday' is not a date-time"),
-    ("azunsorted.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,3,4\n"
-     "2023-11-16 18:15:45.0000000,3,4\n", "line 3: arrival goes backwards"),
+    (
+        "dup.csv",
+        "request_id,prompt_len,output_len\n0,1,1\n1,1,1\n0,2,2\n",
+        "line 4: duplicate request_id '0' (first at line 2)",
+    ),
+    (
+        "badtime.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n",
+        "line 2: TIMESTAMP 'yesterday' is not a date-time",
+    ),
+    (
+        "azunsorted.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,3,4\n2023-11-16 18:15:45.0000000,3,4\n",
+        "line 3: arrival goes backwards",
+    ),
     ("bad.jsonl", '{"prompt_len": 3, "output_len": 4}\n{"prompt_len": \n', "line 2: malformed JSON"),
     ("bool.jsonl", '{"prompt_len": true, "output_len": 4}\n', "line 1: prompt_len True is not a number"),
     ("corrupt.parquet", "this is not parquet", "not a readable Parquet file"),
@@ -317,12 +339,26 @@ def test_bad_traces_name_the_file(tmp_path: Path, name: str, content: str | None
 def test_sharegpt_json(tmp_path: Path) -> None:
     assert [approx_token_count(t) for t in ("", "abcd", "abcde", "é" * 4, "x" * 400)] == [1, 1, 2, 2, 100]
     path = tmp_path / "sg.json"
-    path.write_text(json.dumps([
-        {"id": "a", "conversations": [{"from": "human", "value": "x" * 40}, {"from": "gpt", "value": "y" * 81}]},
-        {"id": "b", "conversations": [{"from": "gpt", "value": "hi"}]},  # no human turn: skipped
-        {"id": "c", "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q" * 8},
-                                      {"from": "human", "value": "again"}, {"from": "gpt", "value": "a" * 12}]},
-    ]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "id": "a",
+                    "conversations": [{"from": "human", "value": "x" * 40}, {"from": "gpt", "value": "y" * 81}],
+                },
+                {"id": "b", "conversations": [{"from": "gpt", "value": "hi"}]},  # no human turn: skipped
+                {
+                    "id": "c",
+                    "conversations": [
+                        {"from": "system", "value": "s"},
+                        {"from": "human", "value": "q" * 8},
+                        {"from": "human", "value": "again"},
+                        {"from": "gpt", "value": "a" * 12},
+                    ],
+                },
+            ]
+        )
+    )
     data = read_sharegpt_json(path)
     assert data.prompt_len.tolist() == [10, 2] and data.output_len.tolist() == [21, 3] and data.skipped == 1
     w = build_workload(WorkloadSpec(source="sharegpt-json", path=str(path), limit=1))
@@ -340,8 +376,15 @@ def test_sharegpt_json(tmp_path: Path) -> None:
 
 
 def _frame(**changes: list) -> pd.DataFrame:
-    base = {"request_id": [0, 1, 2], "arrival_s": [0.0, 1.0, 3.0], "prompt_len": [4, 5, 6],
-            "output_len": [1, 2, 3], "prefix_group": [-1, -1, -1], "prefix_len": [0, 0, 0], "n": [1, 1, 1]}
+    base = {
+        "request_id": [0, 1, 2],
+        "arrival_s": [0.0, 1.0, 3.0],
+        "prompt_len": [4, 5, 6],
+        "output_len": [1, 2, 3],
+        "prefix_group": [-1, -1, -1],
+        "prefix_len": [0, 0, 0],
+        "n": [1, 1, 1],
+    }
     base.update(changes)
     return pd.DataFrame(base)  # Python ints -> int64, floats -> float64
 
@@ -376,8 +419,9 @@ def test_workload_create_validates(changes: dict, needle: str) -> None:
 
 
 def test_parquet_round_trip_keeps_id_and_metadata(tmp_path: Path) -> None:
-    spec = WorkloadSpec(source="lognormal", num_requests=200, arrival="poisson", rate=5.0,
-                        prefix_groups=3, prefix_len=10, n=2)
+    spec = WorkloadSpec(
+        source="lognormal", num_requests=200, arrival="poisson", rate=5.0, prefix_groups=3, prefix_len=10, n=2
+    )
     w = build_workload(spec, max_model_len=512)
     path = write_workload(w, tmp_path / "sub" / "w.parquet")
     assert [p.name for p in path.parent.iterdir()] == ["w.parquet"]  # no temp file left behind
@@ -390,8 +434,9 @@ def test_parquet_round_trip_keeps_id_and_metadata(tmp_path: Path) -> None:
     assert back.workload_id == w.workload_id and back.dropped == w.dropped and back.spec_json == w.spec_json
     pd.testing.assert_frame_equal(back.requests, w.requests, check_exact=True)
     # A workload file is also a valid generic trace: same lengths and times, same id.
-    replay = build_workload(WorkloadSpec(source="trace", path=str(path), arrival="trace", n=2,
-                                         prefix_groups=3, prefix_len=10))
+    replay = build_workload(
+        WorkloadSpec(source="trace", path=str(path), arrival="trace", n=2, prefix_groups=3, prefix_len=10)
+    )
     assert replay.workload_id == w.workload_id
 
 
@@ -443,9 +488,9 @@ def test_summarize_exact() -> None:
 
 # -- published length data as quantile tables (workloads.length_tables) ----------------------
 
+
 def test_quantile_sources_give_the_paper_s_means_and_dependence() -> None:
     import numpy as np
-
     from kvbench.workloads.length_tables import TABLES, table_lengths, table_means
 
     paper = {"sharegpt-quantiles": (161.31, 337.99), "alpaca-quantiles": (19.31, 58.45)}

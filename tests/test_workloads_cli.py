@@ -15,9 +15,15 @@ AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
 
 
 def kvbench(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "kvbench.app.cli", "workload", *map(str, args)],
-                          capture_output=True, text=True, env=env, cwd=cwd or ROOT, timeout=60)
+    env = dict(os.environ)
+    return subprocess.run(
+        [sys.executable, "-m", "kvbench.app.cli", "workload", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd or ROOT,
+        timeout=60,
+    )
 
 
 def fields(stdout: str) -> dict[str, str]:
@@ -35,8 +41,23 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
 
 def test_make_then_show(tmp_path: Path) -> None:
     out = tmp_path / "w.parquet"
-    made = kvbench("make", "--out", out, "--source", "uniform", "--num-requests", "20", "--prompt-max", "64",
-                   "--arrival", "poisson", "--rate", "4", "--seed", "3")
+    made = kvbench(
+        "make",
+        "--out",
+        out,
+        "--source",
+        "uniform",
+        "--num-requests",
+        "20",
+        "--prompt-max",
+        "64",
+        "--arrival",
+        "poisson",
+        "--rate",
+        "4",
+        "--seed",
+        "3",
+    )
     assert made.returncode == 0, made.stderr
     info = fields(made.stdout)
     assert info["requests"] == "20" and info["dropped"] == "0" and len(info["workload_id"]) == 16
@@ -69,8 +90,9 @@ def test_make_from_suite_drops_and_flags_override(tmp_path: Path) -> None:
     note = result.stderr.splitlines()
     assert len(note) == 1 and f"dropped {dropped} of 100" in note[0] and "max_model_len 512" in note[0]
 
-    wider = kvbench("make", "--suite", suite, "--out", tmp_path / "w2.parquet", "--max-model-len", "100000",
-                    "--limit", "10")
+    wider = kvbench(
+        "make", "--suite", suite, "--out", tmp_path / "w2.parquet", "--max-model-len", "100000", "--limit", "10"
+    )
     assert wider.returncode == 0, wider.stderr
     assert fields(wider.stdout)["requests"] == "10" and wider.stderr == ""
 
@@ -82,8 +104,10 @@ def test_make_from_suite_drops_and_flags_override(tmp_path: Path) -> None:
         ("[workload]\nprompt_lenn = 3\n", ("suite.toml: unknown key 'prompt_lenn' in [workload]",)),
         ('[workload]\nnum_requests = "ten"\n', ("suite.toml: [workload] num_requests must be an integer, got 'ten'",)),
         ('[workload]\nsource = "trace"\npath = "no/such.csv"\n', ("trace no/such.csv: no such file",)),
-        ("[workload]\nprompt_len = 4000\n[memory]\nmax_model_len = 2048\n",
-         ("all 100 requests exceed max_model_len 2048",)),
+        (
+            "[workload]\nprompt_len = 4000\n[memory]\nmax_model_len = 2048\n",
+            ("all 100 requests exceed max_model_len 2048",),
+        ),
     ],
 )
 def test_make_bad_suites(tmp_path: Path, suite_text: str, needles: tuple[str, ...]) -> None:
@@ -95,10 +119,12 @@ def test_make_bad_suites(tmp_path: Path, suite_text: str, needles: tuple[str, ..
 
 
 def test_bad_flags_and_files(tmp_path: Path) -> None:
-    assert_one_line_error(kvbench("make", "--out", tmp_path / "w.parquet", "--num-requests", "ten"),
-                          "--num-requests", "'ten'")
-    assert_one_line_error(kvbench("make", "--out", tmp_path / "w.parquet", "--arrival", "poisson"),
-                          "arrival 'poisson' needs rate > 0")
+    assert_one_line_error(
+        kvbench("make", "--out", tmp_path / "w.parquet", "--num-requests", "ten"), "--num-requests", "'ten'"
+    )
+    assert_one_line_error(
+        kvbench("make", "--out", tmp_path / "w.parquet", "--arrival", "poisson"), "arrival 'poisson' needs rate > 0"
+    )
     assert_one_line_error(kvbench("show", tmp_path / "missing.parquet"), "missing.parquet: no such file")
     junk = tmp_path / "junk.parquet"
     junk.write_text("not parquet")

@@ -50,8 +50,13 @@ def trace_arrivals(timestamps: np.ndarray, time_scale: float) -> np.ndarray:
     return np.asarray(timestamps, dtype=np.float64) * float(time_scale)
 
 
-def make_arrivals(spec: WorkloadSpec, count: int, rng: np.random.Generator,
-                  trace_times: np.ndarray | None = None, where: str = "workload") -> np.ndarray:
+def make_arrivals(
+    spec: WorkloadSpec,
+    count: int,
+    rng: np.random.Generator,
+    trace_times: np.ndarray | None = None,
+    where: str = "workload",
+) -> np.ndarray:
     """Arrival times for ``count`` requests as ``spec.arrival`` says."""
     if spec.arrival == "batch":
         return batch_arrivals(count)

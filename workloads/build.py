@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError
+from ..harness.spec.workload_spec import FILE_SOURCES, WorkloadSpec
 from .arrivals import make_arrivals
 from .distributions import clamp_lengths, sample_lengths
 from .prefix import assign_prefix_groups, check_prompts_exceed_prefix, raise_prompts_for_prefix
-from ..harness.spec.workload_spec import FILE_SOURCES, WorkloadSpec
 from .table import Workload
 from .traces import read_sharegpt_json, read_trace
 
@@ -33,7 +33,8 @@ from .traces import read_sharegpt_json, read_trace
 def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Workload:
     """Generate (or read) the requests ``spec`` describes; drop those longer than ``max_model_len``."""
     if max_model_len is not None and (
-            isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1):
+        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
+    ):
         raise KvbenchError(f"max_model_len must be an integer >= 1, got {max_model_len!r}")
     rng = np.random.default_rng(spec.seed)
     length_rng, arrival_rng = rng.spawn(2)
@@ -71,13 +72,15 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Work
     arrivals = make_arrivals(spec, kept, arrival_rng, times, where=f"trace {spec.path}")
     groups, prefix_lens = assign_prefix_groups(kept, spec.prefix_groups, spec.prefix_len)
 
-    table = pd.DataFrame({
-        "request_id": np.arange(kept, dtype=np.int64),
-        "arrival_s": arrivals.astype(np.float64),
-        "prompt_len": prompts.astype(np.int64),
-        "output_len": outputs.astype(np.int64),
-        "prefix_group": groups,
-        "prefix_len": prefix_lens,
-        "n": np.full(kept, spec.n, dtype=np.int64),
-    })
+    table = pd.DataFrame(
+        {
+            "request_id": np.arange(kept, dtype=np.int64),
+            "arrival_s": arrivals.astype(np.float64),
+            "prompt_len": prompts.astype(np.int64),
+            "output_len": outputs.astype(np.int64),
+            "prefix_group": groups,
+            "prefix_len": prefix_lens,
+            "n": np.full(kept, spec.n, dtype=np.int64),
+        }
+    )
     return Workload.create(table, spec.to_json(), total - kept, raised=raised)

@@ -26,8 +26,10 @@ def check_prompts_exceed_prefix(prompt_len: np.ndarray, prefix_len: int, where: 
         return
     short = int(np.count_nonzero(prompt_len <= prefix_len))
     if short:
-        raise KvbenchError(f"{where}: {short:,} of the {prompt_len.size:,} prompts are not longer than prefix_len "
-                           f"({prefix_len}): every request needs a token of its own after the shared prefix")
+        raise KvbenchError(
+            f"{where}: {short:,} of the {prompt_len.size:,} prompts are not longer than prefix_len "
+            f"({prefix_len}): every request needs a token of its own after the shared prefix"
+        )
 
 
 def raise_prompts_for_prefix(prompt_len: np.ndarray, prefix_len: int) -> np.ndarray:

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError, StorageError, os_cause
-from ..harness.spec.files import GIB, check_regular_input
 from ..harness.records.safe_paths import output_file
+from ..harness.spec.files import GIB, check_regular_input
 from ..harness.spec.geometry import ModelGeometry
 
 SCHEMA_VERSION = 1
@@ -70,7 +70,7 @@ class Workload:
     raised: int = 0
 
     @classmethod
-    def create(cls, df: pd.DataFrame, spec_json: str, dropped: int = 0, raised: int = 0) -> "Workload":
+    def create(cls, df: pd.DataFrame, spec_json: str, dropped: int = 0, raised: int = 0) -> Workload:
         """Validate columns, dtypes and invariants; copy the table; compute the id."""
         table = _canonical(df)
         if isinstance(dropped, bool) or not isinstance(dropped, (int, np.integer)) or dropped < 0:
@@ -162,12 +162,14 @@ def write_workload(w: Workload, path: str | Path) -> Path:
         raise StorageError(f"workload {p}: cannot create folder {p.parent} ({os_cause(exc)})") from None
     table = pa.Table.from_pandas(w.requests, preserve_index=False)
     metadata = dict(table.schema.metadata or {})
-    metadata.update({
-        META_SCHEMA: str(SCHEMA_VERSION).encode(),
-        META_ID: w.workload_id.encode(),
-        META_SPEC: w.spec_json.encode("utf-8"),
-        META_DROPPED: str(w.dropped).encode(),
-    })
+    metadata.update(
+        {
+            META_SCHEMA: str(SCHEMA_VERSION).encode(),
+            META_ID: w.workload_id.encode(),
+            META_SPEC: w.spec_json.encode("utf-8"),
+            META_DROPPED: str(w.dropped).encode(),
+        }
+    )
     table = table.replace_schema_metadata(metadata)
     tmp: str | None = None
     try:
@@ -238,8 +240,13 @@ def read_workload(path: str | Path) -> Workload:
 
 def _percentiles(values: np.ndarray) -> dict[str, float]:
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"mean": float(values.mean()), "p50": float(p50), "p90": float(p90),
-            "p99": float(p99), "max": float(values.max())}
+    return {
+        "mean": float(values.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(values.max()),
+    }
 
 
 def summarize(w: Workload, geometry: ModelGeometry | None = None, kv_dtype: str = "fp16") -> dict[str, Any]:
@@ -272,11 +279,13 @@ def summarize(w: Workload, geometry: ModelGeometry | None = None, kv_dtype: str 
     }
     if geometry is not None:
         total, largest = w.raw_kv_bytes(geometry, kv_dtype)
-        out.update({
-            "model": geometry.name,
-            "kv_dtype": kv_dtype,
-            "kv_bytes_per_token": geometry.kv_bytes_per_token(kv_dtype),
-            "raw_kv_bytes_total": total,
-            "raw_kv_bytes_largest_request": largest,
-        })
+        out.update(
+            {
+                "model": geometry.name,
+                "kv_dtype": kv_dtype,
+                "kv_bytes_per_token": geometry.kv_bytes_per_token(kv_dtype),
+                "raw_kv_bytes_total": total,
+                "raw_kv_bytes_largest_request": largest,
+            }
+        )
     return out

@@ -23,8 +23,9 @@ import csv
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -97,8 +98,10 @@ def _rows_to_read(limit: int | None) -> int:
 
 def _check_count(rows: int, where: str) -> None:
     if rows > MAX_REQUESTS:
-        raise KvbenchError(f"{where}: holds more than {MAX_REQUESTS:,} requests, the limit of a workload "
-                           f"(set limit to use its first ones)")
+        raise KvbenchError(
+            f"{where}: holds more than {MAX_REQUESTS:,} requests, the limit of a workload "
+            f"(set limit to use its first ones)"
+        )
 
 
 def _check_file(p: Path, where: str) -> None:
@@ -136,8 +139,9 @@ def _read_csv(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, Lab
     _check_unique_names(_csv_header(p, where), where, "column")
     try:
         # Everything as text: we want to report 'abc' or '3.5' ourselves, row by row.
-        frame = pd.read_csv(p, dtype=str, keep_default_na=False, nrows=_rows_to_read(limit), skipinitialspace=True,
-                            encoding="utf-8")
+        frame = pd.read_csv(
+            p, dtype=str, keep_default_na=False, nrows=_rows_to_read(limit), skipinitialspace=True, encoding="utf-8"
+        )
     except pd.errors.EmptyDataError:
         raise KvbenchError(f"{where}: file is empty") from None
     except pd.errors.ParserError as exc:
@@ -181,8 +185,9 @@ def _read_jsonl(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, L
                 try:
                     record = json.loads(text, object_pairs_hook=_object_once)
                 except _DuplicateKey as exc:
-                    raise KvbenchError(f"{where}: line {lineno}: key {exc.key!r} appears more than once: "
-                                       f"keep one") from None
+                    raise KvbenchError(
+                        f"{where}: line {lineno}: key {exc.key!r} appears more than once: keep one"
+                    ) from None
                 except json.JSONDecodeError as exc:
                     raise KvbenchError(f"{where}: line {lineno}: malformed JSON ({exc.msg})") from None
                 except (ValueError, RecursionError) as exc:  # a 5,000-digit number; deep nesting
@@ -228,8 +233,10 @@ def _parse_frame(frame: pd.DataFrame, where: str, label: Label) -> TraceData:
     azure = [c for c in AZURE_COLUMNS if c in columns]
     plain = [c for c in (*GENERIC_COLUMNS, GENERIC_TIME_COLUMN) if c in columns]
     if azure and plain:
-        raise KvbenchError(f"{where}: has both Azure trace columns ({', '.join(azure)}) and plain ones "
-                           f"({', '.join(plain)}): keep one scheme")
+        raise KvbenchError(
+            f"{where}: has both Azure trace columns ({', '.join(azure)}) and plain ones "
+            f"({', '.join(plain)}): keep one scheme"
+        )
     if any(c in columns for c in AZURE_COLUMNS):
         _require(columns, AZURE_COLUMNS, where)
         prompts = _lengths(frame["ContextTokens"], "ContextTokens", where, label)
@@ -240,8 +247,7 @@ def _parse_frame(frame: pd.DataFrame, where: str, label: Label) -> TraceData:
         _require(columns, GENERIC_COLUMNS, where)
         prompts = _lengths(frame["prompt_len"], "prompt_len", where, label)
         outputs = _lengths(frame["output_len"], "output_len", where, label)
-        arrivals = (_seconds(frame[GENERIC_TIME_COLUMN], where, label) if GENERIC_TIME_COLUMN in columns
-                    else None)
+        arrivals = _seconds(frame[GENERIC_TIME_COLUMN], where, label) if GENERIC_TIME_COLUMN in columns else None
         kind = "generic"
     if "request_id" in columns:
         _check_unique_ids(frame["request_id"], where, label)
@@ -257,8 +263,11 @@ def _require(columns: list[str], needed: tuple[str, ...], where: str) -> None:
 
 
 def _is_blank(value: object) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value)) or (
-        isinstance(value, str) and not value.strip())
+    return (
+        value is None
+        or (isinstance(value, float) and math.isnan(value))
+        or (isinstance(value, str) and not value.strip())
+    )
 
 
 def _lengths(series: pd.Series, column: str, where: str, label: Label) -> np.ndarray:
@@ -331,9 +340,7 @@ def _check_unique_ids(series: pd.Series, where: str, label: Label) -> None:
     if duplicated.any():
         i = int(np.flatnonzero(duplicated)[0])
         first = int(np.flatnonzero((series == series.iloc[i]).to_numpy())[0])
-        raise KvbenchError(
-            f"{where}: {label(i)}: duplicate request_id {series.iloc[i]!r} (first at {label(first)})"
-        )
+        raise KvbenchError(f"{where}: {label(i)}: duplicate request_id {series.iloc[i]!r} (first at {label(first)})")
 
 
 def approx_token_count(text: str) -> int:
@@ -387,8 +394,9 @@ def read_sharegpt_json(path: str | Path, limit: int | None = None) -> TraceData:
     if not prompts:
         raise KvbenchError(f"{where}: no conversation has a human turn followed by a gpt turn")
     _check_count(len(prompts), where)
-    return TraceData(np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), None,
-                     "sharegpt-json", skipped)
+    return TraceData(
+        np.asarray(prompts, dtype=np.int64), np.asarray(outputs, dtype=np.int64), None, "sharegpt-json", skipped
+    )
 
 
 def _first_exchange(entry: object, where: str) -> tuple[str, str] | None:

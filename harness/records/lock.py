@@ -62,25 +62,30 @@ class ResultsLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise KvbenchError(f"{self.path}: is a symbolic link, where kvbench keeps its lock file; "
-                                   f"remove it or choose another --out") from None
+                raise KvbenchError(
+                    f"{self.path}: is a symbolic link, where kvbench keeps its lock file; "
+                    f"remove it or choose another --out"
+                ) from None
             raise storage_error(self.out, exc) from None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            raise KvbenchError(f"{self.path}: is not a regular file, where kvbench keeps its lock file; "
-                               f"remove it or choose another --out")
+            raise KvbenchError(
+                f"{self.path}: is not a regular file, where kvbench keeps its lock file; "
+                f"remove it or choose another --out"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
             also = " or choose another --out" if self.command == "run" else ""
-            raise ResultsBusy(f"{self.out}: in use by another kvbench process{holder}; wait for it to "
-                              f"end{also}") from None
+            raise ResultsBusy(
+                f"{self.out}: in use by another kvbench process{holder}; wait for it to end{also}"
+            ) from None
         except OSError as exc:
             os.close(fd)
             raise storage_error(self.path, exc, "cannot lock") from None
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         try:
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()} kvbench {self.command} since {stamp}\n".encode())
@@ -104,8 +109,9 @@ class ResultsLock:
     def check(self) -> None:
         """Raise ``StorageError`` when the results directory was removed or replaced mid-run."""
         if not self.still_ours():
-            raise StorageError(f"{self.out}: the results directory was removed or replaced while kvbench "
-                               f"was writing it")
+            raise StorageError(
+                f"{self.out}: the results directory was removed or replaced while kvbench was writing it"
+            )
 
     def release(self) -> None:
         # The lock file stays: removing it would let a third process lock a new file while a
@@ -115,12 +121,13 @@ class ResultsLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "ResultsLock":
+    def __enter__(self) -> ResultsLock:
         self.acquire()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.release()
 
 

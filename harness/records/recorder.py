@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import store
 from ..errors import StorageError, storage_error
+from . import store
 from .schema import REQUESTS, RUNS, STEPS, StepRow, with_version
 
 BATCH_ROWS = 16_384
@@ -87,16 +87,24 @@ class StepSummary:
         dt = columns[_I["dt_s"]]
         self.steps += n
         self.time = _seq_sum(self.time, dt)
-        for attr, name in (("w_used", "used_positions"), ("w_reserved", "reserved_positions"),
-                           ("w_internal", "internal_frag_positions"),
-                           ("w_external", "external_frag_positions"), ("w_free", "free_positions"),
-                           ("w_running", "running")):
+        for attr, name in (
+            ("w_used", "used_positions"),
+            ("w_reserved", "reserved_positions"),
+            ("w_internal", "internal_frag_positions"),
+            ("w_external", "external_frag_positions"),
+            ("w_free", "free_positions"),
+            ("w_running", "running"),
+        ):
             setattr(self, attr, _seq_sum(getattr(self, attr), dt * columns[_I[name]]))
         peak = int(columns[_I["running"]].max())
         if peak > self.peak_running:
             self.peak_running = peak
-        for attr, name in (("preemptions", "preempted"), ("evictions", "evicted_blocks"),
-                           ("computed_tokens", "scheduled_tokens"), ("prefix_hit_tokens", "prefix_hit_tokens")):
+        for attr, name in (
+            ("preemptions", "preempted"),
+            ("evictions", "evicted_blocks"),
+            ("computed_tokens", "scheduled_tokens"),
+            ("prefix_hit_tokens", "prefix_hit_tokens"),
+        ):
             setattr(self, attr, getattr(self, attr) + int(columns[_I[name]].astype(np.int64).sum()))
         kv = columns[_I["kv_bytes_allocated"]]
         kv = kv[~np.isnan(kv)]
@@ -113,8 +121,16 @@ class StepSummary:
     def fractions(self) -> dict[str, float | None]:
         denom = self.time * self.budget
         if denom <= 0:
-            return {k: None for k in ("token_states_frac", "reservation_frac", "internal_frag_frac",
-                                      "external_frag_frac", "free_frac")}
+            return {
+                k: None
+                for k in (
+                    "token_states_frac",
+                    "reservation_frac",
+                    "internal_frag_frac",
+                    "external_frag_frac",
+                    "free_frac",
+                )
+            }
         return {
             "token_states_frac": self.w_used / denom,
             "reservation_frac": self.w_reserved / denom,
@@ -184,9 +200,9 @@ class RunRecorder:
         assert len(columns) == len(STEP_FIELDS)
         if self._n + n > len(self._buf):
             grown = np.tile(self._blank, (self._n + n + BATCH_ROWS, 1))
-            grown[:self._n] = self._buf[:self._n]
+            grown[: self._n] = self._buf[: self._n]
             self._buf = grown
-        rows = self._buf[self._n:self._n + n]
+        rows = self._buf[self._n : self._n + n]
         for i, value in enumerate(columns):
             if isinstance(value, np.ndarray):
                 assert len(value) == n, (len(value), n)
@@ -208,9 +224,9 @@ class RunRecorder:
             return
         if self._n + n > len(self._buf):
             grown = np.tile(self._blank, (self._n + n + BATCH_ROWS, 1))
-            grown[:self._n] = self._buf[:self._n]
+            grown[: self._n] = self._buf[: self._n]
             self._buf = grown
-        self._buf[self._n:self._n + n] = rows
+        self._buf[self._n : self._n + n] = rows
         self._n += n
         if self._n >= BATCH_ROWS:
             self._flush()
@@ -229,7 +245,8 @@ class RunRecorder:
         for start in range(0, done, BATCH_ROWS):
             stop = min(start + BATCH_ROWS, done)
             batch = pa.RecordBatch.from_arrays(
-                [_arrow(buf[start:stop, i], field, _FLOAT[i]) for i, field in enumerate(STEPS)], schema=STEPS)
+                [_arrow(buf[start:stop, i], field, _FLOAT[i]) for i, field in enumerate(STEPS)], schema=STEPS
+            )
             try:
                 self._writer.write_batch(batch)
             except OSError as exc:
@@ -259,8 +276,10 @@ class RunRecorder:
         try:
             unknown = [key for key in run_row if key not in _RUNS_NAMES]
             if unknown:
-                raise UnknownColumns(f"run row: {', '.join(map(repr, unknown))} not in harness.records.schema.RUNS "
-                                     f"(declare the column there, or stop setting it)")
+                raise UnknownColumns(
+                    f"run row: {', '.join(map(repr, unknown))} not in harness.records.schema.RUNS "
+                    f"(declare the column there, or stop setting it)"
+                )
             self._flush(final=True)
             if self._writer is not None:
                 writer, self._writer = self._writer, None
@@ -280,8 +299,9 @@ class RunRecorder:
             for key, value in row.items():  # NaN → null: a missing measurement, not a number
                 if isinstance(value, float) and math.isnan(value):
                     row[key] = None
-            tmps.append(store.write_temp_partition(self.out, "runs", self.run_id,
-                                                   pa.Table.from_pylist([row], schema=RUNS)))
+            tmps.append(
+                store.write_temp_partition(self.out, "runs", self.run_id, pa.Table.from_pylist([row], schema=RUNS))
+            )
             store.unpublish_run(self.out, self.run_id)  # a rerun: the old run stops existing first
             for table, tmp in zip(("steps", "requests", "runs"), tmps):
                 store.publish(tmp, store.partition_dir(self.out, table, self.run_id))

@@ -22,7 +22,7 @@ from ..spec.files import kind
 # The folders kvbench makes inside a results directory (``harness.records.store`` and the report).
 OWN_FOLDERS: tuple[str, ...] = ("runs", "steps", "requests", "workloads", "report")
 # The single files it keeps at a results directory's top level.
-OWN_FILES: tuple[str, ...] = ("reference.parquet", "slo.parquet", ".kvbench.lock")
+OWN_FILES: tuple[str, ...] = ("reference.parquet", "slo.parquet", ".kvbench.lock", "kvbench.log")
 
 
 def nonempty_path(text: str) -> Path:
@@ -44,8 +44,10 @@ def output_file(path: Path, what: str) -> Path:
     except OSError as exc:
         raise KvbenchError(f"{what} {path}: cannot inspect ({exc.strerror or exc})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise KvbenchError(f"{what} {path}: is {kind(st.st_mode)}; kvbench writes only regular files: "
-                           f"name a new file or an existing regular file")
+        raise KvbenchError(
+            f"{what} {path}: is {kind(st.st_mode)}; kvbench writes only regular files: "
+            f"name a new file or an existing regular file"
+        )
     return path
 
 
@@ -60,11 +62,15 @@ def own_folder(path: Path) -> None:
     except OSError as exc:
         raise KvbenchError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
     if stat.S_ISLNK(st.st_mode):
-        raise KvbenchError(f"{path}: is a symbolic link; kvbench writes and removes only inside real folders "
-                           f"of a results directory: replace the link with a folder or choose another --out")
+        raise KvbenchError(
+            f"{path}: is a symbolic link; kvbench writes and removes only inside real folders "
+            f"of a results directory: replace the link with a folder or choose another --out"
+        )
     if not stat.S_ISDIR(st.st_mode):
-        raise KvbenchError(f"{path}: is {kind(st.st_mode)}, where kvbench keeps a folder of its records; "
-                           f"move it away or choose another --out")
+        raise KvbenchError(
+            f"{path}: is {kind(st.st_mode)}, where kvbench keeps a folder of its records; "
+            f"move it away or choose another --out"
+        )
 
 
 def own_file(path: Path) -> None:
@@ -77,8 +83,10 @@ def own_file(path: Path) -> None:
     except OSError as exc:
         raise KvbenchError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise KvbenchError(f"{path}: is {kind(st.st_mode)}, where kvbench keeps a file of its own; "
-                           f"move it away or choose another --out")
+        raise KvbenchError(
+            f"{path}: is {kind(st.st_mode)}, where kvbench keeps a file of its own; "
+            f"move it away or choose another --out"
+        )
 
 
 def check_results_layout(out: Path) -> None:
@@ -100,8 +108,10 @@ def check_results_layout(out: Path) -> None:
             raise KvbenchError(f"{folder}: cannot list ({exc.strerror or exc})") from None
         for entry in entries:
             if entry.name.startswith("run_id=") and entry.is_symlink():
-                raise KvbenchError(f"{folder / entry.name}: is a symbolic link; kvbench writes and removes "
-                                   f"only partitions it made: move it away or choose another --out")
+                raise KvbenchError(
+                    f"{folder / entry.name}: is a symbolic link; kvbench writes and removes "
+                    f"only partitions it made: move it away or choose another --out"
+                )
 
 
 def is_own_partition(path: Path, part: str) -> bool:

@@ -15,33 +15,35 @@ VERSION_KEY = b"kvbench.schema_version"
 
 STATUSES = ("ok", "failed", "infeasible", "oom")
 
-STEPS = pa.schema([
-    ("step", pa.int64()),
-    ("t_s", pa.float64()),  # simulated time at the start of the step
-    ("dt_s", pa.float64()),  # simulated duration of the step (time weight)
-    ("running", pa.int32()),
-    ("waiting", pa.int32()),
-    ("admitted", pa.int32()),
-    ("finished", pa.int32()),
-    ("preempted", pa.int32()),
-    ("scheduled_tokens", pa.int64()),
-    ("allocated_blocks", pa.int64()),
-    ("allocated_positions", pa.int64()),
-    ("used_positions", pa.int64()),
-    ("reserved_positions", pa.int64()),
-    ("internal_frag_positions", pa.int64()),
-    ("external_frag_positions", pa.int64()),
-    ("free_positions", pa.int64()),
-    ("evicted_blocks", pa.int64()),
-    ("prefix_hit_tokens", pa.int64()),
-    ("kv_bytes_allocated", pa.int64()),  # null where not measured
-    ("step_wall_s", pa.float64()),  # null for sim
-    # The step's work, recorded beside step_wall_s by the runners that measure steps (torch,
-    # vllm; null for sim and vllm-sched): the features `kvbench calibrate` fits step time on.
-    ("scheduled_seqs", pa.int32()),  # requests scheduled this step
-    ("context_tokens", pa.int64()),  # Σ over them of their context after the step (KV positions attended)
-    ("attention_pairs", pa.int64()),  # Σ new tokens × context (query-key pairs)
-])
+STEPS = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("t_s", pa.float64()),  # simulated time at the start of the step
+        ("dt_s", pa.float64()),  # simulated duration of the step (time weight)
+        ("running", pa.int32()),
+        ("waiting", pa.int32()),
+        ("admitted", pa.int32()),
+        ("finished", pa.int32()),
+        ("preempted", pa.int32()),
+        ("scheduled_tokens", pa.int64()),
+        ("allocated_blocks", pa.int64()),
+        ("allocated_positions", pa.int64()),
+        ("used_positions", pa.int64()),
+        ("reserved_positions", pa.int64()),
+        ("internal_frag_positions", pa.int64()),
+        ("external_frag_positions", pa.int64()),
+        ("free_positions", pa.int64()),
+        ("evicted_blocks", pa.int64()),
+        ("prefix_hit_tokens", pa.int64()),
+        ("kv_bytes_allocated", pa.int64()),  # null where not measured
+        ("step_wall_s", pa.float64()),  # null for sim
+        # The step's work, recorded beside step_wall_s by the runners that measure steps (torch,
+        # vllm; null for sim and vllm-sched): the features `kvbench calibrate` fits step time on.
+        ("scheduled_seqs", pa.int32()),  # requests scheduled this step
+        ("context_tokens", pa.int64()),  # Σ over them of their context after the step (KV positions attended)
+        ("attention_pairs", pa.int64()),  # Σ new tokens × context (query-key pairs)
+    ]
+)
 
 
 class StepRow(NamedTuple):
@@ -76,106 +78,132 @@ class StepRow(NamedTuple):
 
 assert StepRow._fields == tuple(STEPS.names), "StepRow must name STEPS's columns, in their order"
 
-REQUESTS = pa.schema([
-    ("request_id", pa.int64()),
-    ("sample", pa.int32()),
-    ("prompt_len", pa.int64()),
-    ("output_len", pa.int64()),
-    ("arrival_s", pa.float64()),
-    ("first_scheduled_s", pa.float64()),
-    ("first_token_s", pa.float64()),
-    ("finished_s", pa.float64()),
-    ("num_preemptions", pa.int32()),
-    ("peak_allocated_positions", pa.int64()),
-    ("prefix_hit_tokens", pa.int64()),
-    ("status", pa.string()),
-])
+REQUESTS = pa.schema(
+    [
+        ("request_id", pa.int64()),
+        ("sample", pa.int32()),
+        ("prompt_len", pa.int64()),
+        ("output_len", pa.int64()),
+        ("arrival_s", pa.float64()),
+        ("first_scheduled_s", pa.float64()),
+        ("first_token_s", pa.float64()),
+        ("finished_s", pa.float64()),
+        ("num_preemptions", pa.int32()),
+        ("peak_allocated_positions", pa.int64()),
+        ("prefix_hit_tokens", pa.int64()),
+        ("status", pa.string()),
+    ]
+)
 
 # ``run_id`` is not stored in the files: it is the hive partition key
 # (``run_id=<id>/``), which every reader adds back as a column.
-RUNS = pa.schema([
-    ("suite", pa.string()),
-    ("runner", pa.string()),
-    ("policy", pa.string()),
-    ("block_size", pa.int64()),
-    ("arena", pa.string()),  # where a contiguous policy placed reservations: first-fit or buddy (null: other policies)
-    ("kv_dtype", pa.string()),
-    ("kv_bytes_per_token", pa.int64()),
-    ("budget_bytes", pa.int64()),
-    ("budget_positions", pa.int64()),
-    ("max_model_len", pa.int64()),
-    ("model", pa.string()),
-    ("workload_id", pa.string()),
-    ("workload_source", pa.string()),
-    ("arrival", pa.string()),
-    ("rate", pa.float64()),
-    ("num_requests", pa.int64()),
-    ("dropped_requests", pa.int64()),
-    ("max_num_seqs", pa.int64()),
-    ("max_num_batched_tokens", pa.int64()),
-    ("clock", pa.string()),
-    ("repeat", pa.int64()),
-    ("status", pa.string()),
-    ("error", pa.string()),
-    ("wall_s", pa.float64()),
-    ("sim_time_s", pa.float64()),
-    ("steps", pa.int64()),
-    ("generated_tokens", pa.int64()),
-    ("computed_tokens", pa.int64()),
-    ("tokens_per_s", pa.float64()),  # generated tokens per second of the run's clock (simulated, or device for vllm)
-    ("wall_tokens_per_s", pa.float64()),  # generated tokens per second of measured step time (torch, vllm; null for sim)
-    ("computed_tokens_per_wall_s", pa.float64()),  # computed tokens per wall second of the whole run (runner speed)
-    ("preemptions", pa.int64()),
-    ("evictions", pa.int64()),
-    ("prefix_hit_rate", pa.float64()),
-    ("peak_running", pa.int64()),
-    ("mean_running", pa.float64()),
-    ("token_states_frac", pa.float64()),
-    ("reservation_frac", pa.float64()),
-    ("internal_frag_frac", pa.float64()),
-    ("external_frag_frac", pa.float64()),
-    ("free_frac", pa.float64()),
-    # Contiguous policies: the time-weighted share of the budget that a buddy arena's rounding
-    # (2^k − reservation) took; part of internal_frag_frac (0 first-fit, null other policies).
-    ("rounding_frac", pa.float64()),
-    ("peak_kv_bytes_allocated", pa.int64()),
-    ("device_peak_bytes", pa.int64()),  # CUDA allocator peak during the run (torch, vllm on CUDA)
-    ("mean_step_wall_s", pa.float64()),
-    # Per-request latency on the run's clock (harness.sim.latency), over finished requests.
-    ("ttft_p50_s", pa.float64()),
-    ("ttft_p90_s", pa.float64()),
-    ("tpot_p50_s", pa.float64()),
-    ("tpot_p90_s", pa.float64()),
-    ("latency_p50_s", pa.float64()),
-    ("latency_p90_s", pa.float64()),
-    ("normalized_latency_mean_s", pa.float64()),  # latency ÷ generated tokens
-    ("normalized_latency_p50_s", pa.float64()),
-    ("normalized_latency_p90_s", pa.float64()),
-    ("clock_detail", pa.string()),  # the clock in one line: preset and factors, profile terms, or "measured"
-    ("clock_profile", pa.string()),  # profile clock: the whole profile file (JSON), for the report
-    ("git_sha", pa.string()),
-    ("git_dirty", pa.bool_()),
-    ("host", pa.string()),
-    ("python_version", pa.string()),
-    ("torch_version", pa.string()),
-    ("vllm_version", pa.string()),
-    ("cuda_version", pa.string()),
-    ("device", pa.string()),
-    ("kvbench_version", pa.string()),
-    ("code_digest", pa.string()),  # harness.records.code_identity: which code produced the run (null: older kvbench)
-    ("attention_backend", pa.string()),
-    ("started_at", pa.timestamp("us", tz="UTC")),
-    ("spec_json", pa.string()),
-    # How many rows the run's steps and requests partitions hold: a run is complete only when
-    # both partitions are there with these counts (harness.records.store.incomplete_runs; null: older kvbench).
-    ("steps_rows", pa.int64()),
-    ("requests_rows", pa.int64()),
-])
+RUNS = pa.schema(
+    [
+        ("suite", pa.string()),
+        ("runner", pa.string()),
+        ("policy", pa.string()),
+        ("block_size", pa.int64()),
+        (
+            "arena",
+            pa.string(),
+        ),  # where a contiguous policy placed reservations: first-fit or buddy (null: other policies)
+        ("kv_dtype", pa.string()),
+        ("kv_bytes_per_token", pa.int64()),
+        ("budget_bytes", pa.int64()),
+        ("budget_positions", pa.int64()),
+        ("max_model_len", pa.int64()),
+        ("model", pa.string()),
+        ("workload_id", pa.string()),
+        # The suite's name for the workload ([workloads.NAME]; null for a suite's one [workload]):
+        # what reports call it. Not part of the run's identity.
+        ("workload_name", pa.string()),
+        ("workload_source", pa.string()),
+        ("arrival", pa.string()),
+        ("rate", pa.float64()),
+        ("num_requests", pa.int64()),
+        ("dropped_requests", pa.int64()),
+        ("max_num_seqs", pa.int64()),
+        ("max_num_batched_tokens", pa.int64()),
+        ("clock", pa.string()),
+        ("repeat", pa.int64()),
+        ("status", pa.string()),
+        ("error", pa.string()),
+        ("wall_s", pa.float64()),
+        ("sim_time_s", pa.float64()),
+        ("steps", pa.int64()),
+        ("generated_tokens", pa.int64()),
+        ("computed_tokens", pa.int64()),
+        (
+            "tokens_per_s",
+            pa.float64(),
+        ),  # generated tokens per second of the run's clock (simulated, or device for vllm)
+        (
+            "wall_tokens_per_s",
+            pa.float64(),
+        ),  # generated tokens per second of measured step time (torch, vllm; null for sim)
+        ("computed_tokens_per_wall_s", pa.float64()),  # computed tokens per wall second of the whole run (runner speed)
+        ("preemptions", pa.int64()),
+        ("evictions", pa.int64()),
+        ("prefix_hit_rate", pa.float64()),
+        ("peak_running", pa.int64()),
+        ("mean_running", pa.float64()),
+        ("token_states_frac", pa.float64()),
+        ("reservation_frac", pa.float64()),
+        ("internal_frag_frac", pa.float64()),
+        ("external_frag_frac", pa.float64()),
+        ("free_frac", pa.float64()),
+        # Contiguous policies: the time-weighted share of the budget that a buddy arena's rounding
+        # (2^k − reservation) took; part of internal_frag_frac (0 first-fit, null other policies).
+        ("rounding_frac", pa.float64()),
+        ("peak_kv_bytes_allocated", pa.int64()),
+        ("device_peak_bytes", pa.int64()),  # CUDA allocator peak during the run (torch, vllm on CUDA)
+        ("mean_step_wall_s", pa.float64()),
+        # Per-request latency on the run's clock (harness.sim.latency), over finished requests.
+        ("ttft_p50_s", pa.float64()),
+        ("ttft_p90_s", pa.float64()),
+        ("tpot_p50_s", pa.float64()),
+        ("tpot_p90_s", pa.float64()),
+        ("latency_p50_s", pa.float64()),
+        ("latency_p90_s", pa.float64()),
+        ("normalized_latency_mean_s", pa.float64()),  # latency ÷ generated tokens
+        ("normalized_latency_p50_s", pa.float64()),
+        ("normalized_latency_p90_s", pa.float64()),
+        ("clock_detail", pa.string()),  # the clock in one line: preset and factors, profile terms, or "measured"
+        ("clock_profile", pa.string()),  # profile clock: the whole profile file (JSON), for the report
+        ("git_sha", pa.string()),
+        ("git_dirty", pa.bool_()),
+        ("host", pa.string()),
+        ("python_version", pa.string()),
+        ("torch_version", pa.string()),
+        ("vllm_version", pa.string()),
+        ("cuda_version", pa.string()),
+        ("device", pa.string()),
+        ("kvbench_version", pa.string()),
+        (
+            "code_digest",
+            pa.string(),
+        ),  # harness.records.code_identity: which code produced the run (null: older kvbench)
+        ("attention_backend", pa.string()),
+        ("started_at", pa.timestamp("us", tz="UTC")),
+        ("spec_json", pa.string()),
+        # How many rows the run's steps and requests partitions hold: a run is complete only when
+        # both partitions are there with these counts (harness.records.store.incomplete_runs; null: older kvbench).
+        ("steps_rows", pa.int64()),
+        ("requests_rows", pa.int64()),
+    ]
+)
 
 # The runs columns of per-request latency (harness.sim.latency fills them; an [slo] bounds one).
 LATENCY_COLUMNS: tuple[str, ...] = (
-    "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s",
-    "normalized_latency_mean_s", "normalized_latency_p50_s", "normalized_latency_p90_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "latency_p50_s",
+    "latency_p90_s",
+    "normalized_latency_mean_s",
+    "normalized_latency_p50_s",
+    "normalized_latency_p90_s",
 )
 
 TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS}

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -26,11 +27,13 @@ from ..errors import KvbenchError
 from .schema import LATENCY_COLUMNS
 from .store import replace_suite_rows
 
-SLO_SCHEMA = pa.schema([
-    ("suite", pa.string()),
-    ("metric", pa.string()),  # a latency column of the runs table (lower is better)
-    ("bound", pa.float64()),  # the metric's highest acceptable value, in its unit
-])
+SLO_SCHEMA = pa.schema(
+    [
+        ("suite", pa.string()),
+        ("metric", pa.string()),  # a latency column of the runs table (lower is better)
+        ("bound", pa.float64()),  # the metric's highest acceptable value, in its unit
+    ]
+)
 KEYS = ("metric", "bound", "refine")
 MAX_REFINE = 12  # 2^12 narrower than a sweep step: beyond any use
 
@@ -48,15 +51,18 @@ def parse_slo(table: Mapping[str, Any], where: str) -> Slo:
             raise KvbenchError(f"{where}: unknown key {key!r} in [slo] (known: {', '.join(KEYS)})")
     metric = table.get("metric")
     if metric not in LATENCY_COLUMNS:
-        raise KvbenchError(f"{where}: [slo] metric must be a latency column of the runs table "
-                           f"({', '.join(LATENCY_COLUMNS)}), got {metric!r}")
+        raise KvbenchError(
+            f"{where}: [slo] metric must be a latency column of the runs table "
+            f"({', '.join(LATENCY_COLUMNS)}), got {metric!r}"
+        )
     bound = table.get("bound")
     if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < math.inf:
         raise KvbenchError(f"{where}: [slo] bound must be a number > 0 (in {metric}'s unit), got {bound!r}")
     refine = table.get("refine", 0)
     if isinstance(refine, bool) or not isinstance(refine, int) or not 0 <= refine <= MAX_REFINE:
-        raise KvbenchError(f"{where}: [slo] refine must be an integer from 0 to {MAX_REFINE} (bisection steps), "
-                           f"got {refine!r}")
+        raise KvbenchError(
+            f"{where}: [slo] refine must be an integer from 0 to {MAX_REFINE} (bisection steps), got {refine!r}"
+        )
     return Slo(str(metric), float(bound), refine)
 
 

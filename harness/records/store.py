@@ -48,8 +48,11 @@ def run_exists(out: Path, run_id: str) -> bool:
 def existing_run_ids(out: Path) -> set[str]:
     runs = out / "runs"
     try:
-        return {p.name.split("=", 1)[1] for p in runs.iterdir()
-                if p.name.startswith("run_id=") and not p.is_symlink() and (p / PART).is_file()}
+        return {
+            p.name.split("=", 1)[1]
+            for p in runs.iterdir()
+            if p.name.startswith("run_id=") and not p.is_symlink() and (p / PART).is_file()
+        }
     except (FileNotFoundError, NotADirectoryError):
         return set()
     except OSError as exc:
@@ -102,8 +105,9 @@ def check_complete(out: Path, run_ids: set[str] | None = None, command: str = "k
     if problems:
         rid, why = next(iter(problems.items()))
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise KvbenchError(f"{out}: run {rid} is incomplete: {why}{more}; run the same `{command}` again to "
-                           f"record it whole")
+        raise KvbenchError(
+            f"{out}: run {rid} is incomplete: {why}{more}; run the same `{command}` again to record it whole"
+        )
 
 
 def publish(tmp: Path, final: Path) -> None:
@@ -234,8 +238,9 @@ def replace_suite_rows(path: Path, suite: str, rows: list[dict], schema: pa.Sche
         try:
             keep = [r for r in pq.read_table(path).to_pylist() if r["suite"] != suite]
         except (pa.ArrowInvalid, OSError, KeyError) as exc:
-            raise KvbenchError(f"{path}: not a readable {what} file ({os_cause(exc)}); remove it and "
-                               f"run again") from None
+            raise KvbenchError(
+                f"{path}: not a readable {what} file ({os_cause(exc)}); remove it and run again"
+            ) from None
     table = pa.Table.from_pylist(keep + rows, schema=schema).replace_schema_metadata(with_version(schema).metadata)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -250,6 +255,7 @@ def replace_suite_rows(path: Path, suite: str, rows: list[dict], schema: pa.Sche
 
 
 # -- reading ---------------------------------------------------------------------
+
 
 def check_file(path: Path) -> None:
     """Refuse a corrupt file or one written by a newer kvbench, naming it."""
@@ -275,20 +281,29 @@ def read_table(out: Path, table: str, run_ids: set[str] | None = None) -> pd.Dat
     root = Path(out) / table
     if not root.is_dir():
         raise KvbenchError(f"{out}: no {table}/ directory; is this a kvbench results directory?")
-    files = sorted(p for p in root.glob(f"run_id=*/{PART}")
-                   if run_ids is None or p.parent.name.split("=", 1)[1] in run_ids)
+    files = sorted(
+        p for p in root.glob(f"run_id=*/{PART}") if run_ids is None or p.parent.name.split("=", 1)[1] in run_ids
+    )
     if not files:
-        return pd.DataFrame({"run_id": pd.Series(dtype=str), **{
-            f.name: pd.Series(dtype=f.type.to_pandas_dtype()) for f in TABLES[table]
-            if f.name != "run_id" and not pa.types.is_timestamp(f.type)}})
+        return pd.DataFrame(
+            {
+                "run_id": pd.Series(dtype=str),
+                **{
+                    f.name: pd.Series(dtype=f.type.to_pandas_dtype())
+                    for f in TABLES[table]
+                    if f.name != "run_id" and not pa.types.is_timestamp(f.type)
+                },
+            }
+        )
     for f in files:
         check_file(f)
     try:
         # The declared schema, not the first file's: a column added since older files were
         # written reads as null in them instead of vanishing from every file.
         schema = TABLES[table].append(pa.field("run_id", pa.string()))
-        dataset = ds.dataset([str(f) for f in files], schema=schema, format="parquet", partitioning="hive",
-                             partition_base_dir=str(root))
+        dataset = ds.dataset(
+            [str(f) for f in files], schema=schema, format="parquet", partitioning="hive", partition_base_dir=str(root)
+        )
         frame = dataset.to_table().to_pandas()
     except (pa.ArrowInvalid, OSError) as exc:
         raise KvbenchError(f"{root}: cannot read ({str(exc).splitlines()[0]})") from None

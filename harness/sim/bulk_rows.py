@@ -8,7 +8,7 @@ as ``SimEngine.step`` would have recorded them one by one.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -17,18 +17,35 @@ from ..records.schema import StepRow
 
 WIDTH = len(StepRow._fields)
 _col = StepRow._fields.index
-STEP, T_S, DT_S, RUNNING, WAITING, ADMITTED, FINISHED, PREEMPTED, SCHEDULED = map(_col, (
-    "step", "t_s", "dt_s", "running", "waiting", "admitted", "finished", "preempted", "scheduled_tokens"))
-BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT = map(_col, (
-    "allocated_blocks", "allocated_positions", "used_positions", "reserved_positions", "internal_frag_positions",
-    "external_frag_positions", "free_positions", "evicted_blocks", "prefix_hit_tokens"))
+STEP, T_S, DT_S, RUNNING, WAITING, ADMITTED, FINISHED, PREEMPTED, SCHEDULED = map(
+    _col, ("step", "t_s", "dt_s", "running", "waiting", "admitted", "finished", "preempted", "scheduled_tokens")
+)
+BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT = map(
+    _col,
+    (
+        "allocated_blocks",
+        "allocated_positions",
+        "used_positions",
+        "reserved_positions",
+        "internal_frag_positions",
+        "external_frag_positions",
+        "free_positions",
+        "evicted_blocks",
+        "prefix_hit_tokens",
+    ),
+)
 
 # A step's row before its varying columns are filled in: zeros, the unmeasured columns null.
 _BLANK = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in StepRow._fields])
 
 
-def step_rows(step0: int, ts: np.ndarray, k: int, columns: Mapping[int, np.ndarray | Sequence[int] | float],
-              events: Mapping[int, Iterable[tuple[int, int]]] | None = None) -> np.ndarray:
+def step_rows(
+    step0: int,
+    ts: np.ndarray,
+    k: int,
+    columns: Mapping[int, np.ndarray | Sequence[int] | float],
+    events: Mapping[int, Iterable[tuple[int, int]]] | None = None,
+) -> np.ndarray:
     """Rows of steps ``step0`` … ``step0 + k − 1``: ``ts`` holds their start times and then the
     end of the last (k + 1 values; ``dt_s`` is their difference); ``columns`` maps a column
     index to one value per step or one for all; ``events`` maps a column index to sparse
@@ -39,7 +56,7 @@ def step_rows(step0: int, ts: np.ndarray, k: int, columns: Mapping[int, np.ndarr
     rows[:] = _BLANK
     rows[:, STEP] = np.arange(step0, step0 + k, dtype=np.float64)
     rows[:, T_S] = ts[:k]
-    np.subtract(ts[1:k + 1], ts[:k], out=rows[:, DT_S])
+    np.subtract(ts[1 : k + 1], ts[:k], out=rows[:, DT_S])
     for col, values in columns.items():
         rows[:, col] = values
     for col, pairs in (events or {}).items():

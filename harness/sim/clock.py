@@ -57,8 +57,13 @@ class Clock:
     def step_time(self, work: StepWork) -> float:
         return self.price(work.scheduled_tokens, work.context_tokens, work.attention_pairs, work.scheduled_seqs)
 
-    def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
-                   attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
+    def step_times(
+        self,
+        scheduled_tokens: int | np.ndarray,
+        context_tokens: np.ndarray,
+        attention_pairs: np.ndarray,
+        scheduled_seqs: int | np.ndarray,
+    ) -> np.ndarray:
         """``step_time`` of many steps at once (int64 arrays; ``scheduled_tokens`` and
         ``scheduled_seqs`` one int for every step or an int64 array, one per step): the same
         floats, bit for bit, as calling ``step_time`` step by step."""
@@ -72,7 +77,9 @@ class Clock:
         """A step being taken: its extra cost from the clock's memory, which it then updates."""
         return 0.0
 
-    def peek(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int) -> np.ndarray | None:
+    def peek(
+        self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int
+    ) -> np.ndarray | None:
         """``take``'s costs for the next ``steps`` steps (ints for all, or arrays, one per step),
         without updating the memory: the fast path prices steps it may not take. None: no memory."""
         return None
@@ -84,8 +91,14 @@ class Clock:
 class RooflineClock(Clock):
     name = "roofline"
 
-    def __init__(self, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: GpuPreset,
-                 weight_dtype_bytes: int = 2, scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        geometry: ModelGeometry,
+        kv_bytes_per_token: int,
+        gpu: GpuPreset,
+        weight_dtype_bytes: int = 2,
+        scale: float = 1.0,
+    ) -> None:
         # ``scale``: a real engine's step time over the roofline's, fitted to what an engine reports
         # (``[scheduler] roofline_scale``; 1.0: the roofline itself). Multiplying by 1.0 is exact,
         # so an unscaled clock prices every step as it did before the factor existed.
@@ -99,8 +112,15 @@ class RooflineClock(Clock):
         # QK^T and PV: 2 matmuls × 2 FLOPs × heads × head_dim per (query, key) pair per layer
         self._attn_flops_per_pair = 4.0 * geometry.num_layers * geometry.num_attention_heads * geometry.head_dim
         # ``price``'s constants in one tuple: the fast path calls it every step.
-        self._k = (self._weight_bytes, self._kv_bytes_per_token, self._flops_per_token, self._attn_flops_per_pair,
-                   self._bw, self._peak, self.scale)
+        self._k = (
+            self._weight_bytes,
+            self._kv_bytes_per_token,
+            self._flops_per_token,
+            self._attn_flops_per_pair,
+            self._bw,
+            self._peak,
+            self.scale,
+        )
 
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         weights, kv, per_token, per_pair, bw, peak, scale = self._k
@@ -108,11 +128,18 @@ class RooflineClock(Clock):
         compute = (scheduled_tokens * per_token + attention_pairs * per_pair) / peak
         return (memory if memory >= compute else compute) * scale  # max(), without the call
 
-    def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
-                   attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
+    def step_times(
+        self,
+        scheduled_tokens: int | np.ndarray,
+        context_tokens: np.ndarray,
+        attention_pairs: np.ndarray,
+        scheduled_seqs: int | np.ndarray,
+    ) -> np.ndarray:
         # The same IEEE operations in the same order as step_time: int → float64, ×, +, /, max, × scale.
         bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
-        tokens = scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
+        tokens = (
+            scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
+        )
         flops = tokens * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
         return np.maximum(bytes_moved / self._bw, flops / self._peak) * self.scale
 
@@ -136,27 +163,46 @@ class ProfileClock(Clock):
 
     def __init__(self, terms: ClockTerms) -> None:
         self.terms = terms
-        self._c = (float(terms.step_s), float(terms.per_token_s), float(terms.per_seq_s),
-                   float(terms.per_context_token_s), float(terms.per_attention_pair_s))
+        self._c = (
+            float(terms.step_s),
+            float(terms.per_token_s),
+            float(terms.per_seq_s),
+            float(terms.per_context_token_s),
+            float(terms.per_attention_pair_s),
+        )
         self._early = float(terms.per_early_token_s)
         self._knee = int(terms.token_knee)
         # The run's primitive caches: one for the token count (every dense layer), one for the
         # request count (the logits). None when the profile models no cache.
-        self._caches = (RecentCounts(terms.primitive_cache), RecentCounts(terms.primitive_cache)) \
-            if terms.models_cache else None
+        self._caches = (
+            (RecentCounts(terms.primitive_cache), RecentCounts(terms.primitive_cache)) if terms.models_cache else None
+        )
         self._miss = (float(terms.miss_s), float(terms.miss_per_token_s), float(terms.seq_miss_s))
 
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         c0, tok, seq, ctx, pair = self._c
         # The early-token term comes last: with it 0 (a profile from before it), x + 0.0 == x.
-        return (c0 + scheduled_tokens * tok + scheduled_seqs * seq + context_tokens * ctx + attention_pairs * pair
-                + min(scheduled_tokens, self._knee) * self._early)
+        return (
+            c0
+            + scheduled_tokens * tok
+            + scheduled_seqs * seq
+            + context_tokens * ctx
+            + attention_pairs * pair
+            + min(scheduled_tokens, self._knee) * self._early
+        )
 
-    def step_times(self, scheduled_tokens: int | np.ndarray, context_tokens: np.ndarray,
-                   attention_pairs: np.ndarray, scheduled_seqs: int | np.ndarray) -> np.ndarray:
+    def step_times(
+        self,
+        scheduled_tokens: int | np.ndarray,
+        context_tokens: np.ndarray,
+        attention_pairs: np.ndarray,
+        scheduled_seqs: int | np.ndarray,
+    ) -> np.ndarray:
         # The same IEEE operations in the same order as step_time: int → float64, ×, + left to right.
         c0, tok, seq, ctx, pair = self._c
-        tokens = scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
+        tokens = (
+            scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
+        )
         seqs = scheduled_seqs.astype(np.float64) if isinstance(scheduled_seqs, np.ndarray) else float(scheduled_seqs)
         early = np.minimum(tokens, float(self._knee)) * self._early
         return ((c0 + tokens * tok + seqs * seq + context_tokens * ctx) + attention_pairs * pair) + early
@@ -171,7 +217,9 @@ class ProfileClock(Clock):
         tokens, seqs = self._caches
         return self._miss_cost(tokens.use(scheduled_tokens), seqs.use(scheduled_seqs), scheduled_tokens)
 
-    def peek(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int) -> np.ndarray | None:
+    def peek(
+        self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int
+    ) -> np.ndarray | None:
         if self._caches is None:
             return None
         extra = np.zeros(steps)
@@ -182,8 +230,9 @@ class ProfileClock(Clock):
         if self._caches is not None:
             self._walk(scheduled_tokens, scheduled_seqs, steps, None)
 
-    def _walk(self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int,
-              extra: np.ndarray | None) -> None:
+    def _walk(
+        self, scheduled_tokens: int | np.ndarray, scheduled_seqs: int | np.ndarray, steps: int, extra: np.ndarray | None
+    ) -> None:
         """Use the caches step by step over ``steps`` steps, as ``take`` would: on copies when
         pricing (``extra`` gets each step's cost), on the caches themselves when taking. Only a
         step where a count changes can miss, so only those are visited."""
@@ -205,8 +254,14 @@ class ProfileClock(Clock):
                 extra[i] = self._miss_cost(t_miss, s_miss, tok_now)
 
 
-def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu: str,
-               terms: ClockTerms | None = None, roofline_scale: float = 1.0) -> Clock | None:
+def make_clock(
+    kind: str,
+    geometry: ModelGeometry,
+    kv_bytes_per_token: int,
+    gpu: str,
+    terms: ClockTerms | None = None,
+    roofline_scale: float = 1.0,
+) -> Clock | None:
     """The clock a run's steps are priced by; None for ``measured`` (the runner's own step time)."""
     if kind == "steps":
         return Clock()
@@ -218,8 +273,9 @@ def make_clock(kind: str, geometry: ModelGeometry, kv_bytes_per_token: int, gpu:
     return RooflineClock(geometry, kv_bytes_per_token, GPU_PRESETS[gpu], scale=roofline_scale)
 
 
-def clock_for(scheduler: "SchedulerSpec", geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
+def clock_for(scheduler: SchedulerSpec, geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
     """The clock a cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
     terms = scheduler.profile().terms if scheduler.clock == "profile" else None
-    return make_clock(scheduler.clock, geometry, kv_bytes_per_token, scheduler.gpu, terms,
-                      float(scheduler.roofline_scale))
+    return make_clock(
+        scheduler.clock, geometry, kv_bytes_per_token, scheduler.gpu, terms, float(scheduler.roofline_scale)
+    )

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 from operator import attrgetter
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -192,9 +193,17 @@ def eligible(sched: Scheduler) -> bool:
     return sched.clock is not None and isinstance(sched.policy, CountingPagedPolicy)
 
 
-def choose_admissions(waiting: Iterable[Seq], budget: int, running: int, free: int, bs: int, max_seqs: int,
-                      mml: int, prefix: CountingPrefixPolicy | None = None,
-                      taken: int = 0) -> tuple[list[Seq] | None, list[int], bool]:
+def choose_admissions(
+    waiting: Iterable[Seq],
+    budget: int,
+    running: int,
+    free: int,
+    bs: int,
+    max_seqs: int,
+    mml: int,
+    prefix: CountingPrefixPolicy | None = None,
+    taken: int = 0,
+) -> tuple[list[Seq] | None, list[int], bool]:
     """The waiting requests a step admits, first come first served, with ``budget`` tokens and
     ``free`` blocks left after the running requests: the reference's ``_admit`` for block
     counts. Returns them (the last may take the rest of the budget as its first chunk) — or
@@ -251,8 +260,17 @@ def _first_step_whole(sched: Scheduler, dec: Decoders, free: int) -> bool:
     cfg = sched.config
     policy = sched.policy
     prefix = policy if isinstance(policy, CountingPrefixPolicy) else None
-    cand, _, _ = choose_admissions(sched.waiting, cfg.max_num_batched_tokens - dec.count, len(sched.running), av,
-                                   policy.block_size, cfg.max_num_seqs, sched.max_model_len, prefix, free - av)
+    cand, _, _ = choose_admissions(
+        sched.waiting,
+        cfg.max_num_batched_tokens - dec.count,
+        len(sched.running),
+        av,
+        policy.block_size,
+        cfg.max_num_seqs,
+        sched.max_model_len,
+        prefix,
+        free - av,
+    )
     return cand is not None
 
 
@@ -261,9 +279,29 @@ class Stretch:
     plan, and the running totals the next step's row reads. What touches requests — a
     preemption, an admission, a finish, a prompt done — is a method; ``run``'s loop counts."""
 
-    __slots__ = ("sched", "dec", "policy", "pool", "plan", "bs", "swap", "tick0", "free", "blocks", "internal",
-                 "used", "decoders", "dec_sum", "running", "taken", "taken_internal", "prefilling",
-                 "gone", "evicted", "hit_tokens")
+    __slots__ = (
+        "sched",
+        "dec",
+        "policy",
+        "pool",
+        "plan",
+        "bs",
+        "swap",
+        "tick0",
+        "free",
+        "blocks",
+        "internal",
+        "used",
+        "decoders",
+        "dec_sum",
+        "running",
+        "taken",
+        "taken_internal",
+        "prefilling",
+        "gone",
+        "evicted",
+        "hit_tokens",
+    )
 
     def __init__(self, sched: Scheduler, dec: Decoders) -> None:
         policy = sched.policy
@@ -551,8 +589,9 @@ class Stretch:
                         budget -= chunk
                         av -= grow
                 if waiting and not blocked and not victims:  # admission, first come first served
-                    cand, hits, blocked = choose_admissions(waiting, budget, self.running, av, bs, max_seqs, mml,
-                                                            prefix, x + grow)
+                    cand, hits, blocked = choose_admissions(
+                        waiting, budget, self.running, av, bs, max_seqs, mml, prefix, x + grow
+                    )
                     if cand is None:
                         break  # the step-by-step path takes this step
                 self.free -= x
@@ -629,10 +668,21 @@ class Stretch:
         sched._evictions_seen = policy.evictions
         # PagedBase.external_frag: the budget's tail no block fits, while anything waits.
         tail = float(policy.budget_positions - policy.num_blocks * bs)
-        rows = R.step_rows(step0, np.array(c_ts), j, {
-            R.BLOCKS: cols[0], R.INTERNAL: cols[1], R.USED: cols[2], R.SCHEDULED: cols[3], R.RUNNING: cols[4],
-            R.WAITING: cols[5], R.EXTERNAL: (cols[5] > 0) * tail,
-        }, {R.FINISHED: ev_fin, R.ADMITTED: ev_adm, R.PREEMPTED: ev_pre, R.EVICTED: ev_evict, R.PREFIX_HIT: ev_hit})
+        rows = R.step_rows(
+            step0,
+            np.array(c_ts),
+            j,
+            {
+                R.BLOCKS: cols[0],
+                R.INTERNAL: cols[1],
+                R.USED: cols[2],
+                R.SCHEDULED: cols[3],
+                R.RUNNING: cols[4],
+                R.WAITING: cols[5],
+                R.EXTERNAL: (cols[5] > 0) * tail,
+            },
+            {R.FINISHED: ev_fin, R.ADMITTED: ev_adm, R.PREEMPTED: ev_pre, R.EVICTED: ev_evict, R.PREFIX_HIT: ev_hit},
+        )
         R.paged_allocation(rows, bs, policy.budget_positions)
         recorder.add_step_rows(rows)
         self.dec.stretch_admissions += sum(cnt for _, cnt in ev_adm)
@@ -651,8 +701,11 @@ class Stretch:
         if self.gone:
             sched.running = [s for s in sched.running if id(s) not in self.gone]
         dec.explicit = [self.prefilling] if self.prefilling is not None else []
-        assert (policy.free_blocks(), policy.internal_positions, len(sched.running)) == \
-            (self.free, self.internal, self.running), "a counted stretch drifted from the policy's counts"
+        assert (policy.free_blocks(), policy.internal_positions, len(sched.running)) == (
+            self.free,
+            self.internal,
+            self.running,
+        ), "a counted stretch drifted from the policy's counts"
         assert self.pool is None or self.pool.uncached + self.pool.queued == self.free, "… or from its free queue"
         dec.tick = end
         sched.used_positions = self.used + policy.shared_excess_positions

@@ -26,22 +26,23 @@ freed in running order, because the order of frees is the LRU order.
 
 from __future__ import annotations
 
+from ..records.recorder import RunRecorder
+from ..spec.specs import SchedulerSpec
 from . import counted_stretch, quiet_stretches
 from .clock import Clock
 from .decoders import Decoders
 from .policies.base import Policy
 from .policies.paged import PagedBase, PagedPolicy
-from ..records.recorder import RunRecorder
 from .scheduler import Arrivals, Scheduler, StepPlan
 from .sequence import RUNNING, Seq
-from ..spec.specs import SchedulerSpec
 
 
 class FastScheduler(Scheduler):
     needs_block_ids = False
 
-    def __init__(self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec,
-                 max_model_len: int, clock: Clock | None) -> None:
+    def __init__(
+        self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec, max_model_len: int, clock: Clock | None
+    ) -> None:
         super().__init__(arrivals, policy, config, max_model_len, clock)
         self.dec = Decoders()
         self._next_pos = 0
@@ -117,8 +118,15 @@ class FastScheduler(Scheduler):
 
         decoders = dec.count
         implicit = dec.dec_sum + tick * decoders  # Σ computed of the decoders after this step
-        return StepPlan(self.step_index, self.now, scheduled, admitted, [], hit_tokens,
-                        self._compute(scheduled, decoders, implicit, implicit, decoders))
+        return StepPlan(
+            self.step_index,
+            self.now,
+            scheduled,
+            admitted,
+            [],
+            hit_tokens,
+            self._compute(scheduled, decoders, implicit, implicit, decoders),
+        )
 
     def _schedule_preempting(self, tick: int, crossers: list[Seq]) -> StepPlan:
         """A step whose token budget covers every running request but whose new blocks do not
@@ -164,8 +172,15 @@ class FastScheduler(Scheduler):
         dec.tick = tick
         decoders = dec.count
         implicit_sum = dec.dec_sum + tick * decoders
-        return StepPlan(self.step_index, self.now, scheduled, 0, preempted, 0,
-                        self._compute(scheduled, decoders, implicit_sum, implicit_sum, decoders))
+        return StepPlan(
+            self.step_index,
+            self.now,
+            scheduled,
+            0,
+            preempted,
+            0,
+            self._compute(scheduled, decoders, implicit_sum, implicit_sum, decoders),
+        )
 
     def _preempt_fast(self, victim: Seq) -> None:
         """Preempt ``victim`` (popped from ``running`` by the caller): an implicit decoder is
@@ -217,4 +232,3 @@ class FastScheduler(Scheduler):
             dec.register(seq)
         self.step_index += 1
         return done
-

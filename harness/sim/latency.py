@@ -19,6 +19,7 @@ import numpy as np
 
 from .sequence import FINISHED, Seq
 
+
 def _pct(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None
 
@@ -35,9 +36,13 @@ def latency_summary(seqs: list[Seq]) -> dict[str, float | None]:
     tpot = (finish[many] - first[many]) / (generated[many] - 1)
     normalized = latency / generated
     return {
-        "ttft_p50_s": _pct(ttft, 50), "ttft_p90_s": _pct(ttft, 90),
-        "tpot_p50_s": _pct(tpot, 50), "tpot_p90_s": _pct(tpot, 90),
-        "latency_p50_s": _pct(latency, 50), "latency_p90_s": _pct(latency, 90),
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p90_s": _pct(ttft, 90),
+        "tpot_p50_s": _pct(tpot, 50),
+        "tpot_p90_s": _pct(tpot, 90),
+        "latency_p50_s": _pct(latency, 50),
+        "latency_p90_s": _pct(latency, 90),
         "normalized_latency_mean_s": float(normalized.mean()) if len(normalized) else None,
-        "normalized_latency_p50_s": _pct(normalized, 50), "normalized_latency_p90_s": _pct(normalized, 90),
+        "normalized_latency_p50_s": _pct(normalized, 50),
+        "normalized_latency_p90_s": _pct(normalized, 90),
     }

@@ -52,11 +52,12 @@ def admission_blocked(sched: Scheduler, decoders: int) -> bool:
     head = sched.waiting[0]
     computed = head.num_computed  # no prefix caching here: no hit
     num_new = min(head.num_tokens - computed, budget)
-    return not sched.policy.can_allocate(head, computed + num_new,
-                                         must_fit=min(head.num_tokens, sched.max_model_len))
+    return not sched.policy.can_allocate(head, computed + num_new, must_fit=min(head.num_tokens, sched.max_model_len))
 
 
-def _finish_events(dec: Decoders, tick0: int, end: int, stop_at_first: bool) -> tuple[list[tuple[int, list[Seq], int]], int]:
+def _finish_events(
+    dec: Decoders, tick0: int, end: int, stop_at_first: bool
+) -> tuple[list[tuple[int, list[Seq], int]], int]:
     """The finishes due in ticks (tick0, end], taken from the heap — (step after tick0,
     finishers in running order, their Σ (computed − dec_tick)) — and the stretch's last tick:
     ``end``, or the first finish when ``stop_at_first`` (requests wait: it may unblock
@@ -155,8 +156,18 @@ def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
     # The finishes inside the k steps: freed at the end of their step, in running order.
     policy = sched.policy
     head = waiting[0] if waiting else None
-    levels: list[Level] = [(0, len(sched.running), n, policy.allocated_blocks(), policy.allocated_positions,
-                            sched.used_positions, policy.internal_positions, policy.external_frag(head))]
+    levels: list[Level] = [
+        (
+            0,
+            len(sched.running),
+            n,
+            policy.allocated_blocks(),
+            policy.allocated_positions,
+            sched.used_positions,
+            policy.internal_positions,
+            policy.external_frag(head),
+        )
+    ]
     finished_rows: list[tuple[int, int]] = []
     done = 0
     for j, live, contrib in events:
@@ -171,8 +182,18 @@ def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
         sched.running = [s for s in sched.running if id(s) not in gone]
         c = len(live)
         finished_rows.append((j, c))
-        levels.append((j + 1, lv[1] - c, lv[2] - c, policy.allocated_blocks(), policy.allocated_positions,
-                       used, policy.internal_positions, policy.external_frag(head)))
+        levels.append(
+            (
+                j + 1,
+                lv[1] - c,
+                lv[2] - c,
+                policy.allocated_blocks(),
+                policy.allocated_positions,
+                used,
+                policy.internal_positions,
+                policy.external_frag(head),
+            )
+        )
     dec.restore_finishes(events[done:], tick0)
 
     # The k rows (exact: integers < 2**53). A level starts at most one step after the last recorded.
@@ -187,11 +208,24 @@ def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
     internal = rep[:, 6]
     evicted = policy.evictions - sched._evictions_seen
     sched._evictions_seen = policy.evictions
-    rows = R.step_rows(sched.step_index, ts, k, {
-        R.RUNNING: rep[:, 1], R.WAITING: float(len(waiting)), R.SCHEDULED: rep[:, 2], R.BLOCKS: rep[:, 3],
-        R.ALLOCATED: alloc, R.USED: used_col, R.RESERVED: alloc - used_col - internal, R.INTERNAL: internal,
-        R.EXTERNAL: rep[:, 7], R.FREE: policy.budget_positions - alloc,
-    }, {R.FINISHED: finished_rows, R.EVICTED: [(0, evicted)]})
+    rows = R.step_rows(
+        sched.step_index,
+        ts,
+        k,
+        {
+            R.RUNNING: rep[:, 1],
+            R.WAITING: float(len(waiting)),
+            R.SCHEDULED: rep[:, 2],
+            R.BLOCKS: rep[:, 3],
+            R.ALLOCATED: alloc,
+            R.USED: used_col,
+            R.RESERVED: alloc - used_col - internal,
+            R.INTERNAL: internal,
+            R.EXTERNAL: rep[:, 7],
+            R.FREE: policy.budget_positions - alloc,
+        },
+        {R.FINISHED: finished_rows, R.EVICTED: [(0, evicted)]},
+    )
     recorder.add_step_rows(rows)
     clock.take_many(step_n, step_n, k)
     dec.tick = tick0 + k

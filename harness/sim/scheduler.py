@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
+from ..spec.specs import SchedulerSpec
 from .clock import Clock, StepWork
 from .policies.base import Policy
 from .sequence import FINISHED, RUNNING, WAITING, Seq
-from ..spec.specs import SchedulerSpec
 
 
 @dataclasses.dataclass
@@ -75,8 +75,10 @@ class Arrivals:
 
 class Scheduler:
     needs_block_ids = True  # the reference may be driven with an executor that reads block tables
-    def __init__(self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec,
-                 max_model_len: int, clock: Clock | None) -> None:
+
+    def __init__(
+        self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec, max_model_len: int, clock: Clock | None
+    ) -> None:
         """``clock`` None: every step's duration is measured by the caller (``finish_step``)."""
         self.pending = arrivals.pending  # the driver releases them; the fast path looks ahead (module docstring)
         self.waiting: deque[Seq] = deque()
@@ -133,11 +135,11 @@ class Scheduler:
 
         admitted, hit_tokens = self._admit(budget, scheduled) if not preempted else (0, 0)
 
-        return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens,
-                        self._compute(scheduled))
+        return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens, self._compute(scheduled))
 
-    def _compute(self, scheduled: list[tuple[Seq, int]], new_tokens: int = 0, context: int = 0,
-                 pairs: int = 0, seqs: int = 0) -> StepWork:
+    def _compute(
+        self, scheduled: list[tuple[Seq, int]], new_tokens: int = 0, context: int = 0, pairs: int = 0, seqs: int = 0
+    ) -> StepWork:
         """Advance the scheduled sequences by their new tokens; the step's work, starting
         from what the caller already counted. Tokens computed now count as used."""
         for seq, n in scheduled:
@@ -193,9 +195,18 @@ class Scheduler:
         waiting = self.waiting
         evictions = policy.evictions - self._evictions_seen
         self._evictions_seen = policy.evictions
-        return (len(self.running), len(waiting), blocks, allocated, used, allocated - used - internal, internal,
-                policy.external_frag(waiting[0] if waiting else None), policy.budget_positions - allocated,
-                evictions)
+        return (
+            len(self.running),
+            len(waiting),
+            blocks,
+            allocated,
+            used,
+            allocated - used - internal,
+            internal,
+            policy.external_frag(waiting[0] if waiting else None),
+            policy.budget_positions - allocated,
+            evictions,
+        )
 
     def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
         """Sample a token for every request whose prefill is complete; free the finished.

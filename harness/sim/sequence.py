@@ -9,19 +9,47 @@ class Seq:
     """Mutable per-sequence state; ``__slots__`` because the simulator holds many."""
 
     __slots__ = (
-        "index", "request_id", "sample", "prompt_len", "output_len", "arrival_s",
-        "prefix_group", "prefix_len",
-        "num_computed", "num_output", "num_preemptions", "status",
-        "first_scheduled_s", "first_token_s", "finished_s",
-        "peak_allocated", "prefix_hit_tokens",
+        "index",
+        "request_id",
+        "sample",
+        "prompt_len",
+        "output_len",
+        "arrival_s",
+        "prefix_group",
+        "prefix_len",
+        "num_computed",
+        "num_output",
+        "num_preemptions",
+        "status",
+        "first_scheduled_s",
+        "first_token_s",
+        "finished_s",
+        "peak_allocated",
+        "prefix_hit_tokens",
         # allocation state, owned by the policy
-        "allocated", "blocks", "alloc_start", "pending_hits", "num_cached_blocks", "rounding",
+        "allocated",
+        "blocks",
+        "alloc_start",
+        "pending_hits",
+        "num_cached_blocks",
+        "rounding",
         # the fast scheduler's implicit decode state (see harness.sim.fast_scheduler)
-        "dec_tick", "epoch", "run_pos",
+        "dec_tick",
+        "epoch",
+        "run_pos",
     )
 
-    def __init__(self, index: int, request_id: int, sample: int, prompt_len: int, output_len: int,
-                 arrival_s: float, prefix_group: int = -1, prefix_len: int = 0) -> None:
+    def __init__(
+        self,
+        index: int,
+        request_id: int,
+        sample: int,
+        prompt_len: int,
+        output_len: int,
+        arrival_s: float,
+        prefix_group: int = -1,
+        prefix_len: int = 0,
+    ) -> None:
         self.index = index
         self.request_id = request_id
         self.sample = sample
@@ -51,7 +79,7 @@ class Seq:
 
     @property
     def final_len(self) -> int:
-        """F in the measurement definitions (README): prompt + output."""
+        """F in the measurement definitions (docs/records.md): prompt + output."""
         return self.prompt_len + self.output_len
 
     @property
@@ -60,5 +88,7 @@ class Seq:
         return self.prompt_len + self.num_output
 
     def __repr__(self) -> str:
-        return (f"Seq({self.request_id}.{self.sample} P={self.prompt_len} O={self.output_len} "
-                f"computed={self.num_computed} out={self.num_output} {self.status})")
+        return (
+            f"Seq({self.request_id}.{self.sample} P={self.prompt_len} O={self.output_len} "
+            f"computed={self.num_computed} out={self.num_output} {self.status})"
+        )

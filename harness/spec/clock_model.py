@@ -32,8 +32,10 @@ class GpuPreset:
 
     def describe(self) -> str:
         """One line, e.g. ``A100-40GB: 1.555 TB/s × 0.77, 312 TFLOP/s × 0.74 (…)``."""
-        return (f"{self.name}: {self.bandwidth_bytes_s / 1e12:.4g} TB/s × {self.bandwidth_efficiency:.2f}, "
-                f"{self.peak_flops / 1e12:.4g} TFLOP/s × {self.flops_efficiency:.2f} ({self.source})")
+        return (
+            f"{self.name}: {self.bandwidth_bytes_s / 1e12:.4g} TB/s × {self.bandwidth_efficiency:.2f}, "
+            f"{self.peak_flops / 1e12:.4g} TFLOP/s × {self.flops_efficiency:.2f} ({self.source})"
+        )
 
 
 # Factors: medians over Vidur's profiled fp16 linear layers (microsoft/vidur, MIT,
@@ -47,7 +49,9 @@ GPU_PRESETS: dict[str, GpuPreset] = {
         GpuPreset("A100-40GB", 40 * 10**9, 1.555e12, 312e12, 0.77, 0.74, f"{_VIDUR_A100}, same GA100 die"),
         GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12, 0.77, 0.74, _VIDUR_A100),
         GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12, 0.85, 0.69, _VIDUR_H100),
-        GpuPreset("H200", 141 * 10**9, 4.8e12, 989e12, 0.85, 0.69, f"{_VIDUR_H100}, carried over: not measured on H200"),
+        GpuPreset(
+            "H200", 141 * 10**9, 4.8e12, 989e12, 0.85, 0.69, f"{_VIDUR_H100}, carried over: not measured on H200"
+        ),
     )
 }
 
@@ -76,7 +80,7 @@ class RecentCounts:
             keys.popitem(last=False)
         return True
 
-    def copy(self) -> "RecentCounts":
+    def copy(self) -> RecentCounts:
         other = RecentCounts(self.capacity)
         other._keys = self._keys.copy()
         return other
@@ -145,18 +149,31 @@ class ClockTerms:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value >= 0
+                or value == float("inf")
+            ):
                 raise ValueError(f"{field.name} must be a finite number ≥ 0, got {value!r}")
             # The knee and the cache's capacity are counts (of tokens, of row counts): 1.5 means nothing.
             if field.type == "int" and not isinstance(value, int):
                 raise ValueError(f"{field.name} must be a whole number, got {value!r}")
 
     def describe(self) -> str:
-        early = (f" + {self.per_early_token_s * 1e6:.3g} µs/token for a step's first {self.token_knee} tokens"
-                 if self.per_early_token_s else "")
-        miss = (f"; a token count missing from the last {self.primitive_cache} + {self.miss_s * 1e3:.3g} ms + "
-                f"{self.miss_per_token_s * 1e6:.3g} µs/token, a request count + {self.seq_miss_s * 1e3:.3g} ms"
-                if self.models_cache else "")
-        return (f"{self.step_s * 1e3:.3g} ms/step + {self.per_token_s * 1e6:.3g} µs/token + "
-                f"{self.per_seq_s * 1e6:.3g} µs/request + {self.per_context_token_s * 1e9:.3g} ns/KV position + "
-                f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair{early}{miss}")
+        early = (
+            f" + {self.per_early_token_s * 1e6:.3g} µs/token for a step's first {self.token_knee} tokens"
+            if self.per_early_token_s
+            else ""
+        )
+        miss = (
+            f"; a token count missing from the last {self.primitive_cache} + {self.miss_s * 1e3:.3g} ms + "
+            f"{self.miss_per_token_s * 1e6:.3g} µs/token, a request count + {self.seq_miss_s * 1e3:.3g} ms"
+            if self.models_cache
+            else ""
+        )
+        return (
+            f"{self.step_s * 1e3:.3g} ms/step + {self.per_token_s * 1e6:.3g} µs/token + "
+            f"{self.per_seq_s * 1e6:.3g} µs/request + {self.per_context_token_s * 1e9:.3g} ns/KV position + "
+            f"{self.per_attention_pair_s * 1e9:.3g} ns/attention pair{early}{miss}"
+        )

@@ -32,12 +32,13 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from ..errors import KvbenchError
 from .capabilities import BLOCK_TABLE_POLICIES
 from .clock_model import ClockTerms
-from ..errors import KvbenchError
 from .files import MIB, check_regular_input, read_bytes_capped
 from .geometry import ModelGeometry
 
@@ -68,13 +69,19 @@ class ClockProfile:
         diff = [k for k in theirs if mine.get(k) != theirs[k]]
         if diff:
             k = diff[0]
-            raise KvbenchError(f"{where} was fitted on model {self.model} ({k} {theirs[k]}), not on "
-                               f"{geometry.name} ({k} {mine.get(k)}): calibrate on this model")
+            raise KvbenchError(
+                f"{where} was fitted on model {self.model} ({k} {theirs[k]}), not on "
+                f"{geometry.name} ({k} {mine.get(k)}): calibrate on this model"
+            )
         if kv_dtype != self.kv_dtype:
-            raise KvbenchError(f"{where} was fitted with KV {self.kv_dtype}, not {kv_dtype}: calibrate with this precision")
+            raise KvbenchError(
+                f"{where} was fitted with KV {self.kv_dtype}, not {kv_dtype}: calibrate with this precision"
+            )
         if policy in BLOCK_TABLE_POLICIES and block_size != self.block_size:
-            raise KvbenchError(f"{where} was fitted with block size {self.block_size}, not {block_size}: "
-                               f"calibrate with this block size")
+            raise KvbenchError(
+                f"{where} was fitted with block size {self.block_size}, not {block_size}: "
+                f"calibrate with this block size"
+            )
 
     def describe(self) -> str:
         """One line: the terms and what they were measured on."""
@@ -99,12 +106,18 @@ def parse_profile(data: bytes, where: str) -> ClockProfile:
         raise KvbenchError(f"{where}: not a kvbench clock profile (format is not {FORMAT!r})")
     version = _require(doc, "version", int, where)
     if version > VERSION:
-        raise KvbenchError(f"{where}: clock profile format version {version} is newer than this kvbench reads "
-                           f"({VERSION}); upgrade kvbench or recalibrate")
+        raise KvbenchError(
+            f"{where}: clock profile format version {version} is newer than this kvbench reads "
+            f"({VERSION}); upgrade kvbench or recalibrate"
+        )
     terms_doc = _require(doc, "terms", dict, where)
     try:
-        terms = ClockTerms(**{f.name: terms_doc[f.name] if f.default is dataclasses.MISSING
-                              else terms_doc.get(f.name, f.default) for f in dataclasses.fields(ClockTerms)})
+        terms = ClockTerms(
+            **{
+                f.name: terms_doc[f.name] if f.default is dataclasses.MISSING else terms_doc.get(f.name, f.default)
+                for f in dataclasses.fields(ClockTerms)
+            }
+        )
     except KeyError as exc:
         raise KvbenchError(f"{where}: not a kvbench clock profile (terms lack {exc.args[0]!r})") from None
     except ValueError as exc:
@@ -112,10 +125,15 @@ def parse_profile(data: bytes, where: str) -> ClockProfile:
     check_terms(terms, where)
     valid = _require(doc, "valid_for", dict, where)
     geometry = _require(valid, "geometry", dict, where)
-    return ClockProfile(terms=terms, model=str(valid.get("model", "?")), geometry=geometry,
-                        kv_dtype=_require(valid, "kv_dtype", str, where),
-                        block_size=_require(valid, "block_size", int, where), document=doc,
-                        digest=hashlib.sha256(data).hexdigest()[:16])
+    return ClockProfile(
+        terms=terms,
+        model=str(valid.get("model", "?")),
+        geometry=geometry,
+        kv_dtype=_require(valid, "kv_dtype", str, where),
+        block_size=_require(valid, "block_size", int, where),
+        document=doc,
+        digest=hashlib.sha256(data).hexdigest()[:16],
+    )
 
 
 def cheapest_step_s(terms: ClockTerms) -> float:
@@ -123,16 +141,24 @@ def cheapest_step_s(terms: ClockTerms) -> float:
     context of one position (one attention pair), the step's first token (early when the knee
     is above 0). Every term is >= 0, so no step that computes a token costs less."""
     early = terms.per_early_token_s if terms.token_knee >= 1 else 0.0
-    return (terms.step_s + terms.per_token_s + terms.per_seq_s + terms.per_context_token_s
-            + terms.per_attention_pair_s + early)
+    return (
+        terms.step_s
+        + terms.per_token_s
+        + terms.per_seq_s
+        + terms.per_context_token_s
+        + terms.per_attention_pair_s
+        + early
+    )
 
 
 def check_terms(terms: ClockTerms, where: str) -> None:
     """Refuse terms under which a step can cost nothing or next to nothing."""
     cheapest = cheapest_step_s(terms)
     if not cheapest >= MIN_STEP_S:
-        raise KvbenchError(f"{where}: the cheapest step (one token of one request) costs {cheapest:.3g} s, below "
-                           f"the {MIN_STEP_S:g} s minimum for a clock profile: its terms cannot price real steps")
+        raise KvbenchError(
+            f"{where}: the cheapest step (one token of one request) costs {cheapest:.3g} s, below "
+            f"the {MIN_STEP_S:g} s minimum for a clock profile: its terms cannot price real steps"
+        )
 
 
 @functools.lru_cache(maxsize=32)
@@ -153,9 +179,16 @@ def load_profile(path: str | Path) -> ClockProfile:
         raise KvbenchError(f"{p}: cannot read clock profile ({exc.__class__.__name__})") from None
 
 
-def profile_document(terms: ClockTerms, geometry: ModelGeometry, kv_dtype: str, block_size: int,
-                     measured_on: Mapping[str, Any], fit: Mapping[str, Any], data: Mapping[str, Any],
-                     provenance: Mapping[str, Any]) -> dict[str, Any]:
+def profile_document(
+    terms: ClockTerms,
+    geometry: ModelGeometry,
+    kv_dtype: str,
+    block_size: int,
+    measured_on: Mapping[str, Any],
+    fit: Mapping[str, Any],
+    data: Mapping[str, Any],
+    provenance: Mapping[str, Any],
+) -> dict[str, Any]:
     """The JSON document of a new profile; terms that cannot price real steps are refused, so that
     no profile is written that no suite could read."""
     check_terms(terms, "the fitted clock terms")
@@ -164,8 +197,12 @@ def profile_document(terms: ClockTerms, geometry: ModelGeometry, kv_dtype: str, 
         "version": VERSION,
         "terms": dataclasses.asdict(terms),
         "terms_readable": terms.describe(),
-        "valid_for": {"model": geometry.name, "geometry": dataclasses.asdict(geometry), "kv_dtype": kv_dtype,
-                      "block_size": block_size},
+        "valid_for": {
+            "model": geometry.name,
+            "geometry": dataclasses.asdict(geometry),
+            "kv_dtype": kv_dtype,
+            "block_size": block_size,
+        },
         "measured_on": dict(measured_on),
         "fit": dict(fit),
         "data": dict(data),

@@ -1,6 +1,6 @@
 """Can this work fit this KV budget at all? And if not, what would make it fit?
 
-The explainer's point: paging cannot make a payload disappear. When one
+Paging cannot make a payload disappear. When one
 request's KV alone exceeds the budget, no allocation policy helps; the levers
 are fewer KV heads (GQA/MQA), a smaller KV dtype, or a smaller workload.
 """
@@ -27,8 +27,9 @@ class Shortfall:
         return self.needed_positions * self.kv_bytes_per_token
 
 
-def levers(geometry: ModelGeometry, kv_dtype: str, needed_bytes: int, budget_bytes: int,
-           smaller: str | None = None) -> list[str]:
+def levers(
+    geometry: ModelGeometry, kv_dtype: str, needed_bytes: int, budget_bytes: int, smaller: str | None = None
+) -> list[str]:
     """Each lever with the number that would make ``needed_bytes`` fit ``budget_bytes``."""
     out = []
     ratio = budget_bytes / needed_bytes

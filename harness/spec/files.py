@@ -19,11 +19,17 @@ GIB = 2**30
 # A suite is a page of settings; a megabyte of TOML is not one.
 MAX_SUITE_BYTES = 1 * MIB
 
+
 def kind(mode: int) -> str:
     """What a file system entry is, in words, from its ``st_mode``."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "a special file"
@@ -76,8 +82,9 @@ def decode_utf8(data: bytes, where: str, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise KvbenchError(f"{where}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
-                           f"{exc.start:,})") from None
+        raise KvbenchError(
+            f"{where}: {what} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start:,})"
+        ) from None
 
 
 def _check_stat(where: str, st: os.stat_result, what: str, cap_bytes: int) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from ..errors import KvbenchError, one_line
 from .files import MIB, read_text_capped
@@ -60,15 +60,24 @@ class ModelGeometry:
     num_params: int  # for weight bytes in the roofline time model
 
     def __post_init__(self) -> None:
-        for field in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
-                      "hidden_size", "intermediate_size", "vocab_size", "num_params"):
+        for field in (
+            "num_layers",
+            "num_attention_heads",
+            "num_kv_heads",
+            "head_dim",
+            "hidden_size",
+            "intermediate_size",
+            "vocab_size",
+            "num_params",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise KvbenchError(f"model {self.name!r}: {field} must be a positive integer, got {value!r}")
             upper = UPPER_BOUNDS.get(field)
             if upper is not None and value > upper:
-                raise KvbenchError(f"model {self.name!r}: {field} = {value} is beyond any real model "
-                                   f"(at most {upper:,})")
+                raise KvbenchError(
+                    f"model {self.name!r}: {field} = {value} is beyond any real model (at most {upper:,})"
+                )
         if self.num_attention_heads % self.num_kv_heads:
             raise KvbenchError(
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) is not a multiple "
@@ -82,7 +91,7 @@ class ModelGeometry:
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
 
-    def replace(self, **changes: Any) -> "ModelGeometry":
+    def replace(self, **changes: Any) -> ModelGeometry:
         return dataclasses.replace(self, **changes)
 
 
@@ -90,13 +99,19 @@ def kv_dtype_bytes(kv_dtype: str) -> int:
     try:
         return KV_DTYPE_BYTES[kv_dtype]
     except KeyError:
-        raise KvbenchError(
-            f"unknown kv_dtype {kv_dtype!r} (known: {', '.join(KV_DTYPE_BYTES)})"
-        ) from None
+        raise KvbenchError(f"unknown kv_dtype {kv_dtype!r} (known: {', '.join(KV_DTYPE_BYTES)})") from None
 
 
-def llama_param_count(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-                      intermediate: int, vocab: int, tied: bool = False) -> int:
+def llama_param_count(
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool = False,
+) -> int:
     """Parameters of a Llama-style decoder (q/k/v/o, SwiGLU MLP, two norms a layer)."""
     attn = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2
     mlp = 3 * hidden * intermediate
@@ -105,12 +120,27 @@ def llama_param_count(layers: int, hidden: int, heads: int, kv_heads: int, head_
     return layers * per_layer + embed + hidden
 
 
-def _preset(name: str, layers: int, heads: int, kv_heads: int, hidden: int, intermediate: int,
-            vocab: int, params: int | None = None, head_dim: int | None = None) -> ModelGeometry:
+def _preset(
+    name: str,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    hidden: int,
+    intermediate: int,
+    vocab: int,
+    params: int | None = None,
+    head_dim: int | None = None,
+) -> ModelGeometry:
     hd = head_dim or hidden // heads
     return ModelGeometry(
-        name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
-        head_dim=hd, hidden_size=hidden, intermediate_size=intermediate, vocab_size=vocab,
+        name=name,
+        num_layers=layers,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=hd,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
         num_params=params or llama_param_count(layers, hidden, heads, kv_heads, hd, intermediate, vocab),
     )
 
@@ -185,8 +215,10 @@ def from_config_json(path: str | Path) -> ModelGeometry:
         # Honoured as given: some models (Gemma, Qwen3) have heads × head_dim ≠ hidden_size.
         head_dim = integer(cfg["head_dim"], "head_dim")
     elif hidden % heads:
-        raise KvbenchError(f"{p}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
-                           f"(head size {hidden / heads:g}); give head_dim if the model's differs")
+        raise KvbenchError(
+            f"{p}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+            f"(head size {hidden / heads:g}); give head_dim if the model's differs"
+        )
     else:
         head_dim = hidden // heads
     intermediate = integer(get("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden), "intermediate_size")
@@ -195,8 +227,14 @@ def from_config_json(path: str | Path) -> ModelGeometry:
     name = str(cfg.get("_name_or_path") or p.parent.name or "config")
     try:
         return ModelGeometry(
-            name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
-            head_dim=head_dim, hidden_size=hidden, intermediate_size=intermediate, vocab_size=vocab,
+            name=name,
+            num_layers=layers,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            hidden_size=hidden,
+            intermediate_size=intermediate,
+            vocab_size=vocab,
             num_params=llama_param_count(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied),
         )
     except KvbenchError as exc:  # name the file, not just the model inside it

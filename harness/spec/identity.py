@@ -41,7 +41,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .capabilities import DEVICE_RUNNERS, PAGE_SIZED_POLICIES, is_contiguous
 
@@ -82,8 +83,14 @@ LABELS: dict[str, str] = {k.column: k.label for k in RUN}
 # who is waiting at each step), but a report deliberately sets runs on different clocks beside
 # each other (an engine's measured steps beside sim on a profile fitted to them), so only a
 # scheduling difference is called "not the same work" out loud.
-TIMING_SETTINGS: tuple[str, ...] = ("clock", "gpu", "clock_profile_digest", "clock_profile_content",
-                                    "clock_profile_path", "roofline_scale")
+TIMING_SETTINGS: tuple[str, ...] = (
+    "clock",
+    "gpu",
+    "clock_profile_digest",
+    "clock_profile_content",
+    "clock_profile_path",
+    "roofline_scale",
+)
 
 # Scheduler settings added after run ids were first written, left out of the identity at their
 # default (what every earlier run did), as ``DEFAULTS`` does for run keys.
@@ -131,8 +138,11 @@ def run_canonical(values: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise ValueError(f"run identity: no value for {', '.join(missing)}")
     runner, policy = str(values["runner"]), str(values["policy"])
-    return {RUN_ID_NAMES.get(k.column, k.column): values[k.column] for k in RUN
-            if counts(k.column, runner, policy, values[k.column])}
+    return {
+        RUN_ID_NAMES.get(k.column, k.column): values[k.column]
+        for k in RUN
+        if counts(k.column, runner, policy, values[k.column])
+    }
 
 
 def canonical_json(value: Any) -> str:
@@ -154,8 +164,11 @@ def scheduler_identity(settings: Mapping[str, Any], profile: Mapping[str, str]) 
     """The scheduler settings with the profile file's path replaced by what identifies its
     content (``profile``: e.g. ``{"clock_profile_digest": ...}``; empty when there is no profile):
     a recalibrated file at the same path is another clock, a copy at another path the same."""
-    sched = {k: v for k, v in settings.items()
-             if k != "clock_profile" and not (k in SCHEDULER_DEFAULTS and v == SCHEDULER_DEFAULTS[k])}
+    sched = {
+        k: v
+        for k, v in settings.items()
+        if k != "clock_profile" and not (k in SCHEDULER_DEFAULTS and v == SCHEDULER_DEFAULTS[k])
+    }
     if settings.get("clock_profile") is not None:
         sched.update(profile)
     return sched

@@ -14,10 +14,10 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..errors import KvbenchError
+from . import identity
 from .capabilities import MEASURING_RUNNERS, POLICIES
 from .clock_model import GPU_PRESETS
-from . import identity
-from ..errors import KvbenchError
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .workload_spec import WorkloadSpec
 
@@ -86,26 +86,35 @@ class SchedulerSpec:
         _positive_int("[scheduler]", "max_num_batched_tokens", self.max_num_batched_tokens, upper=10**8)
         _positive_int("[scheduler]", "max_stall_steps", self.max_stall_steps)
         if self.preemption not in PREEMPTION_MODES:
-            raise KvbenchError(f"[scheduler] unknown preemption {self.preemption!r} (known: {', '.join(PREEMPTION_MODES)})")
+            raise KvbenchError(
+                f"[scheduler] unknown preemption {self.preemption!r} (known: {', '.join(PREEMPTION_MODES)})"
+            )
         if self.clock not in CLOCKS:
             raise KvbenchError(f"[scheduler] unknown clock {self.clock!r} (known: {', '.join(CLOCKS)})")
         if self.gpu not in GPU_PRESETS:
             raise KvbenchError(f"[scheduler] unknown gpu {self.gpu!r} (known: {', '.join(GPU_PRESETS)})")
         if self.clock == "profile":
             if not isinstance(self.clock_profile, str) or not self.clock_profile:
-                raise KvbenchError('[scheduler] clock = "profile" needs clock_profile = "FILE.json" '
-                                   "(made by `kvbench calibrate`)")
+                raise KvbenchError(
+                    '[scheduler] clock = "profile" needs clock_profile = "FILE.json" (made by `kvbench calibrate`)'
+                )
             self.profile()  # a missing or corrupt file is an error now, not mid-sweep
         elif self.clock_profile is not None:
-            raise KvbenchError(f'[scheduler] clock_profile is read only with clock = "profile" (clock is {self.clock!r})')
+            raise KvbenchError(
+                f'[scheduler] clock_profile is read only with clock = "profile" (clock is {self.clock!r})'
+            )
         scale = self.roofline_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1.0 <= scale < math.inf:
-            raise KvbenchError(f"[scheduler] roofline_scale must be a number ≥ 1 (a roofline is the fastest a step "
-                               f"can be: a scale below 1 prices steps faster than the hardware), got {scale!r}")
+            raise KvbenchError(
+                f"[scheduler] roofline_scale must be a number ≥ 1 (a roofline is the fastest a step "
+                f"can be: a scale below 1 prices steps faster than the hardware), got {scale!r}"
+            )
         if scale != 1.0 and self.clock != "roofline":
-            raise KvbenchError(f'[scheduler] roofline_scale is read only with clock = "roofline" (clock is {self.clock!r})')
+            raise KvbenchError(
+                f'[scheduler] roofline_scale is read only with clock = "roofline" (clock is {self.clock!r})'
+            )
 
-    def profile(self) -> "ClockProfile":
+    def profile(self) -> ClockProfile:
         from .clock_profile import load_profile  # local: only profile clocks read files
 
         assert self.clock_profile is not None
@@ -141,12 +150,19 @@ class RunSpec:
             raise KvbenchError(f"cell: unknown device {self.device!r} (known: auto, cpu, cuda)")
         clock = self.scheduler.clock
         if clock == "measured" and self.runner not in MEASURING_RUNNERS:
-            raise KvbenchError(f'runner {self.runner}: clock = "measured" is an engine\'s own step time; only '
-                               f'{" and ".join(MEASURING_RUNNERS)} measure steps (give {self.runner} '
-                               f'"profile" or "roofline", e.g. in [runners.{self.runner}])')
+            raise KvbenchError(
+                f'runner {self.runner}: clock = "measured" is an engine\'s own step time; only '
+                f"{' and '.join(MEASURING_RUNNERS)} measure steps (give {self.runner} "
+                f'"profile" or "roofline", e.g. in [runners.{self.runner}])'
+            )
         if clock == "profile":
-            self.scheduler.profile().check(self.geometry, self.model.kv_dtype, self.block_size, self.policy,
-                                           f"clock profile {self.scheduler.clock_profile}")
+            self.scheduler.profile().check(
+                self.geometry,
+                self.model.kv_dtype,
+                self.block_size,
+                self.policy,
+                f"clock profile {self.scheduler.clock_profile}",
+            )
 
     # -- derived quantities every runner must agree on --------------------
     @property
@@ -168,21 +184,23 @@ class RunSpec:
 
     def canonical(self, workload_id: str) -> dict[str, Any]:
         """What the run id hashes: everything that changes the measurement (``harness.spec.identity``)."""
-        return identity.run_canonical({
-            "model": dataclasses.asdict(self.geometry),  # the shapes, not the name: a config file has no preset
-            "workload_id": workload_id,
-            "kv_dtype": self.model.kv_dtype,
-            "budget_bytes": self.memory.kv_budget_bytes,
-            "max_model_len": self.memory.max_model_len,
-            "scheduler": self._scheduler_identity(),
-            "runner": self.runner,
-            "policy": self.policy,
-            "block_size": self.block_size,
-            "device": self.device,  # as requested: "auto" resumes as the same cell on any machine
-            "page_bytes": self.page_bytes,
-            "arena": self.arena,
-            "repeat": self.repeat,
-        })
+        return identity.run_canonical(
+            {
+                "model": dataclasses.asdict(self.geometry),  # the shapes, not the name: a config file has no preset
+                "workload_id": workload_id,
+                "kv_dtype": self.model.kv_dtype,
+                "budget_bytes": self.memory.kv_budget_bytes,
+                "max_model_len": self.memory.max_model_len,
+                "scheduler": self._scheduler_identity(),
+                "runner": self.runner,
+                "policy": self.policy,
+                "block_size": self.block_size,
+                "device": self.device,  # as requested: "auto" resumes as the same cell on any machine
+                "page_bytes": self.page_bytes,
+                "arena": self.arena,
+                "repeat": self.repeat,
+            }
+        )
 
     def _scheduler_identity(self) -> dict[str, Any]:
         # The profile's content, not its path: a recalibrated file is a different clock.
@@ -195,5 +213,5 @@ class RunSpec:
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
 
-    def replace(self, **changes: Any) -> "RunSpec":
+    def replace(self, **changes: Any) -> RunSpec:
         return dataclasses.replace(self, **changes)

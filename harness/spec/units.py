@@ -8,9 +8,18 @@ import re
 from ..errors import KvbenchError
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "pb": 10**15,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "pib": 2**50,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
@@ -26,9 +35,7 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
     else:
         m = _SIZE_RE.match(str(value))
         if not m:
-            raise KvbenchError(
-                f"{what}: cannot parse {value!r}; use bytes or a unit such as '12GiB', '40GB', '512MiB'"
-            )
+            raise KvbenchError(f"{what}: cannot parse {value!r}; use bytes or a unit such as '12GiB', '40GB', '512MiB'")
         number, unit = float(m.group(1)), m.group(2).lower()
         if unit not in _UNITS:
             known = ", ".join(u for u in ("B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"))

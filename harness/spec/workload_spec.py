@@ -9,12 +9,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..errors import KvbenchError
 
-SOURCES: tuple[str, ...] = ("fixed", "uniform", "lognormal", "sharegpt", "alpaca", "sharegpt-quantiles",
-                            "alpaca-quantiles", "trace", "sharegpt-json")
+SOURCES: tuple[str, ...] = (
+    "fixed",
+    "uniform",
+    "lognormal",
+    "sharegpt",
+    "alpaca",
+    "sharegpt-quantiles",
+    "alpaca-quantiles",
+    "trace",
+    "sharegpt-json",
+)
 # Sources whose requests come from a file (``path``); ``num_requests`` does not
 # apply to them, ``limit`` does.
 FILE_SOURCES: tuple[str, ...] = ("trace", "sharegpt-json")
@@ -146,8 +156,10 @@ class WorkloadSpec:
             _at_least(name, getattr(self, name), 0)
         for name in ("num_requests", "limit"):
             if getattr(self, name) is not None and getattr(self, name) > MAX_REQUESTS:
-                raise KvbenchError(f"workload: {name} = {getattr(self, name)} is more than the limit of "
-                                   f"{MAX_REQUESTS:,} requests in a workload")
+                raise KvbenchError(
+                    f"workload: {name} = {getattr(self, name)} is more than the limit of "
+                    f"{MAX_REQUESTS:,} requests in a workload"
+                )
         if self.prompt_max < self.prompt_min:
             raise KvbenchError(f"workload: prompt_max ({self.prompt_max}) is below prompt_min ({self.prompt_min})")
         if self.output_max < self.output_min:
@@ -171,16 +183,21 @@ class WorkloadSpec:
             if not self.duration_s > 0:
                 raise KvbenchError(f"workload: duration_s must be > 0 (seconds of arrivals), got {self.duration_s!r}")
             if self.arrival not in RATE_ARRIVALS:
-                raise KvbenchError(f"workload: duration_s needs a rate arrival ({', '.join(RATE_ARRIVALS)}), "
-                                   f"not {self.arrival!r}")
+                raise KvbenchError(
+                    f"workload: duration_s needs a rate arrival ({', '.join(RATE_ARRIVALS)}), not {self.arrival!r}"
+                )
             if self.source in FILE_SOURCES:
-                raise KvbenchError(f"workload: duration_s sets how many requests to generate; source "
-                                   f"{self.source!r} reads them from a file (use limit)")
+                raise KvbenchError(
+                    f"workload: duration_s sets how many requests to generate; source "
+                    f"{self.source!r} reads them from a file (use limit)"
+                )
             assert self.rate is not None  # a rate arrival has one (checked above)
             if self.rate * self.duration_s > MAX_REQUESTS:
-                raise KvbenchError(f"workload: rate * duration_s = {self.rate:g} * {self.duration_s:g} = "
-                                   f"{self.rate * self.duration_s:.4g} requests, more than the limit of "
-                                   f"{MAX_REQUESTS:,} requests in a workload")
+                raise KvbenchError(
+                    f"workload: rate * duration_s = {self.rate:g} * {self.duration_s:g} = "
+                    f"{self.rate * self.duration_s:.4g} requests, more than the limit of "
+                    f"{MAX_REQUESTS:,} requests in a workload"
+                )
         if self.arrival == "trace" and self.source != "trace":
             raise KvbenchError(f"workload: arrival 'trace' needs source 'trace' (timestamps), not {self.source!r}")
         if (self.prefix_groups > 0) != (self.prefix_len > 0):
@@ -206,7 +223,7 @@ class WorkloadSpec:
         return self.num_requests
 
     @classmethod
-    def from_mapping(cls, d: Mapping[str, Any], where: str, table: str = "[workload]") -> "WorkloadSpec":
+    def from_mapping(cls, d: Mapping[str, Any], where: str, table: str = "[workload]") -> WorkloadSpec:
         """A spec from a TOML ``[workload]`` table (or any mapping); errors name ``where`` and the
         ``table`` (``[workloads.NAME]`` in a suite of named workloads)."""
         known = ", ".join(FIELD_KINDS)
@@ -226,7 +243,7 @@ class WorkloadSpec:
             raise KvbenchError(f"{where}: {table} {message}") from None
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> "WorkloadSpec":
+    def from_json(cls, text: str, where: str) -> WorkloadSpec:
         """Inverse of ``to_json``."""
         try:
             data = json.loads(text)
@@ -240,7 +257,7 @@ class WorkloadSpec:
         """Canonical JSON: every field, sorted keys, no whitespace."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
 
-    def replace(self, **changes: Any) -> "WorkloadSpec":
+    def replace(self, **changes: Any) -> WorkloadSpec:
         return dataclasses.replace(self, **changes)
 
 

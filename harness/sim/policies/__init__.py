@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from ...spec import capabilities
 from ...errors import KvbenchError
+from ...spec import capabilities
+from ...spec.specs import ARENAS, RunSpec
 from .arena import ARENA_TYPES
 from .base import Policy
-from .counting_prefix import CountingPrefixPolicy
 from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
+from .counting_prefix import CountingPrefixPolicy
 from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
-from ...spec.specs import ARENAS, RunSpec
 
 
 def page_tokens(spec: RunSpec) -> int:
@@ -21,7 +21,8 @@ def page_tokens(spec: RunSpec) -> int:
     tokens = spec.page_bytes // per_layer_tensor
     if tokens < 1:
         raise KvbenchError(
-            f"page_bytes {spec.page_bytes} holds no token position ({per_layer_tensor} bytes per token per layer tensor)"
+            f"page_bytes {spec.page_bytes} holds no token position "
+            f"({per_layer_tensor} bytes per token per layer tensor)"
         )
     return tokens
 

@@ -11,7 +11,7 @@ running totals so that a step's measurement costs O(1), not O(live requests):
   sequences reference one physical block (``used`` subtracts it).
 
 ``used`` comes from the scheduler (Σ computed positions of live sequences);
-``reserved`` is then allocated − used − internal, which equals the README's
+``reserved`` is then allocated − used − internal, which equals docs/records.md's
 Σ max(0, min(A, F) − U) because U ≤ min(A, F) always holds.
 """
 

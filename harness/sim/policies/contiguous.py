@@ -7,7 +7,7 @@ these policies never preempt. They differ only in how much they reserve.
 The arena places it (``harness/sim/policies/arena.py``): first-fit takes exactly the
 reservation; buddy takes the block of 2^k ≥ the reservation. A request's allocation A
 (``seq.allocated``, ``allocated_positions``) is what the arena really took, so the
-README's definitions hold unchanged: internal = Σ max(0, A − F) counts the buddy rounding
+measurement definitions (docs/records.md) hold unchanged: internal = Σ max(0, A − F) counts the buddy rounding
 2^k − reservation as internal fragmentation (allocated to a request, never filled), beside
 the over-reservation reservation − F. The vLLM paper's Fig. 2 counts the allocator's
 rounding as external fragmentation instead; ``seq.rounding`` (2^k − reservation, 0 under
@@ -17,9 +17,9 @@ paper's split is internal − rounding and external + rounding.
 
 from __future__ import annotations
 
+from ..sequence import Seq
 from .arena import ARENA_TYPES
 from .base import internal_of
-from ..sequence import Seq
 
 
 def next_pow2(n: int) -> int:

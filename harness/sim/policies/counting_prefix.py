@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..sequence import Seq
 from .base import internal_of
 from .paged import CountingPagedPolicy, cdiv
-from ..sequence import Seq
 
 
 class Run:

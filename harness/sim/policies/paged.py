@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from .base import internal_of
 from ..sequence import Seq
+from .base import internal_of
 
 BlockKey = tuple[str, int, int]
 
@@ -122,8 +122,9 @@ class PagedPolicy(PagedBase):
         get = self.cache.get
         g, p = self._key_bounds(seq)
         for i in range(max_blocks):  # key_of(seq, i), inline: this walk runs at every admission attempt
-            cached = get(("g", seq.prefix_group, i) if i < g else ("p", seq.request_id, i) if i < p
-                         else ("s", seq.index, i))
+            cached = get(
+                ("g", seq.prefix_group, i) if i < g else ("p", seq.request_id, i) if i < p else ("s", seq.index, i)
+            )
             if not cached:
                 break
             hits.append(cached[0])

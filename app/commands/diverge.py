@@ -5,28 +5,27 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..harness.errors import KvbenchError
+from ...harness.errors import KvbenchError
+from .base import Command
 
 # What must match for a step-by-step comparison to mean anything: the work (harness.spec.identity),
 # and the block size, since blocks are what the steps count.
 STEP_KEYS: tuple[str, ...] = ("block_size",)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    from .divergence import DEFAULT_COLUMNS
+def configure(p: argparse.ArgumentParser) -> None:
+    from ...reports.divergence import DEFAULT_COLUMNS
 
-    p = subparsers.add_parser(
-        "diverge", help="first step where two runs' step records differ, and why",
-        description="Compare two runs of one results directory step by step (e.g. sim/paged against "
-                    "vllm-sched/paged on the same workload and budget). Prints the first step where they "
-                    "differ in length or in the compared columns, with context; exits 1 when they differ.")
     p.add_argument("dir", type=Path, help="results directory")
     p.add_argument("run_a", help="run id (or a unique prefix of one)")
     p.add_argument("run_b", help="run id (or a unique prefix of one)")
-    p.add_argument("--columns", nargs="+", metavar="COL", default=list(DEFAULT_COLUMNS),
-                   help=f"steps columns to compare (default: {' '.join(DEFAULT_COLUMNS)}); "
-                        "commas also separate")
-    p.set_defaults(func=run)
+    p.add_argument(
+        "--columns",
+        nargs="+",
+        metavar="COL",
+        default=list(DEFAULT_COLUMNS),
+        help=f"steps columns to compare (default: {' '.join(DEFAULT_COLUMNS)}); commas also separate",
+    )
 
 
 def _resolve(out: Path, ids: set[str], given: str) -> str:
@@ -41,10 +40,10 @@ def _resolve(out: Path, ids: set[str], given: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..harness.records import store
-    from ..harness.records.schema import STEPS
-    from .divergence import first_divergence
-    from .records import work_differences, with_keys
+    from ...harness.records import store
+    from ...harness.records.schema import STEPS
+    from ...reports.divergence import first_divergence
+    from ...reports.records import with_keys, work_differences
 
     out: Path = args.dir
     if not out.is_dir():
@@ -52,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     columns = [c for item in args.columns for c in item.split(",") if c]
     unknown = [c for c in columns if c not in STEPS.names or c in ("step",)]
     if unknown or not columns:
-        raise KvbenchError(f"--columns: unknown steps column(s) {', '.join(unknown) or '(none given)'} "
-                           f"(known: {', '.join(n for n in STEPS.names if n != 'step')})")
+        raise KvbenchError(
+            f"--columns: unknown steps column(s) {', '.join(unknown) or '(none given)'} "
+            f"(known: {', '.join(n for n in STEPS.names if n != 'step')})"
+        )
     ids = store.existing_run_ids(out)
     run_a, run_b = _resolve(out, ids, args.run_a), _resolve(out, ids, args.run_b)
     store.check_complete(out, {run_a, run_b})  # 0 steps against 800 would be no comparison
@@ -80,8 +81,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: not the same code: code_digest {codes[0] or 'not recorded'} vs {codes[1] or 'not recorded'}")
     for run_id in (run_a, run_b):
         if run_id in runs.index and runs.loc[run_id, "status"] != "ok":
-            print(f"note: run {run_id} ({name(run_id)}) has status {runs.loc[run_id, 'status']}: "
-                  f"{runs.loc[run_id, 'error']}")
+            print(
+                f"note: run {run_id} ({name(run_id)}) has status {runs.loc[run_id, 'status']}: "
+                f"{runs.loc[run_id, 'error']}"
+            )
     d = first_divergence(a, b, columns)
     if d is None:
         print(f"identical over {len(a)} steps ({na} vs {nb}; compared: {', '.join(columns)})")
@@ -89,3 +92,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{na} ({run_a}) vs {nb} ({run_b})")
     print(d.describe(na, nb))
     return 1
+
+
+COMMAND = Command(
+    "diverge",
+    help="first step where two runs' step records differ, and why",
+    description="Compare two runs of one results directory step by step (e.g. sim/paged against "
+    "vllm-sched/paged on the same workload and budget). Prints the first step where they "
+    "differ in length or in the compared columns, with context; exits 1 when they differ.",
+    configure=configure,
+    run=run,
+)

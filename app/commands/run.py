@@ -3,58 +3,64 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import signal
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import IO, TYPE_CHECKING
 
-from ..harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
-from ..harness.records.lock import ResultsLock
-from ..harness.spec.files import kind
-from ..harness.records.safe_paths import check_results_layout, nonempty_path
-from .signals import raise_pending
+from ...harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
+from ...harness.records.lock import ResultsLock
+from ...harness.records.safe_paths import check_results_layout, nonempty_path
+from ...harness.spec.files import kind
+from ..signals import raise_pending
+from ..third_party import open_results_log, to_log
+from .base import Command
 
 if TYPE_CHECKING:
-    from .sweep import Prepared
-    from ..runners.base import Cell
+    from ...runners.base import Cell
+    from ..sweep import Prepared
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "run", help="run a suite (the embedded default suite when none is given)",
-        description="Run every cell of a suite, write Parquet records under --out, print a summary "
-                    "table and write the report. Cells already present in --out are skipped, unless "
-                    "other kvbench code recorded them (see --keep-stale).")
-    p.add_argument("suite", nargs="?", help="suite TOML file, or the name of a shipped suite such as "
-                   "paper-block-size (default: the embedded default suite)")
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "suite",
+        nargs="?",
+        help="suite TOML file, or the name of a shipped suite such as "
+        "paper-block-size (default: the embedded default suite)",
+    )
     p.add_argument("--out", type=nonempty_path, help="results directory (default: kvbench-results/<suite name>)")
-    p.add_argument("--runner", action="append", metavar="R",
-                   help="run only these runners of the suite (repeatable)")
+    p.add_argument("--runner", action="append", metavar="R", help="run only these runners of the suite (repeatable)")
     p.add_argument("--executor", choices=("local", "ray"), default="local")
     p.add_argument("--address", help="Ray cluster address (with --executor ray)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="worker processes for the local executor (at most one per cell to run)")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="worker processes for the local executor (at most one per cell to run)"
+    )
     p.add_argument("--rerun", action="store_true", help="run cells again even when their records exist")
-    p.add_argument("--keep-stale", action="store_true",
-                   help="keep cells recorded by other kvbench code (another code_digest) instead of running "
-                        "them again")
+    p.add_argument(
+        "--keep-stale",
+        action="store_true",
+        help="keep cells recorded by other kvbench code (another code_digest) instead of running them again",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines (for CI logs)")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="let other libraries' warnings and log lines (vLLM, torch) reach the console; "
+        "without it they go to DIR/kvbench.log",
+    )
     p.add_argument("--no-report", action="store_true", help="skip writing DIR/report")
-    p.add_argument("--clock-profile", type=Path, metavar="FILE.json",
-                   help='the profile for cells on clock = "profile" (instead of the suite\'s clock_profile); '
-                        "made by `kvbench calibrate`")
-    p.set_defaults(func=run)
-
-
-def _available(runner: str) -> str | None:
-    from ..runners import get_runner
-
-    try:
-        return get_runner(runner).unavailable()
-    except KvbenchError as exc:
-        return str(exc)
+    p.add_argument(
+        "--clock-profile",
+        type=Path,
+        metavar="FILE.json",
+        help='the profile for cells on clock = "profile" (instead of the suite\'s clock_profile); '
+        "made by `kvbench calibrate`",
+    )
 
 
 RESULTS_ROOT = Path("kvbench-results")
@@ -86,7 +92,8 @@ def create_results_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .suite import default_suite_path, load_suite
+    from ...runners import availability
+    from ..suite import default_suite_path, load_suite
 
     if args.jobs < 1:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
@@ -95,19 +102,22 @@ def run(args: argparse.Namespace) -> int:
     if args.address is not None and args.executor != "ray":
         raise KvbenchError("--address names a Ray cluster: give it with --executor ray")
     if args.executor == "ray":
-        from .ray_executor import check_ray
+        from ..ray_executor import check_ray
 
         check_ray(args.address)  # before anything is written: an address where nothing answers
     suite = load_suite(args.suite or default_suite_path())
     if args.clock_profile is not None:
-        from ..harness.spec.clock_profile import load_profile
+        from ...harness.spec.clock_profile import load_profile
 
         load_profile(args.clock_profile)  # missing or corrupt: one line now
-        suite = dataclasses.replace(suite, settings={**suite.settings,
-                                                     "clock_profile": str(args.clock_profile.resolve())})
+        suite = dataclasses.replace(
+            suite, settings={**suite.settings, "clock_profile": str(args.clock_profile.resolve())}
+        )
         if not any(spec.scheduler.clock == "profile" for spec, _ in suite.cells()):
-            raise KvbenchError(f'--clock-profile: no cell of suite {suite.name!r} runs on clock = "profile" '
-                               '(set it in [scheduler] or [runners.NAME])')
+            raise KvbenchError(
+                f'--clock-profile: no cell of suite {suite.name!r} runs on clock = "profile" '
+                "(set it in [scheduler] or [runners.NAME])"
+            )
     out = results_dir(args, suite.name)
 
     def log(msg: str) -> None:
@@ -117,28 +127,32 @@ def run(args: argparse.Namespace) -> int:
     wanted = set(args.runner or suite.runners())
     unknown = wanted - set(suite.runners())
     if unknown:
-        raise KvbenchError(f"--runner {', '.join(sorted(unknown))}: not in suite {suite.name!r} "
-                           f"(it has: {', '.join(suite.runners())})")
+        raise KvbenchError(
+            f"--runner {', '.join(sorted(unknown))}: not in suite {suite.name!r} (it has: {', '.join(suite.runners())})"
+        )
     skipped: dict[str, str] = {}
-    for runner in suite.runners():
-        if runner in wanted and runner in suite.optional_runners:
-            reason = _available(runner)
-            if reason:
-                skipped[runner] = reason
-                wanted.discard(runner)
+    # Probing a runner imports its library, which may print: kept for DIR/kvbench.log.
+    earlier = tempfile.TemporaryFile()
+    with contextlib.nullcontext() if args.verbose else to_log(earlier):
+        for runner in suite.runners():
+            if runner in wanted and runner in suite.optional_runners:
+                reason = availability(runner)
+                if reason:
+                    skipped[runner] = reason
+                    wanted.discard(runner)
     for runner, reason in skipped.items():
         log(f"skipping optional runner {runner}: {reason}")
 
     # Everything that can refuse the suite does so here, before anything is created: every
     # spec validated and every workload built, in memory.
-    from .sweep import prepare_cells
+    from ..sweep import prepare_cells
 
     prepared = prepare_cells(suite, out, log)
     prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.spec.runner in wanted])
     refuse_non_directory(out)
     check_results_layout(out)
     if not args.no_report:
-        from ..reports.report_files import check_replaceable
+        from ...reports.report_files import check_replaceable
 
         check_replaceable(out / "report")  # now, not after the sweep: a foreign report/ is refused whole
     made = [d for d in (out, *out.parents) if not os.path.lexists(d)]  # what this run creates, innermost first
@@ -150,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     with ResultsLock(out, "run") as lock:
         try:
             check_results_layout(out)  # again, now that no other kvbench process writes here
-            return _run_locked(args, prepared, out, lock, log)
+            return _run_locked(args, prepared, out, lock, log, earlier)
         except KvbenchError as exc:
             if not isinstance(exc, StorageError):
                 _discard_if_untouched(out, before, made, lock)
@@ -176,33 +190,51 @@ def _discard_if_untouched(out: Path, before: set[str], made: list[Path], lock: R
         pass  # removed since, or another process is writing there now: not ours to remove
 
 
-def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock: ResultsLock,
-                log: Callable[[str], None]) -> int:
+def _run_locked(
+    args: argparse.Namespace,
+    prepared: Prepared,
+    out: Path,
+    lock: ResultsLock,
+    log: Callable[[str], None],
+    earlier: IO[bytes],
+) -> int:
     """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
     environment leaves only whole runs behind and says how many cells are complete."""
-    from ..harness.records import store
-    from .sweep import keep_inputs, plan_resume, run_cells
+    from ...harness.records import store
+    from ..sweep import keep_inputs, plan_resume, run_cells
 
     suite = prepared.suite
     store.clean_stale_temps(out)
     cells: list[Cell] = []
     stage = "before any cell ran"
+    output = contextlib.ExitStack()
     try:
         plan = plan_resume(prepared.cells, out, rerun=args.rerun, keep_stale=args.keep_stale)
         keep_inputs(prepared, out)
+        if not args.verbose:  # from here on other libraries print into DIR/kvbench.log
+            output.enter_context(to_log(output.enter_context(open_results_log(out, earlier))))
         cells = prepared.cells
         todo = plan.todo
         if plan.incomplete:
             rid, why = next(iter(plan.incomplete.items()))
-            print(f"{len(plan.incomplete)} cell(s) in {out} have incomplete records (run {rid}: {why}); "
-                  f"running them again", file=sys.stderr)
+            print(
+                f"{len(plan.incomplete)} cell(s) in {out} have incomplete records (run {rid}: {why}); "
+                f"running them again",
+                file=sys.stderr,
+            )
         # Not progress: these say what the results will mean, so they are printed even with --quiet.
         if plan.stale_rerun:
-            print(f"{plan.stale_rerun} cell(s) in {out} were recorded by other kvbench code; running them "
-                  f"again (--keep-stale keeps them)", file=sys.stderr)
+            print(
+                f"{plan.stale_rerun} cell(s) in {out} were recorded by other kvbench code; running them "
+                f"again (--keep-stale keeps them)",
+                file=sys.stderr,
+            )
         if plan.stale_kept:
-            print(f"keeping {plan.stale_kept} cell(s) in {out} recorded by other kvbench code (--keep-stale); "
-                  f"the report says which runs come from which code", file=sys.stderr)
+            print(
+                f"keeping {plan.stale_kept} cell(s) in {out} recorded by other kvbench code (--keep-stale); "
+                f"the report says which runs come from which code",
+                file=sys.stderr,
+            )
         if len(todo) < len(cells):
             log(f"{len(cells) - len(todo)} of {len(cells)} cells already in {out}; skipping them (--rerun to force)")
         log(f"suite {suite.name}: running {len(todo)} cell(s) into {out}")
@@ -210,18 +242,30 @@ def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock:
         if args.executor == "local" and jobs > max(1, len(todo)):
             jobs = max(1, len(todo))
             log(f"--jobs {args.jobs}: {len(todo)} cell(s) to run, so {jobs} worker process(es)")
-        rows = run_cells(todo, jobs=jobs, quiet=args.quiet, executor=args.executor, address=args.address,
-                         check=lock.check)
+        rows = run_cells(
+            todo, jobs=jobs, quiet=args.quiet, executor=args.executor, address=args.address, check=lock.check
+        )
         if suite.slo is not None and suite.slo.refine:
-            from .capacity import refine
+            from ..capacity import refine
 
             stage = "refining the capacities"
-            refine(suite, out, cells, lambda more: run_cells(more, jobs=args.jobs, quiet=args.quiet,
-                                                             executor=args.executor, address=args.address,
-                                                             check=lock.check), log)
+            refine(
+                suite,
+                out,
+                cells,
+                lambda more: run_cells(
+                    more,
+                    jobs=args.jobs,
+                    quiet=args.quiet,
+                    executor=args.executor,
+                    address=args.address,
+                    check=lock.check,
+                ),
+                log,
+            )
 
         # The table is read back from disk: what is printed is what was recorded.
-        from ..reports.console import render_rows
+        from ...reports.console import render_rows
 
         ids = {c.run_id for c in cells}
         runs = store.read_table(out, "runs", ids)
@@ -229,9 +273,9 @@ def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock:
         runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
         print(render_rows(runs.to_dict("records")))
         if suite.reference:
-            from ..reports.console import render_reference
-            from ..reports.records import read_reference, with_keys
-            from ..reports.tables import published_vs_reproduced
+            from ...reports.console import render_reference
+            from ...reports.records import read_reference, with_keys
+            from ...reports.tables import published_vs_reproduced
 
             reference, problem = read_reference(out / "reference.parquet")
             if reference is not None:
@@ -240,39 +284,41 @@ def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock:
             elif problem:
                 log(f"published values not shown: {problem}")
         if suite.slo is not None:
-            from ..reports.console import render_capacity
-            from .capacity import capacity_report
+            from ...reports.console import render_capacity
+            from ..capacity import capacity_report
 
             print(render_capacity(*capacity_report(suite, out)))
 
         raise_pending()  # an interrupt a finalizer swallowed after the last cell
         if not args.no_report:
             stage = "writing the report"
-            try:
-                from ..reports.html import write_report
-            except ModuleNotFoundError:
-                log("report: not built yet (reports.html missing)")
-            else:
-                path = write_report(out)
-                print(f"report: {path}")
+            from ...reports.html import write_report
+
+            print(f"report: {write_report(out)}")
     except KeyboardInterrupt as exc:
         store.clean_stale_temps(out)
         signum = getattr(exc, "signum", signal.SIGINT)
-        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name}: "
-                                  f"{_progress(out, cells, stage)}") from None
+        raise Interrupted(
+            signum, f"interrupted by {signal.Signals(signum).name}: {_progress(out, cells, stage)}"
+        ) from None
     except StorageError as exc:
         store.clean_stale_temps(out)
         if not lock.still_ours():
-            raise StorageError(f"{out}: the results directory was removed or replaced during the run; "
-                               f"the same command starts again") from None
+            raise StorageError(
+                f"{out}: the results directory was removed or replaced during the run; the same command starts again"
+            ) from None
         raise StorageError(f"{exc}; {_progress(out, cells, stage)} once the cause is fixed") from None
+    finally:
+        output.close()
 
     # The verdict covers every cell of the suite, skipped (already recorded) ones included.
     statuses = runs["status"].tolist()
     failed = sum(s in ("failed", "oom") for s in statuses)
     infeasible = statuses.count("infeasible")
-    print(f"{len(rows)} cell(s) run, {len(cells) - len(todo)} skipped, {failed} failed, "
-          f"{infeasible} infeasible", file=sys.stderr)
+    print(
+        f"{len(rows)} cell(s) run, {len(cells) - len(todo)} skipped, {failed} failed, {infeasible} infeasible",
+        file=sys.stderr,
+    )
     if failed:
         return 1
     if statuses and infeasible == len(statuses):
@@ -281,10 +327,10 @@ def _run_locked(args: argparse.Namespace, prepared: "Prepared", out: Path, lock:
     return 0
 
 
-def _progress(out: Path, cells: list["Cell"], stage: str) -> str:
+def _progress(out: Path, cells: list[Cell], stage: str) -> str:
     """How far the run got, and how to finish it: the end of the one line an interrupted or
     faulted run prints."""
-    from ..harness.records import store
+    from ...harness.records import store
 
     if not cells:
         return f"stopped {stage}; run the same command to start"
@@ -293,6 +339,19 @@ def _progress(out: Path, cells: list["Cell"], stage: str) -> str:
     except StorageError:
         return f"cannot tell how many of {len(cells)} cell(s) are complete in {out}; run the same command to resume"
     if stage == "writing the report":
-        return (f"all {len(cells)} cell(s) are recorded in {out}; `kvbench report {out}` (or the same command) "
-                f"writes the report")
+        return (
+            f"all {len(cells)} cell(s) are recorded in {out}; `kvbench report {out}` (or the same command) "
+            f"writes the report"
+        )
     return f"{done} of {len(cells)} cell(s) complete in {out}; run the same command to resume"
+
+
+COMMAND = Command(
+    "run",
+    help="run a suite (the embedded default suite when none is given)",
+    description="Run every cell of a suite, write Parquet records under --out, print a summary "
+    "table and write the report. Cells already present in --out are skipped, unless "
+    "other kvbench code recorded them (see --keep-stale).",
+    configure=configure,
+    run=run,
+)

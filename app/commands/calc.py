@@ -11,10 +11,11 @@ import argparse
 import json
 from typing import Any
 
-from ..harness.errors import KvbenchError
-from ..harness.spec.feasibility import levers
-from ..harness.spec.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
-from ..harness.spec.units import format_bytes, parse_size
+from ...harness.errors import KvbenchError
+from ...harness.spec.feasibility import levers
+from ...harness.spec.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
+from ...harness.spec.units import format_bytes, parse_size
+from .base import Command
 
 
 def block_arithmetic(block_size: int, tokens: int) -> dict[str, Any]:
@@ -25,12 +26,19 @@ def block_arithmetic(block_size: int, tokens: int) -> dict[str, Any]:
     blocks = -(-tokens // block_size)
     allocated = blocks * block_size
     unused = allocated - tokens
-    return {"block_size": block_size, "tokens": tokens, "blocks": blocks, "allocated_positions": allocated,
-            "unused_positions": unused, "waste_fraction": unused / allocated}
+    return {
+        "block_size": block_size,
+        "tokens": tokens,
+        "blocks": blocks,
+        "allocated_positions": allocated,
+        "unused_positions": unused,
+        "waste_fraction": unused / allocated,
+    }
 
 
-def capacity(row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, budget_bytes: int,
-             max_model_len: int) -> dict[str, Any]:
+def capacity(
+    row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, budget_bytes: int, max_model_len: int
+) -> dict[str, Any]:
     """Budget figures and how many such sequences fit, contiguous-max vs paged."""
     per_token = geometry.kv_bytes_per_token(kv_dtype)
     positions = budget_bytes // per_token
@@ -49,23 +57,26 @@ def capacity(row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, budget
 
 def workload_fit(path: str, geometry: ModelGeometry, kv_dtype: str, budget_bytes: int) -> dict[str, Any]:
     """Does the workload's raw KV fit: all requests at full length, and its largest one?"""
-    from ..workloads import read_workload
+    from ...workloads import read_workload
 
     w = read_workload(path)
     total, largest = w.raw_kv_bytes(geometry, kv_dtype)
-    out: dict[str, Any] = {"workload": str(path), "workload_id": w.workload_id, "raw_kv_bytes": total,
-                           "largest_request_kv_bytes": largest, "budget_bytes": budget_bytes,
-                           "all_fit": total <= budget_bytes, "largest_fits": largest <= budget_bytes}
+    out: dict[str, Any] = {
+        "workload": str(path),
+        "workload_id": w.workload_id,
+        "raw_kv_bytes": total,
+        "largest_request_kv_bytes": largest,
+        "budget_bytes": budget_bytes,
+        "all_fit": total <= budget_bytes,
+        "largest_fits": largest <= budget_bytes,
+    }
     if total > budget_bytes:
         out["shortfall_bytes"] = total - budget_bytes
         out["levers"] = levers(geometry, kv_dtype, total, budget_bytes)
     return out
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("calc", help="block arithmetic and KV budget capacity",
-                              description="Blocks, allocated and unused positions for token counts and block "
-                                          "sizes; with a model, dtype and budget, what fits.")
+def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, action="append", required=True, metavar="N")
     p.add_argument("--tokens", type=int, action="append", required=True, metavar="N")
     p.add_argument("--model", help="preset name (see `kvbench doctor`) or a config.json path")
@@ -74,7 +85,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--workload", help="a workload Parquet file: does its raw KV fit the budget?")
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
-    p.set_defaults(func=run)
 
 
 def _geometry(model: str) -> ModelGeometry:
@@ -108,11 +118,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    cols = [("block_size", "block"), ("tokens", "tokens"), ("blocks", "blocks"),
-            ("allocated_positions", "allocated"), ("unused_positions", "unused"), ("waste_fraction", "waste")]
+    cols = [
+        ("block_size", "block"),
+        ("tokens", "tokens"),
+        ("blocks", "blocks"),
+        ("allocated_positions", "allocated"),
+        ("unused_positions", "unused"),
+        ("waste_fraction", "waste"),
+    ]
     if "kv_bytes_per_token" in rows[0]:
-        cols += [("bytes_per_block", "bytes/block"), ("fit_contiguous_max", "fit contig@max"),
-                 ("fit_paged", "fit paged")]
+        cols += [
+            ("bytes_per_block", "bytes/block"),
+            ("fit_contiguous_max", "fit contig@max"),
+            ("fit_paged", "fit paged"),
+        ]
 
     def fmt(k: str, v: Any) -> str:
         if k == "waste_fraction":
@@ -126,22 +145,39 @@ def render(rows: list[dict[str, Any]]) -> str:
     lines = ["  ".join(v.rjust(w) for v, w in zip(t, widths)) for t in table]
     r = rows[0]
     if "kv_bytes_per_token" in r:
-        lines.insert(0, f"KV: {r['kv_bytes_per_token']:,} B/token ({format_bytes(r['kv_bytes_per_token'])}); "
-                        f"budget {format_bytes(r['budget_bytes'])} = {r['budget_positions']:,} positions; "
-                        f"contiguous-max reserves {r['max_model_len']:,} positions per sequence")
+        lines.insert(
+            0,
+            f"KV: {r['kv_bytes_per_token']:,} B/token ({format_bytes(r['kv_bytes_per_token'])}); "
+            f"budget {format_bytes(r['budget_bytes'])} = {r['budget_positions']:,} positions; "
+            f"contiguous-max reserves {r['max_model_len']:,} positions per sequence",
+        )
     return "\n".join(lines)
 
 
 def render_fit(fit: dict[str, Any]) -> str:
-    lines = [f"workload {fit['workload_id']}: raw KV {format_bytes(fit['raw_kv_bytes'])} for all requests at full "
-             f"length, largest request {format_bytes(fit['largest_request_kv_bytes'])}; budget "
-             f"{format_bytes(fit['budget_bytes'])}"]
+    lines = [
+        f"workload {fit['workload_id']}: raw KV {format_bytes(fit['raw_kv_bytes'])} for all requests at full "
+        f"length, largest request {format_bytes(fit['largest_request_kv_bytes'])}; budget "
+        f"{format_bytes(fit['budget_bytes'])}"
+    ]
     if fit["all_fit"]:
         lines.append("fits: every request can be resident at once")
     else:
-        lines.append(f"does not fit all at once: short by {format_bytes(fit['shortfall_bytes'])} "
-                     f"(requests will queue or be preempted)")
+        lines.append(
+            f"does not fit all at once: short by {format_bytes(fit['shortfall_bytes'])} "
+            f"(requests will queue or be preempted)"
+        )
         if not fit["largest_fits"]:
             lines.append("infeasible: the largest request alone exceeds the budget")
         lines.extend(f"  lever: {lv}" for lv in fit["levers"])
     return "\n".join(lines)
+
+
+COMMAND = Command(
+    "calc",
+    help="block arithmetic and KV budget capacity",
+    description="Blocks, allocated and unused positions for token counts and block "
+    "sizes; with a model, dtype and budget, what fits.",
+    configure=configure,
+    run=run,
+)

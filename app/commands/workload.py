@@ -1,7 +1,7 @@
 """``kvbench workload make|show``.
 
-Registration must stay cheap (the CLI imports every command module to build
-its parser), so numpy/pandas load inside the command functions only.
+Importing this module must stay cheap (the CLI imports every command module to
+build its parser), so numpy/pandas load inside the command functions only.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..harness.errors import KvbenchError, one_line
-from ..harness.spec.files import MAX_SUITE_BYTES, read_text_capped
-from ..harness.records.safe_paths import nonempty_path, output_file
-from ..harness.spec.workload_spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
+from ...harness.errors import KvbenchError
+from ...harness.records.safe_paths import nonempty_path, output_file
+from ...harness.spec.files import MAX_SUITE_BYTES, read_text_capped
+from ...harness.spec.workload_spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
+from .base import Command, OneLineParser
 
 _TYPES = {"int": int, "float": float, "str": str}
 _CHOICES = {"source": SOURCES, "arrival": ARRIVALS}
@@ -49,46 +50,49 @@ _HELP = {
 _METAVARS = {"int": "N", "float": "X", "str": "TEXT"}
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one line on stderr, like every other kvbench error."""
+def configure(parser: argparse.ArgumentParser) -> None:
+    """``make`` and ``show`` under ``workload``."""
+    actions = parser.add_subparsers(dest="workload_action", metavar="ACTION", parser_class=OneLineParser)
+    parser.set_defaults(workload_parser=parser)  # for ``run``: no action given prints this parser's help
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
-
-
-def register(subparsers: Any) -> None:
-    """Add ``workload`` with its ``make`` and ``show`` actions."""
-    parser = subparsers.add_parser(
-        "workload", help="make or inspect workload files",
-        description="Make a workload file from a spec or suite, or summarise one.",
+    make = actions.add_parser(
+        "make",
+        help="write a workload Parquet file and print its id",
+        description="Build a workload from --suite's [workload] table and/or flags "
+        "(flags win) and write it as Parquet.",
     )
-    actions = parser.add_subparsers(dest="workload_action", metavar="ACTION", parser_class=_OneLineParser)
-
-    def no_action(_: argparse.Namespace) -> int:
-        parser.print_help(sys.stderr)
-        return 2
-
-    parser.set_defaults(func=no_action)
-
-    make = actions.add_parser("make", help="write a workload Parquet file and print its id",
-                              description="Build a workload from --suite's [workload] table and/or flags "
-                                          "(flags win) and write it as Parquet.")
-    make.add_argument("--out", required=True, type=nonempty_path, metavar="FILE.parquet",
-                      help="where to write the workload (a new file, or a regular file it replaces)")
+    make.add_argument(
+        "--out",
+        required=True,
+        type=nonempty_path,
+        metavar="FILE.parquet",
+        help="where to write the workload (a new file, or a regular file it replaces)",
+    )
     make.add_argument("--suite", metavar="SUITE.toml", help="take [workload] and [memory].max_model_len from a suite")
     spec_flags = make.add_argument_group("workload spec (see WorkloadSpec; each overrides the suite)")
     for name, (kind, _optional) in FIELD_KINDS.items():
         spec_flags.add_argument(
-            "--" + name.replace("_", "-"), dest=f"spec_{name}", type=_TYPES[kind], default=None,
-            choices=_CHOICES.get(name), help=_HELP[name],
+            "--" + name.replace("_", "-"),
+            dest=f"spec_{name}",
+            type=_TYPES[kind],
+            default=None,
+            choices=_CHOICES.get(name),
+            help=_HELP[name],
             metavar=None if name in _CHOICES else ("FILE" if name == "path" else _METAVARS[kind]),
         )
-    make.add_argument("--max-model-len", type=int, metavar="N",
-                      help="drop requests with prompt_len + output_len > N (counted, reported)")
+    make.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="drop requests with prompt_len + output_len > N (counted, reported)",
+    )
     make.set_defaults(func=cmd_make)
 
-    show = actions.add_parser("show", help="summarise a workload file",
-                              description="Lengths, arrivals and tokens of a workload; raw KV bytes with a model.")
+    show = actions.add_parser(
+        "show",
+        help="summarise a workload file",
+        description="Lengths, arrivals and tokens of a workload; raw KV bytes with a model.",
+    )
     show.add_argument("file", metavar="FILE", help="a workload Parquet file")
     model = show.add_mutually_exclusive_group()
     model.add_argument("--model", metavar="PRESET", help="model preset for raw KV bytes (e.g. opt-13b)")
@@ -96,6 +100,12 @@ def register(subparsers: Any) -> None:
     show.add_argument("--kv-dtype", metavar="DTYPE", help="KV cache dtype with --model/--config (default fp16)")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=cmd_show)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kvbench workload`` without an action: its help on stderr, exit 2."""
+    args.workload_parser.print_help(sys.stderr)
+    return 2
 
 
 def load_suite_workload(path: str | Path) -> tuple[dict[str, Any], int | None, list[str]]:
@@ -117,7 +127,8 @@ def load_suite_workload(path: str | Path) -> tuple[dict[str, Any], int | None, l
         raise KvbenchError(f"{p}: [memory] must be a table")
     max_model_len = memory.get("max_model_len")
     if max_model_len is not None and (
-            isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1):
+        isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1
+    ):
         raise KvbenchError(f"{p}: [memory] max_model_len must be an integer >= 1, got {max_model_len!r}")
     grid = data.get("grid", {})
     grid_keys = [k for k in grid if k in FIELD_KINDS] if isinstance(grid, dict) else []
@@ -125,20 +136,22 @@ def load_suite_workload(path: str | Path) -> tuple[dict[str, Any], int | None, l
 
 
 def cmd_make(args: argparse.Namespace) -> int:
-    from .build import build_workload
-    from .table import write_workload
+    from ...workloads.build import build_workload
+    from ...workloads.table import write_workload
 
     output_file(args.out, "--out")  # before building: a device, a FIFO or a folder is refused at once
     table: dict[str, Any] = {}
     max_model_len: int | None = None
-    flags = {name: getattr(args, f"spec_{name}") for name in FIELD_KINDS
-             if getattr(args, f"spec_{name}") is not None}
+    flags = {name: getattr(args, f"spec_{name}") for name in FIELD_KINDS if getattr(args, f"spec_{name}") is not None}
     if args.suite:
         table, max_model_len, grid_keys = load_suite_workload(args.suite)
         ignored = [k for k in grid_keys if k not in flags]
         if ignored:
-            print(f"kvbench workload: note: {args.suite}: [grid] keys {', '.join(ignored)} are ignored here; "
-                  "the workload comes from [workload] and the flags", file=sys.stderr)
+            print(
+                f"kvbench workload: note: {args.suite}: [grid] keys {', '.join(ignored)} are ignored here; "
+                "the workload comes from [workload] and the flags",
+                file=sys.stderr,
+            )
         spec = WorkloadSpec.from_mapping({**table, **flags}, where=str(args.suite))
     else:
         spec = WorkloadSpec(**flags)
@@ -148,11 +161,17 @@ def cmd_make(args: argparse.Namespace) -> int:
     out = write_workload(workload, args.out)
     if workload.dropped:
         total = workload.num_requests + workload.dropped
-        print(f"kvbench workload: note: dropped {workload.dropped} of {total} requests with "
-              f"prompt_len + output_len > max_model_len {max_model_len}", file=sys.stderr)
+        print(
+            f"kvbench workload: note: dropped {workload.dropped} of {total} requests with "
+            f"prompt_len + output_len > max_model_len {max_model_len}",
+            file=sys.stderr,
+        )
     if workload.raised:
-        print(f"kvbench workload: note: raised {workload.raised} sampled prompt(s) to prefix_len + 1 = "
-              f"{spec.prefix_len + 1} tokens (each request computes a token of its own)", file=sys.stderr)
+        print(
+            f"kvbench workload: note: raised {workload.raised} sampled prompt(s) to prefix_len + 1 = "
+            f"{spec.prefix_len + 1} tokens (each request computes a token of its own)",
+            file=sys.stderr,
+        )
     print(f"wrote        {out}")
     print(f"workload_id  {workload.workload_id}")
     print(f"requests     {workload.num_requests}")
@@ -161,8 +180,8 @@ def cmd_make(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ..harness.spec.geometry import resolve_model
-    from .table import read_workload, summarize
+    from ...harness.spec.geometry import resolve_model
+    from ...workloads.table import read_workload, summarize
 
     workload = read_workload(args.file)
     geometry = None
@@ -180,7 +199,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def format_summary(s: dict[str, Any]) -> str:
     """Aligned plain text for ``summarize``'s dict."""
-    from ..harness.spec.units import format_bytes
+    from ...harness.spec.units import format_bytes
 
     def num(value: float) -> str:
         return f"{value:,.1f}"
@@ -208,11 +227,23 @@ def format_summary(s: dict[str, Any]) -> str:
         rows += [
             ("model", f"{s['model']} ({s['kv_dtype']}, {s['kv_bytes_per_token']:,} bytes/token)"),
             ("raw KV total", f"{format_bytes(s['raw_kv_bytes_total'])} ({s['raw_kv_bytes_total']:,} bytes)"),
-            ("raw KV largest", f"{format_bytes(s['raw_kv_bytes_largest_request'])} "
-                               f"({s['raw_kv_bytes_largest_request']:,} bytes, one request)"),
+            (
+                "raw KV largest",
+                f"{format_bytes(s['raw_kv_bytes_largest_request'])} "
+                f"({s['raw_kv_bytes_largest_request']:,} bytes, one request)",
+            ),
         ]
     rows.append(("spec", s["spec"]))
     width = max(len(label) for label, _ in rows)
     head = [f"{label:<{width}}  {value}" for label, value in rows[:2]]
     tail = [f"{label:<{width}}  {value}" for label, value in rows[2:]]
     return "\n".join(head + lengths + tail)
+
+
+COMMAND = Command(
+    "workload",
+    help="make or inspect workload files",
+    description="Make a workload file from a spec or suite, or summarise one.",
+    configure=configure,
+    run=run,
+)

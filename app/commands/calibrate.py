@@ -15,34 +15,41 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+from ...harness.errors import KvbenchError, storage_error
+from ...harness.records.safe_paths import nonempty_path, output_file
+from ...harness.spec.capabilities import MEASURING_RUNNERS
+from ...harness.spec.clock_model import TOKEN_KNEE
+from .base import Command
 
-from ..harness.spec.clock_model import TOKEN_KNEE
-from ..harness.errors import KvbenchError, storage_error
-from ..harness.records.safe_paths import nonempty_path, output_file
-from ..harness.spec.capabilities import MEASURING_RUNNERS
+if TYPE_CHECKING:  # pandas loads when the command runs, not while the CLI builds its parser
+    import pandas as pd
+
+    from ...harness.spec.geometry import ModelGeometry
 
 KIND_KEYS = ("runner", "model", "kv_dtype", "block_size", "device", "engine")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "calibrate", help="fit sim's step clock to an engine's measured steps",
-        description="Fit a step-time model (fixed + per token + per request + per KV position + per attention "
-                    f"pair + per token of a step's first {TOKEN_KNEE}, all ≥ 0) to the measured steps of the vllm "
-                    "(or torch) runs in DIR; print its error on steps held out from the fit; write a profile for "
-                    "[scheduler] clock = \"profile\".")
-    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR",
-                   help="results directories holding engine runs (several: their runs are pooled)")
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "dirs",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="results directories holding engine runs (several: their runs are pooled)",
+    )
     p.add_argument("--out", type=nonempty_path, required=True, metavar="FILE.json", help="profile to write")
-    p.add_argument("--runner", choices=MEASURING_RUNNERS, default=None,
-                   help="whose steps to fit (default: vllm when DIR has vllm runs, else torch)")
+    p.add_argument(
+        "--runner",
+        choices=MEASURING_RUNNERS,
+        default=None,
+        help="whose steps to fit (default: vllm when DIR has vllm runs, else torch)",
+    )
     p.add_argument("--policy", default="paged", help="which policy's runs (default: paged)")
-    p.set_defaults(func=run)
 
 
-def _engine(row: dict) -> str:
+def _engine(row: dict[str, Any]) -> str:
     if row["runner"] == "vllm":
         return f"vllm {row.get('vllm_version') or '?'}"
     return f"torch {row.get('torch_version') or '?'}"
@@ -51,28 +58,35 @@ def _engine(row: dict) -> str:
 def select_runs(runs: pd.DataFrame, runner: str | None, policy: str, where: str) -> pd.DataFrame:
     ok = runs[(runs["status"] == "ok") & runs["runner"].isin(MEASURING_RUNNERS)]
     if ok.empty:
-        raise KvbenchError(f"{where}: no ok runs of a runner that measures steps ({', '.join(MEASURING_RUNNERS)}); "
-                           "run a suite with the vllm runner first")
+        raise KvbenchError(
+            f"{where}: no ok runs of a runner that measures steps ({', '.join(MEASURING_RUNNERS)}); "
+            "run a suite with the vllm runner first"
+        )
     if runner is None:
         runner = "vllm" if (ok["runner"] == "vllm").any() else "torch"
     chosen = ok[(ok["runner"] == runner) & (ok["policy"] == policy)].copy()
     if chosen.empty:
         have = sorted({f"{r}/{p}" for r, p in zip(ok["runner"], ok["policy"])})
-        raise KvbenchError(f"{where}: no ok {runner}/{policy} runs (has {', '.join(have)}); "
-                           "choose with --runner and --policy")
+        raise KvbenchError(
+            f"{where}: no ok {runner}/{policy} runs (has {', '.join(have)}); choose with --runner and --policy"
+        )
     chosen["engine"] = [_engine(r) for r in chosen.to_dict("records")]
     kinds = chosen.drop_duplicates(list(KIND_KEYS))
     if len(kinds) > 1:
         listed = "; ".join(", ".join(f"{k} {r[k]}" for k in KIND_KEYS) for r in kinds.to_dict("records")[:3])
-        raise KvbenchError(f"{where}: its {runner}/{policy} runs were measured on {len(kinds)} different setups "
-                           f"({listed}); a profile holds one: calibrate on a directory with one")
+        raise KvbenchError(
+            f"{where}: its {runner}/{policy} runs were measured on {len(kinds)} different setups "
+            f"({listed}); a profile holds one: calibrate on a directory with one"
+        )
     return chosen
 
 
 def read_runs(dirs: list[Path]) -> pd.DataFrame:
     """The runs of every directory; with several, each run id is prefixed with its directory's
     index (the same cell run in two directories has the same id)."""
-    from ..harness.records import store
+    import pandas as pd
+
+    from ...harness.records import store
 
     frames = []
     for i, out in enumerate(dirs):
@@ -90,8 +104,10 @@ def read_runs(dirs: list[Path]) -> pd.DataFrame:
 
 
 def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
-    from ..harness.records import store
-    from .calibration import FEATURES, MIN_STEPS
+    import pandas as pd
+
+    from ...harness.records import store
+    from ...reports.calibration import FEATURES, MIN_STEPS
 
     frames = []
     for out, group in runs.groupby("dir", sort=False):
@@ -103,17 +119,20 @@ def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
     usable = steps.dropna(subset=["step_wall_s", *FEATURES])
     usable = usable[usable["step_wall_s"] > 0]
     if usable.empty:
-        raise KvbenchError(f"{where}: its runs hold no measured steps with their work (step_wall_s and "
-                           f"{', '.join(FEATURES)}); rerun them with this kvbench")
+        raise KvbenchError(
+            f"{where}: its runs hold no measured steps with their work (step_wall_s and "
+            f"{', '.join(FEATURES)}); rerun them with this kvbench"
+        )
     if len(usable) < MIN_STEPS:
-        raise KvbenchError(f"{where}: only {len(usable)} measured steps; calibrate needs at least {MIN_STEPS} "
-                           "(run more requests)")
+        raise KvbenchError(
+            f"{where}: only {len(usable)} measured steps; calibrate needs at least {MIN_STEPS} (run more requests)"
+        )
     return usable.sort_values(["run_id", "step"], kind="stable").reset_index(drop=True)
 
 
-def _geometry(run: dict, where: str):  # type: ignore[no-untyped-def]
-    from ..harness.spec.geometry import resolve_model
-    from .records import parse_spec
+def _geometry(run: dict[str, Any], where: str) -> ModelGeometry:
+    from ...harness.spec.geometry import resolve_model
+    from ...reports.records import parse_spec
 
     model = parse_spec(run.get("spec_json")).get("model") or {}
     try:
@@ -122,7 +141,7 @@ def _geometry(run: dict, where: str):  # type: ignore[no-untyped-def]
         raise KvbenchError(f"{where}: cannot resolve the runs' model ({exc})") from None
 
 
-def write_json(path: Path, doc: dict) -> None:
+def write_json(path: Path, doc: dict[str, Any]) -> None:
     """Write-then-rename, so a failed write never leaves a half profile."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -134,10 +153,10 @@ def write_json(path: Path, doc: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..harness.spec.clock_profile import profile_document
-    from ..harness.records.provenance import provenance
-    from .calibration import DISTURBED_RATIO, DISTURBED_WARN, fit
-    from .records import workload_label
+    from ...harness.records.provenance import provenance
+    from ...harness.spec.clock_profile import profile_document
+    from ...reports.calibration import DISTURBED_RATIO, DISTURBED_WARN, fit
+    from ...reports.records import workload_label
 
     dirs: list[Path] = args.dirs
     where = ", ".join(map(str, dirs))
@@ -156,35 +175,75 @@ def run(args: argparse.Namespace) -> int:
         "steps": int(len(steps)),
         "held_out_steps": int(result.held_out.steps),
         "train_steps": int(result.train.steps),
-        "runs": [{"run_id": r["run_id"], "dir": r["dir"], "workload_id": r["workload_id"],
-                  "workload": workload_label(r), "steps": int(counts.get(r["run_key"], 0))}
-                 for r in chosen.to_dict("records")],
+        "runs": [
+            {
+                "run_id": r["run_id"],
+                "dir": r["dir"],
+                "workload_id": r["workload_id"],
+                "workload": workload_label(r),
+                "steps": int(counts.get(r["run_key"], 0)),
+            }
+            for r in chosen.to_dict("records")
+        ],
     }
-    measured_on = {"runner": first["runner"], "engine": first["engine"], "device": first.get("device"),
-                   "attention_backend": first.get("attention_backend")}
+    measured_on = {
+        "runner": first["runner"],
+        "engine": first["engine"],
+        "device": first.get("device"),
+        "attention_backend": first.get("attention_backend"),
+    }
     fit_doc = {
         "model": "step_s + per_token_s·scheduled_tokens + per_seq_s·scheduled_seqs + "
-                 "per_context_token_s·context_tokens + per_attention_pair_s·attention_pairs + "
-                 "per_early_token_s·min(scheduled_tokens, token_knee)",
+        "per_context_token_s·context_tokens + per_attention_pair_s·attention_pairs + "
+        "per_early_token_s·min(scheduled_tokens, token_knee)",
         "method": "non-negative least squares on relative error, Huber-robust (IRLS)",
         "disturbed_steps_frac": result.disturbed,
         "held_out": "every 5th block of 32 consecutive steps of every run",
-        "train_error": dataclasses.asdict(result.train), "held_out_error": dataclasses.asdict(result.held_out),
+        "train_error": dataclasses.asdict(result.train),
+        "held_out_error": dataclasses.asdict(result.held_out),
     }
     prov = provenance()
-    doc = profile_document(result.terms, geometry, str(first["kv_dtype"]), int(first["block_size"]), measured_on,
-                           fit_doc, data, {"kvbench_version": prov["kvbench_version"], "git_sha": prov["git_sha"],
-                                           "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")})
+    doc = profile_document(
+        result.terms,
+        geometry,
+        str(first["kv_dtype"]),
+        int(first["block_size"]),
+        measured_on,
+        fit_doc,
+        data,
+        {
+            "kvbench_version": prov["kvbench_version"],
+            "git_sha": prov["git_sha"],
+            "created_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        },
+    )
     write_json(args.out, doc)
-    print(f"fitted on {result.train.steps:,} steps of {len(chosen)} {first['runner']} run(s) "
-          f"({first['engine']}, {first.get('device')}; {geometry.name}, KV {first['kv_dtype']}, "
-          f"block {int(first['block_size'])})")
+    print(
+        f"fitted on {result.train.steps:,} steps of {len(chosen)} {first['runner']} run(s) "
+        f"({first['engine']}, {first.get('device')}; {geometry.name}, KV {first['kv_dtype']}, "
+        f"block {int(first['block_size'])})"
+    )
     print(f"  terms:    {result.terms.describe()}")
     print(f"  fit:      {result.train.line()}")
     print(f"  held out: {result.held_out.line()}")
     if result.disturbed > DISTURBED_WARN:
-        print(f"kvbench calibrate: warning: {result.disturbed:.1%} of the measured steps took over "
-              f"{DISTURBED_RATIO:g}x their fitted time (an idle machine gives under 0.2%): another process was "
-              "probably using the cores; this profile is unreliable, recalibrate on an idle machine", file=sys.stderr)
+        print(
+            f"kvbench calibrate: warning: {result.disturbed:.1%} of the measured steps took over "
+            f"{DISTURBED_RATIO:g}x their fitted time (an idle machine gives under 0.2%): another process was "
+            "probably using the cores; this profile is unreliable, recalibrate on an idle machine",
+            file=sys.stderr,
+        )
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+COMMAND = Command(
+    "calibrate",
+    help="fit sim's step clock to an engine's measured steps",
+    description="Fit a step-time model (fixed + per token + per request + per KV position + per attention "
+    f"pair + per token of a step's first {TOKEN_KNEE}, all ≥ 0) to the measured steps of the vllm "
+    "(or torch) runs in DIR; print its error on steps held out from the fit; write a profile for "
+    '[scheduler] clock = "profile".',
+    configure=configure,
+    run=run,
+)

@@ -1,0 +1,65 @@
+"""``kvbench doctor``: what this machine can run, and the presets kvbench knows."""
+
+from __future__ import annotations
+
+import argparse
+
+from ...harness.records.provenance import provenance
+from .base import Command
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="GPU smoke test: a small preset through vllm and torch on CUDA, then the decomposition",
+    )
+
+
+def runner_status() -> dict[str, str | None]:
+    from ...runners import RUNNERS, availability
+
+    return {name: availability(name) for name in RUNNERS}
+
+
+def _where(runner: str, reason: str | None) -> str:
+    """Which vLLM build the full engine would run, and on what device."""
+    if runner != "vllm" or reason is not None:
+        return ""
+    from ...runners.vllm_adapter import installed_build
+
+    build = installed_build()
+    return "" if build is None else f" ({build.distribution} {build.version}: the engine runs on {build.device})"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.gpu:
+        from ..gpu_smoke import run_smoke
+
+        return run_smoke()
+    from ...harness.spec.clock_model import GPU_PRESETS
+    from ...harness.spec.geometry import PRESETS
+
+    prov = provenance()
+    for key in ("kvbench_version", "python_version", "torch_version", "vllm_version", "git_sha", "host"):
+        print(f"{key:16} {prov.get(key)}")
+    print("runners:")
+    for name, reason in runner_status().items():
+        print(f"  {name:12} {'available' if reason is None else 'unavailable: ' + reason}{_where(name, reason)}")
+    print("model presets (KV bytes per token at fp16):")
+    for g in PRESETS.values():
+        print(
+            f"  {g.name:12} layers {g.num_layers:3}  kv heads {g.num_kv_heads:3}  head dim {g.head_dim:4}  "
+            f"{g.kv_bytes_per_token('fp16'):>9,} B"
+        )
+    print("gpu presets (roofline clock): " + ", ".join(GPU_PRESETS))
+    return 0
+
+
+COMMAND = Command(
+    "doctor",
+    help="what this machine can run; known presets",
+    description="Versions, devices, which runners are available here, and presets.",
+    configure=configure,
+    run=run,
+)
