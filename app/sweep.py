@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..harness.errors import KvbenchError
-from ..harness.spec.specs import RunSpec
 from ..runners.base import Cell
 from .cell import run_cell
 from .signals import raise_pending
@@ -172,9 +171,12 @@ class Progress:
         sys.stderr.flush()
 
 
-def label(spec: RunSpec) -> str:
+def label(cell: Cell) -> str:
+    """'sim paged bs=16 opt-13b fp16 sharegpt': what a progress line names."""
+    spec = cell.spec
     bs = "" if spec.block_size == 1 else f" bs={spec.block_size}"
-    return f"{spec.runner} {spec.policy}{bs} {spec.model.preset or 'config'} {spec.model.kv_dtype}"
+    workload = f" {cell.workload_name}" if cell.workload_name else ""
+    return f"{spec.runner} {spec.policy}{bs} {spec.model.preset or 'config'} {spec.model.kv_dtype}{workload}"
 
 
 def run_cells(
@@ -203,7 +205,7 @@ def run_cells(
         check_now()
         for cell, row in run_on_ray(cells, address):
             rows.append(row)
-            progress.update(row, label(cell.spec))
+            progress.update(row, label(cell))
             check_now()
         return rows
     if jobs <= 1:
@@ -213,7 +215,7 @@ def run_cells(
             check_now()
             row = run_cell(cell)
             rows.append(row)
-            progress.update(row, label(cell.spec))
+            progress.update(row, label(cell))
         check_now()
         return rows
     check_now()
@@ -223,7 +225,7 @@ def run_cells(
         for fut in as_completed(futures):
             row = fut.result()
             rows.append(row)
-            progress.update(row, label(futures[fut].spec))
+            progress.update(row, label(futures[fut]))
             check_now()
     except BaseException:
         _stop(pool)

@@ -32,9 +32,9 @@ def to_log(file: IO[bytes]) -> Iterator[None]:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     saved = (os.dup(1), os.dup(2))
-    console = tuple(_reopen(fd, like) for fd, like in zip(saved, (sys.stdout, sys.stderr)))
-    log = open(os.dup(file.fileno()), "w", encoding="utf-8", errors="backslashreplace", buffering=1)
     streams = (sys.stdout, sys.stderr)
+    console = tuple(_console(stream, fd, copy) for stream, fd, copy in zip(streams, (1, 2), saved))
+    log = open(os.dup(file.fileno()), "w", encoding="utf-8", errors="backslashreplace", buffering=1)
     show = warnings.showwarning
     handler = _BestEffortHandler(log)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
@@ -58,8 +58,12 @@ def to_log(file: IO[bytes]) -> Iterator[None]:
         os.dup2(saved[1], 2)
         sys.stdout, sys.stderr = streams
         for stream in (*console, log):
-            with contextlib.suppress(OSError, ValueError):
-                stream.close()
+            if stream not in streams:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
+        for fd in saved:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def open_results_log(out: Path, earlier: IO[bytes] | None = None) -> IO[bytes]:
@@ -72,6 +76,17 @@ def open_results_log(out: Path, earlier: IO[bytes] | None = None) -> IO[bytes]:
         earlier.seek(0)
         shutil.copyfileobj(earlier, log)
     return log
+
+
+def _console(stream: TextIO, fd: int, copy: int) -> TextIO:
+    """What kvbench writes through instead of ``stream`` while ``fd`` points at the log: a
+    stream on ``copy`` (the console's descriptor, duplicated) when ``stream`` writes to ``fd``;
+    else ``stream`` itself (a stream of the caller's, such as a test's capture)."""
+    try:
+        writes_to_fd = stream.fileno() == fd
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError
+        writes_to_fd = False
+    return _reopen(os.dup(copy), stream) if writes_to_fd else stream
 
 
 def _reopen(fd: int, like: TextIO) -> TextIO:
