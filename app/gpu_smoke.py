@@ -140,22 +140,12 @@ def table(rows: list[dict[str, object]], columns: tuple[tuple[str, str], ...]) -
 def write_model(directory: Path) -> Path:
     """Llama-3-8B's layers, ``LAYERS`` of them, a 32k vocabulary (fewer random weights to draw):
     vLLM's config.json, from vllm_adapter's generator."""
-    from ..harness.spec.geometry import llama_param_count, preset
+    from ..harness.spec.geometry import preset
+    from ..runners.torch_model import param_count
     from ..runners.vllm_adapter import write_model_dir
 
     g = preset("llama-3-8b").replace(num_layers=LAYERS, vocab_size=VOCAB)
-    g = g.replace(
-        name=MODEL_NAME,
-        num_params=llama_param_count(
-            g.num_layers,
-            g.hidden_size,
-            g.num_attention_heads,
-            g.num_kv_heads,
-            g.head_dim,
-            g.intermediate_size,
-            g.vocab_size,
-        ),
-    )
+    g = g.replace(name=MODEL_NAME, num_params=param_count(g))  # the decoder torch and vLLM build
     spec = types.SimpleNamespace(
         geometry=g,
         model=types.SimpleNamespace(kv_dtype="fp16"),

@@ -44,17 +44,7 @@ LINE_KEYS: tuple[str, ...] = (
     "page_bytes",
     "arena",
 )
-PAIR_KEYS: tuple[str, ...] = (
-    "suite",
-    "family",
-    "model",
-    "kv_dtype",
-    "budget_bytes",
-    "max_model_len",
-    "scheduler",
-    "runner",
-    "device",
-)
+PAIR_KEYS: tuple[str, ...] = tuple(k for k in LINE_KEYS if k not in ("policy", "block_size", "page_bytes", "arena"))
 COLUMNS: tuple[str, ...] = (
     *LINE_KEYS,
     "family_label",
