@@ -40,6 +40,7 @@ def to_log(file: IO[bytes]) -> Iterator[None]:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
     root = logging.getLogger()
     # vLLM would otherwise give its loggers a handler of their own on the console's stdout.
+    user_set = "VLLM_CONFIGURE_LOGGING" in os.environ
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     try:
         os.dup2(file.fileno(), 1)
@@ -49,6 +50,8 @@ def to_log(file: IO[bytes]) -> Iterator[None]:
         root.addHandler(handler)
         yield
     finally:
+        if not user_set:
+            os.environ.pop("VLLM_CONFIGURE_LOGGING", None)  # as it was before the block
         root.removeHandler(handler)
         warnings.showwarning = show
         for stream in (*console, log):

@@ -502,6 +502,26 @@ def test_every_shipped_suite_passes_the_limits_and_the_name_rule():
     for name in shipped_suites():
         suite = load_suite(name)  # every shipped suite (and its name) passes the rules
         assert count_cells(suite) <= MAX_CELLS
+        if "profile" not in suite.settings.get("clock", ""):  # a profile clock needs its calibration first
+            assert len(list(suite.cells())) <= count_cells(suite)  # cells() drops duplicates
+
+
+def test_count_cells_counts_what_the_grid_expands_to():
+    """count_cells restates Suite.cells' expansion without expanding: pinned to it on a suite
+    with every kind of axis (grid, runner overrides as lists and scalars, workload sweeps,
+    repeats) and no duplicate cell."""
+    from kvbench.app.suite import count_cells, parse_suite
+
+    text = EXAMPLE.replace("[workload]", "[workloads.a]").replace("num_requests = 200", "num_requests = [10, 20]")
+    text = text.replace(
+        "[scheduler]",
+        '[workloads.b]\nsource = "fixed"\nprompt_len = 8\noutput_len = 8\nnum_requests = 5\n[scheduler]',
+    )
+    text = text.replace('name = "example"', 'name = "example"\nrepeats = 2')
+    text = text.replace('runner = ["sim"]', 'runner = ["sim", "vllm-sched"]')
+    text += '[runners.vllm-sched]\npolicy = "paged"\nworkload = ["b"]\nblock_size = [16, 32]\n'
+    suite = parse_suite(text, "count.toml")
+    assert count_cells(suite) == len(list(suite.cells())) == 4 * (2 + 1) * 2 + 1 * 2 * 1 * 2
 
 
 def test_a_shipped_suites_name_is_not_hidden_by_its_results_directory(tmp_path):

@@ -571,3 +571,14 @@ def test_runs_too_short_for_a_held_out_block_hold_out_every_fifth_step():
     assert list(np.flatnonzero(held_out_mask(long))) == list(
         range(HOLDOUT_BLOCK * (HOLDOUT_EVERY - 1), HOLDOUT_BLOCK * HOLDOUT_EVERY)
     )
+
+
+def test_the_profile_clock_prices_a_step_as_the_terms_state_it():
+    """ProfileClock.price (floats unpacked once, on the simulator's hot path) is the model's one
+    formula, ClockTerms.step_price, to the bit, on random terms and steps."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        terms = ClockTerms(*(float(x) for x in rng.exponential(1e-4, 6)), token_knee=int(rng.integers(0, 1024)))
+        clock = ProfileClock(terms)
+        tokens, context, pairs, seqs = (int(x) for x in rng.integers(0, 10_000, 4))
+        assert clock.price(tokens, context, pairs, seqs) == terms.step_price(tokens, context, pairs, seqs)

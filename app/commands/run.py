@@ -23,6 +23,7 @@ from .base import Command
 
 if TYPE_CHECKING:
     from ...runners.base import Cell
+    from ..suite import Suite
     from ..sweep import Prepared
 
 
@@ -78,13 +79,9 @@ def results_dir(args: argparse.Namespace, suite_name: str) -> Path:
     return out
 
 
-def refuse_non_directory(out: Path) -> None:
+def create_results_dir(out: Path) -> None:
     if os.path.lexists(out) and not out.is_dir():
         raise KvbenchError(f"--out {out}: exists and is {kind(os.lstat(out).st_mode)}, not a directory")
-
-
-def create_results_dir(out: Path) -> None:
-    refuse_non_directory(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -92,7 +89,6 @@ def create_results_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...runners import availability
     from ..suite import default_suite_path, load_suite
 
     if args.jobs < 1:
@@ -130,9 +126,24 @@ def run(args: argparse.Namespace) -> int:
         raise KvbenchError(
             f"--runner {', '.join(sorted(unknown))}: not in suite {suite.name!r} (it has: {', '.join(suite.runners())})"
         )
-    skipped: dict[str, str] = {}
     # Probing a runner imports its library, which may print: kept for DIR/kvbench.log.
-    earlier = tempfile.TemporaryFile()
+    with tempfile.TemporaryFile() as earlier:
+        return _probe_and_run(args, suite, out, wanted, log, earlier)
+
+
+def _probe_and_run(
+    args: argparse.Namespace,
+    suite: Suite,
+    out: Path,
+    wanted: set[str],
+    log: Callable[[str], None],
+    earlier: IO[bytes],
+) -> int:
+    """Probe the optional runners (what their libraries print is kept in ``earlier`` for
+    DIR/kvbench.log), validate everything, then create the results directory and run."""
+    from ...runners import availability
+
+    skipped: dict[str, str] = {}
     with contextlib.nullcontext() if args.verbose else to_log(earlier):
         for runner in suite.runners():
             if runner in wanted and runner in suite.optional_runners:
@@ -149,7 +160,6 @@ def run(args: argparse.Namespace) -> int:
 
     prepared = prepare_cells(suite, out, log)
     prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.spec.runner in wanted])
-    refuse_non_directory(out)
     check_results_layout(out)
     if not args.no_report:
         from ...reports.report_files import check_replaceable

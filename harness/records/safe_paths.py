@@ -32,20 +32,23 @@ def nonempty_path(text: str) -> Path:
     return Path(text)
 
 
+def _mode(path: Path) -> int | None:
+    """``path``'s ``st_mode``, not following a link; None when nothing is there."""
+    try:
+        return os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # absent (a parent that is not a folder is refused where it is made)
+    except OSError as exc:
+        raise KvbenchError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
+
+
 def output_file(path: Path, what: str) -> Path:
     """``path`` if kvbench may write the file there: absent, or a regular file (replaced whole).
-    Refused: an empty name, a symbolic link, a directory, a device node, a FIFO, a socket."""
-    if str(path) in ("", "."):
-        raise KvbenchError(f"{what}: an empty path names no file")
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return path
-    except OSError as exc:
-        raise KvbenchError(f"{what} {path}: cannot inspect ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(st.st_mode):
+    Refused: a symbolic link, a directory, a device node, a FIFO, a socket."""
+    mode = _mode(path)
+    if mode is not None and not stat.S_ISREG(mode):
         raise KvbenchError(
-            f"{what} {path}: is {kind(st.st_mode)}; kvbench writes only regular files: "
+            f"{what} {path}: is {kind(mode)}; kvbench writes only regular files: "
             f"name a new file or an existing regular file"
         )
     return path
@@ -55,37 +58,26 @@ def own_folder(path: Path) -> None:
     """Refuse a folder of a results directory that kvbench would write into (or remove from)
     but that is not a real directory: a symbolic link would take its writes and removals
     into another directory."""
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return  # absent: nothing to refuse (a parent that is not a folder is refused where it is made)
-    except OSError as exc:
-        raise KvbenchError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
-    if stat.S_ISLNK(st.st_mode):
+    mode = _mode(path)
+    if mode is None or stat.S_ISDIR(mode):
+        return
+    if stat.S_ISLNK(mode):
         raise KvbenchError(
             f"{path}: is a symbolic link; kvbench writes and removes only inside real folders "
             f"of a results directory: replace the link with a folder or choose another --out"
         )
-    if not stat.S_ISDIR(st.st_mode):
-        raise KvbenchError(
-            f"{path}: is {kind(st.st_mode)}, where kvbench keeps a folder of its records; "
-            f"move it away or choose another --out"
-        )
+    raise KvbenchError(
+        f"{path}: is {kind(mode)}, where kvbench keeps a folder of its records; move it away or choose another --out"
+    )
 
 
 def own_file(path: Path) -> None:
-    """Refuse a top-level file kvbench rewrites (the lock, reference and SLO tables) that is
-    not a regular file."""
-    try:
-        st = os.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    except OSError as exc:
-        raise KvbenchError(f"{path}: cannot inspect ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(st.st_mode):
+    """Refuse a top-level file kvbench rewrites (the lock, the log, the reference and SLO
+    tables) that is not a regular file."""
+    mode = _mode(path)
+    if mode is not None and not stat.S_ISREG(mode):
         raise KvbenchError(
-            f"{path}: is {kind(st.st_mode)}, where kvbench keeps a file of its own; "
-            f"move it away or choose another --out"
+            f"{path}: is {kind(mode)}, where kvbench keeps a file of its own; move it away or choose another --out"
         )
 
 

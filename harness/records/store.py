@@ -41,10 +41,6 @@ def temp_dir(out: Path, table: str, run_id: str) -> Path:
     return out / table / f".tmp-run_id={run_id}-{os.getpid()}"
 
 
-def run_exists(out: Path, run_id: str) -> bool:
-    return (partition_dir(out, "runs", run_id) / PART).is_file()
-
-
 def existing_run_ids(out: Path) -> set[str]:
     runs = out / "runs"
     try:
@@ -98,7 +94,7 @@ def complete_run_ids(out: Path) -> set[str]:
     return present - set(incomplete_runs(out, present))
 
 
-def check_complete(out: Path, run_ids: set[str] | None = None, command: str = "kvbench run") -> None:
+def check_complete(out: Path, run_ids: set[str] | None = None) -> None:
     """Refuse to read a results directory holding an incomplete run, naming the run: its numbers
     would be read as whole. The same ``kvbench run`` runs such a cell again."""
     problems = incomplete_runs(out, run_ids)
@@ -106,7 +102,7 @@ def check_complete(out: Path, run_ids: set[str] | None = None, command: str = "k
         rid, why = next(iter(problems.items()))
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise KvbenchError(
-            f"{out}: run {rid} is incomplete: {why}{more}; run the same `{command}` again to record it whole"
+            f"{out}: run {rid} is incomplete: {why}{more}; run the same `kvbench run` again to record it whole"
         )
 
 

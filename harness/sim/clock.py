@@ -180,8 +180,9 @@ class ProfileClock(Clock):
         self._miss = (float(terms.miss_s), float(terms.miss_per_token_s), float(terms.seq_miss_s))
 
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
+        # ClockTerms.step_price, on floats unpacked once. The early-token term comes last: with
+        # it 0 (a profile from before it), x + 0.0 == x.
         c0, tok, seq, ctx, pair = self._c
-        # The early-token term comes last: with it 0 (a profile from before it), x + 0.0 == x.
         return (
             c0
             + scheduled_tokens * tok

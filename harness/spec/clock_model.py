@@ -160,6 +160,20 @@ class ClockTerms:
             if field.type == "int" and not isinstance(value, int):
                 raise ValueError(f"{field.name} must be a whole number, got {value!r}")
 
+    def step_price(
+        self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int
+    ) -> float:
+        """A step's time under these terms, primitive-cache misses aside: the model's one formula.
+        ``ProfileClock.price`` is the same IEEE operations on pre-unpacked floats (tested equal)."""
+        return (
+            self.step_s
+            + scheduled_tokens * self.per_token_s
+            + scheduled_seqs * self.per_seq_s
+            + context_tokens * self.per_context_token_s
+            + attention_pairs * self.per_attention_pair_s
+            + min(scheduled_tokens, self.token_knee) * self.per_early_token_s
+        )
+
     def describe(self) -> str:
         early = (
             f" + {self.per_early_token_s * 1e6:.3g} µs/token for a step's first {self.token_knee} tokens"

@@ -138,17 +138,9 @@ def parse_profile(data: bytes, where: str) -> ClockProfile:
 
 def cheapest_step_s(terms: ClockTerms) -> float:
     """The price of the cheapest step that computes anything: one token of one request, over a
-    context of one position (one attention pair), the step's first token (early when the knee
-    is above 0). Every term is >= 0, so no step that computes a token costs less."""
-    early = terms.per_early_token_s if terms.token_knee >= 1 else 0.0
-    return (
-        terms.step_s
-        + terms.per_token_s
-        + terms.per_seq_s
-        + terms.per_context_token_s
-        + terms.per_attention_pair_s
-        + early
-    )
+    context of one position (one attention pair). Every term is >= 0, so no step that computes
+    a token costs less."""
+    return terms.step_price(1, 1, 1, 1)
 
 
 def check_terms(terms: ClockTerms, where: str) -> None:
