@@ -62,14 +62,15 @@ def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepar
             except KvbenchError as exc:
                 msg = str(exc)
                 raise KvbenchError(msg if msg.startswith(suite.path) else f"{suite.path}: {msg}") from None
+            tag = f"{name} ({w.workload_id[:8]})" if suite.named_workloads else w.workload_id[:8]
             if w.dropped:
                 log(
-                    f"workload {w.workload_id}: dropped {w.dropped} request(s) longer than "
+                    f"workload {tag}: dropped {w.dropped} request(s) longer than "
                     f"max_model_len {spec.memory.max_model_len}"
                 )
             if w.raised:
                 log(
-                    f"workload {w.workload_id}: raised {w.raised} sampled prompt(s) to prefix_len + 1 = "
+                    f"workload {tag}: raised {w.raised} sampled prompt(s) to prefix_len + 1 = "
                     f"{spec.workload.prefix_len + 1} tokens (each request computes a token of its own)"
                 )
             built[key] = w

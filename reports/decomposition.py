@@ -42,6 +42,7 @@ RUNTIMES: tuple[str, ...] = MEASURING_RUNNERS  # the runners whose time is a run
 NEEDED: tuple[str, ...] = ("runner", "policy", "block_size", "status", "preemptions", *METRICS)
 COLUMNS: tuple[str, ...] = (
     *KEYS,
+    "workload_name",  # the suite's name for the workload, where the runs record one (reports show it)
     "block_size",
     "baseline",
     "metric",
@@ -97,6 +98,8 @@ def decompose(runs: pd.DataFrame) -> pd.DataFrame:
         if len(timed_models) == 1:  # the runtime-free figures beside them: same model only
             group = group[group["runner"].isin(RUNTIMES) | group["model"].isin(timed_models)]
         records = group[list(NEEDED)].to_dict("records")
+        names = group["workload_name"].dropna() if "workload_name" in group else ()
+        name = next(iter(names), None)
         sizes = sorted({int(b) for b in timed.loc[timed["policy"] == "paged", "block_size"]})
         paged_sizes: list[int | None] = list(sizes) or [None]
         baselines: list[str | None] = sorted(
@@ -111,7 +114,7 @@ def decompose(runs: pd.DataFrame) -> pd.DataFrame:
                 warning = "; ".join(mismatches(used)) or None
                 models = ", ".join(sorted({str(m) for m in used["model"].dropna()}))
                 for metric in METRICS:
-                    rows.append(_row(records, key, bs, base, metric, models, warning))
+                    rows.append(_row(records, key, bs, base, metric, models, warning) | {"workload_name": name})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 

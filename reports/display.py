@@ -225,7 +225,7 @@ def format_time(value: float, clock: object = None) -> str:
     """A time with its unit: steps on the steps clock (every step is one unit), else seconds
     scaled to µs, ms or s."""
     if clock == "steps":
-        return f"{value:,.0f} steps"
+        return "1 step" if round(value) == 1 else f"{value:,.0f} steps"
     size = abs(value)
     if size == 0 or size >= 1:
         return f"{value:,.3g} s" if size < 1000 else f"{value:,.0f} s"
