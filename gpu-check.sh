@@ -2,8 +2,8 @@
 # gpu-check.sh: the one prepared GPU check, run once on a machine with a CUDA device;
 # it needs about 3 minutes of device time (each part has a hard timeout; at most ~6).
 #
-#   1. kvbench doctor --gpu: vllm/paged (block 16) + torch on CUDA (contiguous-max,
-#      contiguous-oracle, paged) + sim on a 2-layer Llama-3-8B shape, 96 requests,
+#   1. kvbench doctor --gpu: vllm, torch on CUDA and sim, each with contiguous-max,
+#      contiguous-oracle (in whole blocks of 16) and paged, on a 2-layer Llama-3-8B shape, 96 requests,
 #      128 MiB of fp16 KV; prints the per-cell table and the decomposition
 #      (app/gpu_smoke.py). Records: $OUT/smoke.
 #   2. the torch runner on CUDA end to end through the CLI: kvbench run on the

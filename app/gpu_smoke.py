@@ -11,8 +11,8 @@ One in-process suite, run with ``harness.sweep.build_cells``/``run_cells``:
   all arriving at once; 128 MiB of KV (16,384 positions), ``max_model_len``
   1024, so ``contiguous-max`` holds 16 requests at once and paging about
   three times as many;
-- cells: ``vllm``/paged (block 16), ``torch`` on CUDA with contiguous-max,
-  contiguous-oracle and paged, and ``sim`` with the same three policies.
+- cells: ``vllm``, ``torch`` on CUDA and ``sim``, each with contiguous-max,
+  contiguous-oracle (reserved in whole blocks) and paged, at block size 16.
 
 It prints progress, the per-cell results and the decomposition table of
 ``reports.decomposition`` (naive = allocation × runtime). vLLM runs eagerly
@@ -80,9 +80,9 @@ device = "cuda"
 runner = {runners}
 policy = ["contiguous-max", "contiguous-oracle", "paged"]
 block_size = [16]
-
-[runners.vllm]
-policy = ["paged"]
+# Contiguous reservations in whole blocks everywhere: the form vLLM hosts, so torch's and vLLM's
+# allocation factors measure the same allocation.
+contiguous_unit = "block"
 """
 
 CELL_COLUMNS = (
@@ -107,6 +107,9 @@ DECOMP_COLUMNS = (
     ("vllm_paged", "vllm/paged"),
     ("naive", "naive ×"),
     ("allocation", "allocation ×"),
+    ("vllm_contiguous", "vllm/contig"),
+    ("vllm_allocation", "vllm alloc ×"),
+    ("allocation_gap", "vllm ÷ torch alloc"),
     ("runtime", "runtime ×"),
     ("sim_allocation", "sim alloc ×"),
 )
@@ -234,7 +237,7 @@ def _smoke(out: Path) -> int:
         if r.get("status") != "ok":
             problems.append(f"{r.get('runner')}/{r.get('policy')} {r.get('status')}: {r.get('error')}")
             print(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('status')}: {r.get('error')}")
-    from ..reports.decomposition import decompose
+    from ..reports.decomposition import decompose, gap_sentence
 
     decomp = decompose(runs.drop(columns="_order"))
     # tokens_per_s is on kvbench's clock in both (same steps: runtime factor 1 by construction);
@@ -247,6 +250,7 @@ def _smoke(out: Path) -> int:
     )
     if len(decomp):
         print(table(decomp.to_dict("records"), DECOMP_COLUMNS))
+        print(gap_sentence(decomp))
         warnings = {w for w in decomp["warning"].dropna()}
         for w in sorted(warnings):
             print(f"  ! {w}")

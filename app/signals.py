@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 from ..harness.errors import Interrupted
 
 # The signal that arrived, if any. An exception raised while Python runs a finalizer (a
-# ``__del__``, say pyarrow's ParquetWriter's) is printed and dropped, so the interrupt is also
-# kept here, and ``raise_pending`` raises it again at the next cell boundary.
+# ``__del__``, say pyarrow's ParquetWriter's, or a weakref callback of the import system) is
+# dropped, so the interrupt is also kept here, and ``raise_pending`` raises it again at the next
+# cell boundary; ``_quiet_unraisable`` keeps Python from printing the dropped one as a traceback.
 _pending: list[int] = []
 
 
@@ -28,6 +31,15 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _pending.append(signum)
     raise Interrupted(signum)
+
+
+def _quiet_unraisable(previous: Callable[[Any], object]) -> Callable[[Any], object]:
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, Interrupted):
+            return  # kept in _pending: raised again where it can be handled
+        previous(unraisable)
+
+    return hook
 
 
 def raise_pending() -> None:
@@ -44,6 +56,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield  # signal handlers can only be set from the main thread
         return
     _pending.clear()
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_unraisable(previous_hook)
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     # SIGINT ignored (a job a non-interactive shell put in the background) stays ignored.
     previous_int = signal.getsignal(signal.SIGINT)
@@ -52,6 +66,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGTERM, previous)
         if previous_int is signal.default_int_handler:
             signal.signal(signal.SIGINT, previous_int)

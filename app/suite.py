@@ -22,7 +22,13 @@ from typing import Any
 from ..harness.errors import KvbenchError, one_line
 from ..harness.records.reference import parse_references
 from ..harness.records.slo import Slo, parse_slo
-from ..harness.spec.capabilities import RUNNER_NAMES, is_contiguous
+from ..harness.spec.capabilities import (
+    CONTIGUOUS_UNITS,
+    RUNNER_FACTS,
+    RUNNER_NAMES,
+    contiguous_unit_default,
+    is_contiguous,
+)
 from ..harness.spec.files import MAX_SUITE_BYTES, read_text_capped
 from ..harness.spec.names import path_component
 from ..harness.spec.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
@@ -32,7 +38,7 @@ from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
 MODEL_KEYS = ("preset", "config", "kv_dtype")
 MEMORY_KEYS = ("kv_budget", "max_model_len")
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerSpec))
-RUN_KEYS = ("runner", "policy", "block_size", "page_bytes", "arena", "repeat", "device")
+RUN_KEYS = ("runner", "policy", "block_size", "page_bytes", "arena", "contiguous_unit", "repeat", "device")
 WORKLOAD_KEYS = tuple(FIELD_KINDS)
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "model": MODEL_KEYS,
@@ -147,9 +153,7 @@ class Suite:
                 sched["clock_profile"] = str(Path(where).resolve().parent / profile)
             scheduler = SchedulerSpec(**sched)
             policy = s["policy"]
-            block_size = s["block_size"]
-            if isinstance(policy, str) and is_contiguous(policy):
-                block_size = 1  # one reservation per request: the arena's unit is a position
+            block_size = contiguous_block_size(s["runner"], policy, s["block_size"], s.get("contiguous_unit"))
             page_bytes = parse_size(s.get("page_bytes", 2 * 2**20), "page_bytes")
             arena = s.get("arena", ARENAS[0])
             check_arena(arena, "cell")  # a typo is an error whatever the cell's policy
@@ -181,6 +185,23 @@ class Suite:
             raise KvbenchError(msg if msg.startswith(where) else f"{where}: {msg}") from None
         except TypeError as exc:
             raise KvbenchError(f"{where}: wrong type in a setting ({exc})") from None
+
+
+def contiguous_block_size(runner: object, policy: object, block_size: Any, unit: object) -> Any:
+    """A cell's block size: a contiguous cell counts its reservation in positions (block size 1) or,
+    with ``contiguous_unit = "block"`` (the only unit the vLLM runners host), in whole blocks."""
+    if unit is not None and unit not in CONTIGUOUS_UNITS:
+        raise KvbenchError(f"cell: unknown contiguous_unit {unit!r} (known: {', '.join(CONTIGUOUS_UNITS)})")
+    if not (isinstance(policy, str) and is_contiguous(policy) and runner in RUNNER_FACTS):
+        return block_size  # RunSpec names an unknown runner or policy
+    assert isinstance(runner, str)
+    unit = unit or contiguous_unit_default(runner)
+    if unit not in RUNNER_FACTS[runner].contiguous_units:
+        raise KvbenchError(
+            f'{runner} reserves contiguous memory in whole blocks only (contiguous_unit = "block"), '
+            f"not in token positions"
+        )
+    return 1 if unit == "position" else block_size
 
 
 def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...] | frozenset[str], where: str, name: str) -> None:

@@ -35,8 +35,8 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
         return f"{100 * value:.1f}"
     if key == "mean_running":
         return f"{value:.1f}"
-    if key == "block_size" and is_contiguous(str(row.get("policy", ""))):
-        return "-"  # one reservation per request: no block size
+    if key == "block_size" and is_contiguous(str(row.get("policy", ""))) and value == 1:
+        return "-"  # one reservation per request, in positions: no block size
     return str(value)
 
 
@@ -122,7 +122,7 @@ def render_capacity(table: pd.DataFrame, ratios: pd.DataFrame, published: pd.Dat
     ]
     rows = [["workload", "runner", "policy", "block", "capacity", "next", "rates", "status"]]
     for r in table.to_dict("records"):
-        block = "-" if is_contiguous(str(r["policy"])) else str(r["block_size"])
+        block = "-" if is_contiguous(str(r["policy"])) and r["block_size"] == 1 else str(r["block_size"])
         rows.append(
             [
                 str(r["family_label"])[:48],

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published
-from .decomposition import decompose
+from .decomposition import decompose, gap_sentence
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
 from .records import code_note, workload_tag
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
@@ -39,6 +39,7 @@ class ReportTables:
     capacity_ratios: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
     capacity_published: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
     drift: Drift | None = None  # the prediction's error split into the machine's and the model's
+    decomposition_gap: str = ""  # one sentence: the allocation factor in vLLM against torch's
 
 
 def drift_to_show(table: pd.DataFrame) -> Drift | None:
@@ -115,4 +116,5 @@ def report_tables(
         cap_ratios,
         cap_published,
         drift_to_show(paired),
+        decomposition_gap=gap_sentence(decomp),
     )

@@ -56,15 +56,21 @@ DECOMP_COLUMNS: tuple[Column, ...] = (
     ("metric", "metric", "text"),
     ("torch_contiguous", "torch/contiguous", "g"),
     ("torch_paged", "torch/paged", "g"),
+    ("vllm_contiguous", "vllm/contiguous", "g"),
     ("vllm_paged", "vllm/paged", "g"),
     ("naive", "naive ×", "ratio"),
-    ("allocation", "allocation ×", "ratio"),
+    ("allocation", "torch allocation ×", "ratio"),
+    ("vllm_allocation", "vllm allocation ×", "ratio"),
+    ("allocation_gap", "vllm ÷ torch allocation", "ratio"),
     ("runtime", "runtime ×", "ratio"),
+    ("torch_contiguous_unit", "torch contiguous unit", "text"),
+    ("vllm_contiguous_unit", "vllm contiguous unit", "text"),
     ("sim_allocation", "sim allocation ×", "ratio"),
     ("vllm_sched_paged", "vllm-sched paged", "g"),
     ("sim_paged_preemptions", "sim paged preempt.", "int"),
     ("sim_contiguous_preemptions", "sim contiguous preempt.", "int"),
     ("vllm_sched_paged_preemptions", "vllm-sched paged preempt.", "int"),
+    ("vllm_contiguous_preemptions", "vllm contiguous preempt.", "int"),
 )
 REFERENCE_COLUMNS: tuple[Column, ...] = (
     ("item", "item", "text"),
@@ -207,9 +213,13 @@ GROUPS_NOTE = (
 )
 DECOMP_NOTE = (
     "naive: vllm/paged ÷ torch/contiguous; allocation: torch/paged ÷ torch/contiguous (same runtime); "
-    "runtime: vllm/paged ÷ torch/paged (same allocation); naive = allocation × runtime. “-”: that run is "
-    "missing. tokens_per_s is on kvbench's clock in every runner, where torch and vllm take the same steps: "
-    "its runtime factor is 1 by construction; wall_tokens_per_s (measured) carries the runtime effect."
+    "runtime: vllm/paged ÷ torch/paged (same allocation); naive = allocation × runtime. vllm allocation: "
+    "vllm/paged ÷ vllm/contiguous, the allocation effect inside the full engine; vllm ÷ torch allocation: "
+    "how far apart the two allocation factors are (1.00× = the same). A contiguous baseline is the runs "
+    "reserving whole blocks of the row's block size where that runner has them, else token positions "
+    "(the unit columns say which). “-”: that run is missing. tokens_per_s is on kvbench's clock in every "
+    "runner, where torch and vllm take the same steps: its runtime factor is 1 by construction; "
+    "wall_tokens_per_s (measured) carries the runtime effect."
 )
 NO_BASELINE = "No contiguous policy has an ok run, so there are no ratios."
 
@@ -241,7 +251,8 @@ def is_missing(value: Any) -> bool:
 def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     if kind == "block":
         policy = (row or {}).get("policy", "")
-        return "-" if is_missing(value) or is_contiguous(str(policy)) else str(int(value))
+        # A contiguous reservation in positions has no block size; one in whole blocks has.
+        return "-" if is_missing(value) or (is_contiguous(str(policy)) and int(value) == 1) else str(int(value))
     if kind == "wall" and (row or {}).get("runner") in SIMULATED:
         return "-"  # a simulator's wall speed is its own speed, not the runtime's: not comparable
     if is_missing(value):
@@ -293,6 +304,17 @@ def visible(columns: Sequence[Column], table: pd.DataFrame, runners: set[str]) -
             continue
         out.append((key, header, kind))
     return out
+
+
+# The allocation factor in both runtimes and their ratio: shown side by side even where one is all "-",
+# so that a factor not measured reads as missing rather than as absent from the report.
+DECOMP_SIDE_BY_SIDE = ("allocation", "vllm_allocation", "allocation_gap")
+
+
+def decomp_columns(table: pd.DataFrame, runners: set[str]) -> list[Column]:
+    """The decomposition's columns: those ``visible`` shows, and the allocation factors side by side."""
+    shown = {key for key, _, _ in visible(DECOMP_COLUMNS, table, runners)}
+    return [c for c in DECOMP_COLUMNS if c[0] in shown or (c[0] in DECOMP_SIDE_BY_SIDE and c[0] in table.columns)]
 
 
 def rows(columns: Sequence[Column], table: pd.DataFrame) -> list[list[str]]:

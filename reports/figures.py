@@ -23,6 +23,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLoc
 from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 from . import figdata
+from .decomposition import gap_sentence
 from .records import cell_label, throughput_note, time_axis_label, workload_tag
 
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
@@ -372,17 +373,33 @@ def _decomp_key(r: dict) -> tuple:
     return (r["workload_id"], r["kv_dtype"], r["budget_bytes"], r["block_size"])
 
 
+DECOMP_FACTORS = ("naive", "allocation", "runtime", "vllm_allocation")
+
+
+def _unit_label(r: dict) -> str:
+    """The contiguous baselines' unit for a tick: 'positions', 'blocks' or, when they differ, each runner's."""
+    units = {k: r.get(f"{k}_contiguous_unit") for k in ("torch", "vllm")}
+    present = {k: u for k, u in units.items() if isinstance(u, str)}
+    if not present:
+        return ""
+    if len(set(present.values())) == 1:
+        return f"\n(in {next(iter(present.values()))}s)"
+    return "\n(" + ", ".join(f"{k}: {u}s" for k, u in present.items()) + ")"
+
+
 def decomposition(decomp: pd.DataFrame) -> Plot:
     name, title = "7-decomposition", "Decomposition: allocation effect × runtime effect"
-    rows = decomp[decomp[["naive", "allocation", "runtime"]].notna().any(axis=1)] if len(decomp) else decomp
+    rows = decomp[decomp[list(DECOMP_FACTORS)].notna().any(axis=1)] if len(decomp) else decomp
     if rows.empty:
         return Plot(
             name,
             title,
             None,
             "no torch or vllm runs to decompose (needs torch/paged with torch/contiguous-*, "
-            "and vllm/paged for the runtime effect)",
+            "vllm/paged for the runtime effect, or vllm/paged with vllm/contiguous-*)",
         )
+    # The allocation effect inside vLLM only where some row measured it: a set of bars all n/a says nothing.
+    in_vllm = bool(rows["vllm_allocation"].notna().any())
     metrics: Sequence[str] = [m for m in dict.fromkeys(rows["metric"])]
     groups = rows.drop_duplicates(["workload_id", "kv_dtype", "budget_bytes", "block_size"])
     # Several groups: a letter on each tick, spelled out once in the heading (long labels collide).
@@ -398,8 +415,14 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
         ("naive", "naive: vllm/paged ÷ torch/contiguous", "#555555"),
         ("allocation", "allocation effect: torch/paged ÷ torch/contiguous", "tab:blue"),
         ("runtime", "runtime effect: vllm/paged ÷ torch/paged", "tab:orange"),
+    ) + (
+        (("vllm_allocation", "allocation effect in vLLM: vllm/paged ÷ vllm/contiguous", "tab:green"),)
+        if in_vllm
+        else ()
     )
-    finite = rows[["naive", "allocation", "runtime", "sim_allocation"]].to_numpy(dtype=float)
+    width = 0.8 / len(parts)
+    shown = [col for col, _, _ in parts]
+    finite = rows[[*shown, "sim_allocation"]].to_numpy(dtype=float)
     finite = finite[np.isfinite(finite) & (finite > 0)]
     lo, hi = min(0.8, finite.min() / 1.4), max(1.25, finite.max() * 1.6)
     for ax, metric in zip(axes, metrics):
@@ -407,9 +430,9 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
         x = np.arange(len(sub))
         for j, (col, label, color) in enumerate(parts):
             vals = sub[col].to_numpy(dtype=float)
-            xs = x + (j - 1) * 0.27
+            xs = x + (j - (len(parts) - 1) / 2) * width
             # Bars grow from 1 (no change): up for a gain, down for a loss, on a log axis.
-            ax.bar(xs, np.nan_to_num(vals, nan=1.0) - 1.0, bottom=1.0, width=0.27, color=color, label=label)
+            ax.bar(xs, np.nan_to_num(vals, nan=1.0) - 1.0, bottom=1.0, width=width, color=color, label=label)
             for xx, v in zip(xs, vals):
                 up = not v == v or v >= 1
                 ax.text(
@@ -418,7 +441,7 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
                     "n/a" if v != v else f"{v:.2f}×",
                     ha="center",
                     va="bottom" if up else "top",
-                    fontsize=8,
+                    fontsize=8 if len(parts) < 4 else 7,
                 )
         sim = sub["sim_allocation"].to_numpy(dtype=float)
         if np.isfinite(sim).any():
@@ -433,6 +456,7 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
             [
                 (f"{letters[_decomp_key(r)]}: " if len(groups) > 1 else "")
                 + f"vs {r['baseline'] or '(no contiguous run)'}"
+                + _unit_label(r)
                 for r in sub.to_dict("records")
             ],
             fontsize=8,
@@ -458,13 +482,18 @@ def decomposition(decomp: pd.DataFrame) -> Plot:
             f"\n{letters[_decomp_key(g)]} = workload {_decomp_group(g)}" for g in groups.to_dict("records")
         )
     fig.suptitle(heading, fontsize=11)
-    missing = bool(rows[["naive", "allocation", "runtime"]].isna().to_numpy().any())
+    missing = bool(rows[shown].isna().to_numpy().any())
     caption = (
         "Per workload, KV precision and budget: naive = allocation × runtime exactly. "
         + ("n/a: the runs for that factor are missing (never estimated). " if missing else "")
         + "On the run's clock torch and vllm take the same steps, so there the runtime factor is 1; "
         "measured throughput carries the runtime effect. Diamonds: the same allocation ratio from the "
         "simulator, where no runtime differs."
+        + (
+            f" Green: the allocation effect measured inside vLLM. {gap_sentence(decomp)}"
+            if in_vllm
+            else " The allocation effect inside vLLM is not drawn: no vllm/contiguous-* run beside vllm/paged."
+        )
     )
     return Plot(name, title, fig, caption)
 

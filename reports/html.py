@@ -111,7 +111,8 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
         d = tables.decomposition
         parts.append("<h2>Decomposition: naive = allocation × runtime</h2>")
         parts.append(f"<p>{_e(display.DECOMP_NOTE)}</p>")
-        parts.append(table(display.visible(display.DECOMP_COLUMNS, d, runners), d))
+        parts.append(f"<p>{_e(tables.decomposition_gap)}</p>")
+        parts.append(table(display.decomp_columns(d, runners), d))
     if len(tables.prediction):
         parts.append("<h2>Predicted vs measured</h2>")
         parts.append(f"<p>{_e(display.PREDICTION_NOTE)}</p>")

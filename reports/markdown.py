@@ -84,7 +84,8 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     decomp = tables.decomposition
     if len(decomp):
         out += ["## Decomposition: naive = allocation × runtime", "", display.DECOMP_NOTE, ""]
-        out += table(display.visible(display.DECOMP_COLUMNS, decomp, runners), decomp) + [""]
+        out += [tables.decomposition_gap, ""]
+        out += table(display.decomp_columns(decomp, runners), decomp) + [""]
     if len(tables.prediction):
         out += ["## Predicted vs measured", "", display.PREDICTION_NOTE, ""]
         out += table(display.PREDICTION_COLUMNS, tables.prediction) + [""]

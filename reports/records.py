@@ -17,7 +17,6 @@ import pandas as pd
 from ..harness.errors import KvbenchError
 from ..harness.records.reference import PAPER_SPLIT
 from ..harness.spec import identity
-from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 
 # What a comparison holds fixed, and what varies inside it: harness.spec.identity says it once
@@ -265,10 +264,10 @@ def workload_label(row: Mapping[str, Any], rate: bool = True) -> str:
 
 
 def cell_label(row: Mapping[str, Any], with_runner: bool = True) -> str:
-    """'sim/paged b16', 'torch/contiguous-max'."""
+    """'sim/paged b16', 'torch/contiguous-max', 'vllm/contiguous-max b32' (reserved in whole blocks)."""
     name = f"{row['runner']}/{row['policy']}" if with_runner else str(row["policy"])
     bs = row.get("block_size")
-    if not is_contiguous(str(row["policy"])) and bs is not None and bs == bs and int(bs) > 1:
+    if bs is not None and bs == bs and int(bs) > 1:
         name += f" b{int(bs)}"
     return name
 

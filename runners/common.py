@@ -143,6 +143,8 @@ def requests_columns(seqs: list[Seq]) -> dict[str, list]:
         cols["peak_allocated_positions"].append(s.peak_allocated)
         cols["prefix_hit_tokens"].append(s.prefix_hit_tokens)
         cols["status"].append("finished" if s.status == FINISHED else "unfinished")
+        cols["kv_first_block"].append(s.first_block if s.block_runs else None)
+        cols["kv_block_runs"].append(s.block_runs or None)
     return cols
 
 

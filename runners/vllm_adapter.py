@@ -62,8 +62,9 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.errors import KvbenchError, one_line
-from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
+from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase, is_contiguous
 from ..harness.spec.specs import RunSpec
+from .vllm_contiguous import ContiguousReservations
 
 SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
 SUPPORTED = " or ".join(f"{series}.x" for series in SUPPORTED_SERIES)
@@ -302,6 +303,7 @@ class Occupancy:
     computed_tokens: int  # Σ num_computed_tokens of running requests
     held_blocks: int  # Σ blocks per running request (shared blocks counted per holder)
     internal_positions: int  # Σ max(0, blocks × block_size − final length)
+    external_positions: int | None = None  # contiguous: free positions in runs too short for the waiting head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,12 +344,17 @@ def request_blocks(scheduler: Any) -> dict[str, list[Any]]:
 
 
 def read_schedule(
-    out: Any, requests: Mapping[str, Any], req_blocks: Mapping[str, list[Any]], index_of: Callable[[str], int]
+    out: Any,
+    requests: Mapping[str, Any],
+    req_blocks: Mapping[str, list[Any]],
+    index_of: Callable[[str], int],
+    reservations: ContiguousReservations | None = None,
 ) -> StepOut:
     """What ``schedule()`` returned, in kvbench's terms, read right after it (before any output)."""
     scheduled = []
     for rid, n in out.num_scheduled_tokens.items():
-        scheduled.append((index_of(rid), n, requests[rid].num_computed_tokens, len(req_blocks.get(rid, ()))))
+        held = len(req_blocks.get(rid, ())) + (reservations.held_blocks(rid) if reservations else 0)
+        scheduled.append((index_of(rid), n, requests[rid].num_computed_tokens, held))
     new_ids = [r.req_id for r in out.scheduled_new_reqs]
     new_ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
     admitted = [(index_of(rid), requests[rid].num_computed_tokens - out.num_scheduled_tokens[rid]) for rid in new_ids]
@@ -361,19 +368,23 @@ def read_occupancy(
     final_len: Mapping[str, int],
     block_size: int,
     usable_blocks: int,
+    reservations: ContiguousReservations | None = None,
 ) -> Occupancy:
     """The allocation state right after ``schedule()``, before the step's outputs are applied."""
     computed = held = internal = 0
     for req in scheduler.running:
         rid = req.request_id
         computed += req.num_computed_tokens
-        nb = len(req_blocks.get(rid, ()))
+        nb = len(req_blocks.get(rid, ())) + (reservations.held_blocks(rid) if reservations else 0)
         held += nb
         extra = nb * block_size - final_len[rid]
         if extra > 0:
             internal += extra
     running, waiting = scheduler.get_request_counts()
     free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    external = None
+    if reservations is not None:
+        external = reservations.external_positions(next(iter(scheduler.waiting), None) if waiting else None)
     return Occupancy(
         running=running,
         waiting=waiting,
@@ -381,7 +392,15 @@ def read_occupancy(
         computed_tokens=computed,
         held_blocks=held,
         internal_positions=internal,
+        external_positions=external,
     )
+
+
+def install_contiguous(scheduler: Any, spec: RunSpec) -> ContiguousReservations | None:
+    """The spec's contiguous policy on a built vLLM scheduler, before its first request (None: paged)."""
+    if not is_contiguous(spec.policy):
+        return None
+    return ContiguousReservations(scheduler, spec.policy, spec.arena, spec.block_size, spec.memory.max_model_len)
 
 
 class VllmScheduler:
@@ -467,6 +486,7 @@ class VllmScheduler:
                 f"expected {self.usable_blocks}; unsupported vLLM block-pool layout"
             )
         self._evictions = EvictionCounter(self.pool) if self.caching else None
+        self.reservations = install_contiguous(self.sched, spec)
         self._block_hasher = None
         if self.caching:
             from vllm.utils.hashing import get_hash_fn_by_name
@@ -517,10 +537,16 @@ class VllmScheduler:
 
     # -- one step --------------------------------------------------------------
     def schedule(self) -> StepOut:
-        return read_schedule(self.sched.schedule(), self.requests, self._req_blocks, int)
+        return read_schedule(self.sched.schedule(), self.requests, self._req_blocks, int, self.reservations)
 
     def occupancy(self) -> Occupancy:
-        return read_occupancy(self.sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks)
+        return read_occupancy(
+            self.sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks, self.reservations
+        )
+
+    def placement(self, seq_index: int) -> tuple[int, int] | None:
+        """(first block, runs of consecutive ids) of a contiguous request's reservation, once freed."""
+        return None if self.reservations is None else self.reservations.placement.get(str(seq_index))
 
     def step(self) -> VllmStep:
         """One step: schedule, read the state, apply the mocked model's tokens."""

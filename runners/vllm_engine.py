@@ -102,7 +102,16 @@ from .base import Cell, RunResult
 from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
 from .driver import drive
 from .oom import is_oom
-from .vllm_adapter import EvictionCounter, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule, request_blocks
+from .vllm_adapter import (
+    EvictionCounter,
+    Occupancy,
+    StepOut,
+    VllmStep,
+    install_contiguous,
+    read_occupancy,
+    read_schedule,
+    request_blocks,
+)
 from .vllm_steps import VllmStepEngine
 
 NO_CUDA = (
@@ -490,6 +499,7 @@ class EngineSteps:
         self.block_bytes = block_bytes
         self._req_blocks = request_blocks(sched)
         self._evictions = EvictionCounter(sched.kv_cache_manager.block_pool) if spec.policy == "paged-prefix" else None
+        self.reservations = install_contiguous(sched, spec)
         self._index: dict[str, int] = {}  # vLLM's internal request id -> sequence index
         self._final_len: dict[str, int] = {}
         self._requests: dict[int, Any] = {}  # sequence index -> vLLM's Request (for its preemption count)
@@ -501,8 +511,10 @@ class EngineSteps:
             out = original(*args, **kwargs)
             self._read.append(
                 (
-                    read_schedule(out, sched.requests, self._req_blocks, self._index.__getitem__),
-                    read_occupancy(sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks),
+                    read_schedule(out, sched.requests, self._req_blocks, self._index.__getitem__, self.reservations),
+                    read_occupancy(
+                        sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks, self.reservations
+                    ),
                 )
             )
             return out
@@ -526,6 +538,12 @@ class EngineSteps:
     def num_preemptions(self, seq_index: int) -> int | None:
         req = self._requests.get(seq_index)
         return None if req is None else int(req.num_preemptions)
+
+    def placement(self, seq_index: int) -> tuple[int, int] | None:
+        req = self._requests.get(seq_index)
+        if self.reservations is None or req is None:
+            return None
+        return self.reservations.placement.get(req.request_id)
 
     def step(self) -> VllmStep | None:
         self._read.clear()

@@ -15,10 +15,13 @@ runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
 - ``allocated_blocks`` from vLLM's block pool (usable − free);
   ``used_positions`` = Σ ``num_computed_tokens`` of running requests, minus
   the positions of blocks held by more than one request beyond the first
-  holder (the simulator's "shared block counted once");
+  holder (the simulator's "shared block counted once"); a contiguous
+  request holds its whole reservation (``runners.vllm_contiguous``), blocks
+  beyond its block table included;
   ``internal_frag_positions`` = Σ max(0, blocks × block_size − (prompt +
   output)); ``reserved`` = allocated − used − internal; ``external`` = the
-  budget left below one whole block when anything waits; ``preempted`` from
+  budget left below one whole block when anything waits (contiguous: and the
+  free blocks in runs too short for the waiting head's reservation); ``preempted`` from
   the scheduler output; ``prefix_hit_tokens`` = the admitted requests'
   computed tokens at admission;
 - per request: vLLM's own preemption count where it gives one.
@@ -50,6 +53,9 @@ class StepSource(Protocol):
         """One step; None when vLLM scheduled nothing (it held no request)."""
 
     def num_preemptions(self, seq_index: int) -> int | None: ...
+
+    def placement(self, seq_index: int) -> tuple[int, int] | None:
+        """A contiguous request's (first block, runs of consecutive block ids); None otherwise."""
 
     @property
     def evictions(self) -> int: ...
@@ -146,7 +152,7 @@ class VllmStepEngine:
             used_positions=used,
             reserved_positions=allocated - used - internal,
             internal_frag_positions=internal,
-            external_frag_positions=self.external_when_waiting if occ.waiting else 0,
+            external_frag_positions=(self.external_when_waiting + (occ.external_positions or 0)) if occ.waiting else 0,
             free_positions=self.budget - allocated,
             evicted_blocks=evicted,
             prefix_hit_tokens=hit_tokens,
@@ -164,6 +170,9 @@ class VllmStepEngine:
             count = self.source.num_preemptions(seq.index)
             if count is not None:
                 seq.num_preemptions = count
+            placed = self.source.placement(seq.index)
+            if placed is not None:
+                seq.first_block, seq.block_runs = placed
         if self.measured_s > 0:
             # Measured steps: generated tokens per measured second (the torch runner's wall definition);
             # tokens_per_s stays on kvbench's clock, as for every runner.

@@ -186,6 +186,8 @@ def requests_for(lengths: Iterable[tuple[int, int]]) -> pd.DataFrame:
             "peak_allocated_positions": [p + o for p, o in pairs],
             "prefix_hit_tokens": [0] * n,
             "status": ["finished"] * n,
+            "kv_first_block": [None] * n,
+            "kv_block_runs": [None] * n,
         }
     )
 

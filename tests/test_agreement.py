@@ -6,7 +6,10 @@ same workload, precision and budget ``sim``/``paged`` and ``vllm-sched``/
 request, and the same allocated blocks, running and waiting counts on every
 step. These cases assert more than that: every measured step column and the
 whole requests table are identical. ``paged-prefix`` agrees exactly too at
-block size 16 (see ``test_paged_prefix_agrees``).
+block size 16 (see ``test_paged_prefix_agrees``), and so does every contiguous policy in
+both arenas, reserved in whole blocks inside vLLM (``runners.vllm_contiguous``): the requests
+table then also holds each reservation's first block and how many runs of consecutive block
+ids vLLM really held (one, for every request).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ clock = "{clock}"
 runner = ["sim", "vllm-sched"]
 policy = ["{policy}"]
 block_size = [{block_size}]
+arena = "{arena}"
+contiguous_unit = "block"
 """
 
 # Llama-3-8B at fp16: 128 KiB per token, so 1 GiB = 8,192 positions = 512 blocks of 16.
@@ -108,7 +113,7 @@ CASES: dict[str, dict[str, object]] = {
 
 def run_pair(tmp_path: Path, **kw: object) -> tuple[dict, dict]:
     settings: dict[str, object] = dict(
-        preset="llama-3-8b", max_model_len=2048, clock="steps", policy="paged", block_size=16
+        preset="llama-3-8b", max_model_len=2048, clock="steps", policy="paged", block_size=16, arena="first-fit"
     )
     settings.update(kw)
     suite = parse_suite(TEMPLATE.format(**settings), str(tmp_path / "agreement-test.toml"))
@@ -176,3 +181,46 @@ def test_paged_prefix_agrees(tmp_path: Path) -> None:
     steps, _ = assert_agree(tmp_path, sim, vllm)
     assert steps["prefix_hit_tokens"].sum() > 0 and steps["evicted_blocks"].sum() > 0
     assert sim["preemptions"] > 0
+
+
+# Contiguous reservations: admission-limited work (a tight budget where a reservation
+# refuses admission while paging would admit), chunked prefill (a 32-token step budget)
+# and prompts that never chunk, and reservations wider than a block-table row (max_model_len
+# 200 at block size 16: 13 entries; buddy rounds to 16 blocks).
+CONTIGUOUS_CASES: dict[str, dict[str, object]] = {
+    "tight-preempting": CASES["tight-preempting"],
+    "chunked-prefill": CASES["chunked-prefill"],
+    "fixed-batch": CASES["fixed-batch"],
+    "beyond-table-width": dict(
+        CASES["at-max-model-len"],
+        workload='source = "uniform"\nprompt_min = 20\nprompt_max = 150\noutput_min = 1\noutput_max = 50\n'
+        'num_requests = 40\nn = 2\narrival = "batch"\nseed = 7',
+        max_model_len=200,
+    ),
+}
+CONTIGUOUS = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
+
+
+@pytest.mark.parametrize("arena", ["first-fit", "buddy"])
+@pytest.mark.parametrize("policy", CONTIGUOUS)
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+def test_contiguous_agrees_step_for_step(tmp_path: Path, case: str, policy: str, arena: str) -> None:
+    sim, vllm = run_pair(tmp_path, **dict(CONTIGUOUS_CASES[case], policy=policy, arena=arena))
+    steps, reqs = assert_agree(tmp_path, sim, vllm)
+    assert sim["preemptions"] == 0  # a whole reservation never runs short
+    assert (reqs["kv_block_runs"] == 1).all()  # vLLM held one run of consecutive block ids per request
+    assert reqs["kv_first_block"].notna().all()
+    if case == "tight-preempting":  # admission-limited; reservations of several sizes leave holes
+        assert steps["waiting"].max() > 0
+        assert policy == "contiguous-max" or steps["external_frag_positions"].max() > 0
+    if case == "beyond-table-width" and (arena == "buddy" or policy == "contiguous-max"):
+        width = -(-200 // 16)
+        assert (reqs["peak_allocated_positions"] // 16 >= width).any()
+
+
+def test_contiguous_admits_fewer_than_paged_on_the_tight_budget(tmp_path: Path) -> None:
+    """The regime the contiguous cases exercise: where vLLM's paged allocation admits more at once."""
+    kw = CONTIGUOUS_CASES["tight-preempting"]
+    contiguous, _ = run_pair(tmp_path / "c", **dict(kw, policy="contiguous-oracle"))
+    paged, _ = run_pair(tmp_path / "p", **dict(kw, policy="paged"))
+    assert paged["peak_running"] > contiguous["peak_running"]

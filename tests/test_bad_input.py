@@ -72,6 +72,14 @@ SUITE_EDITS = {
         ),
         ("basis", "guessed"),
     ),
+    "contiguous_unit_unknown": (
+        ('runner = ["sim"]', 'runner = ["sim"]\ncontiguous_unit = "page"'),
+        ("contiguous_unit", "page", "position, block"),
+    ),
+    "vllm_reserving_token_positions": (
+        ('runner = ["sim"]', 'runner = ["sim", "vllm-sched"]\ncontiguous_unit = "position"'),
+        ("vllm-sched", "whole blocks only"),
+    ),
     "trace_file_missing": (
         ('source = "fixed"', 'source = "trace"\npath = "/nonexistent/trace.csv"'),
         ("/nonexistent/trace.csv",),

@@ -109,7 +109,7 @@ def test_contiguous_block_size_is_not_an_axis() -> None:
     rows = []
     for bs in (8, 16, 32):
         paged = run("sim", "paged", bs, mean_running=float(bs))
-        # A contiguous cell labelled with a block size (the suite loader gives them 1): not a sweep.
+        # Contiguous reservations in whole blocks at several block sizes: not a block-table sweep.
         contiguous = run("sim", "contiguous-max", mean_running=1.0)
         contiguous.update(block_size=bs, run_id=f"{contiguous['run_id']}-b{bs}")
         rows += [paged, contiguous]

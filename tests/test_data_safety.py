@@ -435,6 +435,37 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(recorded, tmp_path, comma
     assert not [p for p in tmp_path.rglob(".*tmp*")], "a temporary file was left"
 
 
+def test_an_interrupt_a_finalizer_drops_is_kept_and_not_printed(monkeypatch):
+    """A signal landing in a finalizer (a weakref callback of the import system, a ``__del__``): Python
+    drops the exception; kvbench keeps it for the next cell boundary and hands it to no printer. Other
+    dropped exceptions reach the hook that was there before (Python's own prints them)."""
+    import gc
+
+    from kvbench.app import signals
+    from kvbench.harness.errors import Interrupted
+
+    seen: list[BaseException] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
+
+    class SignalInFinalizer:
+        def __del__(self) -> None:
+            signals._raise_interrupted(signal.SIGINT, None)  # what the handler does when SIGINT lands here
+
+    class FaultInFinalizer:
+        def __del__(self) -> None:
+            raise ValueError("a finalizer's own fault")
+
+    with signals.sigterm_as_interrupt():
+        SignalInFinalizer()
+        gc.collect()
+        assert seen == []
+        with pytest.raises(Interrupted):
+            signals.raise_pending()
+        FaultInFinalizer()
+        gc.collect()
+    assert [type(e) for e in seen] == [ValueError]
+
+
 # -- what kvbench asks of the user's checkout ------------------------------------------------------
 
 

@@ -7,7 +7,8 @@ import math
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvbench.reports.decomposition import METRICS, decompose
+from kvbench.harness.spec.capabilities import is_contiguous
+from kvbench.reports.decomposition import METRICS, contiguous_block, decompose, gap_sentence
 from reportkit import W1, W2, run, runs_frame
 
 
@@ -18,6 +19,12 @@ def row(table: pd.DataFrame, metric: str, baseline: str | None = "contiguous-max
         sel = sel[sel[k] == v]
     (found,) = sel.to_dict("records")
     return found
+
+
+def block_run(runner: str, policy: str, block_size: int, **kw: object) -> dict:
+    """A contiguous run that reserves whole blocks of ``block_size`` (``contiguous_unit = "block"``)."""
+    r = run(runner, policy, **kw)  # type: ignore[arg-type]
+    return dict(r, block_size=block_size, run_id=r["run_id"].replace("-1-", f"-{block_size}-", 1))
 
 
 def torch_1_5x_vllm_3x() -> list[dict]:
@@ -146,4 +153,138 @@ def test_product_identity_holds_exactly(contiguous: float, paged: float, vllm: f
     ]
     tps = row(decompose(pd.DataFrame(rows)), "wall_tokens_per_s")
     assert tps["naive"] == tps["allocation"] * tps["runtime"]
+    assert math.isnan(tps["allocation_gap"])  # no vllm/contiguous run: nothing filled in
     assert math.isclose(tps["naive"], vllm / contiguous, rel_tol=1e-12)
+
+
+# -- the allocation effect inside vLLM, and how far it is from torch's --------------------------
+
+
+def both_runtimes(vllm_contiguous_wall: float = 120.0) -> list[dict]:
+    """torch's allocation factor 1.5× (wall tokens/s); vllm/contiguous-max in blocks of 16 beside vllm/paged 360."""
+    return torch_1_5x_vllm_3x() + [
+        block_run(
+            "vllm",
+            "contiguous-max",
+            16,
+            tokens_per_s=200.0,
+            wall_tokens_per_s=vllm_contiguous_wall,
+            mean_running=2.5,
+            peak_running=2,
+            preemptions=1,
+        )
+    ]
+
+
+def test_vllm_allocation_is_vllm_paged_over_vllm_contiguous_and_the_gap_its_ratio_to_torchs() -> None:
+    table = decompose(runs_frame(both_runtimes()))
+    assert len(table) == len(METRICS)  # one baseline: the same contiguous-max for both runtimes
+    wall = row(table, "wall_tokens_per_s")
+    assert (wall["vllm_contiguous"], wall["vllm_paged"]) == (120.0, 360.0)
+    assert (wall["allocation"], wall["vllm_allocation"], wall["allocation_gap"]) == (1.5, 3.0, 2.0)
+    assert (wall["allocation"], wall["runtime"], wall["naive"]) == (1.5, 3.0, 4.5)  # naive: still torch's
+    cap = row(table, "mean_running")
+    assert (cap["vllm_allocation"], cap["allocation_gap"]) == (2.0, 1.0)
+    assert row(table, "peak_running")["vllm_allocation"] == 4.0
+    assert (cap["vllm_contiguous_preemptions"], cap["torch_contiguous_preemptions"]) == (1.0, 0.0)
+
+
+def test_missing_vllm_contiguous_leaves_vllm_allocation_and_gap_nan() -> None:
+    wall = row(decompose(runs_frame(torch_1_5x_vllm_3x())), "wall_tokens_per_s")
+    assert wall["allocation"] == 1.5 and wall["vllm_paged"] == 360.0
+    assert math.isnan(wall["vllm_contiguous"]) and math.isnan(wall["vllm_allocation"])
+    assert math.isnan(wall["allocation_gap"]) and math.isnan(wall["vllm_contiguous_preemptions"])
+    assert wall["torch_contiguous_unit"] == "position" and wall["vllm_contiguous_unit"] is None
+
+
+def test_failed_vllm_contiguous_counts_as_missing() -> None:
+    rows = [
+        dict(r, status="failed") if r["runner"] == "vllm" and r["policy"] != "paged" else r for r in both_runtimes()
+    ]
+    assert math.isnan(row(decompose(runs_frame(rows)), "wall_tokens_per_s")["allocation_gap"])
+
+
+def test_missing_torch_contiguous_keeps_vllms_allocation_effect() -> None:
+    # The baselines are the contiguous policies of torch or vllm: vllm's alone still gives a row set.
+    rows = [r for r in both_runtimes() if not (r["runner"] == "torch" and r["policy"] == "contiguous-max")]
+    wall = row(decompose(runs_frame(rows)), "wall_tokens_per_s")
+    assert wall["vllm_allocation"] == 3.0 and wall["runtime"] == 3.0
+    assert math.isnan(wall["allocation"]) and math.isnan(wall["allocation_gap"]) and math.isnan(wall["naive"])
+
+
+def test_contiguous_baseline_prefers_the_paged_block_size_and_never_pools_the_two_forms() -> None:
+    rows = [
+        run("torch", "contiguous-max", wall_tokens_per_s=60.0),  # token positions
+        block_run("torch", "contiguous-max", 16, wall_tokens_per_s=80.0),  # whole blocks of 16
+        run("torch", "paged", 16, wall_tokens_per_s=120.0),
+        run("torch", "paged", 32, wall_tokens_per_s=90.0),
+    ]
+    table = decompose(runs_frame(rows))
+    b16 = row(table, "wall_tokens_per_s", block_size=16)
+    assert (b16["torch_contiguous"], b16["allocation"], b16["torch_contiguous_unit"]) == (80.0, 1.5, "block")
+    b32 = row(table, "wall_tokens_per_s", block_size=32)  # no block-32 contiguous run: token positions
+    assert (b32["torch_contiguous"], b32["allocation"], b32["torch_contiguous_unit"]) == (60.0, 1.5, "position")
+
+
+def test_contiguous_block_rule() -> None:
+    records = [
+        {"runner": "torch", "policy": "contiguous-max", "block_size": 1, "status": "ok"},
+        {"runner": "torch", "policy": "contiguous-max", "block_size": 32, "status": "ok"},
+        {"runner": "vllm", "policy": "contiguous-max", "block_size": 32, "status": "ok"},
+        {"runner": "vllm", "policy": "contiguous-max", "block_size": 16, "status": "failed"},
+    ]
+    assert contiguous_block(records, "torch", "contiguous-max", 32) == 32
+    assert contiguous_block(records, "torch", "contiguous-max", 16) == 1
+    assert contiguous_block(records, "torch", "contiguous-max", None) == 1
+    assert contiguous_block(records, "vllm", "contiguous-max", 16) is None  # its block-16 run failed, no positions
+    assert contiguous_block(records, "vllm", "contiguous-oracle", 32) is None
+
+
+def test_a_vllm_contiguous_run_of_another_block_size_is_not_matched() -> None:
+    rows = torch_1_5x_vllm_3x() + [block_run("vllm", "contiguous-max", 32, wall_tokens_per_s=100.0)]
+    table = decompose(runs_frame(rows))
+    b16 = row(table, "wall_tokens_per_s", block_size=16)
+    assert math.isnan(b16["vllm_contiguous"]) and math.isnan(b16["allocation_gap"])
+    b32 = row(table, "wall_tokens_per_s", block_size=32)  # shown at its own block size, paged n/a there
+    assert b32["vllm_contiguous"] == 100.0 and math.isnan(b32["vllm_paged"]) and math.isnan(b32["vllm_allocation"])
+
+
+def test_different_contiguous_units_are_flagged_and_the_same_are_not() -> None:
+    mixed = row(decompose(runs_frame(both_runtimes())), "wall_tokens_per_s")
+    assert (mixed["torch_contiguous_unit"], mixed["vllm_contiguous_unit"]) == ("position", "block")
+    assert "different units" in mixed["warning"] and "torch in token positions" in mixed["warning"]
+    assert "vllm in blocks of 16" in mixed["warning"]
+    rows = [r for r in both_runtimes() if not (is_contiguous(r["policy"]) and r["runner"] != "vllm")] + [
+        block_run("torch", "contiguous-max", 16, wall_tokens_per_s=80.0),
+        block_run("sim", "contiguous-max", 16, mean_running=2.0),
+    ]
+    same = row(decompose(runs_frame(rows)), "wall_tokens_per_s")
+    assert (same["torch_contiguous_unit"], same["vllm_contiguous_unit"], same["sim_contiguous_unit"]) == ("block",) * 3
+    assert same["warning"] is None and same["allocation_gap"] == 2.0
+
+
+def test_gap_sentence_is_made_of_the_rows_numbers() -> None:
+    table = decompose(runs_frame(both_runtimes()))
+    text = gap_sentence(table)
+    # vllm ÷ torch: tokens_per_s 1.5 / 1.5, wall 3 / 1.5, mean running 2 / 2, peak running 4 / 4.
+    assert "over 4 row(s): tokens_per_s 1.00×, wall_tokens_per_s 2.00×, mean_running 1.00×, peak_running 1.00×" in text
+    assert "furthest apart: wall_tokens_per_s against contiguous-max at block 16" in text
+    assert "1.50× in torch and 3.00× in vLLM (+100%)" in text
+    assert text.endswith(".") and "n/a" not in text
+    closer = gap_sentence(decompose(runs_frame(both_runtimes(vllm_contiguous_wall=240.0))))
+    assert "wall_tokens_per_s 1.00×" in closer  # the sentence follows the numbers
+
+
+def test_gap_sentence_counts_rows_with_one_factor_and_says_n_a_without_any() -> None:
+    rows = both_runtimes() + [run("torch", "contiguous-oracle", wall_tokens_per_s=100.0)]
+    assert "n/a in the other 4 row(s)" in gap_sentence(decompose(runs_frame(rows)))
+    none = gap_sentence(decompose(runs_frame(torch_1_5x_vllm_3x())))
+    assert "n/a in every row" in none and "×" not in none
+    assert gap_sentence(decompose(runs_frame([run("sim", "paged", 16)]))) == ""
+
+
+def test_a_workload_is_named_in_the_gap_sentence_only_when_there_are_several() -> None:
+    rows = both_runtimes() + [dict(r, workload_id=W2["workload_id"]) for r in both_runtimes(240.0)]
+    text = gap_sentence(decompose(runs_frame(rows)))
+    assert "over 8 row(s)" in text and "wall_tokens_per_s 1.00×–2.00×" in text
+    assert f"({W1['workload_id'][:8]}, fp16)" in text

@@ -247,6 +247,20 @@ CASES = {
         workload='source = "uniform"\nprompt_min = 10\nprompt_max = 500\noutput_min = 1\n'
         'output_max = 400\nnum_requests = 150\narrival = "poisson"\nrate = 4.0\nseed = 2',
     ),
+    # Contiguous reservations in whole blocks (the form the vLLM runners host), both arenas, a
+    # budget whose tail is below one block and a max_model_len that is no whole number of blocks.
+    "block-reservations": dict(
+        budget="4000MiB",
+        max_len=2000,
+        seqs=32,
+        tokens=512,
+        clock="roofline",
+        block_sizes="[16, 48]",
+        policies='["contiguous-max", "contiguous-pow2", "contiguous-oracle"]',
+        grid_extra='arena = ["first-fit", "buddy"]\ncontiguous_unit = "block"',
+        workload='source = "uniform"\nprompt_min = 10\nprompt_max = 700\noutput_min = 1\n'
+        'output_max = 400\nnum_requests = 150\narrival = "poisson"\nrate = 6.0\nseed = 3',
+    ),
 }
 
 

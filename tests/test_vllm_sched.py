@@ -45,6 +45,7 @@ preemption = "{preemption}"
 runner = {runners}
 policy = {policies}
 block_size = [{block_size}]
+arena = "{arena}"
 """
 
 SMALL_WORKLOAD = """source = "uniform"
@@ -73,6 +74,7 @@ def cells_for(tmp_path: Path, **kw: object) -> list:
         runners='["vllm-sched"]',
         policies='["paged"]',
         block_size=16,
+        arena="first-fit",
     )
     settings.update(kw)
     suite = parse_suite(SUITE.format(**settings), str(tmp_path / "t.toml"))
@@ -135,7 +137,6 @@ def test_unavailable_runner_is_a_failed_row(tmp_path: Path, monkeypatch: pytest.
 @pytest.mark.parametrize(
     "kw, needle",
     [
-        ({"policies": '["contiguous-max"]'}, vllm_adapter.POLICY_ERROR),
         ({"policies": '["virtual-contiguous"]'}, vllm_adapter.POLICY_ERROR),
         ({"kv_dtype": "int8"}, "kv_dtype int8 cannot be hosted"),
         ({"preemption": "swap"}, "recompute only"),
@@ -149,6 +150,55 @@ def test_unhostable_cells_are_failed_rows(tmp_path: Path, kw: dict, needle: str)
     assert needle in row["error"] and "\n" not in row["error"]
     runs = store.read_table(tmp_path, "runs", {cell.run_id})
     assert runs["status"].tolist() == ["failed"]
+
+
+@needs_vllm
+@pytest.mark.parametrize(
+    "setting, needle",
+    [
+        ("prefix caching", "enable_prefix_caching is on"),
+        ("speculative decoding", "speculative decoding is configured"),
+        ("hybrid model", "2 KV cache groups (a hybrid model)"),
+    ],
+)
+def test_contiguous_inside_vllm_refuses_what_it_cannot_reserve(tmp_path: Path, setting: str, needle: str) -> None:
+    """A contiguous policy installs only on a scheduler without prefix caching, lookahead slots or
+    several KV cache groups: each is one line, before any request."""
+    from kvbench.runners.vllm_contiguous import ContiguousReservations
+
+    policy = "paged-prefix" if setting == "prefix caching" else "paged"
+    (cell,) = cells_for(tmp_path, policies=f'["{policy}"]')
+    sched = vllm_adapter.VllmScheduler(cell.spec, tmp_path / "model").sched
+    if setting == "speculative decoding":
+        sched.num_lookahead_tokens = 2  # what a speculative config sets on vLLM's scheduler
+    if setting == "hybrid model":  # two groups, as a hybrid model's coordinator holds (no such model runs here)
+        managers = sched.kv_cache_manager.coordinator.single_type_managers
+        sched.kv_cache_manager.coordinator.single_type_managers = (*managers, *managers)
+    with pytest.raises(KvbenchError) as exc:
+        ContiguousReservations(sched, "contiguous-max", "first-fit", 16, 256)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+@needs_vllm
+def test_contiguous_reservation_leaves_vllms_free_queue_and_comes_back(tmp_path: Path) -> None:
+    """Reserved blocks (those beyond the block table too) leave vLLM's free queue while a request runs
+    and all come back when it finishes: the pool ends where it began."""
+    (cell,) = cells_for(tmp_path, policies='["contiguous-pow2"]', max_model_len=200, arena="buddy")
+    assert cell.spec.block_size == 16
+    row = run_cell(cell)
+    assert row["status"] == "ok", row.get("error")
+    steps = store.read_table(tmp_path, "steps", {cell.run_id})
+    assert steps["allocated_blocks"].max() > 0
+    vs = vllm_adapter.VllmScheduler(cell.spec, tmp_path / "m2")
+    pool = vs.pool
+    vs.add(0, list(range(3, 103)), 60, 0.0)  # 100 + 60 → pow2 160 → 10 blocks → buddy 16, width 13
+    vs.step()
+    assert pool.get_num_free_blocks() == vs.usable_blocks - 16
+    assert len(vs.reservations.held["0"]) == 3
+    while vs.has_unfinished():
+        vs.step()
+    assert pool.get_num_free_blocks() == vs.usable_blocks
+    assert vs.placement(0) == (0, 1)
 
 
 # --- the runner ---------------------------------------------------------------------------------

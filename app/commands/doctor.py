@@ -46,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     print("runners:")
     for name, reason in runner_status().items():
         print(f"  {name:12} {'available' if reason is None else 'unavailable: ' + reason}{_where(name, reason)}")
+    from ...harness.spec.capabilities import RUNNER_FACTS
+
+    print("policies each runner hosts (contiguous reservations counted in):")
+    for name, facts in RUNNER_FACTS.items():
+        units = " or ".join(f"{u}s" for u in facts.contiguous_units)
+        print(f"  {name:12} {', '.join(facts.policies)} ({units})")
     print("model presets (KV bytes per token at fp16):")
     for g in PRESETS.values():
         print(

@@ -92,6 +92,11 @@ REQUESTS = pa.schema(
         ("peak_allocated_positions", pa.int64()),
         ("prefix_hit_tokens", pa.int64()),
         ("status", pa.string()),
+        # Contiguous policies (null for the others): where the request's reservation began, in units of
+        # the cell's block size counted from the first usable block, and how many runs of consecutive
+        # block ids it held (1: one contiguous stretch; the vLLM runners read the ids vLLM held).
+        ("kv_first_block", pa.int64()),
+        ("kv_block_runs", pa.int32()),
     ]
 )
 

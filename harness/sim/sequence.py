@@ -33,6 +33,8 @@ class Seq:
         "pending_hits",
         "num_cached_blocks",
         "rounding",
+        "first_block",
+        "block_runs",
         # the fast scheduler's implicit decode state (see harness.sim.fast_scheduler)
         "dec_tick",
         "epoch",
@@ -69,6 +71,8 @@ class Seq:
         self.prefix_hit_tokens = 0
         self.allocated = 0  # positions backed by the policy (A)
         self.rounding = 0  # positions a buddy arena added to the reservation (2^k − R), kept after the free
+        self.first_block = -1  # contiguous: the first arena unit of its reservation, kept after the free
+        self.block_runs = 0  # contiguous: runs of consecutive blocks its reservation formed (1: one run)
         self.blocks: list[int] = []
         self.alloc_start = -1
         self.pending_hits: list[int] = []

@@ -17,7 +17,7 @@ class PolicyFacts:
     """An allocation policy, as the rest of kvbench needs to know it."""
 
     name: str
-    contiguous: bool  # one reservation per request; its unit is a token position, so block_size is 1
+    contiguous: bool  # one reservation per request, in positions (block_size 1) or whole blocks
     block_table: bool  # an engine step reads a block table: block_size changes a step's cost
     prefix_sharing: bool  # requests of one prefix group share their prefix's blocks
     page_sized: bool  # its unit is a page of page_bytes per layer tensor (page_bytes is part of the cell)
@@ -86,6 +86,7 @@ class RunnerFacts:
 
     name: str
     policies: tuple[str, ...]  # the policies it can run; another is a failed row saying so
+    contiguous_units: tuple[str, ...]  # what its contiguous reservations can be counted in (CONTIGUOUS_UNITS)
     preemption: tuple[str, ...]  # preemption modes it can run
     kv_dtypes: tuple[str, ...] | None  # KV precisions it can hold; None: every one kvbench knows
     measures_steps: bool  # times its own steps (step_wall_s), so it can run on a measured clock
@@ -93,6 +94,9 @@ class RunnerFacts:
     gpu_when_auto: bool  # with device = "auto", asks an executor for a GPU (device = "cuda" always does)
     summary: str
 
+
+# A contiguous reservation's unit: token positions (block_size 1) or whole blocks of block_size.
+CONTIGUOUS_UNITS: tuple[str, ...] = ("position", "block")
 
 _VLLM_KV = ("fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")  # what vLLM's KV cache takes
 
@@ -102,6 +106,7 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         RunnerFacts(
             "sim",
             policies=POLICIES,
+            contiguous_units=CONTIGUOUS_UNITS,
             preemption=("recompute", "swap"),
             kv_dtypes=None,
             measures_steps=False,
@@ -111,7 +116,8 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         ),
         RunnerFacts(
             "vllm-sched",
-            policies=("paged", "paged-prefix"),
+            policies=("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix"),
+            contiguous_units=("block",),
             preemption=("recompute",),
             kv_dtypes=_VLLM_KV,
             measures_steps=False,
@@ -122,6 +128,7 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         RunnerFacts(
             "torch",
             policies=POLICIES,
+            contiguous_units=CONTIGUOUS_UNITS,
             preemption=("recompute", "swap"),
             kv_dtypes=("fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"),
             measures_steps=True,
@@ -131,7 +138,8 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         ),
         RunnerFacts(
             "vllm",
-            policies=("paged", "paged-prefix"),
+            policies=("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix"),
+            contiguous_units=("block",),
             preemption=("recompute",),
             kv_dtypes=_VLLM_KV,
             measures_steps=True,
@@ -152,6 +160,12 @@ def is_contiguous(policy: str) -> bool:
     """True for the contiguous policies (an unknown name is not one: specs refuse it elsewhere)."""
     facts = POLICY_FACTS.get(policy)
     return facts is not None and facts.contiguous
+
+
+def contiguous_unit_default(runner: str) -> str:
+    """A contiguous cell's unit when the suite names none: positions where the runner can count them."""
+    units = RUNNER_FACTS[runner].contiguous_units
+    return CONTIGUOUS_UNITS[0] if CONTIGUOUS_UNITS[0] in units else units[0]
 
 
 def hosted_policies_phrase(runner: str) -> str:

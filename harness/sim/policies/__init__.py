@@ -28,9 +28,9 @@ def page_tokens(spec: RunSpec) -> int:
 
 
 POLICIES: dict[str, Callable[[RunSpec], Policy]] = {
-    "contiguous-max": lambda s: ContiguousMax(s.budget_positions, s.memory.max_model_len, s.arena),
-    "contiguous-pow2": lambda s: ContiguousPow2(s.budget_positions, s.memory.max_model_len, s.arena),
-    "contiguous-oracle": lambda s: ContiguousOracle(s.budget_positions, s.memory.max_model_len, s.arena),
+    "contiguous-max": lambda s: ContiguousMax(s.budget_positions, s.memory.max_model_len, s.arena, s.block_size),
+    "contiguous-pow2": lambda s: ContiguousPow2(s.budget_positions, s.memory.max_model_len, s.arena, s.block_size),
+    "contiguous-oracle": lambda s: ContiguousOracle(s.budget_positions, s.memory.max_model_len, s.arena, s.block_size),
     "paged": lambda s: PagedPolicy(s.budget_positions, s.block_size),
     "paged-prefix": lambda s: PagedPrefixPolicy(s.budget_positions, s.block_size),
     "virtual-contiguous": lambda s: VirtualContiguousPolicy(s.budget_positions, page_tokens(s)),

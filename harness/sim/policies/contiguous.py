@@ -1,8 +1,15 @@
-"""Contiguous policies: one reservation per request, placed in an arena of positions.
+"""Contiguous policies: one reservation per request, placed in an arena.
 
 The reservation is made once, at admission, for the request's whole life, as
 FasterTransformer/Orca-style systems do; growth within it never fails, so
-these policies never preempt. They differ only in how much they reserve.
+these policies never preempt. They differ only in how much they reserve
+(``RESERVATIONS``: one rule per policy, which the vLLM runners install too).
+
+The arena's unit is the cell's ``block_size``: 1 (a token position, the papers'
+arithmetic and the default) or whole blocks of N positions, the form a paged engine
+can host: a reservation of R positions takes ceil(R / N) consecutive blocks, one
+stretch of each layer's KV tensor. ``seq.alloc_start`` and ``seq.allocated`` stay in
+positions whatever the unit.
 
 The arena places it (``harness/sim/policies/arena.py``): first-fit takes exactly the
 reservation; buddy takes the block of 2^k ≥ the reservation. A request's allocation A
@@ -17,6 +24,8 @@ paper's split is internal − rounding and external + rounding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..sequence import Seq
 from .arena import ARENA_TYPES
 from .base import internal_of
@@ -26,14 +35,31 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
+# Positions each contiguous policy reserves for a request of (prompt, output) tokens under max_model_len.
+RESERVATIONS: dict[str, Callable[[int, int, int], int]] = {
+    "contiguous-max": lambda prompt, output, max_model_len: max_model_len,
+    "contiguous-pow2": lambda prompt, output, max_model_len: min(prompt + next_pow2(output), max_model_len),
+    "contiguous-oracle": lambda prompt, output, max_model_len: prompt + output,
+}
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 class ContiguousPolicy:
     name = "contiguous"
-    block_size = 1
 
-    def __init__(self, budget_positions: int, max_model_len: int, arena: str = "first-fit") -> None:
+    def __init__(
+        self, budget_positions: int, max_model_len: int, arena: str = "first-fit", block_size: int = 1
+    ) -> None:
         self.budget_positions = budget_positions
         self.max_model_len = max_model_len
-        self.arena = ARENA_TYPES[arena](budget_positions)
+        self.block_size = block_size
+        self.arena = ARENA_TYPES[arena](budget_positions // block_size)
+        # Positions below one whole block at the budget's end: never part of the arena.
+        self._tail = budget_positions - self.arena.size * block_size
+        self._rule = RESERVATIONS[self.name]
         self.allocated_positions = 0
         self.internal_positions = 0
         self.shared_excess_positions = 0
@@ -43,10 +69,15 @@ class ContiguousPolicy:
         self._frag = 0
 
     def reservation(self, seq: Seq) -> int:
-        raise NotImplementedError
+        """Positions reserved for ``seq`` (before rounding to the arena's unit)."""
+        return self._rule(seq.prompt_len, seq.output_len, self.max_model_len)
+
+    def units(self, seq: Seq) -> int:
+        """Arena units (positions or blocks) the arena takes for ``seq``'s reservation."""
+        return self.arena.footprint(cdiv(self.reservation(seq), self.block_size))
 
     def needs_positions(self, seq: Seq) -> int:
-        return self.arena.footprint(self.reservation(seq))
+        return self.units(seq) * self.block_size
 
     def prefix_hit(self, seq: Seq) -> int:
         return 0
@@ -56,28 +87,33 @@ class ContiguousPolicy:
             # Growth inside the reservation: always fits by construction.
             assert num_tokens <= seq.allocated, (seq, num_tokens)
             return True
-        want = self.reservation(seq)
+        bs = self.block_size
+        want = cdiv(self.reservation(seq), bs)
         start = self.arena.allocate(want)
         if start < 0:
             return False
-        need = self.arena.footprint(want)  # what the arena really took (2^k under buddy)
-        seq.alloc_start = start
+        took = self.arena.footprint(want)  # what the arena really took (2^k under buddy)
+        need = took * bs
+        seq.alloc_start = start * bs
         seq.allocated = need
         seq.peak_allocated = max(seq.peak_allocated, need)
         self.allocated_positions += need
         self.internal_positions += internal_of(need, seq.final_len)
-        seq.rounding = need - want
+        seq.rounding = (took - want) * bs
+        seq.first_block = start
+        seq.block_runs = 1  # the arena hands out one range
         self._live += 1
         return True
 
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
-        return bool(seq.allocated) or self.arena.largest_free() >= self.arena.footprint(self.reservation(seq))
+        return bool(seq.allocated) or self.arena.largest_free() >= self.units(seq)
 
     def free(self, seq: Seq) -> None:
         if not seq.allocated:
             return
-        self.arena.free(seq.alloc_start, seq.allocated)
+        bs = self.block_size
+        self.arena.free(seq.alloc_start // bs, seq.allocated // bs)
         self.allocated_positions -= seq.allocated
         self.internal_positions -= internal_of(seq.allocated, seq.final_len)
         seq.allocated = 0
@@ -85,7 +121,8 @@ class ContiguousPolicy:
         self._live -= 1
 
     def allocated_blocks(self) -> int:
-        return self._live
+        """Blocks held; a reservation counts as one where the unit is a position."""
+        return self._live if self.block_size == 1 else self.allocated_positions // self.block_size
 
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         return 0 if num_tokens <= seq.allocated else 1
@@ -93,13 +130,14 @@ class ContiguousPolicy:
     def external_frag(self, head_of_line: Seq | None) -> int:
         if head_of_line is None:
             return 0
-        # Free positions in ranges (buddy: blocks) smaller than what the arena would take for it.
-        need = self.arena.footprint(self.reservation(head_of_line))
+        # Free positions in ranges (buddy: blocks) smaller than what the arena would take for it,
+        # and the budget's tail below one whole block.
+        need = self.units(head_of_line)
         # The arena changes only on allocate/free: reuse the scan while it and the need stand.
         key = (self.arena.version, need)
         if key != self._frag_key:
             self._frag_key = key
-            self._frag = self.arena.free_smaller_than(need)
+            self._frag = self.arena.free_smaller_than(need) * self.block_size + self._tail
         return self._frag
 
 
@@ -108,23 +146,14 @@ class ContiguousMax(ContiguousPolicy):
 
     name = "contiguous-max"
 
-    def reservation(self, seq: Seq) -> int:
-        return self.max_model_len
-
 
 class ContiguousPow2(ContiguousPolicy):
     """Reserve prompt + the next power of two ≥ output (Orca-Pow2: at most 2× over)."""
 
     name = "contiguous-pow2"
 
-    def reservation(self, seq: Seq) -> int:
-        return min(seq.prompt_len + next_pow2(seq.output_len), self.max_model_len)
-
 
 class ContiguousOracle(ContiguousPolicy):
     """Reserve exactly prompt + output (Orca-Oracle: knows the future)."""
 
     name = "contiguous-oracle"
-
-    def reservation(self, seq: Seq) -> int:
-        return seq.final_len
