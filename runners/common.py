@@ -22,9 +22,10 @@ from ..harness.spec.specs import RunSpec
 from .base import Cell, RunResult
 
 
-def expand_seqs(cell: Cell) -> list[Seq]:
+def expand_seqs(cell: Cell, seq_type: type[Seq] = Seq) -> list[Seq]:
     """One sequence per sample: a request with n parallel samples becomes n sequences
-    sharing its prompt (as vLLM's front end fans them out)."""
+    sharing its prompt (as vLLM's front end fans them out); ``seq_type`` is the scheduler's
+    (``Scheduler.seq_type``)."""
     df = cell.workload.requests
     seqs: list[Seq] = []
     cols = [
@@ -33,7 +34,7 @@ def expand_seqs(cell: Cell) -> list[Seq]:
     ]
     for rid, p, o, a, g, pl, n in zip(*cols):
         for k in range(n):
-            seqs.append(Seq(len(seqs), rid, k, p, o, a, g, pl))
+            seqs.append(seq_type(len(seqs), rid, k, p, o, a, g, pl))
     return seqs
 
 

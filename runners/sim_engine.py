@@ -105,7 +105,7 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
-    seqs = expand_seqs(cell)
+    seqs = expand_seqs(cell, scheduler_cls.seq_type)
     # Blocks are shared only by requests with a common prefix and by the samples of one request.
     shared = any(s.prefix_group >= 0 or s.sample > 0 for s in seqs)
     policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shared)

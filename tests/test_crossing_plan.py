@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvbench.harness.sim.counted_stretch import CrossingPlan
-from kvbench.harness.sim.sequence import Seq
+from kvbench.harness.sim.decoders import FastSeq
 
 # Per tick: decoders started after it (allocated − computed slack, output left), and which
 # live decoders are preempted at it (indices into the live list, taken modulo its length).
@@ -20,10 +20,10 @@ tick_strategy = st.tuples(
 )
 
 
-def start(index: int, tick: int, slack: int, left: int) -> Seq:
+def start(index: int, tick: int, slack: int, left: int) -> FastSeq:
     """A decoder registered at ``tick`` with ``slack`` free positions in its allocation and
     ``left`` tokens still to sample (the fields ``Decoders.start`` and a policy set)."""
-    s = Seq(index, index, 0, prompt_len=20, output_len=left + 1, arrival_s=0.0)
+    s = FastSeq(index, index, 0, prompt_len=20, output_len=left + 1, arrival_s=0.0)
     s.num_output = 1
     s.num_computed = 20
     s.allocated = 20 + slack
@@ -32,7 +32,7 @@ def start(index: int, tick: int, slack: int, left: int) -> Seq:
     return s
 
 
-def progression(s: Seq, bs: int) -> range:
+def progression(s: FastSeq, bs: int) -> range:
     """The ticks at which ``s`` crosses into a new block, written out."""
     c = s.allocated - s.num_computed + s.dec_tick + 1
     f = s.output_len - s.num_output + s.dec_tick
@@ -43,7 +43,7 @@ def progression(s: Seq, bs: int) -> range:
 @given(st.sampled_from([1, 2, 4, 16]), st.lists(tick_strategy, min_size=1, max_size=60))
 def test_the_plan_counts_what_a_brute_force_count_does(bs: int, ticks) -> None:
     plan = CrossingPlan(bs)
-    live: dict[Seq, range] = {}  # decoder → its crossings still to happen
+    live: dict[FastSeq, range] = {}  # decoder → its crossings still to happen
     n = 0
     for tick, (started, preempted, name) in enumerate(ticks, start=1):
         expected = [s for s, prog in live.items() if tick in prog]

@@ -45,11 +45,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import bulk_rows as R
-from .decoders import Decoders
+from .decoders import Decoders, FastSeq
 from .policies.base import internal_of
 from .policies.counting_prefix import CountingPrefixPolicy
 from .policies.paged import CountingPagedPolicy
-from .sequence import RUNNING, WAITING, Seq
+from .scheduling_rule import admission_chunk, admission_must_fit, admission_open, preempt_until_fits
+from .sequence import RUNNING, WAITING
 
 if TYPE_CHECKING:
     from ..records.recorder import RunRecorder
@@ -78,13 +79,13 @@ class CrossingPlan:
         self.now = [0] * block_size  # per phase: the crossings at its last tick counted
         self.delta: dict[int, int] = {}  # tick → its count less its phase's previous tick's
         # decoder → (first crossing c, finish f, last crossing L, internal added at L)
-        self.plans: dict[Seq, tuple[int, int, int, int]] = {}
+        self.plans: dict[FastSeq, tuple[int, int, int, int]] = {}
         self.internal_at: dict[int, int] = {}
         # The decoders still to cross, by phase: where to name the crossers of one tick
         # (``crossers``) without scanning every decoder. Dicts, for O(1) removal.
-        self.phases: list[dict[Seq, None]] = [{} for _ in range(block_size)]
+        self.phases: list[dict[FastSeq, None]] = [{} for _ in range(block_size)]
 
-    def add(self, s: Seq) -> None:
+    def add(self, s: FastSeq) -> None:
         """Plan a decoder from its implicit state (the fields ``Decoders.start`` set); its first
         crossing is after the last tick counted."""
         bs = self.bs
@@ -115,7 +116,7 @@ class CrossingPlan:
         """The crossings at ``tick``, the last tick counted, as they stand now."""
         return self.now[tick % self.bs]
 
-    def crossers(self, tick: int) -> list[Seq]:
+    def crossers(self, tick: int) -> list[FastSeq]:
         """The decoders crossing into a new block at ``tick``, in running order (those of its
         phase; the ones past their last crossing are forgotten on the way)."""
         plans = self.plans
@@ -132,19 +133,19 @@ class CrossingPlan:
         out.sort(key=_RUN_POS)
         return out
 
-    def blocks_by(self, s: Seq, tick: int) -> int:
+    def blocks_by(self, s: FastSeq, tick: int) -> int:
         """The blocks ``s`` has taken by crossings at ticks up to ``tick``."""
         c, _, L, _ = self.plans[s]
         last = L if L < tick else tick
         return (last - c) // self.bs + 1 if c <= last else 0
 
-    def forget(self, s: Seq) -> None:
+    def forget(self, s: FastSeq) -> None:
         """Forget a decoder that finished: every crossing of it is past (its progression's end
         is already filed)."""
         c = self.plans.pop(s)[0]
         self.phases[c % self.bs].pop(s, None)
 
-    def drop(self, s: Seq, tick: int) -> None:
+    def drop(self, s: FastSeq, tick: int) -> None:
         """Forget a decoder preempted at ``tick``, the last tick counted: its crossings from
         ``tick`` on do not happen."""
         c, _, L, add = self.plans.pop(s)
@@ -162,7 +163,7 @@ class CrossingPlan:
             delta[first] = delta.get(first, 0) - 1
         delta[L + bs] = delta.get(L + bs, 0) + 1
 
-    def grow(self, end: int, crossing: dict[int, list[tuple[Seq, int]]], tick0: int) -> tuple[int, int]:
+    def grow(self, end: int, crossing: dict[int, list[tuple[FastSeq, int]]], tick0: int) -> tuple[int, int]:
         """Give each planned decoder the blocks its crossings up to tick ``end`` took, and file
         its next crossing after the stretch in ``crossing`` (a decoder that started decoding in
         the stretch, after ``tick0``, has none filed yet). Returns (blocks taken, internal
@@ -188,13 +189,13 @@ class CrossingPlan:
         return grown, internal_add
 
 
-def eligible(sched: Scheduler) -> bool:
+def eligible(sched: Scheduler[FastSeq]) -> bool:
     """Whether ``sched``'s runs can take counted stretches: block counts and a clock (not measured)."""
     return sched.clock is not None and isinstance(sched.policy, CountingPagedPolicy)
 
 
 def choose_admissions(
-    waiting: Iterable[Seq],
+    waiting: Iterable[FastSeq],
     budget: int,
     running: int,
     free: int,
@@ -203,7 +204,7 @@ def choose_admissions(
     mml: int,
     prefix: CountingPrefixPolicy | None = None,
     taken: int = 0,
-) -> tuple[list[Seq] | None, list[int], bool]:
+) -> tuple[list[FastSeq] | None, list[int], bool]:
     """The waiting requests a step admits, first come first served, with ``budget`` tokens and
     ``free`` blocks left after the running requests: the reference's ``_admit`` for block
     counts. Returns them (the last may take the rest of the budget as its first chunk) — or
@@ -211,18 +212,18 @@ def choose_admissions(
     step the stretch cannot take) —, the blocks each finds cached (prefix caching: ``prefix``,
     from whose free queue the running requests take ``taken`` blocks first this step), and whether the
     head was refused for memory (``must_fit``; a hit costs a free block too, so it is the same test)."""
-    cand: list[Seq] = []
+    cand: list[FastSeq] = []
     hits: list[int] = []
     pool = prefix.pool if prefix is not None else None
     if pool is not None:  # the step's evictions so far, and the uncached blocks left to take first
         evicted = taken - pool.uncached if taken > pool.uncached else 0
         uncached = pool.uncached - taken + evicted
-        taking: list[tuple[Seq, int]] = []  # the hits of the requests before
+        taking: list[tuple[FastSeq, int]] = []  # the hits of the requests before
     for s in waiting:
-        if budget <= 0 or running >= max_seqs:
+        if not admission_open(budget, running, max_seqs):
             break
         tokens = s.prompt_len + s.num_output
-        if -(-min(tokens, mml) // bs) > free:
+        if -(-admission_must_fit(tokens, mml) // bs) > free:
             return cand, hits, True  # it does not fit: it is the head next step, with no more memory
         if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
             return None, hits, False
@@ -232,7 +233,7 @@ def choose_admissions(
         cand.append(s)
         hits.append(h)
         if pool is not None:  # its new blocks: the uncached first, then evicting
-            new = -(-(computed + min(left, budget)) // bs) - h
+            new = -(-(computed + admission_chunk(tokens, computed, budget)) // bs) - h
             if new > uncached:
                 evicted += new - uncached
                 uncached = 0
@@ -248,7 +249,7 @@ def choose_admissions(
     return cand, hits, False
 
 
-def _first_step_whole(sched: Scheduler, dec: Decoders, free: int) -> bool:
+def _first_step_whole(sched: Scheduler[FastSeq], dec: Decoders, free: int) -> bool:
     """False when the stretch's first step would admit a request it cannot take whole, so the
     stretch would end before it starts (not worth its set-up). Decided against an upper bound
     on the step's crossings (its crossing events, some perhaps stale): whatever fits then fits
@@ -303,13 +304,13 @@ class Stretch:
         "hit_tokens",
     )
 
-    def __init__(self, sched: Scheduler, dec: Decoders) -> None:
+    def __init__(self, sched: Scheduler[FastSeq], dec: Decoders) -> None:
         policy = sched.policy
         assert isinstance(policy, CountingPagedPolicy)  # eligible()
         self.sched, self.dec, self.policy = sched, dec, policy
         # Prefix caching (as counts): every block taken comes from the pool, and may evict.
         self.pool = policy.pool if isinstance(policy, CountingPrefixPolicy) else None
-        self.evicted = policy.evictions - sched._evictions_seen  # this step's evictions, so far
+        self.evicted = sched.pending_evictions()  # this step's evictions, so far
         self.hit_tokens = 0  # … and its prefix-hit tokens
         self.bs = policy.block_size
         self.swap = sched.swap
@@ -324,7 +325,7 @@ class Stretch:
         # Blocks (and internal positions) taken beside the plan's crossings — admissions, prompt
         # chunks, victims' growth — told to the policy at the end with the crossings'.
         self.taken = self.taken_internal = 0
-        self.prefilling: Seq | None = None  # admitted in chunks, still prefilling: the tail of running
+        self.prefilling: FastSeq | None = None  # admitted in chunks, still prefilling: the tail of running
         self.gone: set[int] = set()  # finished, still listed in sched.running until the end
         self.plan = CrossingPlan(self.bs)
         for s in sched.running:
@@ -338,7 +339,7 @@ class Stretch:
             self.evicted += e
             self.policy.evictions += e
 
-    def _evict(self, v: Seq, tick: int) -> None:
+    def _evict(self, v: FastSeq, tick: int) -> None:
         """Preempt ``v`` (already popped from the tail of ``running``) at ``tick``: a decoder is
         brought up to the tick before (its deferred growth taken), the prefilling tail is exact;
         its memory is freed, recompute forgets its computed tokens, and it waits at the front."""
@@ -374,23 +375,24 @@ class Stretch:
         self.sched.waiting.appendleft(v)
 
     def _preempt_crossers(self, tick: int) -> int:
-        """Memory runs out at ``tick``: the crossers ask for their block in running order; each
-        failure preempts from the tail (finished requests still listed are passed over) until the
-        request fits or is itself preempted. Returns the victims."""
+        """Memory runs out at ``tick``: the crossers ask for their block in running order, and
+        the preemption rule (``scheduling_rule.preempt_until_fits``) makes room over ``running``,
+        passing over the finished requests still listed. Returns the victims."""
         running, gone = self.sched.running, self.gone
-        victims = 0
+
+        def pop_tail() -> FastSeq:
+            v = running.pop()
+            while id(v) in gone:
+                v = running.pop()
+            return v
+
+        victims: list[FastSeq] = []
         for s in self.plan.crossers(tick):
             if s.status != RUNNING:
                 break  # preempted as a victim of an earlier crosser: so is everything after it
-            while self.free == 0:
-                v = running.pop()
-                while id(v) in gone:
-                    v = running.pop()
-                self._evict(v, tick)
-                victims += 1
-                if v is s:
-                    break
-            if s.status != RUNNING:
+            if self.free == 0 and not preempt_until_fits(
+                s, lambda: self.free > 0, pop_tail, lambda v: self._evict(v, tick), victims
+            ):
                 break
             self.free -= 1
             if self.pool is not None:
@@ -399,7 +401,7 @@ class Stretch:
         self.blocks += x
         if x:
             self.internal += self.plan.internal_at.get(tick, 0)
-        return victims
+        return len(victims)
 
     def _grow_prefill(self, chunk: int, grow: int) -> None:
         """The prefilling tail computes ``chunk`` more tokens, in ``grow`` more blocks (they fit)."""
@@ -419,7 +421,7 @@ class Stretch:
             self.taken_internal += ia
         s.num_computed += chunk
 
-    def _admit(self, cand: list[Seq], hits: list[int], t: float, budget: int) -> tuple[int, int, int]:
+    def _admit(self, cand: list[FastSeq], hits: list[int], t: float, budget: int) -> tuple[int, int, int]:
         """Admit ``cand`` (chosen in ``run``, with the blocks each finds cached; the last may take
         the rest of ``budget`` as its first chunk): its memory, its tokens. Returns (tokens,
         context, attention pairs) added to the step."""
@@ -436,9 +438,7 @@ class Stretch:
                 self.hit_tokens += comp
             else:
                 comp = s.num_computed  # kept by a swap preemption, else 0
-            n = s.prompt_len + s.num_output - comp
-            if n > budget:
-                n = budget
+            n = admission_chunk(s.prompt_len + s.num_output, comp, budget)
             budget -= n
             nb = -(-(comp + n) // bs)
             if pool is not None:
@@ -453,11 +453,8 @@ class Stretch:
             s.allocated = a
             if a > s.peak_allocated:
                 s.peak_allocated = a
-            sched._append_running(s)
-            s.status = RUNNING
+            sched.start_running(s, t)
             s.num_computed = c = comp + n
-            if s.num_preemptions == 0:
-                s.first_scheduled_s = t
             self.used += comp
             new += n
             ctx += c
@@ -470,7 +467,7 @@ class Stretch:
         up to date (their deferred growth taken) and freed now, in running order — the order of
         frees is the free queue's. They leave ``sched.running`` when the stretch ends. Returns how many."""
         heap, finishing, bs, plan = self.dec.finish_ticks, self.dec.finishing, self.bs, self.plan
-        live: list[Seq] = []
+        live: list[FastSeq] = []
         while heap and heap[0] <= tick:
             tt = heapq.heappop(heap)
             if tt == tick:
@@ -505,7 +502,7 @@ class Stretch:
         self.gone.update(map(id, live))
         return len(live)
 
-    def _start_decoding(self, computed: list[Seq], tick: int, end_s: float) -> None:
+    def _start_decoding(self, computed: list[FastSeq], tick: int, end_s: float) -> None:
         """The requests that computed prompt tokens at ``tick``: those whose prompt is done sample
         their token and decode implicitly from the next tick on; one still short of it stays the
         prefilling tail."""
@@ -565,7 +562,7 @@ class Stretch:
                 while pending and pending[0].arrival_s <= t:
                     waiting.append(pending.popleft())
                 next_arr = pending[0].arrival_s if pending else math.inf
-            cand: list[Seq] | None = None
+            cand: list[FastSeq] | None = None
             hits: list[int] = _NO_HITS
             chunk = victims = 0
             if x > self.free:
@@ -665,7 +662,7 @@ class Stretch:
         step0 = sched.step_index
         self._close(j, t)
         policy = self.policy
-        sched._evictions_seen = policy.evictions
+        sched.take_evictions()  # counted in the rows below, step by step
         # PagedBase.external_frag: the budget's tail no block fits, while anything waits.
         tail = float(policy.budget_positions - policy.num_blocks * bs)
         rows = R.step_rows(
@@ -713,7 +710,7 @@ class Stretch:
         sched.step_index += k
 
 
-def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
+def run(sched: Scheduler[FastSeq], dec: Decoders, recorder: RunRecorder) -> int:
     """Run and record as many steps as can be taken whole (module docstring) from the state of
     ``sched`` (the fast path's), in which every running request decodes implicitly (``dec``);
     return how many (0: none)."""

@@ -18,11 +18,25 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from typing import Any
 
 from .policies.base import Policy
 from .sequence import FINISHED, Seq
 
-Events = list[tuple[Seq, int]]  # (sequence, its epoch when the event was filed)
+
+class FastSeq(Seq):
+    """A sequence as the fast path schedules it: ``Seq`` and the fast path's own state."""
+
+    __slots__ = ("dec_tick", "epoch", "run_pos")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # ``Seq``'s arguments
+        super().__init__(*args, **kwargs)
+        self.dec_tick = -1  # ≥ 0: decoding implicitly since this tick
+        self.epoch = 0  # bumped at every change of state: events filed before it are stale
+        self.run_pos = 0  # its place in the running order (admission order), for ordered frees
+
+
+Events = list[tuple[FastSeq, int]]  # (sequence, its epoch when the event was filed)
 
 
 class Decoders:
@@ -35,11 +49,11 @@ class Decoders:
         self.crossing: defaultdict[int, Events] = defaultdict(list)  # tick → decoders needing a block then
         self.finishing: dict[int, Events] = {}  # tick → decoders sampling their last token then
         self.finish_ticks: list[int] = []  # heap of the keys of ``finishing``
-        self.explicit: list[Seq] = []  # running requests still prefilling, in running order
+        self.explicit: list[FastSeq] = []  # running requests still prefilling, in running order
         self.stretch_admissions = 0  # requests admitted inside counted stretches
         self.stretch_chunked = 0  # … of them, admitted in chunks
 
-    def register(self, seq: Seq, at: int | None = None) -> None:
+    def register(self, seq: FastSeq, at: int | None = None) -> None:
         """Make a decoding sequence implicit from tick ``at`` on (the current tick by default),
         its next crossing and its finish filed."""
         d = self.tick if at is None else at
@@ -50,7 +64,7 @@ class Decoders:
         if c <= seq.output_len - seq.num_output + d:
             self.crossing[c].append((seq, seq.epoch))
 
-    def start(self, seq: Seq, d: int) -> None:
+    def start(self, seq: FastSeq, d: int) -> None:
         """Make a decoding sequence implicit from tick ``d`` on, its finish filed: ``register``
         less the crossing, for a counted stretch, whose crossing plan files crossings itself."""
         seq.dec_tick = d
@@ -65,7 +79,7 @@ class Decoders:
         else:
             lst.append((seq, seq.epoch))
 
-    def materialize(self, seq: Seq, at: int | None = None) -> None:
+    def materialize(self, seq: FastSeq, at: int | None = None) -> None:
         """Bring a decoder's counts up to tick ``at`` (the current tick by default); it stays implicit."""
         t = self.tick if at is None else at
         k = t - seq.dec_tick
@@ -73,7 +87,7 @@ class Decoders:
         seq.num_output += k
         seq.dec_tick = t
 
-    def unregister(self, seq: Seq, at: int | None = None) -> None:
+    def unregister(self, seq: FastSeq, at: int | None = None) -> None:
         """Make a decoder explicit again, its counts brought up to tick ``at`` (its events go stale)."""
         t = self.tick if at is None else at
         d = seq.dec_tick
@@ -86,7 +100,7 @@ class Decoders:
         seq.epoch += 1
 
     @staticmethod
-    def live(events: Events) -> list[Seq]:
+    def live(events: Events) -> list[FastSeq]:
         """The sequences of ``events`` still in the state the events were filed for."""
         return [s for s, e in events if s.epoch == e and s.dec_tick >= 0]
 
@@ -97,7 +111,7 @@ class Decoders:
         self.finish_ticks.clear()
         self.explicit = []
 
-    def finish(self, live: list[Seq], tick: int, end_s: float, contrib: int, policy: Policy) -> int:
+    def finish(self, live: list[FastSeq], tick: int, end_s: float, contrib: int, policy: Policy) -> int:
         """Decoders that sampled their last token at ``tick`` (step end ``end_s``): bring them up
         to date, free them in the given (running) order, stop tracking them; ``contrib`` is their
         Σ (computed − dec_tick). Removing them from ``running`` and counting them finished are
@@ -117,7 +131,7 @@ class Decoders:
         self.dec_sum -= contrib
         return held
 
-    def restore_finishes(self, events: list[tuple[int, list[Seq], int]], tick0: int) -> None:
+    def restore_finishes(self, events: list[tuple[int, list[FastSeq], int]], tick0: int) -> None:
         """Put back finish events (step j after ``tick0``, finishers, Σ) taken from the heap but not reached."""
         for j, live, _ in events:
             t = tick0 + 1 + j

@@ -30,18 +30,27 @@ from ..records.recorder import RunRecorder
 from ..spec.specs import SchedulerSpec
 from . import counted_stretch, quiet_stretches
 from .clock import Clock
-from .decoders import Decoders
+from .decoders import Decoders, FastSeq
 from .policies.base import Policy
 from .policies.paged import PagedBase, PagedPolicy
 from .scheduler import Arrivals, Scheduler, StepPlan
-from .sequence import RUNNING, Seq
+from .sequence import RUNNING
 
 
-class FastScheduler(Scheduler):
+class FastScheduler(Scheduler[FastSeq]):
+    """The fast path, built on the reference's public hooks (``Scheduler``) and its rule
+    (``harness.sim.scheduling_rule``); its per-sequence state lives on ``FastSeq``."""
+
     needs_block_ids = False
+    seq_type = FastSeq
 
     def __init__(
-        self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec, max_model_len: int, clock: Clock | None
+        self,
+        arrivals: Arrivals[FastSeq],
+        policy: Policy,
+        config: SchedulerSpec,
+        max_model_len: int,
+        clock: Clock | None,
     ) -> None:
         super().__init__(arrivals, policy, config, max_model_len, clock)
         self.dec = Decoders()
@@ -50,12 +59,18 @@ class FastScheduler(Scheduler):
         self._caching = isinstance(policy, PagedPolicy) and policy.enable_caching
         self._counted = counted_stretch.eligible(self)
 
-    def _append_running(self, seq: Seq) -> None:
+    def start_running(self, seq: FastSeq, now: float) -> None:
         self._next_pos += 1
         seq.run_pos = self._next_pos
-        self.running.append(seq)
+        super().start_running(seq, now)
 
-    def _unregister(self, seq: Seq) -> None:
+    def preempt(self, seq: FastSeq) -> None:
+        """An implicit decoder is made explicit first, so its computed tokens count up to this step."""
+        if seq.dec_tick >= 0:
+            self._unregister(seq)
+        super().preempt(seq)
+
+    def _unregister(self, seq: FastSeq) -> None:
         self.dec.unregister(seq)
         policy = self.policy
         if self._caching and isinstance(policy, PagedPolicy):
@@ -73,7 +88,7 @@ class FastScheduler(Scheduler):
         return quiet_stretches.run(self, dec, recorder)
 
     # -- scheduling ----------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
+    def schedule(self) -> StepPlan[FastSeq]:
         dec = self.dec
         policy = self.policy
         budget = self.config.max_num_batched_tokens
@@ -106,7 +121,7 @@ class FastScheduler(Scheduler):
             nxt = seq.allocated - seq.num_computed + dec.tick + 1
             if nxt <= seq.output_len - seq.num_output + dec.tick:
                 dec.crossing[nxt].append((seq, seq.epoch))
-        scheduled: list[tuple[Seq, int]] = []
+        scheduled: list[tuple[FastSeq, int]] = []
         for seq in dec.explicit:
             n = seq.num_tokens - seq.num_computed
             policy.allocate(seq, seq.num_computed + n)
@@ -128,20 +143,18 @@ class FastScheduler(Scheduler):
             self._compute(scheduled, decoders, implicit, implicit, decoders),
         )
 
-    def _schedule_preempting(self, tick: int, crossers: list[Seq]) -> StepPlan:
+    def _schedule_preempting(self, tick: int, crossers: list[FastSeq]) -> StepPlan[FastSeq]:
         """A step whose token budget covers every running request but whose new blocks do not
-        fit: the reference's rule, applied only where it acts. Only the requests that need
-        blocks (this tick's crossing decoders and the prefilling ones) can fail to allocate;
-        they ask in running order, and each failure preempts from the tail of ``running``
-        (the most recently admitted) until the request fits or is itself preempted — which
-        ends the scheduling pass, as in the reference. Nothing is admitted after a preemption.
-        Work is proportional to the requests needing blocks plus the victims, not to the batch."""
+        fit: the reference's rule (``make_room``), applied only where it acts. Only the
+        requests that need blocks (this tick's crossing decoders and the prefilling ones) can
+        fail to allocate; they ask in running order, as in the reference, and nothing is
+        admitted after a preemption. Work is proportional to the requests needing blocks plus
+        the victims, not to the batch."""
         dec = self.dec
         policy = self.policy
-        running = self.running
         needy = sorted([*crossers, *dec.explicit], key=lambda s: s.run_pos)
-        preempted: list[Seq] = []
-        allocated: list[Seq] = []
+        preempted: list[FastSeq] = []
+        allocated: list[FastSeq] = []
         for seq in needy:
             if seq.status != RUNNING:
                 continue  # preempted as a victim of an earlier request in this step
@@ -149,13 +162,7 @@ class FastScheduler(Scheduler):
             if implicit:
                 dec.materialize(seq)
             target = seq.num_computed + (1 if implicit else seq.num_tokens - seq.num_computed)
-            while not policy.allocate(seq, target):
-                victim = running.pop()
-                self._preempt_fast(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq.status != RUNNING:
+            if not policy.allocate(seq, target) and not self.make_room(seq, target, preempted):
                 break
             allocated.append(seq)
         for seq in allocated:
@@ -163,7 +170,7 @@ class FastScheduler(Scheduler):
                 nxt = seq.allocated - seq.num_computed + dec.tick + 1
                 if nxt <= seq.output_len - seq.num_output + dec.tick:
                     dec.crossing[nxt].append((seq, seq.epoch))
-        scheduled: list[tuple[Seq, int]] = []
+        scheduled: list[tuple[FastSeq, int]] = []
         for seq in dec.explicit:
             if seq.status == RUNNING:
                 n = seq.num_tokens - seq.num_computed
@@ -182,14 +189,7 @@ class FastScheduler(Scheduler):
             self._compute(scheduled, decoders, implicit_sum, implicit_sum, decoders),
         )
 
-    def _preempt_fast(self, victim: Seq) -> None:
-        """Preempt ``victim`` (popped from ``running`` by the caller): an implicit decoder is
-        made explicit first, so its computed tokens are counted up to this step."""
-        if victim.dec_tick >= 0:
-            self._unregister(victim)
-        self._preempt(victim)
-
-    def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
+    def finish_step(self, plan: StepPlan[FastSeq], measured_s: float | None = None) -> list[FastSeq]:
         # sim only: always a Clock, so measured_s never sets the step's duration here.
         dec = self.dec
         if not self._simple:
@@ -207,9 +207,9 @@ class FastScheduler(Scheduler):
         work = plan.work
         dt = clock.step_time(work) + clock.take(work.scheduled_tokens, work.scheduled_seqs)
         self.now = plan.t_s + dt
-        done: list[Seq] = []
-        newly_decoding: list[Seq] = []
-        explicit: list[Seq] = []
+        done: list[FastSeq] = []
+        newly_decoding: list[FastSeq] = []
+        explicit: list[FastSeq] = []
         for seq, _ in plan.scheduled:
             if seq.num_computed < seq.num_tokens:
                 explicit.append(seq)  # a prefill chunk: no token yet

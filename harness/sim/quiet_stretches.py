@@ -26,8 +26,8 @@ import numpy as np
 
 from . import bulk_rows as R
 from .clock import StepWork
-from .decoders import Decoders
-from .sequence import Seq
+from .decoders import Decoders, FastSeq
+from .scheduling_rule import admission_chunk, admission_must_fit, admission_open
 
 if TYPE_CHECKING:
     from ..records.recorder import RunRecorder
@@ -42,28 +42,29 @@ _RUN_POS = operator.attrgetter("run_pos")
 Level = tuple[int, int, int, int, int, int, int, int]
 
 
-def admission_blocked(sched: Scheduler, decoders: int) -> bool:
+def admission_blocked(sched: Scheduler[FastSeq], decoders: int) -> bool:
     """True when ``_admit`` admits nothing now, and will not while only decoders run: the
     token budget, ``max_num_seqs`` or the head's memory stops it (free memory does not grow
     while nothing finishes)."""
     budget = sched.config.max_num_batched_tokens - decoders
-    if not sched.waiting or budget <= 0 or len(sched.running) >= sched.config.max_num_seqs:
+    if not sched.waiting or not admission_open(budget, len(sched.running), sched.config.max_num_seqs):
         return True
     head = sched.waiting[0]
     computed = head.num_computed  # no prefix caching here: no hit
-    num_new = min(head.num_tokens - computed, budget)
-    return not sched.policy.can_allocate(head, computed + num_new, must_fit=min(head.num_tokens, sched.max_model_len))
+    num_new = admission_chunk(head.num_tokens, computed, budget)
+    must_fit = admission_must_fit(head.num_tokens, sched.max_model_len)
+    return not sched.policy.can_allocate(head, computed + num_new, must_fit=must_fit)
 
 
 def _finish_events(
     dec: Decoders, tick0: int, end: int, stop_at_first: bool
-) -> tuple[list[tuple[int, list[Seq], int]], int]:
+) -> tuple[list[tuple[int, list[FastSeq], int]], int]:
     """The finishes due in ticks (tick0, end], taken from the heap — (step after tick0,
     finishers in running order, their Σ (computed − dec_tick)) — and the stretch's last tick:
     ``end``, or the first finish when ``stop_at_first`` (requests wait: it may unblock
     admission), or the finish that leaves no decoder."""
     heap, finishing = dec.finish_ticks, dec.finishing
-    events: list[tuple[int, list[Seq], int]] = []
+    events: list[tuple[int, list[FastSeq], int]] = []
     left = dec.count
     while heap and heap[0] <= end:
         t = heapq.heappop(heap)
@@ -91,7 +92,7 @@ def _first_crossing(dec: Decoders, tick0: int, k: int) -> int:
     return first
 
 
-def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
+def run(sched: Scheduler[FastSeq], dec: Decoders, recorder: RunRecorder) -> int:
     """Run and record a quiet stretch from the state of ``sched`` (the fast path's), in which
     every running request decodes implicitly (``dec``); return how many steps (0: none now)."""
     n = dec.count
@@ -206,8 +207,7 @@ def run(sched: Scheduler, dec: Decoders, recorder: RunRecorder) -> int:
     used_col -= policy.shared_excess_positions
     alloc = rep[:, 4]
     internal = rep[:, 6]
-    evicted = policy.evictions - sched._evictions_seen
-    sched._evictions_seen = policy.evictions
+    evicted = sched.take_evictions()
     rows = R.step_rows(
         sched.step_index,
         ts,

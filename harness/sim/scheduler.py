@@ -17,6 +17,9 @@ The rules, as in ``vllm/v1/core/sched/scheduler.py`` (0.33):
 4. After the step, every request whose prefill is complete samples one
    token; a request with all its output tokens finishes and is freed.
 
+Rules 2 and 3 are ``harness.sim.scheduling_rule``'s functions, which the fast
+path applies too.
+
 ``swap`` preemption keeps a preempted request's computed tokens (its K/V is
 assumed copied to host memory) so resuming re-allocates but does not recompute.
 
@@ -33,35 +36,37 @@ from __future__ import annotations
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Generic
 
 from ..spec.specs import SchedulerSpec
 from .clock import Clock, StepWork
 from .policies.base import Policy
+from .scheduling_rule import S, admission_chunk, admission_must_fit, admission_open, preempt_until_fits
 from .sequence import FINISHED, RUNNING, WAITING, Seq
 
 
 @dataclasses.dataclass
-class StepPlan:
+class StepPlan(Generic[S]):
     """What one step computes: the scheduler's output, before execution."""
 
     step: int
     t_s: float
-    scheduled: list[tuple[Seq, int]]  # (sequence, new tokens computed this step)
+    scheduled: list[tuple[S, int]]  # (sequence, new tokens computed this step)
     admitted: int
-    preempted: list[Seq]
+    preempted: list[S]
     prefix_hit_tokens: int
     work: StepWork
 
 
-class Arrivals:
+class Arrivals(Generic[S]):
     """The requests still to arrive, in arrival order, and the one rule every runner releases
     them by, against its run's clock: an idle engine jumps to the next arrival; then every
     request that has arrived is released, in order."""
 
-    def __init__(self, seqs: Iterable[Seq]) -> None:
-        self.pending: deque[Seq] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
+    def __init__(self, seqs: Iterable[S]) -> None:
+        self.pending: deque[S] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
 
-    def release(self, now: float, idle: bool, admit: Callable[[Seq], None]) -> float:
+    def release(self, now: float, idle: bool, admit: Callable[[S], None]) -> float:
         """Hand every request arrived by ``now`` to ``admit``; return the clock (moved on to the
         next arrival first when ``idle``: nothing running or waiting). Repeated before the engine
         steps, it does nothing: whatever it released has made the engine busy."""
@@ -73,16 +78,21 @@ class Arrivals:
         return now
 
 
-class Scheduler:
+class Scheduler(Generic[S]):
+    """The reference scheduler. Its public hooks — ``start_running``, ``preempt``,
+    ``make_room``, ``take_evictions`` — are what the fast path (``harness.sim.fast_scheduler``
+    and its stretches) builds on; the rule itself is ``harness.sim.scheduling_rule``."""
+
     needs_block_ids = True  # the reference may be driven with an executor that reads block tables
+    seq_type: type[Seq] = Seq  # the sequences it schedules (the runners build them: ``runners.common``)
 
     def __init__(
-        self, arrivals: Arrivals, policy: Policy, config: SchedulerSpec, max_model_len: int, clock: Clock | None
+        self, arrivals: Arrivals[S], policy: Policy, config: SchedulerSpec, max_model_len: int, clock: Clock | None
     ) -> None:
         """``clock`` None: every step's duration is measured by the caller (``finish_step``)."""
         self.pending = arrivals.pending  # the driver releases them; the fast path looks ahead (module docstring)
-        self.waiting: deque[Seq] = deque()
-        self.running: list[Seq] = []
+        self.waiting: deque[S] = deque()
+        self.running: list[S] = []
         self.policy = policy
         self.config = config
         self.max_model_len = max_model_len
@@ -94,8 +104,17 @@ class Scheduler:
         self.used_positions = 0  # Σ computed positions over sequences holding memory
         self._evictions_seen = 0
 
-    # -- scheduling ----------------------------------------------------------
-    def _preempt(self, seq: Seq) -> None:
+    # -- the hooks -----------------------------------------------------------------------
+    def start_running(self, seq: S, now: float) -> None:
+        """``seq``, just admitted at ``now``, joins the tail of ``running``."""
+        self.running.append(seq)
+        seq.status = RUNNING
+        if seq.num_preemptions == 0:  # first admission
+            seq.first_scheduled_s = now
+
+    def preempt(self, seq: S) -> None:
+        """Preempt ``seq`` (already out of ``running``): its memory freed, recompute forgets its
+        computed tokens (swap keeps them), and it waits at the front of ``waiting``."""
         self.policy.free(seq)
         self.used_positions -= seq.num_computed
         if not self.swap:
@@ -104,14 +123,32 @@ class Scheduler:
         seq.status = WAITING
         self.waiting.appendleft(seq)
 
-    def schedule(self) -> StepPlan:
+    def make_room(self, seq: S, target: int, victims: list[S]) -> bool:
+        """``seq`` could not grow to ``target`` positions: the preemption rule over ``running``.
+        True when it then fits (its memory allocated) and keeps running."""
+        return preempt_until_fits(
+            seq, lambda: self.policy.allocate(seq, target), self.running.pop, self.preempt, victims
+        )
+
+    def take_evictions(self) -> int:
+        """Blocks the policy evicted since the last call (a step's ``evicted_blocks``)."""
+        evictions = self.policy.evictions - self._evictions_seen
+        self._evictions_seen = self.policy.evictions
+        return evictions
+
+    def pending_evictions(self) -> int:
+        """What ``take_evictions`` would return now, without taking them."""
+        return self.policy.evictions - self._evictions_seen
+
+    # -- scheduling ----------------------------------------------------------
+    def schedule(self) -> StepPlan[S]:
         """The next step's plan, over what has been released to ``waiting`` by now."""
         policy = self.policy
         budget = self.config.max_num_batched_tokens
         # vLLM keeps input positions below max_model_len − 1 (one sampled token per step).
         limit = self.max_model_len - 1
-        scheduled: list[tuple[Seq, int]] = []
-        preempted: list[Seq] = []
+        scheduled: list[tuple[S, int]] = []
+        preempted: list[S] = []
         running = self.running
 
         i = 0
@@ -121,13 +158,8 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            while not policy.allocate(seq, seq.num_computed + num_new):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq.status != RUNNING:
+            target = seq.num_computed + num_new
+            if not policy.allocate(seq, target) and not self.make_room(seq, target, preempted):
                 break
             scheduled.append((seq, num_new))
             budget -= num_new
@@ -138,7 +170,7 @@ class Scheduler:
         return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens, self._compute(scheduled))
 
     def _compute(
-        self, scheduled: list[tuple[Seq, int]], new_tokens: int = 0, context: int = 0, pairs: int = 0, seqs: int = 0
+        self, scheduled: list[tuple[S, int]], new_tokens: int = 0, context: int = 0, pairs: int = 0, seqs: int = 0
     ) -> StepWork:
         """Advance the scheduled sequences by their new tokens; the step's work, starting
         from what the caller already counted. Tokens computed now count as used."""
@@ -150,38 +182,33 @@ class Scheduler:
         self.used_positions += new_tokens
         return StepWork(new_tokens, context, pairs, seqs + len(scheduled))
 
-    def _admit(self, budget: int, scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
-        """Admit waiting requests FCFS while budget, ``max_num_seqs`` and memory allow;
-        append them to ``scheduled``; return (admitted, prefix-hit tokens)."""
+    def _admit(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int]:
+        """Admit waiting requests while the rule allows (``scheduling_rule``); append them to
+        ``scheduled``; return (admitted, prefix-hit tokens)."""
         policy = self.policy
         running = self.running
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
+        max_len = self.max_model_len
         admitted = hit_tokens = 0
-        while waiting and budget > 0 and len(running) < max_seqs:
+        while waiting and admission_open(budget, len(running), max_seqs):
             seq = waiting[0]
             hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
             computed = seq.num_computed + hit
-            num_new = min(seq.num_tokens - computed, budget)
-            if not policy.allocate(seq, computed + num_new, must_fit=min(seq.num_tokens, self.max_model_len)):
+            num_new = admission_chunk(seq.num_tokens, computed, budget)
+            if not policy.allocate(seq, computed + num_new, must_fit=admission_must_fit(seq.num_tokens, max_len)):
                 break
             waiting.popleft()
-            self._append_running(seq)
-            seq.status = RUNNING
+            self.start_running(seq, self.now)
             seq.num_computed = computed
             self.used_positions += computed
             if hit:
                 seq.prefix_hit_tokens += hit
                 hit_tokens += hit
-            if seq.num_preemptions == 0:  # first admission
-                seq.first_scheduled_s = self.now
             scheduled.append((seq, num_new))
             budget -= num_new
             admitted += 1
         return admitted, hit_tokens
-
-    def _append_running(self, seq: Seq) -> None:
-        self.running.append(seq)
 
     def measure_values(self) -> tuple[int, ...]:
         """The allocation state while the step computes (after scheduling, before frees), as a
@@ -193,8 +220,7 @@ class Scheduler:
         used = self.used_positions - policy.shared_excess_positions
         internal = policy.internal_positions
         waiting = self.waiting
-        evictions = policy.evictions - self._evictions_seen
-        self._evictions_seen = policy.evictions
+        evictions = self.take_evictions()
         return (
             len(self.running),
             len(waiting),
@@ -208,7 +234,7 @@ class Scheduler:
             evictions,
         )
 
-    def finish_step(self, plan: StepPlan, measured_s: float | None = None) -> list[Seq]:
+    def finish_step(self, plan: StepPlan[S], measured_s: float | None = None) -> list[S]:
         """Sample a token for every request whose prefill is complete; free the finished.
         The step lasts ``measured_s`` on a measured clock (no ``Clock``), else the clock's price
         (``measured_s`` is then only the runner's record, not the step's duration)."""
@@ -219,7 +245,7 @@ class Scheduler:
             work = plan.work
             dt = self.clock.step_time(work) + self.clock.take(work.scheduled_tokens, work.scheduled_seqs)
         self.now = plan.t_s + dt
-        done: list[Seq] = []
+        done: list[S] = []
         for seq, _ in plan.scheduled:
             if seq.num_computed < seq.num_tokens:
                 continue  # a prefill chunk: no token yet
@@ -233,7 +259,7 @@ class Scheduler:
         self.step_index += 1
         return done
 
-    def _retire(self, done: list[Seq]) -> None:
+    def _retire(self, done: list[S]) -> None:
         """Free finished sequences, in the given order (the free order is the LRU order)."""
         gone = set(map(id, done))
         self.running = [s for s in self.running if id(s) not in gone]

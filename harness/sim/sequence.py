@@ -35,10 +35,6 @@ class Seq:
         "rounding",
         "first_block",
         "block_runs",
-        # the fast scheduler's implicit decode state (see harness.sim.fast_scheduler)
-        "dec_tick",
-        "epoch",
-        "run_pos",
     )
 
     def __init__(
@@ -77,9 +73,6 @@ class Seq:
         self.alloc_start = -1
         self.pending_hits: list[int] = []
         self.num_cached_blocks = 0
-        self.dec_tick = -1  # ≥ 0: decoding implicitly since this tick
-        self.epoch = 0
-        self.run_pos = 0
 
     @property
     def final_len(self) -> int:

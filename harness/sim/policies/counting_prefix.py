@@ -26,6 +26,7 @@ workload shares nothing (``policies.make_policy``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 
 from ..sequence import Seq
 from .base import internal_of
@@ -91,7 +92,7 @@ class CachedRuns:
         r = self.by_seq.get(seq.index)
         return r.left if r is not None else 0
 
-    def cached_after(self, seq: Seq, evicted: int, hits: list[tuple[Seq, int]]) -> int:
+    def cached_after(self, seq: Seq, evicted: int, hits: Sequence[tuple[Seq, int]]) -> int:
         """What ``cached(seq)`` will be once ``evicted`` more blocks have been evicted and the
         sequences of ``hits`` have taken theirs (in between, in order: ``(sequence, blocks)``).
         Evictions reach a run only when every block ahead of it is evicted or taken by a hit."""
