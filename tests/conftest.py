@@ -40,6 +40,50 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
 DATA = ROOT / "tests" / "data"
 
+# One workload, one scheduler, a grid of runners and policies: the suite the agreement tests
+# (sim, vLLM's scheduler, the engine) build their cases from. ``one_workload_suite`` fills it.
+ONE_WORKLOAD_SUITE = """
+name = "{name}"
+[model]
+preset = "{preset}"
+kv_dtype = "{kv_dtype}"
+[memory]
+kv_budget = "{budget}"
+max_model_len = {max_model_len}
+[workload]
+{workload}
+[scheduler]
+max_num_seqs = {max_num_seqs}
+max_num_batched_tokens = {max_num_batched_tokens}
+preemption = "{preemption}"
+clock = "{clock}"
+[grid]
+runner = {runners}
+policy = {policies}
+block_size = [{block_size}]
+arena = "{arena}"
+{unit}"""
+
+
+def one_workload_suite(**settings: object) -> str:
+    """``ONE_WORKLOAD_SUITE`` with ``settings`` over its defaults: ``policy`` (one) or
+    ``policies`` (a TOML list); contiguous cells reserve whole blocks, as vLLM's runners do,
+    unless ``contiguous_unit`` says otherwise (None: each runner's default)."""
+    filled: dict[str, object] = dict(
+        name="t",
+        kv_dtype="fp16",
+        preemption="recompute",
+        clock="steps",
+        policy="paged",
+        arena="first-fit",
+        contiguous_unit="block",
+    )
+    filled.update(settings)
+    filled.setdefault("policies", f'["{filled["policy"]}"]')
+    unit = filled["contiguous_unit"]
+    filled["unit"] = f'contiguous_unit = "{unit}"\n' if unit else ""
+    return ONE_WORKLOAD_SUITE.format(**filled)
+
 
 def run_suite_text(text: str, out: Path) -> tuple[list[dict], dict[str, pd.DataFrame]]:
     """Run every cell of a suite; return its run rows and each run's steps, keyed by run id."""

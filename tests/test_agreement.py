@@ -26,32 +26,10 @@ from kvbench.app.sweep import build_cells, run_cell  # noqa: E402
 from kvbench.harness.records import store  # noqa: E402
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence  # noqa: E402
 
-from tests.conftest import AGREEMENT_COLUMNS  # noqa: E402
+from tests.conftest import AGREEMENT_COLUMNS, one_workload_suite  # noqa: E402
 
 AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
 
-
-TEMPLATE = """
-name = "agreement-test"
-[model]
-preset = "{preset}"
-kv_dtype = "fp16"
-[memory]
-kv_budget = "{budget}"
-max_model_len = {max_model_len}
-[workload]
-{workload}
-[scheduler]
-max_num_seqs = {max_num_seqs}
-max_num_batched_tokens = {max_num_batched_tokens}
-clock = "{clock}"
-[grid]
-runner = ["sim", "vllm-sched"]
-policy = ["{policy}"]
-block_size = [{block_size}]
-arena = "{arena}"
-contiguous_unit = "block"
-"""
 
 # Llama-3-8B at fp16: 128 KiB per token, so 1 GiB = 8,192 positions = 512 blocks of 16.
 CASES: dict[str, dict[str, object]] = {
@@ -116,7 +94,8 @@ def run_pair(tmp_path: Path, **kw: object) -> tuple[dict, dict]:
         preset="llama-3-8b", max_model_len=2048, clock="steps", policy="paged", block_size=16, arena="first-fit"
     )
     settings.update(kw)
-    suite = parse_suite(TEMPLATE.format(**settings), str(tmp_path / "agreement-test.toml"))
+    text = one_workload_suite(name="agreement-test", runners='["sim", "vllm-sched"]', **settings)
+    suite = parse_suite(text, str(tmp_path / "agreement-test.toml"))
     cells = build_cells(suite, tmp_path, lambda m: None)
     rows = {c.spec.runner: run_cell(c) for c in cells}
     for row in rows.values():

@@ -29,7 +29,7 @@ from kvbench.reports.divergence import first_divergence
 from kvbench.runners import vllm_adapter, vllm_engine
 from kvbench.runners.vllm_engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
 
-from tests.conftest import AGREEMENT_COLUMNS, kvbench
+from tests.conftest import AGREEMENT_COLUMNS, kvbench, one_workload_suite
 
 BUILD = vllm_adapter.installed_build()
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None and BUILD is not None
@@ -46,28 +46,6 @@ cuda_build_without_gpu = pytest.mark.skipif(
     ENGINE_REASON != NO_CUDA, reason="checks the CUDA build's no-GPU path; not this machine's case"
 )
 
-
-SUITE = """
-name = "engine-test"
-[model]
-preset = "{preset}"
-kv_dtype = "{kv_dtype}"
-[memory]
-kv_budget = "{budget}"
-max_model_len = {max_model_len}
-[workload]
-{workload}
-[scheduler]
-max_num_seqs = {max_num_seqs}
-max_num_batched_tokens = {max_num_batched_tokens}
-clock = "{clock}"
-[grid]
-runner = {runners}
-policy = ["{policy}"]
-block_size = [{block_size}]
-arena = "{arena}"
-contiguous_unit = "block"
-"""
 
 # llama-mini (head size 64): 3 layers x 2 KV heads x 64 x 2 (K, V) = 768 values per token;
 # 1,536 B at fp16/bf16, 3,072 B at fp32. 3 MiB at bf16 = 2,048 positions = 64 blocks of 32.
@@ -121,7 +99,7 @@ def suite_text(**kw: object) -> str:
         workload='source = "fixed"\nprompt_len = 40\noutput_len = 8\nnum_requests = 6\narrival = "batch"',
     )
     settings.update(kw)
-    return SUITE.format(**settings)
+    return one_workload_suite(name="engine-test", **settings)
 
 
 def cells_for(tmp_path: Path, **kw: object) -> list:

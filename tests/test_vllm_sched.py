@@ -25,28 +25,7 @@ from kvbench.harness.records import store
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
 from kvbench.runners import get_runner, vllm_adapter
 
-from tests.conftest import needs_vllm
-
-SUITE = """
-name = "t"
-[model]
-preset = "{preset}"
-kv_dtype = "{kv_dtype}"
-[memory]
-kv_budget = "{budget}"
-max_model_len = {max_model_len}
-[workload]
-{workload}
-[scheduler]
-max_num_seqs = {max_num_seqs}
-max_num_batched_tokens = {max_num_batched_tokens}
-preemption = "{preemption}"
-[grid]
-runner = {runners}
-policy = {policies}
-block_size = [{block_size}]
-arena = "{arena}"
-"""
+from tests.conftest import needs_vllm, one_workload_suite
 
 SMALL_WORKLOAD = """source = "uniform"
 prompt_min = 8
@@ -77,7 +56,7 @@ def cells_for(tmp_path: Path, **kw: object) -> list:
         arena="first-fit",
     )
     settings.update(kw)
-    suite = parse_suite(SUITE.format(**settings), str(tmp_path / "t.toml"))
+    suite = parse_suite(one_workload_suite(contiguous_unit=None, **settings), str(tmp_path / "t.toml"))
     return build_cells(suite, tmp_path, lambda m: None)
 
 
