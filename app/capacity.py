@@ -1,7 +1,7 @@
 """Refining each policy's capacity by bisection between the rates a suite swept.
 
-A sweep brackets a line's capacity between its highest rate within the SLO and the
-next swept rate (``reports.capacity``). With ``[slo] refine = N``, ``kvbench run``
+A sweep brackets a line's capacity between its highest rate within the SLO (every bound
+holds) and the next swept rate (``reports.capacity``). With ``[slo] refine = N``, ``kvbench run``
 then runs N more rounds: each line still bracketed gets one run at the bracket's
 geometric middle (rounded to 3 significant digits, so a resumed run finds the
 same cells), recorded like any cell; the capacity is recomputed from the records
@@ -27,19 +27,32 @@ def middle(lo: float, hi: float) -> float:
     return float(f"{math.sqrt(lo * hi):.3g}")
 
 
+def suite_runs(suite: Suite, out: Path, ids: set[str] | None = None) -> pd.DataFrame:
+    """The suite's runs in ``out`` (of ``ids``, or all) with their goodput under its SLO."""
+    from ..harness.records.goodput import with_goodput
+    from ..harness.records.slo import slo_frame
+
+    runs = store.read_table(out, "runs", ids)
+    runs = runs[runs["suite"] == suite.name]
+    if runs.empty or suite.slo is None:
+        return runs
+    requests = store.read_table(out, "requests", set(runs["run_id"]))
+    return with_goodput(runs, requests, slo_frame(suite.slo, suite.name))
+
+
 def capacities(suite: Suite, out: Path, ids: set[str] | None = None) -> pd.DataFrame:
     """The suite's capacity table from the records in ``out`` (empty without an SLO or a sweep);
     with ``ids``, from those runs only."""
+    from ..harness.records.slo import slo_frame
     from ..reports.capacity import capacity_table
     from ..reports.records import with_keys
 
     if suite.slo is None:
         return pd.DataFrame()
-    runs = store.read_table(out, "runs", ids)
+    runs = suite_runs(suite, out, ids)
     if runs.empty:
         return pd.DataFrame()
-    slo = pd.DataFrame([{"suite": suite.name, "metric": suite.slo.metric, "bound": suite.slo.bound}])
-    return capacity_table(with_keys(runs[runs["suite"] == suite.name]), slo)
+    return capacity_table(with_keys(runs), slo_frame(suite.slo, suite.name))
 
 
 def capacity_report(suite: Suite, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -57,14 +70,15 @@ def capacity_report(suite: Suite, out: Path) -> tuple[pd.DataFrame, pd.DataFrame
 
 
 def cell_at_rate(cell: Cell, rate: float, out: Path) -> Cell:
-    """``cell`` with its workload's arrival rate changed (the workload built and written once)."""
+    """``cell`` with its workload's arrival rate changed (the workload built and written once), named as
+    the suite names it."""
     from ..workloads import build_workload
     from .sweep import keep_workload
 
     spec = cell.spec.replace(workload=cell.spec.workload.replace(rate=rate))
     workload = build_workload(spec.workload, spec.memory.max_model_len)
     keep_workload(workload, out)
-    return Cell(spec=spec, workload=workload, out=out)
+    return Cell(spec=spec, workload=workload, out=out, workload_name=cell.workload_name)
 
 
 def refine(
@@ -74,10 +88,11 @@ def refine(
     the number of cells run. Deterministic: the brackets start from the suite's swept rates (never
     from earlier refinements), so running the suite again finds the same middles recorded and
     runs nothing."""
+    from ..harness.records.goodput import within_slo
     from .sweep import plan_resume
 
     assert suite.slo is not None
-    metric, bound = suite.slo.metric, suite.slo.bound
+    bounds = [(b.column, b.max_s) for b in suite.slo.bounds]
     by_id = {c.run_id: c for c in cells}
     swept = capacities(suite, out, ids=set(by_id))  # the suite's own points only
     brackets = [
@@ -100,11 +115,14 @@ def refine(
         if todo:
             run(todo)
             ran += len(todo)
-        runs = store.read_table(out, "runs", {c.run_id for c, *_ in trials}).set_index("run_id")
-        within = (runs["status"] == "ok") & (pd.to_numeric(runs[metric], errors="coerce") <= bound)
+        runs = suite_runs(suite, out, {c.run_id for c, *_ in trials}).set_index("run_id")
+        within = {
+            rid: r["status"] == "ok" and within_slo(r, bounds, suite.slo.goodput_floor)
+            for rid, r in zip(runs.index, runs.to_dict("records"))
+        }
         brackets = []
         for c, t, lo, hi in trials:
-            ok = bool(within.get(c.run_id, False))  # a missing, failed or over-the-bound run: over
+            ok = bool(within.get(c.run_id, False))  # a missing, failed or over-the-SLO run: over
             rate = c.spec.workload.rate
             assert rate is not None  # a line of a rate sweep
             brackets.append((t, rate, hi) if ok else (t, lo, rate))

@@ -26,6 +26,7 @@ from ..harness.spec.capabilities import (
     CONTIGUOUS_UNITS,
     RUNNER_FACTS,
     RUNNER_NAMES,
+    TOKEN_TIME_RUNNERS,
     contiguous_unit_default,
     is_contiguous,
 )
@@ -85,7 +86,7 @@ class Suite:
     optional_runners: tuple[str, ...] = ()
     repeats: int = 1
     reference: tuple[Mapping[str, Any], ...] = ()
-    slo: Slo | None = None  # [slo]: the latency bound capacity is read against
+    slo: Slo | None = None  # [slo]: the latency bounds capacity and goodput are read against
     named_workloads: bool = False  # [workloads.NAME] tables, not one [workload]
 
     def runners(self) -> tuple[str, ...]:
@@ -328,6 +329,14 @@ def parse_suite(text: str, where: str) -> Suite:
     for runner in runs:
         if runner not in RUNNER_NAMES:
             raise KvbenchError(f"{where}: unknown runner {runner!r} (known: {', '.join(RUNNER_NAMES)})")
+    if suite.slo is not None and "itl" in suite.slo.metrics:
+        blind = [r for r in dict.fromkeys(runs) if r not in TOKEN_TIME_RUNNERS]
+        if blind:
+            raise KvbenchError(
+                f"{where}: [slo] bounds itl (the gaps between successive tokens), which runner {blind[0]} "
+                f"cannot produce: it records no per-token times (runners that do: "
+                f"{', '.join(TOKEN_TIME_RUNNERS) or 'none yet'})"
+            )
     for runner in overrides:
         if runner not in runs:
             raise KvbenchError(

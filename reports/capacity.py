@@ -1,18 +1,19 @@
-"""Capacity at an SLO: the highest request rate each policy serves within a latency bound.
+"""Capacity at an SLO: the highest request rate each policy serves within latency bounds.
 
-Pure functions over run rows (``records.with_keys``) and a suite's SLO
-(``harness.records.slo``). A *line* is one policy's runs over a rate sweep: the same work
-but for the arrival rate (``family`` is the workload without its rate), the same
-cell (runner, policy, block size, device, page size, arena). Along a line, at each
-rate, the SLO metric's median over repetitions is compared with the bound:
+Pure functions over run rows (``records.with_keys``, with ``goodput.with_goodput``'s columns)
+and a suite's SLO (``harness.records.slo``). A *line* is one policy's runs over a rate sweep:
+the same work but for the arrival rate (``family`` is the workload without its rate), the same
+cell (runner, policy, block size, device, page size, arena). Along a line, at each rate, each
+bounded metric's median over repetitions is compared with its bound (and the median share of
+requests within every bound with a goodput floor; ``goodput.within_slo``):
 
-- capacity: the highest swept rate at which the metric, and the metric at every
-  lower rate of the line, is within the bound (latency is taken to rise with the
-  rate; the first rate over the bound ends the line's capacity, so a lucky
-  point beyond it does not count);
-- next: the lowest rate over the bound (None when every rate is within it);
+- capacity: the highest swept rate at which every bound holds, and held at every
+  lower rate of the line (latency is taken to rise with the rate; the first rate
+  over a bound ends the line's capacity, so a lucky point beyond it does not count);
+- next: the lowest rate over a bound (None when every rate is within them);
   the true capacity lies in [capacity, next): the sweep's resolution. ``kvbench
-  capacity`` narrows that bracket by bisection (more runs at rates between).
+  run`` with ``[slo] refine`` narrows that bracket by bisection (more runs at rates between);
+- binding: which bound limits the capacity (``capacity_table``).
 
 ``capacity_ratios`` sets each policy's capacity over another's on the same line
 key: paged ÷ contiguous-max is how much more traffic paging serves within the SLO.
@@ -26,6 +27,7 @@ import math
 
 import pandas as pd
 
+from ..harness.records.goodput import FLOOR, Bounds, pressure, suite_bounds, within_slo
 from ..harness.spec.capabilities import is_contiguous
 
 # Everything a line holds fixed but the rate (the work without its rate, and the cell).
@@ -48,6 +50,7 @@ PAIR_KEYS: tuple[str, ...] = tuple(k for k in LINE_KEYS if k not in ("policy", "
 COLUMNS: tuple[str, ...] = (
     *LINE_KEYS,
     "family_label",
+    "slo",
     "metric",
     "bound",
     "rates",
@@ -55,6 +58,9 @@ COLUMNS: tuple[str, ...] = (
     "next_rps",
     "status",
     "metric_at_capacity",
+    "binding",
+    "goodput_at_capacity_rps",
+    "slo_met_frac_at_capacity",
     "run_id",
 )
 
@@ -64,28 +70,54 @@ def _key(value: object) -> object:
     return "∅" if value is None or (isinstance(value, float) and math.isnan(value)) else value
 
 
+def bound_label(column: str, bound: float) -> str:
+    return f"{FLOOR} ≥ {bound:g}" if column == FLOOR else f"{column} ≤ {bound:g}"
+
+
+def slo_label(bounds: Bounds, floor: float | None) -> str:
+    """The whole SLO in one line: ``ttft_p99_s ≤ 2, tpot_p99_s ≤ 0.2``."""
+    return ", ".join([bound_label(c, b) for c, b in bounds] + ([bound_label(FLOOR, floor)] if floor else []))
+
+
+def binding_bound(over: dict[str, float]) -> str:
+    """The bound pressing hardest (highest value ÷ bound; the first on a tie)."""
+    return max(over, key=lambda k: over[k])
+
+
 def capacity_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
-    """One row per (SLO, line) with two or more rates; empty when none."""
+    """One row per (suite's SLO, line) with two or more rates; empty when none.
+
+    ``slo``: ``slo.parquet``'s rows, one per bound (``harness.records.slo``); a goodput floor
+    reads ``slo_met_frac`` (``harness.records.goodput.with_goodput``). ``binding``: the bound the
+    next rate fails by the most (value ÷ bound); when every rate is within, the one with the
+    least slack at capacity. ``metric``, ``bound`` and ``metric_at_capacity`` are the binding
+    bound's."""
     rows = []
     ok = runs[(runs["status"] == "ok") & runs["rate"].notna()] if len(runs) else runs
-    for target in slo.to_dict("records"):
-        metric, bound = str(target["metric"]), float(target["bound"])
-        mine = ok[ok["suite"] == target["suite"]] if len(ok) else ok
-        if mine.empty or metric not in mine:
-            continue
+    for suite, (bounds, floor) in suite_bounds(slo).items():
+        mine = ok[ok["suite"] == suite] if len(ok) else ok
+        if mine.empty or any(c not in mine or mine[c].isna().all() for c, _ in bounds):
+            continue  # a bound on a column these runs do not hold (recorded before it existed)
+        columns = [c for c, _ in bounds] + ([FLOOR] if floor is not None and FLOOR in mine else [])
+        limits = dict(bounds, **({FLOOR: floor} if floor is not None else {}))
         keyed = mine.assign(**{f"_{k}": [_key(v) for v in mine[k]] for k in LINE_KEYS})
         for _, line in keyed.groupby([f"_{k}" for k in LINE_KEYS], sort=True, dropna=False):
-            per_rate = (
-                line.assign(_m=pd.to_numeric(line[metric], errors="coerce")).groupby("rate")["_m"].median().sort_index()
-            )
+            numeric = line[["rate"]].assign(**{c: pd.to_numeric(line[c], errors="coerce") for c in columns})
+            if "goodput_rps" in line:
+                numeric["goodput_rps"] = pd.to_numeric(line["goodput_rps"], errors="coerce")
+            per_rate = numeric.groupby("rate").median().sort_index()
             if len(per_rate) < 2:
                 continue
-            capacity = next_rate = at_capacity = math.nan
-            for rate, value in per_rate.items():
-                if not value <= bound:  # NaN (nothing finished) counts as over the bound
-                    next_rate = float(rate)
+            capacity = next_rate = math.nan
+            at_capacity: dict[str, float] = {}
+            over: dict[str, float] = {}
+            for rate, medians in per_rate.iterrows():
+                values = medians.to_dict()
+                if not within_slo(values, bounds, floor):  # NaN (nothing finished) counts as over
+                    next_rate, over = float(rate), pressure(values, bounds, floor)
                     break
-                capacity, at_capacity = float(rate), float(value)
+                capacity, at_capacity = float(rate), values
+            binding = binding_bound(over if over else pressure(at_capacity, bounds, floor))
             status = (
                 "below the lowest rate"
                 if math.isnan(capacity)
@@ -98,17 +130,40 @@ def capacity_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
                 {
                     **{k: first[k] for k in LINE_KEYS},
                     "family_label": first["family_label"],
-                    "metric": metric,
-                    "bound": bound,
+                    "slo": slo_label(bounds, floor),
+                    "metric": binding,
+                    "bound": limits[binding],
                     "rates": len(per_rate),
                     "capacity_rps": capacity,
                     "next_rps": next_rate,
                     "status": status,
-                    "metric_at_capacity": at_capacity,
+                    "metric_at_capacity": at_capacity.get(binding, math.nan),
+                    "binding": bound_label(binding, limits[binding]),
+                    "goodput_at_capacity_rps": at_capacity.get("goodput_rps", math.nan),
+                    "slo_met_frac_at_capacity": at_capacity.get(FLOOR, math.nan),
                     "run_id": line.sort_values("rate").iloc[0]["run_id"],
                 }
             )  # a run of the line: its spec
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def goodput_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
+    """Each ok run of a rate sweep under an SLO: its goodput, its share of requests within every
+    bound, and whether the run is within the SLO; by line and rate."""
+    cols = [*LINE_KEYS, "family_label", "rate", "goodput_rps", "slo_met_frac", "within", "run_id"]
+    rows = []
+    ok = runs[(runs["status"] == "ok") & runs["rate"].notna()] if len(runs) else runs
+    for suite, (bounds, floor) in suite_bounds(slo).items():
+        mine = ok[ok["suite"] == suite] if len(ok) else ok
+        for r in mine.to_dict("records"):
+            rows.append(
+                {
+                    **{k: r.get(k) for k in cols if k != "within"},
+                    "within": "yes" if within_slo(r, bounds, floor) else "no",
+                }
+            )
+    table = pd.DataFrame(rows, columns=cols)
+    return table.sort_values(["suite", "family", "runner", "policy", "block_size", "rate"]) if len(table) else table
 
 
 def capacity_ratios(table: pd.DataFrame, numerator: str = "paged") -> pd.DataFrame:

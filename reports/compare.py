@@ -9,8 +9,9 @@ change gets a verdict:
 
 - capacity (``mean_running``, ``peak_running``) and throughput
   (``tokens_per_s``) down, or waste (``*_frag_frac``, ``reservation_frac``),
-  ``preemptions`` and latency (time to first token, time per output token and
-  end-to-end latency, p50 and p90) up, beyond ``tolerance`` is a regression;
+  ``preemptions`` and latency (time to first token, time per output token, the gaps
+  between tokens and end-to-end latency, p50, p90, p95 and p99) up, beyond
+  ``tolerance`` is a regression;
 - waste is a share of the KV budget, so its change is absolute (0.02 = 2
   points of the budget): a relative change of a share near zero means nothing;
 - preemptions are a count: the change is relative to max(base, 1);
@@ -20,6 +21,9 @@ change gets a verdict:
   beyond the tolerance *and* beyond the spread: every candidate repetition
   worse than every base repetition. With fewer than ``MIN_REPEATS`` per side
   they are "too few repetitions to judge";
+- a metric measured on one side only (null on the other: a column an older kvbench did
+  not record, or one the runner does not produce) is not compared, and the columns
+  are named (``uncompared_columns``);
 - a cell on one side only is listed, never dropped;
 - a cell that was ok in base and is not in the candidate is a regression.
 
@@ -45,7 +49,9 @@ from .records import cell_label, code_versions, describe_versions, with_keys
 MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
 NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says
 HIGHER_BETTER: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s", "wall_tokens_per_s")
-LATENCY: tuple[str, ...] = ("ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "tpot_p90_s", "latency_p50_s", "latency_p90_s")
+LATENCY: tuple[str, ...] = tuple(
+    f"{metric}_{pct}_s" for metric in ("ttft", "tpot", "itl", "latency") for pct in ("p50", "p90", "p95", "p99")
+)
 LOWER_BETTER: tuple[str, ...] = (
     "reservation_frac",
     "internal_frag_frac",
@@ -261,6 +267,12 @@ def _digests(runs: pd.DataFrame) -> list[object]:
     return runs["code_digest"].tolist() if "code_digest" in runs else [None] * len(runs)
 
 
+def uncompared_columns(result: pd.DataFrame) -> dict[str, int]:
+    """Each metric measured on one side only, with how many matched cells it could not be compared in."""
+    one = result[result["verdict"] == ONE_SIDE_MEASURED]
+    return {str(m): int(n) for m, n in one.groupby("metric", sort=False)["cell"].nunique().items()}
+
+
 def regressions(result: pd.DataFrame) -> pd.DataFrame:
     return result[result["verdict"] == REGRESSION]
 
@@ -324,7 +336,15 @@ def to_markdown(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = (
                 + (" …" if len(sub) > 6 else "")
             )
         lines.append("")
-    other = result[result["verdict"].isin((ONE_SIDE_MEASURED, NOT_COMPARABLE))]
+    uncompared = uncompared_columns(result)
+    if uncompared:
+        lines.append(
+            "Columns not compared, measured on one side only (null on the other: recorded before kvbench had "
+            "them, or not produced by that runner): "
+            + ", ".join(f"{m} ({n} cell{'s' if n > 1 else ''})" for m, n in uncompared.items())
+        )
+        lines.append("")
+    other = result[result["verdict"] == NOT_COMPARABLE]
     lines += [
         f"- `{r['cell']}` {r['metric']}: {r['verdict']} {r['detail'] or ''}".rstrip() for r in other.to_dict("records")
     ]
@@ -345,6 +365,7 @@ def to_json(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = ()) -
             "regressed_cells": list(dict.fromkeys(reg["cell"])),
             "matched_cells": int(result.loc[~result["verdict"].isin((BASE_ONLY, CAND_ONLY)), "cell"].nunique()),
             "notes": list(notes),
+            "uncompared_columns": uncompared_columns(result),
             "rows": rows,
         },
         indent=2,

@@ -107,6 +107,34 @@ def render_reference(table: pd.DataFrame) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_goodput(runs: pd.DataFrame) -> str:
+    """Each ok run's goodput under its suite's SLO: requests within every bound per second of the
+    run's clock, and their share; one line per run, by policy line and rate."""
+    if runs.empty or "goodput_rps" not in runs or runs["goodput_rps"].isna().all():
+        return ""
+    ok = runs[(runs["status"] == "ok") & runs["goodput_rps"].notna()]
+    ok = ok.assign(_workload=ok["workload_name"].fillna("") if "workload_name" in ok else "")
+    rows = [["workload", "runner", "policy", "block", "rate", "goodput", "requests within the SLO"]]
+    for r in ok.sort_values(["_workload", "runner", "policy", "block_size", "rate"]).to_dict("records"):
+        block = "-" if is_contiguous(str(r["policy"])) and r["block_size"] == 1 else str(r["block_size"])
+        rows.append(
+            [
+                str(r["_workload"]) or "-",
+                str(r["runner"]),
+                str(r["policy"]),
+                block,
+                _rate(r["rate"]),
+                f"{r['goodput_rps']:.3g}",
+                f"{100 * r['slo_met_frac']:.1f}%",
+            ]
+        )
+    out = [
+        "goodput per run (req/s within every bound of the SLO, on the run's clock)",
+        *_aligned(rows, right={3, 4, 5, 6}),
+    ]
+    return "\n".join(out) + "\n"
+
+
 def _rate(x: object) -> str:
     return "-" if not isinstance(x, (int, float)) or x != x else f"{x:g}"
 
@@ -115,27 +143,31 @@ def render_capacity(table: pd.DataFrame, ratios: pd.DataFrame, published: pd.Dat
     """Capacity at the SLO per policy line, the capacity ratios, and the published ratios beside them."""
     if table.empty:
         return "capacity at the SLO: no policy was run at two or more request rates\n"
-    first = table.iloc[0]
-    out = [
-        f"capacity at the SLO ({first['metric']} ≤ {first['bound']:g}): the highest request rate within it "
-        "(req/s); the next rate tried was over it"
-    ]
-    rows = [["workload", "runner", "policy", "block", "capacity", "next", "rates", "status"]]
-    for r in table.to_dict("records"):
-        block = "-" if is_contiguous(str(r["policy"])) and r["block_size"] == 1 else str(r["block_size"])
-        rows.append(
-            [
-                str(r["family_label"])[:48],
-                str(r["runner"]),
-                str(r["policy"]),
-                block,
-                _rate(r["capacity_rps"]),
-                _rate(r["next_rps"]),
-                str(r["rates"]),
-                str(r["status"]),
-            ]
+    out = []
+    for slo, part in table.groupby("slo", sort=False):
+        out.append(
+            f"capacity at the SLO ({slo}): the highest request rate within every bound (req/s); the next "
+            "rate tried was over one; binding: the bound the next rate fails by the most (all within: the "
+            "one with the least slack)"
         )
-    out += _aligned(rows, right={3, 4, 5, 6})
+        rows = [["workload", "runner", "policy", "block", "capacity", "next", "rates", "binding", "goodput", "status"]]
+        for r in part.to_dict("records"):
+            block = "-" if is_contiguous(str(r["policy"])) and r["block_size"] == 1 else str(r["block_size"])
+            rows.append(
+                [
+                    str(r["family_label"])[:48],
+                    str(r["runner"]),
+                    str(r["policy"]),
+                    block,
+                    _rate(r["capacity_rps"]),
+                    _rate(r["next_rps"]),
+                    str(r["rates"]),
+                    str(r["binding"]),
+                    _rate(round(r["goodput_at_capacity_rps"], 3)),
+                    str(r["status"]),
+                ]
+            )
+        out += _aligned(rows, right={3, 4, 5, 6, 8})
     if len(ratios):
         out.append("capacity ratios (= both within their sweeps; ≥ / ≤ one capacity is only a bound)")
         rows = [["workload", "runner", "ratio", "value"]]

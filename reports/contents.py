@@ -9,7 +9,7 @@ import dataclasses
 import pandas as pd
 
 from ..harness.spec.capabilities import is_contiguous
-from .capacity import capacity_ratios, capacity_table, capacity_vs_published
+from .capacity import capacity_ratios, capacity_table, capacity_vs_published, goodput_table
 from .decomposition import decompose, gap_sentence
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
 from .records import code_note, workload_tag
@@ -40,6 +40,7 @@ class ReportTables:
     capacity_published: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
     drift: Drift | None = None  # the prediction's error split into the machine's and the model's
     decomposition_gap: str = ""  # one sentence: the allocation factor in vLLM against torch's
+    goodput: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # per run of a sweep under an SLO
 
 
 def drift_to_show(table: pd.DataFrame) -> Drift | None:
@@ -103,6 +104,7 @@ def report_tables(
     capacity = capacity_table(runs, slo) if slo is not None and len(slo) else pd.DataFrame()
     cap_ratios = capacity_ratios(capacity) if len(capacity) else pd.DataFrame()
     cap_published = capacity_vs_published(cap_ratios, reference, runs) if len(cap_ratios) else pd.DataFrame()
+    goodput = goodput_table(runs, slo) if len(capacity) and "goodput_rps" in runs else pd.DataFrame()
     return ReportTables(
         cells,
         baseline,
@@ -117,4 +119,5 @@ def report_tables(
         cap_published,
         drift_to_show(paired),
         decomposition_gap=gap_sentence(decomp),
+        goodput=goodput,
     )

@@ -137,9 +137,27 @@ CAPACITY_COLUMNS: tuple[Column, ...] = (
     ("block_size", "block", "block"),
     ("capacity_rps", "capacity, req/s", "g"),
     ("next_rps", "next rate tried, over the SLO", "g"),
-    ("metric_at_capacity", "SLO metric at capacity", "g"),
+    ("binding", "binding bound", "text"),
+    ("metric_at_capacity", "binding metric at capacity", "g"),
+    ("goodput_at_capacity_rps", "goodput at capacity, req/s", "g"),
     ("rates", "rates run", "int"),
     ("status", "status", "text"),
+)
+GOODPUT_COLUMNS: tuple[Column, ...] = (
+    ("family_label", "workload (rate swept)", "text"),
+    ("runner", "runner", "text"),
+    ("policy", "policy", "text"),
+    ("block_size", "block", "block"),
+    ("rate", "rate, req/s", "g"),
+    ("goodput_rps", "goodput, req/s", "g"),
+    ("slo_met_frac", "requests within the SLO %", "pct"),
+    ("within", "run within the SLO", "text"),
+)
+GOODPUT_NOTE = (
+    "Per run: a request meets the SLO when it finished and its own TTFT, TPOT, end-to-end and normalized "
+    "latency are each within the bound on that metric (whatever percentile the bound is read at); goodput "
+    "is those requests per second of the run's clock (its duration, sim_time_s). A run is within the SLO "
+    "when each bound holds at its percentile over the run's requests (and the goodput floor, if any)."
 )
 CAPACITY_RATIO_COLUMNS: tuple[Column, ...] = (
     ("family_label", "workload (rate swept)", "text"),
@@ -163,12 +181,13 @@ CAPACITY_PUBLISHED_COLUMNS: tuple[Column, ...] = (
 
 def capacity_note(table: pd.DataFrame) -> str:
     """What the capacity table means, with the SLO it was read against."""
-    first = table.iloc[0]
+    slos = "; ".join(dict.fromkeys(str(s) for s in table["slo"]))
     return (
-        f"SLO: {first['metric']} ≤ {first['bound']:g}. Capacity is the highest request rate run whose SLO "
-        "metric, and that at every lower rate of the same line, is within the bound; the true capacity lies "
-        "between it and the next rate tried (which was over it). Kind: = both capacities within their sweeps, "
-        "≥ / ≤ one of them is only a bound (every rate run was within the SLO)."
+        f"SLO: {slos}. Capacity is the highest request rate run at which every bound holds, and held at every "
+        "lower rate of the same line; the true capacity lies between it and the next rate tried (which was "
+        "over a bound). Binding bound: the one the next rate tried fails by the most (value ÷ bound); where "
+        "every rate was within, the one with the least slack at capacity. Kind: = both capacities within "
+        "their sweeps, ≥ / ≤ one of them is only a bound (every rate run was within the SLO)."
     )
 
 
@@ -202,6 +221,16 @@ GLOSSARY: tuple[tuple[str, str], ...] = (
         "TTFT / latency p50, p90",
         "time to first token and end-to-end latency (arrival to finish) over finished "
         "requests, in seconds of the run's clock (steps under the steps clock)",
+    ),
+    (
+        "goodput",
+        "requests that finished with their TTFT, TPOT, end-to-end and normalized latency each within the "
+        "bound of the suite's [slo] on that metric, per second of the run's clock",
+    ),
+    (
+        "binding bound",
+        "the [slo] bound that limits a capacity: the one the next rate tried fails by the most (value ÷ "
+        "bound); where every rate was within, the one with the least slack at capacity",
     ),
 )
 

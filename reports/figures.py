@@ -804,6 +804,132 @@ def swept_curves(cells: pd.DataFrame, slo_bounds: Sequence[float] = ()) -> Plot:
     return Plot(name, title, fig, _curve_note(rows, found[MAX_CURVE_AXES:], panels, slo_bounds))
 
 
+# 9, 10 -------------------------------------------------------------------------
+PERCENTILE_STYLES = {"p50": ":", "p90": "-.", "p95": (0, (5, 2)), "p99": "-", "mean": (0, (1, 3))}
+METRIC_NAMES = {
+    "ttft": "time to first token",
+    "tpot": "time per output token",
+    "itl": "inter-token latency",
+    "latency": "end-to-end latency",
+    "normalized_latency": "normalized latency (per output token)",
+}
+
+
+def _slo_family(
+    cells: pd.DataFrame, slo: pd.DataFrame | None
+) -> tuple[pd.DataFrame | None, list[tuple[str, float]], str]:
+    """The first rate sweep of a suite with an SLO, its bounds, and why none when there is none."""
+    from ..harness.records.goodput import suite_bounds
+
+    bounds = suite_bounds(slo)
+    if not bounds:
+        return None, [], "no [slo] in the records: no latency bounds to read capacity against"
+    families = [f for f in figdata.rate_families(cells) if f["suite"].iloc[0] in bounds]
+    if not families:
+        return None, [], "no request-rate sweep of a suite with an [slo]"
+    fam = families[0]
+    more = f" {len(families) - 1} more swept workload(s) are in the tables only." if len(families) > 1 else ""
+    return fam, bounds[str(fam["suite"].iloc[0])][0], more
+
+
+def slo_latency(cells: pd.DataFrame, slo: pd.DataFrame | None = None) -> Plot:
+    """Each bounded metric against the request rate at every percentile, the bound drawn."""
+    name, title = "9-slo-latency", "Latency percentiles vs request rate, with the SLO's bounds"
+    fam, bounds, why = _slo_family(cells, slo)
+    if fam is None:
+        return Plot(name, title, None, why)
+    more = why
+    metrics = list(dict.fromkeys(col.rsplit("_", 2)[0] for col, _ in bounds))
+    multi = fam["runner"].nunique() > 1
+    fig = Figure(figsize=(max(4.8 * len(metrics) + 1, 8), 4.6), layout="constrained")
+    axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    for ax, metric in zip(axes, metrics):
+        for (_, _), line in fam.groupby(["runner", "policy"], sort=False):
+            line = line.sort_values("rate")
+            r0 = line.iloc[0].to_dict()
+            for stat, style in PERCENTILE_STYLES.items():
+                col = f"{metric}_{stat}_s"
+                if col in line and line[col].notna().any():
+                    ax.plot(line["rate"], line[col], color=_color(r0["policy"]), ls=style, marker=".", lw=1.2)
+        for col, bound in bounds:
+            if col.rsplit("_", 2)[0] == metric:
+                ax.axhline(bound, color="black", ls="-", lw=3, alpha=0.3)  # apart from every statistic's style
+                ax.annotate(
+                    f"SLO {col.rsplit('_', 2)[1]} ≤ {bound:g} s",
+                    (0.02, bound),
+                    xycoords=("axes fraction", "data"),
+                    fontsize=8,
+                    va="bottom",
+                    color="#333",
+                )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ticks = _spaced_ticks(sorted(set(fam["rate"])), True, 0.07)
+        ax.set_xticks(ticks, [f"{r:g}" for r in ticks], fontsize=7)
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(METRIC_NAMES.get(metric, metric), fontsize=9)
+        ax.set_xlabel("request arrival rate, requests/s (log scale)")
+        ax.set_ylabel(f"{metric}, s (log scale)")
+        ax.grid(alpha=0.3)
+    policies = [
+        Line2D([], [], color=_color(r["policy"]), label=_label(r, multi))
+        for r in fam.drop_duplicates(["runner", "policy"]).to_dict("records")
+    ]
+    stats = [Line2D([], [], color="#333", ls=style, label=stat) for stat, style in PERCENTILE_STYLES.items()]
+    axes[0].legend(handles=policies + stats, fontsize=7)
+    fig.suptitle(
+        _wrap(f"{fam['family_label'].iloc[0]}: latency at each percentile; thick grey: the SLO's bounds", 110),
+        fontsize=10,
+    )
+    note = (
+        "One colour per policy, one line style per statistic (p50 to p99, and the mean) over the run's "
+        "requests, medians over repetitions; the thick grey line is the bound on that metric at its percentile: "
+        "capacity is the highest rate at which every bound holds." + more
+    )
+    return Plot(name, title, fig, note)
+
+
+def goodput_curves(cells: pd.DataFrame, slo: pd.DataFrame | None = None) -> Plot:
+    """Goodput (requests within every bound per second) against the offered rate, per policy."""
+    name, title = "10-goodput", "Goodput vs request rate"
+    fam, _, why = _slo_family(cells, slo)
+    if fam is None:
+        return Plot(name, title, None, why)
+    more = why
+    if "goodput_rps" not in fam or fam["goodput_rps"].isna().all():
+        return Plot(name, title, None, "no goodput: the SLO bounds a metric with no per-request value in the records")
+    multi = fam["runner"].nunique() > 1
+    fig = Figure(figsize=(7.5, 4.6), layout="constrained")
+    ax = fig.subplots()
+    rates = sorted(set(fam["rate"]))
+    ax.plot(rates, rates, color="#999", ls=":", lw=1, label="offered rate")
+    for (_, _), line in fam.groupby(["runner", "policy"], sort=False):
+        line = line.sort_values("rate")
+        r0 = line.iloc[0].to_dict()
+        ax.plot(
+            line["rate"],
+            line["goodput_rps"],
+            color=_color(r0["policy"]),
+            ls=RUNNER_STYLES.get(r0["runner"], "-"),
+            marker="o",
+            label=_label(r0, multi),
+        )
+    ax.set_xscale("log")
+    ticks = _spaced_ticks(rates, True, 0.07)
+    ax.set_xticks(ticks, [f"{r:g}" for r in ticks], fontsize=7)
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("request arrival rate, requests/s (log scale)")
+    ax.set_ylabel("goodput: requests within every bound per second")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(_wrap(str(fam["family_label"].iloc[0]), 80), fontsize=9)
+    note = (
+        "Goodput: the requests that met every bound of the SLO per second of the run's clock (medians over "
+        "repetitions); the dotted line is the offered rate (the arrival rate of the sweep)." + more
+    )
+    return Plot(name, title, fig, note)
+
+
 def all_plots(
     cells: pd.DataFrame,
     runs: pd.DataFrame,
@@ -822,6 +948,8 @@ def all_plots(
         block_size_ablation(cells),
         decomposition(decomp),
         swept_curves(cells, _latency_bounds(slo)),
+        slo_latency(cells, slo),
+        goodput_curves(cells, slo),
     ]
 
 

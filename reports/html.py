@@ -132,6 +132,10 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
             parts.append(table(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios))
         if len(tables.capacity_published):
             parts.append(table(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published))
+        if len(tables.goodput):
+            parts.append("<h3>Goodput per run</h3>")
+            parts.append(f"<p>{_e(display.GOODPUT_NOTE)}</p>")
+            parts.append(table(display.GOODPUT_COLUMNS, tables.goodput))
     if len(tables.clocks):
         parts.append("<h2>Clocks</h2>")
         parts.append(f"<p>{_e(display.CLOCKS_NOTE)}</p>")

@@ -103,6 +103,9 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
             out += table(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios) + [""]
         if len(tables.capacity_published):
             out += table(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published) + [""]
+        if len(tables.goodput):
+            out += ["### Goodput per run", "", display.GOODPUT_NOTE, ""]
+            out += table(display.GOODPUT_COLUMNS, tables.goodput) + [""]
     if len(tables.clocks):
         out += ["## Clocks", "", display.CLOCKS_NOTE, ""]
         out += table(display.CLOCK_COLUMNS, tables.clocks) + [""]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ class Records:
 
 def load(out: Path) -> Records:
     """Read a results directory; a missing or empty one is a one-line error."""
+    from ..harness.records.goodput import slo_met, suite_bounds, with_goodput
+    from ..harness.records.slo import normalize_slo
     from ..harness.records.store import check_complete, read_table
 
     out = Path(out)
@@ -53,9 +56,16 @@ def load(out: Path) -> Records:
     reference, problem = read_reference(out / "reference.parquet")
     slo_path = out / "slo.parquet"
     try:
-        slo = pd.read_parquet(slo_path) if slo_path.is_file() else None
+        slo = normalize_slo(pd.read_parquet(slo_path)) if slo_path.is_file() else None
+        suite_bounds(slo)  # rows it cannot read as bounds: not readable
     except Exception as exc:  # a bad SLO file must not cost the rest of the report
         slo, problem = None, (problem or f"{slo_path}: not readable ({type(exc).__name__})")
+    # Goodput is judged from the requests under the SLO on disk now, so it follows the SLO.
+    runs = (
+        with_goodput(runs, requests, slo) if len(requests) else runs.assign(goodput_rps=math.nan, slo_met_frac=math.nan)
+    )
+    if len(requests):
+        requests = requests.assign(slo_met=slo_met(requests, runs, slo))
     return Records(with_keys(runs), steps, requests, reference, problem, slo)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..harness.records.reference import SWEEP_METRICS
+from ..harness.records.schema import ADDED_LATENCY_COLUMNS
 from ..harness.spec import identity
 from .records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
 
@@ -48,6 +49,9 @@ METRICS: tuple[str, ...] = (
     "normalized_latency_mean_s",
     "normalized_latency_p50_s",
     "normalized_latency_p90_s",
+    *ADDED_LATENCY_COLUMNS,
+    "goodput_rps",  # under the suite's SLO (harness.records.goodput), derived when the records are read
+    "slo_met_frac",
 )
 # Ratios are taken only of metrics where higher is better and zero is not the norm.
 RATIO_METRICS: tuple[str, ...] = ("mean_running", "peak_running", "tokens_per_s")

@@ -8,6 +8,7 @@ from typing import Protocol
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.clock import clock_for
+from ..harness.sim.latency import itl_summary
 from ..harness.sim.policies import make_policy
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
@@ -36,6 +37,10 @@ class SimEngine:
         self.executor = executor
         # The fast path records runs of quiet steps in bulk; never with an executor, which needs every plan.
         self._quiet = getattr(sched, "record_quiet_steps", None) if executor is None else None
+        # With an executor every plan lists every request it computes, so each token's time (its
+        # step's end) is known: the gaps are the run's itl_* columns. The fast path's plans do not.
+        self._token_times: dict[int, list[float]] | None = {} if executor is not None else None
+        self._sampled: dict[int, Seq] = {}
 
     @property
     def now(self) -> float:
@@ -62,7 +67,14 @@ class SimEngine:
             sched.measure_values()
         )
         wall, kv_bytes = self.executor.execute(plan) if self.executor is not None else (None, None)
+        times = self._token_times
+        before = [(seq, seq.num_output) for seq, _ in plan.scheduled] if times is not None else ()
         done = sched.finish_step(plan, wall)
+        if times is not None:
+            for seq, n in before:
+                if seq.num_output > n:
+                    times.setdefault(seq.index, []).append(sched.now)
+                    self._sampled[seq.index] = seq
         work = plan.work
         measured = wall is not None  # the step's work beside its measured time (calibrate's features)
         return StepRow(
@@ -92,7 +104,9 @@ class SimEngine:
         )
 
     def finish(self) -> dict[str, object]:
-        return self.executor.extra_row() if self.executor is not None else {}
+        if self.executor is None or self._token_times is None:
+            return {}
+        return {**itl_summary(list(self._sampled.values()), self._token_times), **self.executor.extra_row()}
 
 
 def run_scheduler(

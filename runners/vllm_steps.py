@@ -24,16 +24,19 @@ runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
   free blocks in runs too short for the waiting head's reservation); ``preempted`` from
   the scheduler output; ``prefix_hit_tokens`` = the admitted requests'
   computed tokens at admission;
-- per request: vLLM's own preemption count where it gives one.
+- per request: vLLM's own preemption count where it gives one, and the time of each token
+  it sampled (the end of its step), whose gaps are the run's ``itl_*`` columns.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Protocol
 
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.clock import StepWork, clock_for
+from ..harness.sim.latency import itl_summary
 from ..harness.sim.sequence import FINISHED, Seq
 from .base import Cell
 from .prompts import PromptIds
@@ -78,6 +81,7 @@ class VllmStepEngine:
         self.step_index = 0
         self.evictions_seen = 0
         self.measured_s = 0.0
+        self.token_times: defaultdict[int, list[float]] = defaultdict(list)  # by Seq.index: each token's step end
 
     def busy(self) -> bool:
         return self.source.has_unfinished()
@@ -121,6 +125,7 @@ class VllmStepEngine:
         for idx in done.got:
             seq = seqs[idx]
             seq.num_output += 1
+            self.token_times[idx].append(now)  # the gaps between them: itl_*
             if seq.num_output == 1:
                 seq.first_token_s = now
         for idx in done.finished:
@@ -173,8 +178,9 @@ class VllmStepEngine:
             placed = self.source.placement(seq.index)
             if placed is not None:
                 seq.first_block, seq.block_runs = placed
+        columns: dict[str, object] = dict(itl_summary(self.seqs, self.token_times))
         if self.measured_s > 0:
             # Measured steps: generated tokens per measured second (the torch runner's wall definition);
             # tokens_per_s stays on kvbench's clock, as for every runner.
-            return {"wall_tokens_per_s": sum(s.num_output for s in self.seqs) / self.measured_s}
-        return {}
+            columns["wall_tokens_per_s"] = sum(s.num_output for s in self.seqs) / self.measured_s
+        return columns

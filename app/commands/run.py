@@ -294,9 +294,10 @@ def _run_locked(
             elif problem:
                 log(f"published values not shown: {problem}")
         if suite.slo is not None:
-            from ...reports.console import render_capacity
-            from ..capacity import capacity_report
+            from ...reports.console import render_capacity, render_goodput
+            from ..capacity import capacity_report, suite_runs
 
+            print(render_goodput(suite_runs(suite, out)), end="")
             print(render_capacity(*capacity_report(suite, out)))
 
         raise_pending()  # an interrupt a finalizer swallowed after the last cell

@@ -100,6 +100,29 @@ REQUESTS = pa.schema(
     ]
 )
 
+# Per-request latency summarised in the runs table: each metric (a column prefix) at each statistic.
+# ttft: first token - arrival; tpot: (finish - first token) / (generated - 1); itl: each gap between
+# successive tokens; latency: finish - arrival; normalized_latency: latency / generated tokens.
+LATENCY_PREFIXES: tuple[str, ...] = ("ttft", "tpot", "itl", "latency", "normalized_latency")
+LATENCY_STATS: tuple[str, ...] = ("p50", "p90", "p95", "p99", "mean", "std")
+_FIRST_LATENCY_COLUMNS: tuple[str, ...] = (
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "tpot_p50_s",
+    "tpot_p90_s",
+    "latency_p50_s",
+    "latency_p90_s",
+    "normalized_latency_mean_s",
+    "normalized_latency_p50_s",
+    "normalized_latency_p90_s",
+)
+ADDED_LATENCY_COLUMNS: tuple[str, ...] = tuple(
+    f"{prefix}_{stat}_s"
+    for prefix in LATENCY_PREFIXES
+    for stat in LATENCY_STATS
+    if f"{prefix}_{stat}_s" not in _FIRST_LATENCY_COLUMNS
+)
+
 # ``run_id`` is not stored in the files: it is the hive partition key
 # (``run_id=<id>/``), which every reader adds back as a column.
 RUNS = pa.schema(
@@ -173,6 +196,10 @@ RUNS = pa.schema(
         ("normalized_latency_mean_s", pa.float64()),  # latency ÷ generated tokens
         ("normalized_latency_p50_s", pa.float64()),
         ("normalized_latency_p90_s", pa.float64()),
+        # The rest of each metric's summary (LATENCY_PREFIXES x LATENCY_STATS): p95, p99, mean and
+        # std (numpy's, ddof 0); itl_* are the gaps between successive tokens of one request, null
+        # where the runner records no per-token times. Null in results written before them.
+        *((name, pa.float64()) for name in ADDED_LATENCY_COLUMNS),
         ("clock_detail", pa.string()),  # the clock in one line: preset and factors, profile terms, or "measured"
         ("clock_profile", pa.string()),  # profile clock: the whole profile file (JSON), for the report
         ("git_sha", pa.string()),
@@ -198,17 +225,10 @@ RUNS = pa.schema(
     ]
 )
 
-# The runs columns of per-request latency (harness.sim.latency fills them; an [slo] bounds one).
-LATENCY_COLUMNS: tuple[str, ...] = (
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "tpot_p50_s",
-    "tpot_p90_s",
-    "latency_p50_s",
-    "latency_p90_s",
-    "normalized_latency_mean_s",
-    "normalized_latency_p50_s",
-    "normalized_latency_p90_s",
+# The runs columns of per-request latency an [slo] may bound (harness.sim.latency fills them): every
+# metric at every statistic but the spread.
+LATENCY_COLUMNS: tuple[str, ...] = tuple(
+    f"{prefix}_{stat}_s" for prefix in LATENCY_PREFIXES for stat in LATENCY_STATS if stat != "std"
 )
 
 TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS}

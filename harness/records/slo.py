@@ -1,16 +1,24 @@
 """A suite's service-level objective, ``[slo]``, stored as Parquet beside the records.
 
-A rate sweep answers "how much traffic fits": with an SLO — a runs-table latency
-metric and a bound on it — the report finds each policy's *capacity*, the
-highest request rate whose metric stays within the bound (``reports.capacity``).
+A rate sweep answers "how much traffic fits": with an SLO — bounds on per-request
+latency, each at a percentile — the report finds each policy's *capacity*, the
+highest request rate at which every bound holds (``reports.capacity``), and each
+run's *goodput*, the requests per second that met every bound (``harness.records.goodput``).
 Reports read only Parquet, so ``kvbench run`` writes the suite's SLO to
-``DIR/slo.parquet`` (one row per suite: a directory may hold several suites'
-runs), as it writes ``reference.parquet``.
+``DIR/slo.parquet`` (one row per bound and suite: a directory may hold several
+suites' runs), as it writes ``reference.parquet``.
 
     [slo]
-    metric = "normalized_latency_mean_s"   # any latency column of the runs table
-    bound = 0.5                            # in the metric's unit: seconds (per output token)
-    refine = 4                             # optional: bisection steps between the sweep's rates
+    bounds = [{metric = "ttft", percentile = 99, max_s = 2.0},
+              {metric = "tpot", percentile = 99, max_s = 0.2}]
+    goodput_floor = 0.9   # optional: and at least 90% of requests within every bound
+    refine = 4            # optional: bisection steps between the sweep's rates
+
+or ``preset = "mlperf-llama2-70b-server"`` (``harness.records.slo_presets``) in place of
+``bounds``, or one runs-table latency column and a bound on it:
+
+    metric = "normalized_latency_mean_s"
+    bound = 0.5
 """
 
 from __future__ import annotations
@@ -21,10 +29,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
 from ..errors import KvbenchError
+from .bounds import METRICS, PERCENTILES, Bound
 from .schema import LATENCY_COLUMNS
+from .slo_presets import PRESETS
 from .store import replace_suite_rows
 
 SLO_SCHEMA = pa.schema(
@@ -32,41 +43,134 @@ SLO_SCHEMA = pa.schema(
         ("suite", pa.string()),
         ("metric", pa.string()),  # a latency column of the runs table (lower is better)
         ("bound", pa.float64()),  # the metric's highest acceptable value, in its unit
+        ("goodput_floor", pa.float64()),  # the share of requests that must meet every bound (null: none)
+        ("preset", pa.string()),  # the preset the bounds come from (null: stated in the suite)
     ]
 )
-KEYS = ("metric", "bound", "refine")
+KEYS = ("bounds", "preset", "goodput_floor", "metric", "bound", "refine")
+BOUND_KEYS = ("metric", "percentile", "max_s")
 MAX_REFINE = 12  # 2^12 narrower than a sweep step: beyond any use
 
 
 @dataclasses.dataclass(frozen=True)
 class Slo:
-    metric: str
-    bound: float
+    bounds: tuple[Bound, ...]
     refine: int = 0  # bisection steps ``kvbench run`` takes between the swept rates around each capacity
+    goodput_floor: float | None = None  # a run also needs this share of its requests within every bound
+    preset: str | None = None
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(b.metric for b in self.bounds))
+
+
+def column_bound(column: str, value: float) -> Bound:
+    """A bound on a runs-table latency column (``normalized_latency_mean_s``)."""
+    for metric, prefix in METRICS.items():
+        stat = column.removeprefix(f"{prefix}_").removesuffix("_s")
+        if column.startswith(f"{prefix}_") and f"{prefix}_{stat}_s" == column:
+            return Bound(metric, stat, value)
+    raise KvbenchError(f"not a latency column: {column!r}")  # unreachable for LATENCY_COLUMNS
+
+
+def _positive(value: object, what: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise KvbenchError(f"{where}: [slo] {what} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _bound(entry: object, where: str) -> Bound:
+    if not isinstance(entry, Mapping):
+        raise KvbenchError(f"{where}: [slo] bounds must be a list of tables {{metric, percentile, max_s}}")
+    for key in entry:
+        if key not in BOUND_KEYS:
+            raise KvbenchError(f"{where}: unknown key {key!r} in an [slo] bound (known: {', '.join(BOUND_KEYS)})")
+    metric = entry.get("metric")
+    if metric not in METRICS:
+        raise KvbenchError(f"{where}: [slo] bound metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    pct = entry.get("percentile")
+    if pct == "mean":
+        stat = "mean"
+    elif not isinstance(pct, bool) and isinstance(pct, (int, float)) and pct in PERCENTILES:
+        stat = f"p{int(pct)}"
+    else:
+        raise KvbenchError(
+            f'{where}: [slo] bound percentile must be one of {", ".join(map(str, PERCENTILES))} or "mean", got {pct!r}'
+        )
+    return Bound(str(metric), stat, _positive(entry.get("max_s"), f"{metric} bound max_s (seconds)", where))
 
 
 def parse_slo(table: Mapping[str, Any], where: str) -> Slo:
     for key in table:
         if key not in KEYS:
             raise KvbenchError(f"{where}: unknown key {key!r} in [slo] (known: {', '.join(KEYS)})")
-    metric = table.get("metric")
-    if metric not in LATENCY_COLUMNS:
+    forms = [
+        f
+        for f, keys in (("bounds", ("bounds",)), ("preset", ("preset",)), ("metric/bound", ("metric", "bound")))
+        if any(k in table for k in keys)
+    ]
+    if len(forms) != 1:
         raise KvbenchError(
-            f"{where}: [slo] metric must be a latency column of the runs table "
-            f"({', '.join(LATENCY_COLUMNS)}), got {metric!r}"
+            f'{where}: [slo] takes one of bounds = [...], preset = "NAME" or metric/bound'
+            + (f", not {' and '.join(forms)} together" if forms else "")
         )
-    bound = table.get("bound")
-    if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < math.inf:
-        raise KvbenchError(f"{where}: [slo] bound must be a number > 0 (in {metric}'s unit), got {bound!r}")
+    preset = None
+    if forms == ["bounds"]:
+        entries = table["bounds"]
+        if not isinstance(entries, list) or not entries:
+            raise KvbenchError(f"{where}: [slo] bounds must be a non-empty list of {{metric, percentile, max_s}}")
+        bounds = tuple(_bound(e, where) for e in entries)
+        seen = [b.column for b in bounds]
+        dup = next((c for c in seen if seen.count(c) > 1), None)
+        if dup:
+            raise KvbenchError(f"{where}: [slo] bounds {dup} twice")
+    elif forms == ["preset"]:
+        preset = table["preset"]
+        if preset not in PRESETS:
+            raise KvbenchError(f"{where}: unknown [slo] preset {preset!r} (known: {', '.join(PRESETS)})")
+        bounds = PRESETS[preset].bounds
+    else:
+        metric = table.get("metric")
+        if metric not in LATENCY_COLUMNS:
+            raise KvbenchError(
+                f"{where}: [slo] metric must be a latency column of the runs table "
+                f"({', '.join(LATENCY_COLUMNS)}), got {metric!r}"
+            )
+        bounds = (column_bound(str(metric), _positive(table.get("bound"), f"bound (in {metric}'s unit)", where)),)
+    floor = table.get("goodput_floor")
+    if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor <= 1):
+        raise KvbenchError(
+            f"{where}: [slo] goodput_floor must be a share of requests in (0, 1] (0.9: 90%), got {floor!r}"
+        )
     refine = table.get("refine", 0)
     if isinstance(refine, bool) or not isinstance(refine, int) or not 0 <= refine <= MAX_REFINE:
         raise KvbenchError(
             f"{where}: [slo] refine must be an integer from 0 to {MAX_REFINE} (bisection steps), got {refine!r}"
         )
-    return Slo(str(metric), float(bound), refine)
+    return Slo(bounds, refine, None if floor is None else float(floor), preset)
+
+
+def slo_frame(slo: Slo, suite: str) -> pd.DataFrame:
+    """The suite's rows of ``slo.parquet``: one per bound."""
+    return pd.DataFrame(slo_rows(slo, suite), columns=SLO_SCHEMA.names)
+
+
+def slo_rows(slo: Slo, suite: str) -> list[dict[str, object]]:
+    return [
+        {"suite": suite, "metric": b.column, "bound": b.max_s, "goodput_floor": slo.goodput_floor, "preset": slo.preset}
+        for b in slo.bounds
+    ]
+
+
+def normalize_slo(frame: pd.DataFrame) -> pd.DataFrame:
+    """A ``slo.parquet`` as read, with the columns an older file lacks (no goodput floor, no preset)."""
+    frame = frame.copy()
+    for name in SLO_SCHEMA.names:
+        if name not in frame:
+            frame[name] = math.nan if name == "goodput_floor" else None
+    return frame
 
 
 def write_slo(out: Path, suite: str, slo: Slo) -> Path:
-    """Replace this suite's row in ``out/slo.parquet`` (other suites' rows stay)."""
-    rows = [{"suite": suite, "metric": slo.metric, "bound": slo.bound}]
-    return replace_suite_rows(Path(out) / "slo.parquet", suite, rows, SLO_SCHEMA, "SLO")
+    """Replace this suite's rows in ``out/slo.parquet`` (other suites' rows stay)."""
+    return replace_suite_rows(Path(out) / "slo.parquet", suite, slo_rows(slo, suite), SLO_SCHEMA, "SLO")

@@ -154,6 +154,10 @@ MEASURING_RUNNERS: tuple[str, ...] = tuple(n for n, r in RUNNER_FACTS.items() if
 BLOCK_TABLE_POLICIES: tuple[str, ...] = tuple(n for n, p in POLICY_FACTS.items() if p.block_table)
 DEVICE_RUNNERS: tuple[str, ...] = tuple(n for n, r in RUNNER_FACTS.items() if r.chooses_device)
 PAGE_SIZED_POLICIES: tuple[str, ...] = tuple(n for n, p in POLICY_FACTS.items() if p.page_sized)
+# Runners that record each token's time, so the runs table's itl_* columns (and an [slo] bound on
+# itl) have values: the vLLM runners and torch, which see every request that sampled a token in
+# each step. sim does not: its fast path advances many tokens per stretch.
+TOKEN_TIME_RUNNERS: tuple[str, ...] = ("vllm-sched", "vllm", "torch")
 
 
 def is_contiguous(policy: str) -> bool:
