@@ -1,10 +1,12 @@
 """Suite files (TOML) → validated run specs, one per grid cell.
 
 A suite's settings live in the tables ``[model]``, ``[memory]``,
-``[workload]`` (or several named ``[workloads.NAME]``), ``[scheduler]`` and
-``[run]``; every key name is unique across them, so ``[grid]`` can vary any
+``[workload]`` (or several named ``[workloads.NAME]``), ``[scheduler]``,
+``[parallel]`` and ``[run]``; every key name is unique across them, so ``[grid]`` can vary any
 of them by name (``rate = [1.0, 2.0]``, ``kv_dtype = ["fp16", "fp8"]``,
-``policy = [...]``), and ``[runners.NAME]`` can override any of them for
+``policy = [...]``), ``together = [{...}, {...}]`` in ``[grid]`` is one axis whose
+values are sets of settings that change together (a model with its GPU count,
+budget and GPU preset), and ``[runners.NAME]`` can override any of them for
 one runner (the torch runner on a tiny model, say). A list in ``[grid]``
 expands to the cartesian product; a typo anywhere is an error naming the key.
 """
@@ -38,17 +40,22 @@ from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
 
 MODEL_KEYS = ("preset", "config", "kv_dtype")
 MEMORY_KEYS = ("kv_budget", "max_model_len")
-SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerSpec))
+# [parallel]: held by SchedulerSpec (its identity is the scheduler's), written in a table of its own.
+PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "num_gpus")
+SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerSpec) if f.name not in PARALLEL_KEYS)
 RUN_KEYS = ("runner", "policy", "block_size", "page_bytes", "arena", "contiguous_unit", "repeat", "device")
 WORKLOAD_KEYS = tuple(FIELD_KINDS)
 TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "model": MODEL_KEYS,
     "memory": MEMORY_KEYS,
     "scheduler": SCHEDULER_KEYS,
+    "parallel": PARALLEL_KEYS,
     "run": RUN_KEYS,
     "workload": WORKLOAD_KEYS,
 }
-ALL_KEYS = frozenset(MODEL_KEYS + MEMORY_KEYS + SCHEDULER_KEYS + RUN_KEYS + WORKLOAD_KEYS + ("workload",))
+ALL_KEYS = frozenset(
+    MODEL_KEYS + MEMORY_KEYS + SCHEDULER_KEYS + PARALLEL_KEYS + RUN_KEYS + WORKLOAD_KEYS + ("workload",)
+)
 TOP_KEYS = (
     "name",
     "description",
@@ -59,6 +66,7 @@ TOP_KEYS = (
     "workload",
     "workloads",
     "scheduler",
+    "parallel",
     "run",
     "grid",
     "runners",
@@ -67,6 +75,8 @@ TOP_KEYS = (
 )
 
 DEFAULTS: dict[str, Any] = {"runner": "sim", "policy": "paged", "block_size": 16}
+# The [grid] axis whose values are tables of settings that change together.
+TOGETHER = "together"
 
 # Repeats of every cell: enough for any spread estimate.
 MAX_REPEATS = 1000
@@ -112,6 +122,7 @@ class Suite:
             keys = list(grid)
             for combo in itertools.product(*(grid[k] for k in keys)):
                 cell = dict(settings, runner=runner, **dict(zip(keys, combo)))
+                cell.update(cell.pop(TOGETHER, {}))
                 # A workload's own sweeps: a list in [workloads.NAME] (rate = [0.5, 1, 2]) is a grid
                 # axis of that workload alone (each dataset has its own range of rates).
                 own = {k: v for k, v in self.workloads[cell["workload"]].items() if isinstance(v, list)}
@@ -139,7 +150,7 @@ class Suite:
                 kv_budget_bytes=parse_size(s.get("kv_budget", "12GiB"), "[memory] kv_budget"),
                 max_model_len=s.get("max_model_len", 2048),
             )
-            sched = {k: s[k] for k in SCHEDULER_KEYS if k in s}
+            sched = {k: s[k] for k in SCHEDULER_KEYS + PARALLEL_KEYS if k in s}
             if sched.get("clock", "steps") != "profile":
                 # A suite-wide profile does not concern a runner on another clock (an engine
                 # timing its own steps beside sim on the profile): not part of its spec.
@@ -217,6 +228,27 @@ def _check_workload_names(values: Any, workloads: Mapping[str, Any], where: str,
             raise KvbenchError(f"{where}: {table} workload {v!r} is not defined (defined: {', '.join(workloads)})")
 
 
+def _check_together(values: tuple[Any, ...], grid_table: Mapping[str, Any], where: str) -> None:
+    """``[grid] together``: tables of single settings (no lists, no runner or workload), none of
+    them also a [grid] axis of its own."""
+    allowed = ALL_KEYS - {"runner", "workload"}
+    for i, table in enumerate(values):
+        if not isinstance(table, dict) or not table:
+            raise KvbenchError(f"{where}: [grid] {TOGETHER} #{i + 1} must be a table of settings, got {table!r}")
+        for key in table:
+            if key not in allowed:
+                raise KvbenchError(
+                    f"{where}: unknown key {key!r} in [grid] {TOGETHER} #{i + 1} (known: {', '.join(sorted(allowed))})"
+                )
+        for key, value in table.items():
+            if isinstance(value, list):
+                raise KvbenchError(f"{where}: [grid] {TOGETHER} #{i + 1}: {key} must be one value, not a list")
+            if key in grid_table:
+                raise KvbenchError(
+                    f"{where}: {key} is set both in [grid] {TOGETHER} and as a [grid] axis: set it in one place"
+                )
+
+
 def _table(doc: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
     value = doc.get(name, {})
     if not isinstance(value, dict):
@@ -233,7 +265,7 @@ def parse_suite(text: str, where: str) -> Suite:
         raise KvbenchError(f"{where}: malformed TOML ({one_line(str(exc)).split(';')[0]})") from None
     _check_keys(doc, TOP_KEYS, where, "top level")
     settings: dict[str, Any] = {}
-    for name in ("model", "memory", "scheduler", "run"):
+    for name in ("model", "memory", "scheduler", "parallel", "run"):
         table = _table(doc, name, where)
         _check_keys(table, TABLE_KEYS[name], where, name)
         settings.update(table)
@@ -262,7 +294,7 @@ def parse_suite(text: str, where: str) -> Suite:
         if isinstance(path, str) and not Path(path).is_absolute() and (base / path).exists():
             table["path"] = str((base / path).resolve())
     grid_table = _table(doc, "grid", where)
-    _check_keys(grid_table, ALL_KEYS, where, "grid")
+    _check_keys(grid_table, ALL_KEYS | {TOGETHER}, where, "grid")
     grid: dict[str, tuple[Any, ...]] = {}
     for key, value in grid_table.items():
         values = tuple(value) if isinstance(value, list) else (value,)
@@ -270,6 +302,8 @@ def parse_suite(text: str, where: str) -> Suite:
             raise KvbenchError(f"{where}: [grid] {key} is an empty list")
         if key == "workload":
             _check_workload_names(values, workloads, where, "[grid]")
+        if key == TOGETHER:
+            _check_together(values, grid_table, where)
         grid[key] = values
     overrides: dict[str, dict[str, Any]] = {}
     for runner, table in _table(doc, "runners", where).items():

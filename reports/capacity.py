@@ -62,7 +62,21 @@ COLUMNS: tuple[str, ...] = (
     "goodput_at_capacity_rps",
     "slo_met_frac_at_capacity",
     "run_id",
+    "setup",
 )
+
+
+def setup_label(model: object, scheduler: object) -> str:
+    """The model and, where above 1, its tensor / pipeline parallel size: ``opt-66b TP 4``."""
+    from .records import scheduler_settings
+
+    settings = scheduler_settings(scheduler)
+    label = str(model)
+    for key, short in (("tensor_parallel_size", "TP"), ("pipeline_parallel_size", "PP")):
+        size = settings.get(key, 1)
+        if isinstance(size, int) and size > 1:
+            label += f" {short} {size}"
+    return label
 
 
 def _key(value: object) -> object:
@@ -142,6 +156,7 @@ def capacity_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
                     "goodput_at_capacity_rps": at_capacity.get("goodput_rps", math.nan),
                     "slo_met_frac_at_capacity": at_capacity.get(FLOOR, math.nan),
                     "run_id": line.sort_values("rate").iloc[0]["run_id"],
+                    "setup": setup_label(first["model"], first["scheduler"]),
                 }
             )  # a run of the line: its spec
     return pd.DataFrame(rows, columns=list(COLUMNS))
@@ -201,6 +216,7 @@ def capacity_ratios(table: pd.DataFrame, numerator: str = "paged") -> pd.DataFra
                     "baseline": base["policy"],
                     "capacity_rps": top["capacity_rps"],
                     "baseline_capacity_rps": base["capacity_rps"],
+                    "setup": top.get("setup"),
                     **_ratio(top, base),
                 }
             )
@@ -243,6 +259,7 @@ def capacity_vs_published(ratios: pd.DataFrame, reference: pd.DataFrame | None, 
         "basis",
         "source",
         "note",
+        "setup",
     ]
     if reference is None or reference.empty or "metric" not in reference:
         return pd.DataFrame(columns=cols)
@@ -276,12 +293,19 @@ def capacity_vs_published(ratios: pd.DataFrame, reference: pd.DataFrame | None, 
             "note": ref.get("note"),
         }
         if match.empty:
-            out.append({**base, "reproduced": math.nan, "kind": "?", "off": math.nan, "runner": None})
+            out.append({**base, "reproduced": math.nan, "kind": "?", "off": math.nan, "runner": None, "setup": None})
             continue
         for r in match.to_dict("records"):
             x = float(r["ratio"])
             off = 0.0 if low <= x <= high else (x / high - 1 if x > high else x / low - 1)
             out.append(
-                {**base, "reproduced": x, "kind": r["kind"], "off": off if x == x else math.nan, "runner": r["runner"]}
+                {
+                    **base,
+                    "reproduced": x,
+                    "kind": r["kind"],
+                    "off": off if x == x else math.nan,
+                    "runner": r["runner"],
+                    "setup": r.get("setup"),
+                }
             )
     return pd.DataFrame(out, columns=cols)

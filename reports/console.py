@@ -114,11 +114,14 @@ def render_goodput(runs: pd.DataFrame) -> str:
         return ""
     ok = runs[(runs["status"] == "ok") & runs["goodput_rps"].notna()]
     ok = ok.assign(_workload=ok["workload_name"].fillna("") if "workload_name" in ok else "")
-    rows = [["workload", "runner", "policy", "block", "rate", "goodput", "requests within the SLO"]]
-    for r in ok.sort_values(["_workload", "runner", "policy", "block_size", "rate"]).to_dict("records"):
+    ok = ok.assign(setup=[_setup(r) for r in ok.to_dict("records")])
+    model = _varies(ok)
+    rows = [[*model * ["model"], "workload", "runner", "policy", "block", "rate", "goodput", "requests within the SLO"]]
+    for r in ok.sort_values(["setup", "_workload", "runner", "policy", "block_size", "rate"]).to_dict("records"):
         block = "-" if is_contiguous(str(r["policy"])) and r["block_size"] == 1 else str(r["block_size"])
         rows.append(
             [
+                *model * [str(r["setup"])],
                 str(r["_workload"]) or "-",
                 str(r["runner"]),
                 str(r["policy"]),
@@ -130,9 +133,19 @@ def render_goodput(runs: pd.DataFrame) -> str:
         )
     out = [
         "goodput per run (req/s within every bound of the SLO, on the run's clock)",
-        *_aligned(rows, right={3, 4, 5, 6}),
+        *_aligned(rows, right={i + model for i in (3, 4, 5, 6)}),
     ]
     return "\n".join(out) + "\n"
+
+
+def _setup(row: dict) -> str:
+    """A run row's model with its tensor / pipeline parallel size above 1 (``opt-66b TP 4``)."""
+    label = str(row.get("model"))
+    for key, short in (("tensor_parallel_size", "TP"), ("pipeline_parallel_size", "PP")):
+        size = row.get(key)
+        if isinstance(size, (int, float)) and size == size and size > 1:
+            label += f" {short} {int(size)}"
+    return label
 
 
 def _rate(x: object) -> str:
@@ -150,11 +163,16 @@ def render_capacity(table: pd.DataFrame, ratios: pd.DataFrame, published: pd.Dat
             "rate tried was over one; binding: the bound the next rate fails by the most (all within: the "
             "one with the least slack)"
         )
-        rows = [["workload", "runner", "policy", "block", "capacity", "next", "rates", "binding", "goodput", "status"]]
+        model = _varies(part)
+        rows = [
+            [*model * ["model"], "workload", "runner", "policy", "block", "capacity", "next", "rates", "binding"]
+            + ["goodput", "status"]
+        ]
         for r in part.to_dict("records"):
             block = "-" if is_contiguous(str(r["policy"])) and r["block_size"] == 1 else str(r["block_size"])
             rows.append(
                 [
+                    *model * [str(r.get("setup"))],
                     str(r["family_label"])[:48],
                     str(r["runner"]),
                     str(r["policy"]),
@@ -167,30 +185,45 @@ def render_capacity(table: pd.DataFrame, ratios: pd.DataFrame, published: pd.Dat
                     str(r["status"]),
                 ]
             )
-        out += _aligned(rows, right={3, 4, 5, 6, 8})
+        out += _aligned(rows, right={i + model for i in (3, 4, 5, 6, 8)})
     if len(ratios):
         out.append("capacity ratios (= both within their sweeps; ≥ / ≤ one capacity is only a bound)")
-        rows = [["workload", "runner", "ratio", "value"]]
+        model = _varies(ratios)
+        rows = [[*model * ["model"], "workload", "runner", "ratio", "value"]]
         for r in ratios.to_dict("records"):
             value = (
                 "- (both capacities only bounds)"
                 if r["kind"] == "?" or r["ratio"] != r["ratio"]
                 else f"{r['kind'] if r['kind'] != '=' else ''}{r['ratio']:.2f}x"
             )
-            rows.append([str(r["family_label"])[:48], str(r["runner"]), f"{r['policy']} ÷ {r['baseline']}", value])
-        out += _aligned(rows, right={3})
+            rows.append(
+                [
+                    *model * [str(r.get("setup"))],
+                    str(r["family_label"])[:48],
+                    str(r["runner"]),
+                    f"{r['policy']} ÷ {r['baseline']}",
+                    value,
+                ]
+            )
+        out += _aligned(rows, right={3 + model})
     if len(published):
         out.append("published vs reproduced capacity ratios (a range: the paper's, over its models)")
-        rows = [["item", "published", "reproduced", "off", "basis"]]
+        model = _varies(published)
+        rows = [["item", *model * ["model"], "published", "reproduced", "off", "basis"]]
         for r in published.to_dict("records"):
             pub = f"{r['published']:g}" + (
                 f"–{r['published_max']:g}" if r["published_max"] == r["published_max"] else ""
             )
             rep = "-" if r["reproduced"] != r["reproduced"] else f"{r['reproduced']:.2f}"
             off = "-" if r["off"] != r["off"] else ("inside" if r["off"] == 0 else f"{r['off']:+.1%}")
-            rows.append([str(r["item"]), pub, rep, off, str(r["basis"])])
-        out += _aligned(rows, right={1, 2, 3})
+            rows.append([str(r["item"]), *model * [str(r.get("setup"))], pub, rep, off, str(r["basis"])])
+        out += _aligned(rows, right={i + model for i in (1, 2, 3)})
     return "\n".join(out) + "\n"
+
+
+def _varies(frame: pd.DataFrame) -> int:
+    """1 when a capacity frame holds several models (or parallel sizes), else 0: a model column's width."""
+    return int("setup" in frame.columns and frame["setup"].nunique(dropna=True) > 1)
 
 
 def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:

@@ -318,6 +318,14 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
 VARYING_ONLY = ("device", "arena")  # cell keys shown only in a table where they take two values
 
 
+def with_setup(columns: Sequence[Column], table: pd.DataFrame) -> list[Column]:
+    """``columns`` with the model (and its tensor / pipeline parallel size) first, where a capacity
+    table holds several (``reports.capacity.setup_label``); as they are otherwise."""
+    if "setup" in table.columns and table["setup"].nunique(dropna=True) > 1:
+        return [("setup", "model", "text"), *columns]
+    return list(columns)
+
+
 def visible(columns: Sequence[Column], table: pd.DataFrame, runners: set[str]) -> list[Column]:
     """The columns worth showing: present and not all missing; wall tokens/s only for real runtimes;
     the run count only when some cell was repeated."""

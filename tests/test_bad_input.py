@@ -84,6 +84,39 @@ SUITE_EDITS = {
         ('source = "fixed"', 'source = "trace"\npath = "/nonexistent/trace.csv"'),
         ("/nonexistent/trace.csv",),
     ),
+    "tp_not_dividing_heads": (
+        ("[grid]", "[parallel]\ntensor_parallel_size = 3\n[grid]"),
+        ("suite.toml", "tensor_parallel_size 3", "40 attention heads"),
+    ),
+    "tp_grid_axis_not_dividing_heads": (
+        ('runner = ["sim"]', 'runner = ["sim"]\ntensor_parallel_size = [1, 2, 3]'),
+        ("suite.toml", "tensor_parallel_size 3"),
+    ),
+    "tp_times_pp_over_num_gpus": (
+        ("[grid]", "[parallel]\ntensor_parallel_size = 4\npipeline_parallel_size = 2\nnum_gpus = 4\n[grid]"),
+        ("suite.toml", "= 8 GPUs", "num_gpus = 4"),
+    ),
+    "tp_zero": (("[grid]", "[parallel]\ntensor_parallel_size = 0\n[grid]"), ("tensor_parallel_size", "0")),
+    "pp_negative": (("[grid]", "[parallel]\npipeline_parallel_size = -2\n[grid]"), ("pipeline_parallel_size", "-2")),
+    "pp_over_layers": (("[grid]", "[parallel]\npipeline_parallel_size = 41\n[grid]"), ("41", "40 layers")),
+    "together_key_typo": (
+        ('runner = ["sim"]', 'runner = ["sim"]\ntogether = [{ presett = "opt-66b" }]'),
+        ("suite.toml", "presett", "together #1"),
+    ),
+    "together_holding_a_list": (
+        ('runner = ["sim"]', 'runner = ["sim"]\ntogether = [{ tensor_parallel_size = [1, 2] }]'),
+        ("together #1", "tensor_parallel_size", "one value"),
+    ),
+    "together_and_an_axis": (
+        ('runner = ["sim"]', 'runner = ["sim"]\ntogether = [{ block_size = 32 }]'),
+        ("block_size", "in one place"),
+    ),
+    "together_not_a_table": (('runner = ["sim"]', 'runner = ["sim"]\ntogether = [4]'), ("together #1", "table")),
+    "together_pairing_a_tp_that_does_not_divide": (
+        ('runner = ["sim"]', 'runner = ["sim"]\ntogether = [{ preset = "opt-66b", tensor_parallel_size = 5 }]'),
+        ("tensor_parallel_size 5", "72 attention heads"),
+    ),
+    "parallel_key_typo": (("[grid]", "[parallel]\ntensor_parallel = 2\n[grid]"), ("tensor_parallel", "[parallel]")),
 }
 
 
@@ -141,6 +174,19 @@ CALC = {
         ["--block-size", "16", "--tokens", "35", "--model", "opt-13b", "--budget", "1GiB", "--kv-dtype", "fp5"],
         ("fp5",),
     ),
+    "tp_not_dividing_heads": (
+        ["--block-size", "16", "--tokens", "35", "--model", "opt-66b", "--budget", "5GiB", "--tp", "5"],
+        ("tensor_parallel_size 5", "72 attention heads"),
+    ),
+    "tp_zero": (
+        ["--block-size", "16", "--tokens", "35", "--model", "opt-66b", "--budget", "5GiB", "--tp", "0"],
+        ("--tp",),
+    ),
+    "pp_negative": (
+        ["--block-size", "16", "--tokens", "35", "--model", "opt-66b", "--budget", "5GiB", "--pp", "-1"],
+        ("--pp",),
+    ),
+    "tp_without_model": (["--block-size", "16", "--tokens", "35", "--tp", "2"], ("--tp", "--model")),
     "missing_workload": (
         [
             "--block-size",

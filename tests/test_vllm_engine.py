@@ -16,6 +16,7 @@ GPU) the engine tests are skipped with the reason, and the CUDA build's
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
+from kvbench.harness.spec.specs import RunSpec
 from kvbench.reports.divergence import first_divergence
 from kvbench.runners import vllm_adapter, vllm_engine
 from kvbench.runners.vllm_engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
@@ -453,3 +455,29 @@ def test_an_engine_that_does_not_start_is_a_one_line_failed_row(tmp_path: Path) 
     assert msg.startswith("vLLM's engine did not start: ") and "max_num_seqs" in msg and "\n" not in msg
     row = run_cell(cell)  # through the sweep: a failed row with that line
     assert row["status"] == "failed" and row["error"] == msg
+
+
+def _parallel(spec: RunSpec, tp: int, pp: int = 1) -> RunSpec:
+    sched = dataclasses.replace(spec.scheduler, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    return spec.replace(scheduler=sched)
+
+
+def test_tensor_parallel_is_refused_on_cpu_and_pipeline_stages_everywhere(tmp_path: Path) -> None:
+    (cell,) = cells_for(tmp_path, runners='["vllm"]')
+    vllm_engine.check_spec(_parallel(cell.spec, 2), "cuda")  # no error: the CUDA build takes it
+    for spec, device, needle in (
+        (_parallel(cell.spec, 2), "cpu", "the vllm runner on CPU: tensor_parallel_size 2 is refused"),
+        (_parallel(cell.spec, 1, 2), "cuda", "pipeline_parallel_size 2 is refused"),
+    ):
+        with pytest.raises(KvbenchError) as exc:
+            vllm_engine.check_spec(spec, device)
+        assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+@needs_vllm
+def test_engine_args_pass_the_tensor_parallel_size_through(tmp_path: Path) -> None:
+    (cell,) = cells_for(tmp_path, runners='["vllm"]', kv_dtype="fp16")
+    spec = _parallel(cell.spec, 2)
+    args = vllm_engine.engine_args(spec, tmp_path, device="cuda", gpu_memory_utilization=0.5)
+    assert args.tensor_parallel_size == 2 and args.num_gpu_blocks_override == spec.budget_blocks + 1
+    assert vllm_engine.engine_args(cell.spec, tmp_path, device="cuda").tensor_parallel_size == 1

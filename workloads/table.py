@@ -87,13 +87,16 @@ class Workload:
         r = self.requests
         return int(((r["prompt_len"] + r["output_len"]) * r["n"]).sum())
 
-    def raw_kv_bytes(self, geometry: ModelGeometry, kv_dtype: str) -> tuple[int, int]:
-        """(all requests at full length, largest single request) in bytes.
+    def raw_kv_bytes(
+        self, geometry: ModelGeometry, kv_dtype: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
+    ) -> tuple[int, int]:
+        """(all requests at full length, largest single request) in bytes (one rank's under
+        tensor / pipeline parallelism).
 
         "Raw": no sharing of any kind, so each of the n samples holds its own
         prompt (no prefix or fork sharing): the upper bound policies improve on.
         """
-        per_token = geometry.kv_bytes_per_token(kv_dtype)
+        per_token = geometry.kv_bytes_per_token(kv_dtype, tensor_parallel_size, pipeline_parallel_size)
         r = self.requests
         tokens = (r["prompt_len"] + r["output_len"]) * r["n"]
         return int(tokens.sum()) * per_token, int(tokens.max()) * per_token

@@ -141,6 +141,10 @@ RUNS = pa.schema(
         ("budget_positions", pa.int64()),
         ("max_model_len", pa.int64()),
         ("model", pa.string()),
+        # Tensor and pipeline parallel size: kv_bytes_per_token, budget_bytes and budget_positions are
+        # one rank's (one GPU's). Null in results written before them: read as 1.
+        ("tensor_parallel_size", pa.int64()),
+        ("pipeline_parallel_size", pa.int64()),
         ("workload_id", pa.string()),
         # The suite's name for the workload ([workloads.NAME]; null for a suite's one [workload]):
         # what reports call it. Not part of the run's identity.

@@ -13,6 +13,9 @@ It still ignores everything outside the GEMMs' byte and FLOP streams (kernel
 launch gaps, norms and activations, the sampler, the engine's CPU work), which
 is why its absolute numbers sit below a real engine's; it exists so that
 Poisson and trace arrivals interact with step durations in a meaningful way.
+Under tensor / pipeline parallelism it prices one rank (its share of the
+weights, KV and FLOPs) plus two ring all-reduces per layer over the preset's
+NVLink (``TensorParallelRooflineClock``); at size 1 it is the one-GPU roofline.
 ``profile`` prices a step with terms fitted to a real engine's measured steps
 (``ClockTerms``, ``kvbench calibrate``). ``measured`` is no model at all: the
 engine runners time each step and that time is the clock (``make_clock``
@@ -32,6 +35,14 @@ from ..spec.geometry import ModelGeometry
 
 if TYPE_CHECKING:
     from ..spec.specs import SchedulerSpec
+
+
+Counts = int | np.ndarray  # one count for every step, or an int64 array of one per step
+
+
+def _floats(counts: Counts) -> np.ndarray | float:
+    """``counts`` as float64, as ``price`` converts an int (exactly, below 2**53)."""
+    return counts.astype(np.float64) if isinstance(counts, np.ndarray) else float(counts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +69,7 @@ class Clock:
         return self.price(work.scheduled_tokens, work.context_tokens, work.attention_pairs, work.scheduled_seqs)
 
     def step_times(
-        self,
-        scheduled_tokens: int | np.ndarray,
-        context_tokens: np.ndarray,
-        attention_pairs: np.ndarray,
-        scheduled_seqs: int | np.ndarray,
+        self, scheduled_tokens: Counts, context_tokens: np.ndarray, attention_pairs: np.ndarray, scheduled_seqs: Counts
     ) -> np.ndarray:
         """``step_time`` of many steps at once (int64 arrays; ``scheduled_tokens`` and
         ``scheduled_seqs`` one int for every step or an int64 array, one per step): the same
@@ -98,19 +105,35 @@ class RooflineClock(Clock):
         gpu: GpuPreset,
         weight_dtype_bytes: int = 2,
         scale: float = 1.0,
+        tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
     ) -> None:
         # ``scale``: a real engine's step time over the roofline's, fitted to what an engine reports
         # (``[scheduler] roofline_scale``; 1.0: the roofline itself). Multiplying by 1.0 is exact,
         # so an unscaled clock prices every step as it did before the factor existed.
         self.scale = float(scale)
-        self._weight_bytes = float(geometry.weight_bytes(weight_dtype_bytes))
+        # One rank's share (``kv_bytes_per_token`` is one rank's already): the weights and FLOPs of
+        # the largest pipeline stage's layers, split across the tensor-parallel ranks. At tensor and
+        # pipeline parallel size 1 the share is 1.0 and the division by 1 exact: the same floats.
+        tp = tensor_parallel_size
+        stage_layers = geometry.layers_per_stage(pipeline_parallel_size)
+        share = stage_layers / geometry.num_layers
+        self._weight_bytes = float(geometry.weight_bytes(weight_dtype_bytes)) * share / tp
         self._kv_bytes_per_token = float(kv_bytes_per_token)
         # Achieved, not datasheet, rates: the preset's measured efficiency factors fold in here.
         self._bw = gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency
         self._peak = gpu.peak_flops * gpu.flops_efficiency
-        self._flops_per_token = 2.0 * geometry.num_params
+        self._flops_per_token = 2.0 * geometry.num_params * share / tp
         # QK^T and PV: 2 matmuls × 2 FLOPs × heads × head_dim per (query, key) pair per layer
-        self._attn_flops_per_pair = 4.0 * geometry.num_layers * geometry.num_attention_heads * geometry.head_dim
+        self._attn_flops_per_pair = 4.0 * stage_layers * (geometry.num_attention_heads // tp) * geometry.head_dim
+        # Seconds of all-reduce per scheduled token under tensor parallelism (priced by
+        # ``TensorParallelRooflineClock``): two all-reduces per layer of the stage, ring formula.
+        self._comm_per_token = 0.0
+        if tp > 1:
+            if gpu.link_bytes_s <= 0:
+                raise ValueError(f"GPU preset {gpu.name}: no interconnect bandwidth for tensor parallelism")
+            bytes_per_token = geometry.hidden_size * weight_dtype_bytes
+            self._comm_per_token = 2 * stage_layers * 2.0 * (tp - 1) / tp * bytes_per_token / gpu.link_bytes_s
         # ``price``'s constants in one tuple: the fast path calls it every step.
         self._k = (
             self._weight_bytes,
@@ -129,19 +152,39 @@ class RooflineClock(Clock):
         return (memory if memory >= compute else compute) * scale  # max(), without the call
 
     def step_times(
-        self,
-        scheduled_tokens: int | np.ndarray,
-        context_tokens: np.ndarray,
-        attention_pairs: np.ndarray,
-        scheduled_seqs: int | np.ndarray,
+        self, scheduled_tokens: Counts, context_tokens: np.ndarray, attention_pairs: np.ndarray, scheduled_seqs: Counts
     ) -> np.ndarray:
         # The same IEEE operations in the same order as step_time: int → float64, ×, +, /, max, × scale.
+        return self._roofs(_floats(scheduled_tokens), context_tokens, attention_pairs) * self.scale
+
+    def _roofs(self, tokens: np.ndarray | float, context_tokens: np.ndarray, attention_pairs: np.ndarray) -> np.ndarray:
+        """``price``'s max(memory, compute) of many steps, before the scale."""
         bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
-        tokens = (
-            scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
-        )
         flops = tokens * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
-        return np.maximum(bytes_moved / self._bw, flops / self._peak) * self.scale
+        return np.maximum(bytes_moved / self._bw, flops / self._peak)
+
+
+class TensorParallelRooflineClock(RooflineClock):
+    """The roofline of one tensor-parallel rank plus its all-reduces: a Llama/OPT block all-reduces
+    its activations twice (after attention's output projection and after the MLP), each a ring
+    all-reduce of tokens × hidden × 2 bytes (fp16) that takes 2 × (TP − 1) / TP × bytes ÷ the
+    preset's one-way NVLink bandwidth, on top of the rank's own roofline (not overlapped with it).
+    Latency per all-reduce, and everything a ring does not send, is ignored."""
+
+    # ``_comm_per_token`` is set by ``RooflineClock.__init__`` (0 at one rank, where it is unused).
+
+    def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
+        weights, kv, per_token, per_pair, bw, peak, scale = self._k
+        memory = (weights + context_tokens * kv) / bw
+        compute = (scheduled_tokens * per_token + attention_pairs * per_pair) / peak
+        return ((memory if memory >= compute else compute) + scheduled_tokens * self._comm_per_token) * scale
+
+    def step_times(
+        self, scheduled_tokens: Counts, context_tokens: np.ndarray, attention_pairs: np.ndarray, scheduled_seqs: Counts
+    ) -> np.ndarray:
+        # The same IEEE operations in the same order as price.
+        tokens = _floats(scheduled_tokens)
+        return (self._roofs(tokens, context_tokens, attention_pairs) + tokens * self._comm_per_token) * self.scale
 
 
 def _segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
@@ -193,18 +236,12 @@ class ProfileClock(Clock):
         )
 
     def step_times(
-        self,
-        scheduled_tokens: int | np.ndarray,
-        context_tokens: np.ndarray,
-        attention_pairs: np.ndarray,
-        scheduled_seqs: int | np.ndarray,
+        self, scheduled_tokens: Counts, context_tokens: np.ndarray, attention_pairs: np.ndarray, scheduled_seqs: Counts
     ) -> np.ndarray:
         # The same IEEE operations in the same order as step_time: int → float64, ×, + left to right.
         c0, tok, seq, ctx, pair = self._c
-        tokens = (
-            scheduled_tokens.astype(np.float64) if isinstance(scheduled_tokens, np.ndarray) else float(scheduled_tokens)
-        )
-        seqs = scheduled_seqs.astype(np.float64) if isinstance(scheduled_seqs, np.ndarray) else float(scheduled_seqs)
+        tokens = _floats(scheduled_tokens)
+        seqs = _floats(scheduled_seqs)
         early = np.minimum(tokens, float(self._knee)) * self._early
         return ((c0 + tokens * tok + seqs * seq + context_tokens * ctx) + attention_pairs * pair) + early
 
@@ -262,6 +299,8 @@ def make_clock(
     gpu: str,
     terms: ClockTerms | None = None,
     roofline_scale: float = 1.0,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
 ) -> Clock | None:
     """The clock a run's steps are priced by; None for ``measured`` (the runner's own step time)."""
     if kind == "steps":
@@ -271,12 +310,27 @@ def make_clock(
     if kind == "profile":
         assert terms is not None, "a profile clock needs the profile's terms"
         return ProfileClock(terms)
-    return RooflineClock(geometry, kv_bytes_per_token, GPU_PRESETS[gpu], scale=roofline_scale)
+    cls = TensorParallelRooflineClock if tensor_parallel_size > 1 else RooflineClock
+    return cls(
+        geometry,
+        kv_bytes_per_token,
+        GPU_PRESETS[gpu],
+        scale=roofline_scale,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+    )
 
 
 def clock_for(scheduler: SchedulerSpec, geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
     """The clock a cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
     terms = scheduler.profile().terms if scheduler.clock == "profile" else None
     return make_clock(
-        scheduler.clock, geometry, kv_bytes_per_token, scheduler.gpu, terms, float(scheduler.roofline_scale)
+        scheduler.clock,
+        geometry,
+        kv_bytes_per_token,
+        scheduler.gpu,
+        terms,
+        float(scheduler.roofline_scale),
+        scheduler.tensor_parallel_size,
+        scheduler.pipeline_parallel_size,
     )

@@ -158,6 +158,10 @@ PAGE_SIZED_POLICIES: tuple[str, ...] = tuple(n for n, p in POLICY_FACTS.items() 
 # itl) have values: the vLLM runners and torch, which see every request that sampled a token in
 # each step. sim does not: its fast path advances many tokens per stretch.
 TOKEN_TIME_RUNNERS: tuple[str, ...] = ("vllm-sched", "vllm", "torch")
+# Runners that take tensor / pipeline parallel sizes above 1: sim and vllm-sched allocate one
+# rank's KV (its share of the KV heads and layers) from one GPU's budget; vllm passes the sizes to
+# the engine (on the CUDA build). torch computes on one device's tensors.
+PARALLEL_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm")
 
 
 def is_contiguous(policy: str) -> bool:

@@ -23,6 +23,10 @@ class GpuPreset:
     bandwidth_efficiency: float = 1.0  # weight (and KV) reads of decode-sized GEMMs
     flops_efficiency: float = 1.0  # prefill-sized fp16 GEMMs
     source: str = "datasheet"  # where the two factors come from (docs/clock-presets.md)
+    # Datasheet GPU-to-GPU (NVLink) bandwidth, one direction, per GPU: what one GPU sends (and, at
+    # the same time, receives) per second; the ring all-reduce of a tensor-parallel step runs on it.
+    # 0: no interconnect stated (a tensor-parallel roofline refuses the preset).
+    link_bytes_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in ("bandwidth_efficiency", "flops_efficiency"):
@@ -43,14 +47,27 @@ class GpuPreset:
 # num_tokens ≤ 32 for bandwidth, ≥ 2048 for FLOPs. Derivation: docs/clock-presets.md.
 _VIDUR_A100 = "Vidur A100-80GB linear-layer profiles"
 _VIDUR_H100 = "Vidur H100 linear-layer profiles"
+# NVLink, one direction per GPU. A100 (SXM, NVLink 3): 600 GB/s bidirectional per GPU (12 links ×
+# 50 GB/s), so 300 GB/s each way; H100 and H200 (SXM, NVLink 4): 900 GB/s bidirectional (18 links ×
+# 50 GB/s), 450 GB/s each way. NVIDIA's A100 and H100/H200 datasheets quote the bidirectional
+# figure; a ring all-reduce sends and receives at once, so its time is set by the one-way figure.
+_NVLINK3 = 300e9
+_NVLINK4 = 450e9
 GPU_PRESETS: dict[str, GpuPreset] = {
     g.name: g
     for g in (
-        GpuPreset("A100-40GB", 40 * 10**9, 1.555e12, 312e12, 0.77, 0.74, f"{_VIDUR_A100}, same GA100 die"),
-        GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12, 0.77, 0.74, _VIDUR_A100),
-        GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12, 0.85, 0.69, _VIDUR_H100),
+        GpuPreset("A100-40GB", 40 * 10**9, 1.555e12, 312e12, 0.77, 0.74, f"{_VIDUR_A100}, same GA100 die", _NVLINK3),
+        GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12, 0.77, 0.74, _VIDUR_A100, _NVLINK3),
+        GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12, 0.85, 0.69, _VIDUR_H100, _NVLINK4),
         GpuPreset(
-            "H200", 141 * 10**9, 4.8e12, 989e12, 0.85, 0.69, f"{_VIDUR_H100}, carried over: not measured on H200"
+            "H200",
+            141 * 10**9,
+            4.8e12,
+            989e12,
+            0.85,
+            0.69,
+            f"{_VIDUR_H100}, carried over: not measured on H200",
+            _NVLINK4,
         ),
     )
 }

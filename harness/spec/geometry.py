@@ -84,9 +84,48 @@ class ModelGeometry:
                 f"of num_kv_heads ({self.num_kv_heads})"
             )
 
-    def kv_bytes_per_token(self, kv_dtype: str) -> int:
-        """2 (K and V) × layers × KV heads × head dim × bytes per element."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes(kv_dtype)
+    def kv_bytes_per_token(self, kv_dtype: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> int:
+        """2 (K and V) × layers × KV heads × head dim × bytes per element: of the whole model at
+        tensor and pipeline parallel size 1, else of one rank (``kv_heads_per_rank`` ×
+        ``layers_per_stage``: the stage with the most layers, the one whose budget binds)."""
+        layers = self.layers_per_stage(pipeline_parallel_size)
+        heads = self.kv_heads_per_rank(tensor_parallel_size)
+        return 2 * layers * heads * self.head_dim * kv_dtype_bytes(kv_dtype)
+
+    def kv_heads_per_rank(self, tensor_parallel_size: int = 1) -> int:
+        """KV heads one tensor-parallel rank holds: split evenly across ranks, or, with fewer KV
+        heads than ranks, one replicated head per rank (vLLM's rule: ``max(1, kv_heads // tp)``)."""
+        return max(1, self.num_kv_heads // tensor_parallel_size)
+
+    def layers_per_stage(self, pipeline_parallel_size: int = 1) -> int:
+        """Layers of the largest pipeline stage: vLLM splits ``layers // pp`` to each stage and
+        gives the remainder one layer each to stages before the last, so the largest holds
+        ⌈layers / pp⌉."""
+        return -(-self.num_layers // pipeline_parallel_size)
+
+    def check_parallel(self, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> None:
+        """Refuse a split vLLM refuses: TP must divide the attention heads, and the KV heads must
+        divide evenly across ranks (or, fewer than the ranks, be replicated evenly); PP at most
+        the layers."""
+        tp, pp = tensor_parallel_size, pipeline_parallel_size
+        for field, value in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise KvbenchError(f"{field} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % tp:
+            raise KvbenchError(
+                f"model {self.name!r}: tensor_parallel_size {tp} does not divide its "
+                f"{self.num_attention_heads} attention heads"
+            )
+        kv = self.num_kv_heads
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            raise KvbenchError(
+                f"model {self.name!r}: tensor_parallel_size {tp} neither divides its {kv} KV heads "
+                f"nor is a multiple of them (replication)"
+            )
+        if pp > self.num_layers:
+            raise KvbenchError(
+                f"model {self.name!r}: pipeline_parallel_size {pp} is more than its {self.num_layers} layers"
+            )
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
@@ -151,6 +190,9 @@ PRESETS: dict[str, ModelGeometry] = {
     for g in (
         _preset("opt-13b", 40, 40, 40, 5120, 20480, 50272, 12_853_000_000),
         _preset("opt-66b", 64, 72, 72, 9216, 36864, 50272, 65_700_000_000),
+        # facebook/opt-175b's published configuration (the OPT paper, Table 1): 96 layers, 96
+        # heads of 128, hidden 12,288, MLP 49,152; about 175B parameters.
+        _preset("opt-175b", 96, 96, 96, 12288, 49152, 50272, 175_000_000_000),
         _preset("llama-2-7b", 32, 32, 32, 4096, 11008, 32000, 6_738_000_000),
         _preset("llama-2-13b", 40, 40, 40, 5120, 13824, 32000, 13_016_000_000),
         _preset("llama-3-8b", 32, 32, 8, 4096, 14336, 128256, 8_030_000_000),

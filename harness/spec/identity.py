@@ -6,7 +6,8 @@ they cannot drift apart:
 
 - **work** (``WORK``): what every comparison holds fixed (docs/design.md, "same work,
   one variable"): the model, the workload's content id, the KV precision, the KV
-  budget, ``max_model_len`` and the scheduler settings. Runs that share it form
+  budget, ``max_model_len`` and the scheduler settings (the tensor and pipeline
+  parallel sizes among them: ``SchedulerSpec`` holds a suite's [parallel]). Runs that share it form
   one comparison group of the report;
 - **cell** (``CELL``): on top of the work, what one comparison varies: the
   runner, the policy, its block size, the device the runner computed on, the
@@ -94,7 +95,11 @@ TIMING_SETTINGS: tuple[str, ...] = (
 
 # Scheduler settings added after run ids were first written, left out of the identity at their
 # default (what every earlier run did), as ``DEFAULTS`` does for run keys.
-SCHEDULER_DEFAULTS: dict[str, object] = {"roofline_scale": 1.0}
+SCHEDULER_DEFAULTS: dict[str, object] = {"roofline_scale": 1.0, "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+
+# Scheduler settings that are checks, not settings: never part of the identity (``num_gpus``: the
+# GPUs a cell may use, which tensor × pipeline parallel size must fit).
+SCHEDULER_CHECKS: tuple[str, ...] = ("num_gpus",)
 
 # Names a run id hashes a key under, where it differs from the row's column: run ids written
 # before this module existed must stay the same, or every results directory would re-run.
@@ -167,7 +172,9 @@ def scheduler_identity(settings: Mapping[str, Any], profile: Mapping[str, str]) 
     sched = {
         k: v
         for k, v in settings.items()
-        if k != "clock_profile" and not (k in SCHEDULER_DEFAULTS and v == SCHEDULER_DEFAULTS[k])
+        if k != "clock_profile"
+        and k not in SCHEDULER_CHECKS
+        and not (k in SCHEDULER_DEFAULTS and v == SCHEDULER_DEFAULTS[k])
     }
     if settings.get("clock_profile") is not None:
         sched.update(profile)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import KvbenchError
 from . import identity
-from .capabilities import MEASURING_RUNNERS, POLICIES
+from .capabilities import MEASURING_RUNNERS, PARALLEL_RUNNERS, POLICIES
 from .clock_model import GPU_PRESETS
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .workload_spec import WorkloadSpec
@@ -29,6 +29,8 @@ CLOCKS = ("steps", "roofline", "profile", "measured")
 # Where a contiguous policy places its reservations (harness/sim/policies/arena.py); the first is
 # the default, left out of run ids so that ids from before the choice existed stay the same.
 ARENAS = ("first-fit", "buddy")
+# Tensor or pipeline parallel ranks, and GPUs: far beyond any one serving deployment; more is a typo.
+MAX_PARALLEL = 4096
 
 
 def _positive_int(owner: str, field: str, value: object, upper: int | None = None) -> None:
@@ -80,9 +82,27 @@ class SchedulerSpec:
     # reports (`kvbench fit-roofline`); 1.0 is the roofline itself.
     roofline_scale: float = 1.0
     max_stall_steps: int = 10_000  # livelock guard: steps without progress before a run fails
+    # Parallelism (a suite's [parallel] table): KV heads split across tensor-parallel ranks, layers
+    # across pipeline stages; the KV budget is per GPU, and every per-token figure is one rank's.
+    # Part of the run's identity only when not 1, so run ids from before they existed stay.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # The GPUs the cell may use, when stated: tensor × pipeline parallel size must fit. A check,
+    # not part of the identity (it changes nothing a run measures).
+    num_gpus: int | None = None
 
     def __post_init__(self) -> None:
         _positive_int("[scheduler]", "max_num_seqs", self.max_num_seqs, upper=10**6)
+        _positive_int("[parallel]", "tensor_parallel_size", self.tensor_parallel_size, upper=MAX_PARALLEL)
+        _positive_int("[parallel]", "pipeline_parallel_size", self.pipeline_parallel_size, upper=MAX_PARALLEL)
+        if self.num_gpus is not None:
+            _positive_int("[parallel]", "num_gpus", self.num_gpus, upper=MAX_PARALLEL)
+            ranks = self.tensor_parallel_size * self.pipeline_parallel_size
+            if ranks > self.num_gpus:
+                raise KvbenchError(
+                    f"[parallel] tensor_parallel_size {self.tensor_parallel_size} × pipeline_parallel_size "
+                    f"{self.pipeline_parallel_size} = {ranks} GPUs, more than num_gpus = {self.num_gpus}"
+                )
         _positive_int("[scheduler]", "max_num_batched_tokens", self.max_num_batched_tokens, upper=10**8)
         _positive_int("[scheduler]", "max_stall_steps", self.max_stall_steps)
         if self.preemption not in PREEMPTION_MODES:
@@ -148,6 +168,13 @@ class RunSpec:
         check_arena(self.arena, "cell")
         if self.device not in ("auto", "cpu", "cuda"):
             raise KvbenchError(f"cell: unknown device {self.device!r} (known: auto, cpu, cuda)")
+        tp, pp = self.scheduler.tensor_parallel_size, self.scheduler.pipeline_parallel_size
+        self.geometry.check_parallel(tp, pp)
+        if tp * pp > 1 and self.runner not in PARALLEL_RUNNERS:
+            raise KvbenchError(
+                f"runner {self.runner}: computes on one device's tensors, so tensor_parallel_size {tp} × "
+                f"pipeline_parallel_size {pp} cannot run there (runners that take them: {', '.join(PARALLEL_RUNNERS)})"
+            )
         clock = self.scheduler.clock
         if clock == "measured" and self.runner not in MEASURING_RUNNERS:
             raise KvbenchError(
@@ -171,7 +198,11 @@ class RunSpec:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.geometry.kv_bytes_per_token(self.model.kv_dtype)
+        """One rank's KV bytes per token (the whole model's at tensor and pipeline parallel size 1)."""
+        sched = self.scheduler
+        return self.geometry.kv_bytes_per_token(
+            self.model.kv_dtype, sched.tensor_parallel_size, sched.pipeline_parallel_size
+        )
 
     @property
     def budget_positions(self) -> int:
