@@ -805,7 +805,7 @@ def swept_curves(cells: pd.DataFrame, slo_bounds: Sequence[float] = ()) -> Plot:
 
 
 # 9, 10 -------------------------------------------------------------------------
-PERCENTILE_STYLES = {"p50": ":", "p90": "-.", "p95": (0, (5, 2)), "p99": "-", "mean": (0, (1, 3))}
+PERCENTILE_STYLES = {"p50": ":", "p90": "-.", "p95": (0, (5, 2)), "p99": "-", "mean": (0, (6, 2, 1, 2, 1, 2))}
 METRIC_NAMES = {
     "ttft": "time to first token",
     "tpot": "time per output token",

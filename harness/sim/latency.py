@@ -39,10 +39,23 @@ def summarise(values: np.ndarray, stat: str) -> float | None:
     return float(np.percentile(values, float(stat[1:])))
 
 
+def _finished(seqs: list[Seq]) -> list[Seq]:
+    return [s for s in seqs if s.status == FINISHED and s.num_output > 0]
+
+
+def _gaps(done: list[Seq], token_times: Mapping[int, Sequence[float]]) -> np.ndarray | None:
+    """Every gap between successive tokens of the finished sequences; None without token times."""
+    gaps = [np.diff(np.asarray(token_times[s.index], dtype=np.float64)) for s in done if s.index in token_times]
+    return np.concatenate(gaps) if gaps else None
+
+
+def _stats(prefix: str, values: np.ndarray | None) -> dict[str, float | None]:
+    return {f"{prefix}_{stat}_s": None if values is None else summarise(values, stat) for stat in LATENCY_STATS}
+
+
 def itl_summary(seqs: list[Seq], token_times: Mapping[int, Sequence[float]]) -> dict[str, float | None]:
-    """The runs table's ``itl_*`` columns from each sequence's token times (``latency_summary``'s)."""
-    summary = latency_summary(seqs, token_times)
-    return {k: v for k, v in summary.items() if k.startswith("itl_")}
+    """The runs table's ``itl_*`` columns from each sequence's token times."""
+    return _stats("itl", _gaps(_finished(seqs), token_times))
 
 
 def latency_summary(
@@ -50,7 +63,7 @@ def latency_summary(
 ) -> dict[str, float | None]:
     """The runs table's latency columns; ``token_times``: each finished sequence's token times
     by ``Seq.index`` (the first token's included), where the runner records them."""
-    done = [s for s in seqs if s.status == FINISHED and s.num_output > 0]
+    done = _finished(seqs)
     arrival = np.array([s.arrival_s for s in done], dtype=np.float64)
     first = np.array([s.first_token_s for s in done], dtype=np.float64)
     finish = np.array([s.finished_s for s in done], dtype=np.float64)
@@ -62,16 +75,6 @@ def latency_summary(
         "tpot": (finish[many] - first[many]) / (generated[many] - 1),
         "latency": latency,
         "normalized_latency": latency / generated,
+        "itl": None if token_times is None else _gaps(done, token_times),
     }
-    gaps = (
-        [np.diff(np.asarray(token_times[s.index], dtype=np.float64)) for s in done if s.index in token_times]
-        if token_times is not None
-        else []
-    )
-    if gaps:
-        values["itl"] = np.concatenate(gaps)
-    return {
-        f"{prefix}_{stat}_s": summarise(values[prefix], stat) if prefix in values else None
-        for prefix in LATENCY_PREFIXES
-        for stat in LATENCY_STATS
-    }
+    return {k: v for prefix in LATENCY_PREFIXES for k, v in _stats(prefix, values[prefix]).items()}
