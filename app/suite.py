@@ -53,6 +53,8 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "run": RUN_KEYS,
     "workload": WORKLOAD_KEYS,
 }
+# [runners.serve] only: what the serve runner reads (runners.serve.ServeSettings checks the values).
+SERVE_KEYS = ("url", "startup_timeout_s", "metrics_interval_s", "request_timeout_s")
 ALL_KEYS = frozenset(
     MODEL_KEYS + MEMORY_KEYS + SCHEDULER_KEYS + PARALLEL_KEYS + RUN_KEYS + WORKLOAD_KEYS + ("workload",)
 )
@@ -186,6 +188,7 @@ class Suite:
                 repeat=s.get("repeat", 0),
                 device=s.get("device", "auto"),
                 suite=self.name,
+                **{f"serve_{k}": s[k] for k in SERVE_KEYS if k in s and s["runner"] == "serve"},
             )
             if policy == "virtual-contiguous":
                 from ..harness.sim.policies import page_tokens
@@ -313,7 +316,12 @@ def parse_suite(text: str, where: str) -> Suite:
             )
         if not isinstance(table, dict):
             raise KvbenchError(f"{where}: [runners.{runner}] must be a table")
-        _check_keys(table, ALL_KEYS - {"runner"}, where, f"runners.{runner}")
+        _check_keys(
+            table,
+            (ALL_KEYS - {"runner"}) | (set(SERVE_KEYS) if runner == "serve" else set()),
+            where,
+            f"runners.{runner}",
+        )
         for key, value in table.items():
             if isinstance(value, list) and not value:
                 raise KvbenchError(f"{where}: [runners.{runner}] {key} is an empty list")

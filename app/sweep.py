@@ -25,6 +25,7 @@ from .signals import raise_pending
 from .suite import Suite
 
 if TYPE_CHECKING:
+    from ..harness.spec.specs import RunSpec
     from ..workloads.table import Workload
 
 
@@ -74,12 +75,27 @@ def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepar
                     f"{spec.workload.prefix_len + 1} tokens (each request computes a token of its own)"
                 )
             built[key] = w
+        check_hash_blocks(spec, built[key], suite.path)
         cells.append(
             Cell(spec=spec, workload=built[key], out=out, workload_name=name if suite.named_workloads else None)
         )
         if spec.runner == "sim":
             names.setdefault(name, built[key].workload_id)
     return Prepared(suite, cells, names)
+
+
+def check_hash_blocks(spec: RunSpec, workload: Workload, where: str) -> None:
+    """Refuse prefix caching over a hash-id trace whose hash blocks are not whole cache blocks:
+    the trace says which of its blocks are shared, and a cache block straddling two of them
+    would be shared only where both are, which is not what the trace describes."""
+    if spec.policy != "paged-prefix" or workload.hash_ids is None:
+        return
+    hbs, bs = spec.workload.hash_block_size, spec.block_size
+    if hbs % bs:
+        raise KvbenchError(
+            f"{where}: hash_block_size {hbs} is not a multiple of block_size {bs}: paged-prefix on a hash-id "
+            f"trace needs each hash block to be whole cache blocks"
+        )
 
 
 def keep_inputs(prepared: Prepared, out: Path) -> None:

@@ -24,6 +24,10 @@ change gets a verdict:
 - a metric measured on one side only (null on the other: a column an older kvbench did
   not record, or one the runner does not produce) is not compared, and the columns
   are named (``uncompared_columns``);
+- a run imported from ``vllm bench serve`` with ``kvbench import --like`` is matched as the
+  runner of the kvbench run it was imported like (docs/formats.md); it has no allocation
+  columns, and a matched cell holding one in which no metric could be judged fails the gate
+  (``unjudged_imported_cells``);
 - a cell on one side only is listed, never dropped;
 - a cell that was ok in base and is not in the candidate is a regression.
 
@@ -45,6 +49,7 @@ import pandas as pd
 from ..harness.spec import identity
 from ..harness.spec.units import format_bytes
 from .records import cell_label, code_versions, describe_versions, with_keys
+from .vllm_bench_format import IMPORTED_RUNNER, imported_block
 
 MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
 NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says
@@ -92,8 +97,18 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
+def standing_runner(row: dict[str, Any]) -> Any:
+    """The runner a run is matched as: its own, except for a run imported from ``vllm bench serve``
+    with ``kvbench import --like``, which stands in the cell of the kvbench run it was imported like."""
+    if row.get("runner") == IMPORTED_RUNNER:
+        like = (imported_block(row) or {}).get("like")
+        if isinstance(like, dict) and like.get("runner"):
+            return like["runner"]
+    return row.get("runner")
+
+
 def _key(row: dict[str, Any]) -> tuple[str, ...]:
-    return tuple(str(row.get(k)) for k in MATCH_KEYS)
+    return tuple(str(standing_runner(row) if k == "runner" else row.get(k)) for k in MATCH_KEYS)
 
 
 def _cells(runs: pd.DataFrame) -> dict[tuple[str, ...], pd.DataFrame]:
@@ -163,7 +178,7 @@ def compare(base_runs: pd.DataFrame, cand_runs: pd.DataFrame, tolerance: float) 
         side = b if b is not None else c  # base's runs, or the candidate's where base lacks the cell
         assert side is not None
         first = side.iloc[0].to_dict()
-        ident = {"cell": labels[key], **{k: first.get(k) for k in MATCH_KEYS}}
+        ident = {"cell": labels[key], **{k: first.get(k) for k in MATCH_KEYS}, "runner": standing_runner(first)}
         if b is None or c is None:
             rows.append(
                 {
@@ -177,7 +192,14 @@ def compare(base_runs: pd.DataFrame, cand_runs: pd.DataFrame, tolerance: float) 
             )
             continue
         rows.extend(_cell_rows(ident, b, c, tolerance))
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    # The cells holding a run imported from `vllm bench serve` (see unjudged_imported_cells).
+    frame.attrs["imported_cells"] = [
+        labels[key]
+        for key, runs in (*b_by.items(), *c_by.items())
+        if (runs["runner"] == IMPORTED_RUNNER).any() and key in b_by and key in c_by
+    ]
+    return frame
 
 
 def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, tolerance: float) -> list[dict[str, Any]]:
@@ -265,6 +287,35 @@ def code_notes(base_runs: pd.DataFrame, cand_runs: pd.DataFrame) -> list[str]:
 
 def _digests(runs: pd.DataFrame) -> list[object]:
     return runs["code_digest"].tolist() if "code_digest" in runs else [None] * len(runs)
+
+
+JUDGED: tuple[str, ...] = (REGRESSION, IMPROVEMENT, SAME, WITHIN, NOISE)
+
+
+def unjudged_imported_cells(result: pd.DataFrame) -> list[str]:
+    """The matched cells holding a run imported from ``vllm bench serve`` in which no metric was
+    judged: the import lacks the allocation columns and each timed metric needs ``MIN_REPEATS``
+    runs per side, so such a cell may compare nothing, and a gate must not pass on it."""
+    out = []
+    for cell in dict.fromkeys(result.attrs.get("imported_cells", [])):
+        verdicts = result.loc[result["cell"] == cell, "verdict"]
+        if not verdicts.isin(JUDGED).any():
+            out.append(cell)
+    return out
+
+
+def import_notes(base_runs: pd.DataFrame, cand_runs: pd.DataFrame) -> list[str]:
+    """A note for each side holding runs imported from ``vllm bench serve``: they measure
+    throughput and latency only (no steps, no allocation)."""
+    notes = []
+    for side, runs in (("base", base_runs), ("candidate", cand_runs)):
+        n = int((runs["runner"] == IMPORTED_RUNNER).sum()) if "runner" in runs else 0
+        if n:
+            notes.append(
+                f"{side} holds {n} run(s) imported from `vllm bench serve` (runner {IMPORTED_RUNNER}): they measure "
+                "throughput and latency only, so their allocation, capacity and preemption columns are not compared"
+            )
+    return notes
 
 
 def uncompared_columns(result: pd.DataFrame) -> dict[str, int]:

@@ -12,7 +12,9 @@ from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published, goodput_table
 from .decomposition import decompose, gap_sentence
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
+from .prefix_reuse import prefix_reuse_table
 from .records import code_note, workload_tag
+from .serve_check import serve_check
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
 
@@ -41,6 +43,8 @@ class ReportTables:
     drift: Drift | None = None  # the prediction's error split into the machine's and the model's
     decomposition_gap: str = ""  # one sentence: the allocation factor in vLLM against torch's
     goodput: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # per run of a sweep under an SLO
+    prefix_reuse: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # paged-prefix against budget
+    serve_check: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # serve: steps against /metrics
 
 
 def drift_to_show(table: pd.DataFrame) -> Drift | None:
@@ -72,6 +76,7 @@ def report_tables(
     reference_problem: str | None = None,
     steps: pd.DataFrame | None = None,
     slo: pd.DataFrame | None = None,
+    metrics: pd.DataFrame | None = None,
 ) -> ReportTables:
     baseline = choose_baseline(runs)
     cells = summary(runs)
@@ -120,4 +125,6 @@ def report_tables(
         drift_to_show(paired),
         decomposition_gap=gap_sentence(decomp),
         goodput=goodput,
+        prefix_reuse=prefix_reuse_table(cells),
+        serve_check=serve_check(runs, steps, metrics),
     )

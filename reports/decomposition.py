@@ -12,6 +12,11 @@ vllm/contiguous-*`` (``vllm_allocation``), and how far apart the two are
 figures: ``sim``'s capacity for the same two policies, ``vllm-sched``'s
 capacity for paged, and preemptions from every side.
 
+``serve/paged vs vllm/paged`` (``serving`` = serve_paged ÷ vllm_paged): the same engine on the
+same work, served over HTTP (``serve``: the API process, streaming, the client's open-loop
+replay) against driven in-process (``vllm``), so what the server adds over the engine itself;
+``serve_paged_preemptions`` beside ``vllm_paged_preemptions``.
+
 ``tokens_per_s`` is on kvbench's clock in every runner; ``torch`` and
 ``vllm`` take the same steps on the same work (their allocation columns agree
 step for step), so on that clock the runtime factor is 1 by construction and
@@ -85,6 +90,9 @@ COLUMNS: tuple[str, ...] = (
     "torch_paged_preemptions",
     "vllm_contiguous_preemptions",
     "vllm_paged_preemptions",
+    "serve_paged",
+    "serving",
+    "serve_paged_preemptions",
     "models",
     "warning",
 )
@@ -242,6 +250,9 @@ def _row(
         "torch_paged_preemptions": paged("torch", "preemptions"),
         "vllm_contiguous_preemptions": contiguous("vllm", "preemptions"),
         "vllm_paged_preemptions": paged("vllm", "preemptions"),
+        "serve_paged": paged("serve"),
+        "serving": _ratio(paged("serve"), vllm_p),
+        "serve_paged_preemptions": paged("serve", "preemptions"),
     }
 
 

@@ -58,11 +58,13 @@ DECOMP_COLUMNS: tuple[Column, ...] = (
     ("torch_paged", "torch/paged", "g"),
     ("vllm_contiguous", "vllm/contiguous", "g"),
     ("vllm_paged", "vllm/paged", "g"),
+    ("serve_paged", "serve/paged", "g"),
     ("naive", "naive ×", "ratio"),
     ("allocation", "torch allocation ×", "ratio"),
     ("vllm_allocation", "vllm allocation ×", "ratio"),
     ("allocation_gap", "vllm ÷ torch allocation", "ratio"),
     ("runtime", "runtime ×", "ratio"),
+    ("serving", "serving × (serve ÷ vllm paged)", "ratio"),
     ("torch_contiguous_unit", "torch contiguous unit", "text"),
     ("vllm_contiguous_unit", "vllm contiguous unit", "text"),
     ("sim_allocation", "sim allocation ×", "ratio"),
@@ -71,6 +73,7 @@ DECOMP_COLUMNS: tuple[Column, ...] = (
     ("sim_contiguous_preemptions", "sim contiguous preempt.", "int"),
     ("vllm_sched_paged_preemptions", "vllm-sched paged preempt.", "int"),
     ("vllm_contiguous_preemptions", "vllm contiguous preempt.", "int"),
+    ("serve_paged_preemptions", "serve paged preempt.", "int"),
 )
 REFERENCE_COLUMNS: tuple[Column, ...] = (
     ("item", "item", "text"),
@@ -153,6 +156,29 @@ GOODPUT_COLUMNS: tuple[Column, ...] = (
     ("slo_met_frac", "requests within the SLO %", "pct"),
     ("within", "run within the SLO", "text"),
 )
+PREFIX_REUSE_COLUMNS: tuple[Column, ...] = (
+    ("workload", "workload", "text"),
+    ("runner", "runner", "text"),
+    ("block_size", "block", "block"),
+    ("budget_bytes", "KV budget", "bytes"),
+    ("prefix_hit_rate", "hit rate %", "pct"),
+    ("session_hit_rate_mean", "per-conversation hit rate % (mean)", "pct"),
+    ("session_hit_rate_min", "(lowest)", "pct"),
+    ("recomputed_hit_tokens", "recompute hits, tokens", "f0"),
+    ("evictions", "evictions", "f0"),
+    ("reuse_distance_p50_s", "reuse distance p50", "time"),
+    ("tokens_per_s", "paged-prefix tok/s", "f0"),
+    ("prefix_over_paged", "÷ paged", "ratio"),
+    ("contiguous_budget_bytes", "contiguous needs", "bytes"),
+    ("contiguous_note", "", "note"),
+)
+PREFIX_REUSE_NOTE = (
+    "Per KV budget where paged-prefix ran: its prefix-cache hit rate (hit tokens at first admission ÷ prompt "
+    "tokens; a preempted request's hits on its own recomputation are not hits and are counted apart), each "
+    "conversation's hit rate (multi-turn workloads), cached blocks evicted, how long a reused block waited in "
+    "the free queue (median, on the run's clock), throughput against paged at the same budget, and the "
+    "smallest budget swept at which a contiguous policy, which shares nothing, reaches the same throughput."
+)
 GOODPUT_NOTE = (
     "Per run: a request meets the SLO when it finished and its own TTFT, TPOT, end-to-end and normalized "
     "latency are each within the bound on that metric (whatever percentile the bound is read at); goodput "
@@ -203,6 +229,61 @@ CLOCKS_NOTE = (
     "every step time times that factor (fitted with `kvbench fit-roofline` to a number an engine "
     "reports); profile: terms fitted by `kvbench "
     "calibrate` to an engine's measured steps; measured: the engine's own step times."
+)
+SERVE_CHECK_COLUMNS: tuple[Column, ...] = (
+    ("workload", "workload", "text"),
+    ("policy", "policy", "text"),
+    ("block_size", "block", "block"),
+    ("scrapes", "scrapes", "int"),
+    ("idle_scrapes", "idle", "int"),
+    ("blocks_exact", "blocks known exactly", "int"),
+    ("blocks_agree_frac", "blocks agree %", "pct"),
+    ("blocks_max_diff", "largest Δ blocks", "int"),
+    ("running_agree_frac", "running agree %", "pct"),
+    ("waiting_agree_frac", "waiting agree %", "pct"),
+    ("preemptions_steps", "preemptions: steps", "int"),
+    ("preemptions_metrics", "/metrics (last scrape)", "int"),
+    ("preemptions_run", "run row", "int"),
+    ("preemptions_lag_max", "max lag of /metrics", "int"),
+    ("verdict", "verdict", "text"),
+    ("note", "note", "note"),
+)
+SERVE_CHECK_NOTE = (
+    "Per serve run: each /metrics scrape against the step rows kvbench's scheduler wrote inside the same "
+    "server, both timed in seconds from the start of the replay. vLLM takes the statistics it reports at "
+    "the end of a step, after its finished requests left and freed their blocks; a step row is read before "
+    "that. So a scrape is compared with the state after the last step that ended before it began: running "
+    "− finished, waiting, and allocated blocks (kv_cache_usage × the budget's usable blocks: vLLM's usage "
+    "is used ÷ (num_gpu_blocks − 1)). The server answers a scrape after it begins while the engine steps "
+    "on, and the scraper waits for each answer before the next: a scrape answered late reads the state "
+    "after a later step, one that ended before the next scrape began. Verdict: agree (every scrape reads "
+    "the step before it), agree (some answered late), or differ (a scrape reads neither, the last scrape "
+    "disagrees, or the preemption totals differ)."
+)
+SERVE_CHECK_DEFINITIONS: tuple[tuple[str, str], ...] = (
+    ("idle", "scrapes begun with nothing running or waiting and no step in flight"),
+    (
+        "blocks known exactly",
+        "scrapes after a step that finished nothing, or left nothing running; after one that finished some "
+        "requests, the blocks they freed are not in the step rows, so the reading need only lie between 0 "
+        "and the step's count",
+    ),
+    (
+        "… agree %",
+        "share of scrapes whose reading equals the state after the step before them (blocks: or lies within "
+        "that bound); a scrape answered late counts as not agreeing here",
+    ),
+    ("largest Δ blocks", "the largest difference, either way, where the blocks are known exactly"),
+    (
+        "preemptions",
+        "the steps' total, /metrics' counter at the last scrape (after every request finished) and the run "
+        "row's: all three are equal when the records agree",
+    ),
+    (
+        "max lag of /metrics",
+        "most preemptions the steps had counted and the counter had not yet: vLLM counts one when the "
+        "preempted request next returns a token",
+    ),
 )
 GLOSSARY: tuple[tuple[str, str], ...] = (
     ("token states %", "time-weighted mean share of the KV budget holding computed tokens' K/V (useful memory)"),

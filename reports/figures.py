@@ -24,6 +24,7 @@ from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 from . import figdata
 from .decomposition import gap_sentence
+from .prefix_reuse import LINE_KEYS
 from .records import cell_label, throughput_note, time_axis_label, workload_tag
 
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
@@ -261,7 +262,8 @@ def running_requests(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
     bars.invert_yaxis()
     bars.set_xlabel("running requests (mean is time-weighted)")
     bars.set_title("mean (coloured) and peak (grey) per run", fontsize=10)
-    bars.set_xlim(0, 1.15 * max(float(group["peak_running"].max()), 1.0))
+    peak = group["peak_running"].max()  # null for an attached server's runs: nothing seen inside
+    bars.set_xlim(0, 1.15 * max(0.0 if pd.isna(peak) else float(peak), 1.0))
     fig.suptitle(
         _wrap("Batch capacity: how many requests run at once — " + group["group_label"].iloc[0], 130), fontsize=10
     )
@@ -930,6 +932,61 @@ def goodput_curves(cells: pd.DataFrame, slo: pd.DataFrame | None = None) -> Plot
     return Plot(name, title, fig, note)
 
 
+# 11 ----------------------------------------------------------------------------
+def prefix_reuse_curves(cells: pd.DataFrame) -> Plot:
+    """Hit rate and throughput against the KV budget: paged-prefix, paged, and contiguous."""
+    name, title = "11-prefix-reuse", "Prefix reuse vs KV budget"
+    lines = prefix_budget_lines(cells)
+    if not lines:
+        return Plot(name, title, None, "no budget sweep with paged-prefix: it ran at fewer than two KV budgets")
+    shown = lines[:3]
+    multi = cells["runner"].nunique() > 1
+    fig = Figure(figsize=(max(4.6 * len(shown) + 1, 8), 7.4), layout="constrained")
+    axes = fig.subplots(2, len(shown), squeeze=False)
+    for col, line in enumerate(shown):
+        for (_, policy), sub in line.groupby(["runner", "policy"], sort=False):
+            sub = sub.sort_values("budget_bytes")
+            r0 = sub.iloc[0].to_dict()
+            kw = {"color": _color(policy), "ls": RUNNER_STYLES.get(r0["runner"], "-"), "marker": "o"}
+            budget = sub["budget_bytes"]
+            if policy == "paged-prefix":
+                axes[0, col].plot(budget, 100 * sub["prefix_hit_rate"], label=_label(r0, multi), **kw)
+            axes[1, col].plot(budget, sub["tokens_per_s"], label=_label(r0, multi), **kw)
+        axes[0, col].set_title(_wrap(str(line["workload"].iloc[0]), 55), fontsize=9)
+        axes[1, col].set_xlabel("KV budget (log scale)")
+        budgets = sorted(set(line["budget_bytes"]))
+        for ax in axes[:, col]:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, [format_bytes(int(b)) for b in budgets])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("prefix-cache hit rate, % of prompt tokens")
+    axes[1, 0].set_ylabel(_wrap(f"throughput: {throughput_note(set(cells['clock']), set(cells['runner']))}", 40))
+    axes[0, 0].legend(fontsize=8)
+    axes[1, 0].legend(fontsize=8)
+    fig.suptitle("Prefix reuse: hit rate (top) and throughput (bottom) against the KV budget", fontsize=11)
+    note = (
+        "Hit rate counts first admissions only (a preempted request's hits on its own recomputation are not hits). "
+        "A contiguous line reaching paged-prefix's throughput at a larger budget is the memory sharing saves."
+    )
+    if len(lines) > len(shown):
+        note += f" {len(lines) - len(shown)} more swept workload(s) are in the table only."
+    return Plot(name, title, fig, note)
+
+
+def prefix_budget_lines(cells: pd.DataFrame) -> list[pd.DataFrame]:
+    """The cells of each budget sweep in which paged-prefix ran at two or more budgets."""
+    if cells.empty or "paged-prefix" not in set(cells["policy"]):
+        return []
+    ok = cells[cells["ok"] > 0]
+    keys = [k for k in LINE_KEYS if k in ok]
+    return [
+        line
+        for _, line in ok.groupby(keys, sort=False, dropna=False)
+        if line.loc[line["policy"] == "paged-prefix", "budget_bytes"].nunique() >= 2
+    ]
+
+
 def all_plots(
     cells: pd.DataFrame,
     runs: pd.DataFrame,
@@ -950,6 +1007,7 @@ def all_plots(
         swept_curves(cells, _latency_bounds(slo)),
         slo_latency(cells, slo),
         goodput_curves(cells, slo),
+        prefix_reuse_curves(cells),
     ]
 
 

@@ -145,6 +145,19 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
             parts.append("<h3>Goodput per run</h3>")
             parts.append(f"<p>{_e(display.GOODPUT_NOTE)}</p>")
             parts.append(table(display.GOODPUT_COLUMNS, tables.goodput))
+    if len(tables.prefix_reuse):
+        parts.append("<h2>Prefix reuse against KV budget</h2>")
+        parts.append(f"<p>{_e(display.PREFIX_REUSE_NOTE)}</p>")
+        parts.append(table(display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse))
+    if len(tables.serve_check):
+        parts.append("<h2>Server: steps against /metrics</h2>")
+        parts.append(f"<p>{_e(display.SERVE_CHECK_NOTE)}</p>")
+        parts.append(
+            table(display.visible(display.SERVE_CHECK_COLUMNS, tables.serve_check, runners), tables.serve_check)
+        )
+        parts.append(
+            "<ul>" + "".join(f"<li><b>{_e(n)}</b>: {_e(t)}</li>" for n, t in display.SERVE_CHECK_DEFINITIONS) + "</ul>"
+        )
     if len(tables.clocks):
         parts.append("<h2>Clocks</h2>")
         parts.append(f"<p>{_e(display.CLOCKS_NOTE)}</p>")
@@ -183,7 +196,9 @@ def write_report(out: Path) -> Path:
     naming the file."""
     out = Path(out)
     records = load(out)
-    tables = report_tables(records.runs, records.reference, records.reference_problem, records.steps, records.slo)
+    tables = report_tables(
+        records.runs, records.reference, records.reference_problem, records.steps, records.slo, records.metrics
+    )
     plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition, records.slo)
     pngs = {p.name: png_bytes(p) for p in plots if p.figure is not None}
     files = {f"{name}.png": data for name, data in pngs.items()}

@@ -111,6 +111,13 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
         if len(tables.goodput):
             out += ["### Goodput per run", "", display.GOODPUT_NOTE, ""]
             out += table(display.GOODPUT_COLUMNS, tables.goodput) + [""]
+    if len(tables.prefix_reuse):
+        out += ["## Prefix reuse against KV budget", "", display.PREFIX_REUSE_NOTE, ""]
+        out += table(display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse) + [""]
+    if len(tables.serve_check):
+        out += ["## Server: steps against /metrics", "", display.SERVE_CHECK_NOTE, ""]
+        out += table(display.visible(display.SERVE_CHECK_COLUMNS, tables.serve_check, runners), tables.serve_check)
+        out += ["", *(f"- **{name}**: {text}" for name, text in display.SERVE_CHECK_DEFINITIONS), ""]
     if len(tables.clocks):
         out += ["## Clocks", "", display.CLOCKS_NOTE, ""]
         out += table(display.CLOCK_COLUMNS, tables.clocks) + [""]

@@ -1,5 +1,6 @@
-"""A results directory as the reports see it: the three tables, the optional
-published reference, and the labels and keys every report shares.
+"""A results directory as the reports see it: the three tables (and a served engine's
+scrapes where a serve run wrote them), the optional published reference, and the labels and
+keys every report shares.
 
 Everything here but ``load`` is a pure function of DataFrames.
 """
@@ -36,6 +37,7 @@ class Records:
     reference: pd.DataFrame | None = None
     reference_problem: str | None = None  # why out/reference.parquet could not be used
     slo: pd.DataFrame | None = None  # out/slo.parquet: the suites' latency bounds for capacity
+    metrics: pd.DataFrame | None = None  # a served engine's /metrics scrapes (serve runs); None: no metrics/
 
 
 def load(out: Path) -> Records:
@@ -53,6 +55,8 @@ def load(out: Path) -> Records:
         raise KvbenchError(f"{out}: holds no runs (runs/ is empty); run `kvbench run --out {out}` first")
     steps = read_table(out, "steps", set(runs["run_id"])) if (out / "steps").is_dir() else pd.DataFrame()
     requests = read_table(out, "requests", set(runs["run_id"])) if (out / "requests").is_dir() else pd.DataFrame()
+    # Only serve runs write metrics/: a directory without it reads as before.
+    metrics = read_table(out, "metrics", set(runs["run_id"])) if (out / "metrics").is_dir() else None
     reference, problem = read_reference(out / "reference.parquet")
     slo_path = out / "slo.parquet"
     try:
@@ -66,7 +70,7 @@ def load(out: Path) -> Records:
     )
     if len(requests):
         requests = requests.assign(slo_met=slo_met(requests, runs, slo))
-    return Records(with_keys(runs), steps, requests, reference, problem, slo)
+    return Records(with_keys(runs), steps, requests, reference, problem, slo, metrics)
 
 
 def read_reference(path: Path) -> tuple[pd.DataFrame | None, str | None]:
@@ -275,7 +279,9 @@ def workload_label(row: Mapping[str, Any], rate: bool = True) -> str:
 
 def cell_label(row: Mapping[str, Any], with_runner: bool = True) -> str:
     """'sim/paged b16', 'torch/contiguous-max', 'vllm/contiguous-max b32' (reserved in whole blocks)."""
-    name = f"{row['runner']}/{row['policy']}" if with_runner else str(row["policy"])
+    policy = row.get("policy")
+    policy = policy if isinstance(policy, str) and policy else "-"  # an import states none
+    name = f"{row['runner']}/{policy}" if with_runner else policy
     bs = row.get("block_size")
     if bs is not None and bs == bs and int(bs) > 1:
         name += f" b{int(bs)}"
@@ -288,8 +294,9 @@ def group_label(row: Mapping[str, Any]) -> str:
     positions = row.get("budget_positions")
     sched = json.loads(row["scheduler"]) if isinstance(row.get("scheduler"), str) else {}
     clock = sched.get("clock") or row.get("clock")
+    shown = format_bytes(budget) if budget is not None and budget == budget else "-"  # an import states none
     text = (
-        f"{row.get('model')}, KV {row.get('kv_dtype')}, budget {format_bytes(budget) if budget is not None else '?'}"
+        f"{row.get('model')}, KV {row.get('kv_dtype')}, budget {shown}"
         + (f" ({int(positions):,} positions)" if positions == positions and positions is not None else "")
         + f", max_model_len {row.get('max_model_len')}, workload {row.get('workload')}"
     )

@@ -17,6 +17,7 @@ RUNNERS: dict[str, str] = {  # module relative to this package : class
     "vllm-sched": ".vllm_sched:VllmSchedRunner",
     "torch": ".torch_runner:TorchRunner",
     "vllm": ".vllm_engine:VllmRunner",
+    "serve": ".serve:ServeRunner",
 }
 assert tuple(RUNNERS) == RUNNER_NAMES, "harness/spec/capabilities.py and the runner registry disagree"
 

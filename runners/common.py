@@ -20,6 +20,7 @@ from ..harness.spec.clock_model import GPU_PRESETS
 from ..harness.spec.feasibility import Shortfall
 from ..harness.spec.specs import RunSpec
 from .base import Cell, RunResult
+from .block_content import assign_block_keys
 
 
 def expand_seqs(cell: Cell, seq_type: type[Seq] = Seq) -> list[Seq]:
@@ -35,7 +36,22 @@ def expand_seqs(cell: Cell, seq_type: type[Seq] = Seq) -> list[Seq]:
     for rid, p, o, a, g, pl, n in zip(*cols):
         for k in range(n):
             seqs.append(seq_type(len(seqs), rid, k, p, o, a, g, pl))
+    sessions = cell.workload.sessions
+    if sessions is not None:  # one sample per turn: request i is sequence i
+        for seq in seqs:
+            i = seq.request_id
+            seq.session_id = int(sessions.session_id[i])
+            seq.turn = int(sessions.turn[i])
+            seq.think_s = float(sessions.think_s[i])
+            seq.after = int(sessions.previous[i])
+    if cell.spec.policy == "paged-prefix":  # prefix caching matches blocks by their content
+        assign_block_keys(cell, seqs, cell.spec.block_size)
     return seqs
+
+
+def has_sessions(cell: Cell) -> bool:
+    """Whether the workload's requests follow one another (multi-turn conversations)."""
+    return cell.workload.sessions is not None
 
 
 def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
@@ -97,6 +113,7 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         "policy": spec.policy,
         "block_size": spec.block_size,
         "arena": spec.arena if is_contiguous(spec.policy) else None,
+        "serve_url": spec.serve_url,
         "kv_dtype": spec.model.kv_dtype,
         "kv_bytes_per_token": spec.kv_bytes_per_token,
         "budget_bytes": spec.memory.kv_budget_bytes,
@@ -177,10 +194,30 @@ def requests_columns(seqs: list[Seq]) -> dict[str, list]:
         cols["num_preemptions"].append(s.num_preemptions)
         cols["peak_allocated_positions"].append(s.peak_allocated)
         cols["prefix_hit_tokens"].append(s.prefix_hit_tokens)
+        cols["recomputed_hit_tokens"].append(s.recomputed_hit_tokens)
+        cols["session_id"].append(s.session_id if s.session_id >= 0 else None)
+        cols["turn"].append(s.turn if s.session_id >= 0 else None)
+        cols["sent_s"].append(None if math.isnan(s.sent_s) else s.sent_s)
+        cols["token_times_s"].append(s.token_times)
         cols["status"].append("finished" if s.status == FINISHED else "unfinished")
         cols["kv_first_block"].append(s.first_block if s.block_runs else None)
         cols["kv_block_runs"].append(s.block_runs or None)
     return cols
+
+
+def session_hit_rates(seqs: list[Seq]) -> dict[str, float | None]:
+    """Each conversation's hit rate (its turns' first-admission hit tokens ÷ their prompt tokens),
+    mean and lowest over conversations; null without multi-turn sessions."""
+    hits: dict[int, list[int]] = {}
+    for s in seqs:
+        if s.session_id >= 0:
+            h = hits.setdefault(s.session_id, [0, 0])
+            h[0] += s.prefix_hit_tokens
+            h[1] += s.prompt_len
+    rates = [h / p for h, p in hits.values() if p]
+    if not rates:
+        return {"session_hit_rate_mean": None, "session_hit_rate_min": None}
+    return {"session_hit_rate_mean": sum(rates) / len(rates), "session_hit_rate_min": min(rates)}
 
 
 def rounding_frac(seqs: list[Seq], denominator: float) -> float | None:
@@ -214,6 +251,8 @@ def complete_row(
             "preemptions": summ.preemptions,
             "evictions": summ.evictions,
             "prefix_hit_rate": summ.prefix_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+            "recomputed_hit_tokens": summ.recomputed_hit_tokens,
+            **session_hit_rates(seqs),
             "peak_running": summ.peak_running,
             "mean_running": summ.w_running / summ.time if summ.time > 0 else None,
             "peak_kv_bytes_allocated": summ.peak_kv_bytes,

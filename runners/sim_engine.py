@@ -10,11 +10,12 @@ from ..harness.records.schema import StepRow
 from ..harness.sim.clock import clock_for
 from ..harness.sim.latency import itl_summary
 from ..harness.sim.policies import make_policy
+from ..harness.sim.policies.paged import reuse_distance_columns
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
 from ..harness.spec.feasibility import explain
 from .base import Cell, RunResult
-from .common import base_row, expand_seqs, shortfall, write_status_only
+from .common import base_row, expand_seqs, has_sessions, shortfall, write_status_only
 from .driver import drive
 
 
@@ -63,7 +64,7 @@ class SimEngine:
     def step(self) -> StepRow:
         sched = self.sched
         plan = sched.schedule()
-        (running, waiting, blocks, allocated, used, reserved, internal, external, free, evicted) = (
+        (running, waiting, blocks, allocated, used, reserved, internal, external, free, evicted, cached) = (
             sched.measure_values()
         )
         wall, kv_bytes = self.executor.execute(plan) if self.executor is not None else (None, None)
@@ -96,6 +97,8 @@ class SimEngine:
             free_positions=free,
             evicted_blocks=evicted,
             prefix_hit_tokens=plan.prefix_hit_tokens,
+            recomputed_hit_tokens=plan.recomputed_hit_tokens,
+            cached_free_blocks=cached,
             kv_bytes_allocated=kv_bytes,
             step_wall_s=wall,
             scheduled_seqs=work.scheduled_seqs if measured else None,
@@ -104,9 +107,26 @@ class SimEngine:
         )
 
     def finish(self) -> dict[str, object]:
+        ledger = self.sched.ledger
+        columns: dict[str, object] = {}
+        if ledger is not None:
+            columns.update(reuse_distance_columns(ledger.steps, ledger.seconds))
         if self.executor is None or self._token_times is None:
-            return {}
-        return {**itl_summary(list(self._sampled.values()), self._token_times), **self.executor.extra_row()}
+            return columns
+        for seq in self._sampled.values():  # each token's time: the end of the step that sampled it
+            seq.token_times = self._token_times[seq.index]
+        return {
+            **columns,
+            **itl_summary(list(self._sampled.values()), self._token_times),
+            **self.executor.extra_row(),
+        }
+
+
+def shares_blocks(seqs: list[Seq]) -> bool:
+    """Whether two sequences share a block's content. Content keys are chained (equal keys,
+    equal tokens from position 0), so two share a block only if they share their first."""
+    first = [s.block_keys[0] for s in seqs if s.block_keys]
+    return len(set(first)) < len(first)
 
 
 def run_scheduler(
@@ -119,10 +139,12 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
+    if scheduler_cls is not Scheduler and has_sessions(cell):
+        # A conversation's turn arrives when the previous one finishes, which the fast path's
+        # look-ahead at arrivals cannot know: the reference, step by step.
+        scheduler_cls = Scheduler
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
-    # Blocks are shared only by requests with a common prefix and by the samples of one request.
-    shared = any(s.prefix_group >= 0 or s.sample > 0 for s in seqs)
-    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shared)
+    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
     row = base_row(cell, runner)
     short = shortfall(cell, seqs, policy)
     if short is not None:

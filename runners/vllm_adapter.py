@@ -64,6 +64,7 @@ from typing import Any
 from ..harness.errors import KvbenchError, one_line
 from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase, is_contiguous
 from ..harness.spec.specs import RunSpec
+from .block_content import sampled_token
 from .vllm_contiguous import ContiguousReservations
 
 SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
@@ -91,7 +92,6 @@ KV_DTYPES: dict[str, tuple[str, str, str]] = {
 assert tuple(KV_DTYPES) == RUNNER_FACTS["vllm-sched"].kv_dtypes == RUNNER_FACTS["vllm"].kv_dtypes
 
 BOS_ID, EOS_ID = 1, 2
-FIRST_SAMPLED_ID = 3  # mocked samples are never BOS/EOS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,12 +276,6 @@ def write_model_dir(spec: RunSpec, directory: Path) -> Path:
     return directory
 
 
-def sampled_token(seq_index: int, position: int, vocab_size: int) -> int:
-    """The mocked model's token for ``seq_index`` at ``position``: deterministic, never a stop id."""
-    span = vocab_size - FIRST_SAMPLED_ID
-    return FIRST_SAMPLED_ID + (seq_index * 1_000_003 + position * 7_919) % span
-
-
 @dataclasses.dataclass
 class StepOut:
     """What vLLM's ``schedule()`` decided, in kvbench's terms (keys are sequence indices)."""
@@ -304,6 +298,7 @@ class Occupancy:
     held_blocks: int  # Σ blocks per running request (shared blocks counted per holder)
     internal_positions: int  # Σ max(0, blocks × block_size − final length)
     external_positions: int | None = None  # contiguous: free positions in runs too short for the waiting head
+    cached_free_blocks: int = 0  # free blocks still holding a content hash (prefix caching)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,20 +317,58 @@ class VllmStep:
     kv_bytes: int | None = None  # bytes of the allocated blocks in real KV tensors (the engine)
 
 
-class EvictionCounter:
-    """Counts cached blocks a block pool evicts for reuse (vLLM counts them only with KV events on)."""
+class CacheWatcher:
+    """Watches a block pool with prefix caching: the cached blocks it evicts for reuse (vLLM
+    counts them only with KV events on), and how long each cached free block a hit takes back
+    had waited since its free (the reuse distance, in steps and seconds of kvbench's clock:
+    ``now`` is moved at every step), as ``harness.sim.policies.paged.ReuseLedger`` does."""
 
     def __init__(self, pool: Any) -> None:
         self.count = 0
-        evict = pool._maybe_evict_cached_block
+        self.now: tuple[int, float] = (0, 0.0)
+        self.freed_at: dict[int, tuple[int, float]] = {}
+        self.steps: list[int] = []
+        self.seconds: list[float] = []
+        evict, free, touch = pool._maybe_evict_cached_block, pool.free_blocks, pool.touch
 
         def counting(block: Any) -> bool:
             evicted = evict(block)
             if evicted:
                 self.count += 1
+                self.freed_at.pop(block.block_id, None)
             return evicted
 
+        def freeing(ordered_blocks: Iterable[Any]) -> None:
+            blocks = list(ordered_blocks)
+            free(blocks)
+            for b in blocks:
+                if b.ref_cnt == 0 and b.block_hash is not None:
+                    self.freed_at[b.block_id] = self.now
+
+        def touching(blocks: Any) -> None:
+            for b in blocks:
+                if b.ref_cnt == 0 and b.block_id in self.freed_at:
+                    step, t_s = self.freed_at.pop(b.block_id)
+                    self.steps.append(self.now[0] - step)
+                    self.seconds.append(self.now[1] - t_s)
+            touch(blocks)
+
         pool._maybe_evict_cached_block = counting
+        pool.free_blocks = freeing
+        pool.touch = touching
+
+
+def cached_free_block_count(pool: Any) -> int:
+    """Free blocks still holding a content hash in vLLM's prefix cache (evictable, hit-able)."""
+    if not pool.enable_caching:
+        return 0
+    free = 0
+    for v in pool.cached_block_hash_to_block._cache.values():
+        if isinstance(v, dict):
+            free += sum(1 for b in v.values() if b.ref_cnt == 0)
+        elif v.ref_cnt == 0:
+            free += 1
+    return free
 
 
 def request_blocks(scheduler: Any) -> dict[str, list[Any]]:
@@ -393,6 +426,7 @@ def read_occupancy(
         held_blocks=held,
         internal_positions=internal,
         external_positions=external,
+        cached_free_blocks=cached_free_block_count(scheduler.kv_cache_manager.block_pool),
     )
 
 
@@ -493,7 +527,7 @@ class VllmScheduler:
                 f"vLLM's block pool lends {self.pool.get_num_free_blocks()} blocks, "
                 f"expected {self.usable_blocks}; unsupported vLLM block-pool layout"
             )
-        self._evictions = EvictionCounter(self.pool) if self.caching else None
+        self.cache = CacheWatcher(self.pool) if self.caching else None
         self.reservations = install_contiguous(self.sched, spec)
         self._block_hasher = None
         if self.caching:
@@ -510,16 +544,23 @@ class VllmScheduler:
         self._Request, self._SamplingParams, self._Output = Request, SamplingParams, ModelRunnerOutput
         self.requests: dict[str, Any] = {}  # live requests (added, not finished)
         self._final_len: dict[str, int] = {}
+        self._answers: dict[str, list[int]] = {}  # scripted answers of conversation turns
         self._preemptions_at_finish: dict[int, int] = {}
 
     @property
     def evictions(self) -> int:
-        return self._evictions.count if self._evictions is not None else 0
+        return self.cache.count if self.cache is not None else 0
 
     # -- requests ------------------------------------------------------------
-    def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None:
+    def add(
+        self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float, answer: list[int] | None = None
+    ) -> None:
+        """Hand vLLM a request; ``answer``: the tokens the mocked model samples for it (a
+        conversation turn's scripted answer), else ``sampled_token``'s."""
         params = self._SamplingParams(max_tokens=output_len, min_tokens=output_len, ignore_eos=True)
         rid = str(seq_index)
+        if answer is not None:
+            self._answers[rid] = answer
         req = self._Request(
             request_id=rid,
             prompt_token_ids=prompt_ids,
@@ -574,11 +615,14 @@ class VllmScheduler:
         sampled: list[list[int]] = []
         got: list[int] = []
         vocab = self.vocab_size
+        answers = self._answers
         for rid in ids:
             req = reqs[rid]
             if req.num_computed_tokens >= req.num_tokens:
                 idx = int(rid)
-                sampled.append([sampled_token(idx, req.num_tokens, vocab)])
+                answer = answers.get(rid)
+                token = sampled_token(idx, req.num_tokens, vocab) if answer is None else answer[req.num_output_tokens]
+                sampled.append([token])
                 got.append(idx)
             else:
                 sampled.append([])
@@ -590,6 +634,7 @@ class VllmScheduler:
             # Forget finished requests (as vLLM does): a long trace must not keep every prompt alive.
             req = reqs.pop(rid)
             del self._final_len[rid]
+            self._answers.pop(rid, None)
             idx = int(rid)
             self._preemptions_at_finish[idx] = req.num_preemptions
             finished.append(idx)

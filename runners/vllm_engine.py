@@ -103,7 +103,7 @@ from .common import base_row, expand_seqs, host_available_bytes, shortfall, writ
 from .driver import drive
 from .oom import is_oom
 from .vllm_adapter import (
-    EvictionCounter,
+    CacheWatcher,
     Occupancy,
     StepOut,
     VllmStep,
@@ -519,7 +519,7 @@ class EngineSteps:
         self.usable_blocks = spec.budget_blocks
         self.block_bytes = block_bytes
         self._req_blocks = request_blocks(sched)
-        self._evictions = EvictionCounter(sched.kv_cache_manager.block_pool) if spec.policy == "paged-prefix" else None
+        self.cache = CacheWatcher(sched.kv_cache_manager.block_pool) if spec.policy == "paged-prefix" else None
         self.reservations = install_contiguous(sched, spec)
         self._index: dict[str, int] = {}  # vLLM's internal request id -> sequence index
         self._final_len: dict[str, int] = {}
@@ -544,9 +544,12 @@ class EngineSteps:
 
     @property
     def evictions(self) -> int:
-        return self._evictions.count if self._evictions is not None else 0
+        return self.cache.count if self.cache is not None else 0
 
-    def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None:
+    def add(
+        self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float, answer: list[int] | None = None
+    ) -> None:
+        """``answer`` is ignored: the engine's model samples its own tokens."""
         rid = str(self.engine.add_request(str(seq_index), tokens_prompt(prompt_ids), sampling_params(output_len)))
         self._index[rid] = seq_index
         self._final_len[rid] = len(prompt_ids) + output_len
@@ -701,4 +704,5 @@ class VllmRunner:
                 f"{spec.model.kv_dtype}): the runs would not share one budget"
             )
         source = EngineSteps(handle, spec, device, block_bytes)
-        return drive(cell, seqs, Arrivals(seqs), VllmStepEngine(cell, seqs, source), row)
+        arrivals = Arrivals(seqs)
+        return drive(cell, seqs, arrivals, VllmStepEngine(cell, seqs, source, arrivals), row)

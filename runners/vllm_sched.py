@@ -45,4 +45,5 @@ class VllmSchedRunner:
             return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
         with tempfile.TemporaryDirectory(prefix="kvbench-vllm-sched-") as tmp:
             sched = vllm_adapter.VllmScheduler(spec, Path(tmp) / "model")
-            return drive(cell, seqs, Arrivals(seqs), VllmStepEngine(cell, seqs, sched), row)
+            arrivals = Arrivals(seqs)
+            return drive(cell, seqs, arrivals, VllmStepEngine(cell, seqs, sched, arrivals), row)

@@ -22,8 +22,10 @@ runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
   output)); ``reserved`` = allocated − used − internal; ``external`` = the
   budget left below one whole block when anything waits (contiguous: and the
   free blocks in runs too short for the waiting head's reservation); ``preempted`` from
-  the scheduler output; ``prefix_hit_tokens`` = the admitted requests'
-  computed tokens at admission;
+  the scheduler output; ``prefix_hit_tokens`` = the computed tokens at admission of the
+  requests admitted for the first time, ``recomputed_hit_tokens`` those of requests
+  re-admitted after a preemption (vLLM's statistics count them apart too);
+  ``cached_free_blocks`` = the free blocks in vLLM's prefix-cache map;
 - per request: vLLM's own preemption count where it gives one, and the time of each token
   it sampled (the end of its step), whose gaps are the run's ``itl_*`` columns.
 """
@@ -37,10 +39,12 @@ from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.clock import StepWork, clock_for
 from ..harness.sim.latency import itl_summary
+from ..harness.sim.policies.paged import reuse_distance_columns
+from ..harness.sim.scheduler import Arrivals
 from ..harness.sim.sequence import FINISHED, Seq
 from .base import Cell
-from .prompts import PromptIds
-from .vllm_adapter import VllmStep
+from .block_content import SequenceTokens
+from .vllm_adapter import CacheWatcher, VllmStep
 
 
 class StepSource(Protocol):
@@ -48,7 +52,10 @@ class StepSource(Protocol):
 
     usable_blocks: int
 
-    def add(self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float) -> None: ...
+    def add(
+        self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float, answer: list[int] | None = None
+    ) -> None:
+        """Hand vLLM a request; ``answer``: what a mocked model samples for it (a scripted turn)."""
 
     def has_unfinished(self) -> bool: ...
 
@@ -63,20 +70,23 @@ class StepSource(Protocol):
     @property
     def evictions(self) -> int: ...
 
+    cache: CacheWatcher | None  # prefix caching: the block pool's watcher
+
 
 class VllmStepEngine:
     """A ``StepSource`` as the driver's ``Engine``: kvbench's clock, the sequences' bookkeeping
     from what vLLM decided, and each step's row (the module docstring's definitions)."""
 
-    def __init__(self, cell: Cell, seqs: list[Seq], source: StepSource) -> None:
+    def __init__(self, cell: Cell, seqs: list[Seq], source: StepSource, arrivals: Arrivals[Seq]) -> None:
         spec = cell.spec
         self.source = source
+        self.arrivals = arrivals
         self.seqs = seqs
         self.block_size = spec.block_size
         self.budget = spec.budget_positions
         self.external_when_waiting = self.budget - source.usable_blocks * self.block_size
         self.clock = clock_for(spec.scheduler, spec.geometry, spec.kv_bytes_per_token)  # None: measured step time
-        self.prompts = PromptIds(cell)
+        self.tokens = SequenceTokens(cell)
         self.now = 0.0
         self.step_index = 0
         self.evictions_seen = 0
@@ -87,25 +97,37 @@ class VllmStepEngine:
         return self.source.has_unfinished()
 
     def admit(self, seq: Seq) -> None:
-        self.source.add(seq.index, self.prompts.of(seq), seq.output_len, seq.arrival_s)
+        answer = self.tokens.answer(seq)
+        self.source.add(
+            seq.index,
+            self.tokens.prompts.of(seq),
+            seq.output_len,
+            seq.arrival_s,
+            None if answer is None else answer.tolist(),
+        )
 
     def record_quiet_steps(self, recorder: RunRecorder) -> int:
         return 0  # vLLM is stepped one schedule() at a time
 
     def step(self) -> StepRow | None:
         t_s = self.now
+        if self.source.cache is not None:
+            self.source.cache.now = (self.step_index, t_s)
         done = self.source.step()
         if done is None:  # nothing scheduled: no step, no time
             return None
         seqs, bs = self.seqs, self.block_size
         out, occ = done.schedule, done.occupancy
-        hit_tokens = 0
+        hit_tokens = recomputed = 0
         for idx, hit in out.admitted:
             seq = seqs[idx]
             if seq.num_preemptions == 0:
                 seq.first_scheduled_s = t_s
-            seq.prefix_hit_tokens += hit
-            hit_tokens += hit
+                seq.prefix_hit_tokens += hit
+                hit_tokens += hit
+            else:  # vLLM's stats count a preempted request's hits apart
+                seq.recomputed_hit_tokens += hit
+                recomputed += hit
         for idx in out.preempted:
             seqs[idx].num_preemptions += 1
         context = pairs = 0
@@ -132,6 +154,7 @@ class VllmStepEngine:
             seq = seqs[idx]
             seq.status = FINISHED
             seq.finished_s = now
+            self.arrivals.finished(seq, now)
         measured = done.wall_s is not None
         if done.wall_s is not None:
             self.measured_s += done.wall_s
@@ -161,6 +184,8 @@ class VllmStepEngine:
             free_positions=self.budget - allocated,
             evicted_blocks=evicted,
             prefix_hit_tokens=hit_tokens,
+            recomputed_hit_tokens=recomputed,
+            cached_free_blocks=occ.cached_free_blocks,
             kv_bytes_allocated=done.kv_bytes,
             step_wall_s=done.wall_s,
             scheduled_seqs=work.scheduled_seqs if measured else None,
@@ -172,6 +197,7 @@ class VllmStepEngine:
 
     def finish(self) -> dict[str, object]:
         for seq in self.seqs:  # vLLM's own count is the record
+            seq.token_times = self.token_times.get(seq.index, [])
             count = self.source.num_preemptions(seq.index)
             if count is not None:
                 seq.num_preemptions = count
@@ -179,6 +205,9 @@ class VllmStepEngine:
             if placed is not None:
                 seq.first_block, seq.block_runs = placed
         columns: dict[str, object] = dict(itl_summary(self.seqs, self.token_times))
+        cache = self.source.cache
+        if cache is not None:
+            columns.update(reuse_distance_columns(cache.steps, cache.seconds))
         if self.measured_s > 0:
             # Measured steps: generated tokens per measured second (the torch runner's wall definition);
             # tokens_per_s stays on kvbench's clock, as for every runner.

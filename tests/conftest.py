@@ -35,6 +35,8 @@ AGREEMENT_COLUMNS = DEFAULT_COLUMNS + (
     "free_positions",
     "evicted_blocks",
     "prefix_hit_tokens",
+    "recomputed_hit_tokens",
+    "cached_free_blocks",
 )
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")

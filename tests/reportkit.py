@@ -160,6 +160,8 @@ def steps_for(row: dict[str, Any], running: Iterable[int]) -> pd.DataFrame:
             "free_positions": [budget - u - v for u, v in zip(used, reserved)],
             "evicted_blocks": [0] * n,
             "prefix_hit_tokens": [0] * n,
+            "recomputed_hit_tokens": [0] * n,
+            "cached_free_blocks": [0] * n,
             "kv_bytes_allocated": [None] * n,
             "step_wall_s": [None] * n,
             "scheduled_seqs": [None] * n,
@@ -185,9 +187,14 @@ def requests_for(lengths: Iterable[tuple[int, int]]) -> pd.DataFrame:
             "num_preemptions": [0] * n,
             "peak_allocated_positions": [p + o for p, o in pairs],
             "prefix_hit_tokens": [0] * n,
+            "recomputed_hit_tokens": [0] * n,
             "status": ["finished"] * n,
             "kv_first_block": [None] * n,
             "kv_block_runs": [None] * n,
+            "session_id": [None] * n,
+            "turn": [None] * n,
+            "sent_s": [None] * n,
+            "token_times_s": [None] * n,
         }
     )
 
@@ -204,7 +211,7 @@ def write_records(
     for row in rows:
         rid = row["run_id"]
         st = steps.get(rid, pd.DataFrame({n: [] for n in STEPS.names}))
-        rq = requests.get(rid, pd.DataFrame({n: [] for n in REQUESTS.names}))
+        rq = requests.get(rid, pd.DataFrame({n: pd.Series([], dtype=object) for n in REQUESTS.names}))
         store.write_partition(out, "steps", rid, pa.Table.from_pandas(st, schema=STEPS, preserve_index=False))
         store.write_partition(out, "requests", rid, pa.Table.from_pandas(rq, schema=REQUESTS, preserve_index=False))
         data = {k: v for k, v in row.items() if k != "run_id"}

@@ -28,6 +28,8 @@ from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence  # noqa
 
 from tests.conftest import AGREEMENT_COLUMNS, one_workload_suite  # noqa: E402
 
+REUSE_COLUMNS = tuple(f"reuse_distance_{q}_{u}" for q in ("p50", "p90") for u in ("steps", "s"))
+MOONCAKE = Path(__file__).parents[1] / "suites" / "data" / "mooncake-reuse.jsonl"
 AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
 
 
@@ -159,7 +161,76 @@ def test_paged_prefix_agrees(tmp_path: Path) -> None:
     sim, vllm = run_pair(tmp_path, **kw)
     steps, _ = assert_agree(tmp_path, sim, vllm)
     assert steps["prefix_hit_tokens"].sum() > 0 and steps["evicted_blocks"].sum() > 0
+    assert steps["recomputed_hit_tokens"].sum() > 0 and steps["cached_free_blocks"].max() > 0
     assert sim["preemptions"] > 0
+    for key in ("prefix_hit_rate", "recomputed_hit_tokens", *REUSE_COLUMNS):
+        assert sim[key] == vllm[key], key
+    assert sim["reuse_distance_p90_steps"] >= sim["reuse_distance_p50_steps"] > 0
+
+
+def test_paged_prefix_shares_blocks_whose_tokens_coincide(tmp_path: Path) -> None:
+    """Content, not identity: different random prompts (no prefix groups, one sample each) from
+    the ``tiny`` preset's 256-token vocabulary coincide on whole blocks of one token; vLLM's
+    hashes share those blocks, and so does kvbench's prefix cache, step for step."""
+    kw = dict(
+        CASES["at-max-model-len"],
+        workload='source = "uniform"\nprompt_min = 8\nprompt_max = 120\noutput_min = 1\noutput_max = 60\n'
+        'num_requests = 80\narrival = "batch"\nseed = 11',
+        budget="512KiB",
+        block_size=1,
+        policy="paged-prefix",
+    )
+    sim, vllm = run_pair(tmp_path, **kw)
+    steps, reqs = assert_agree(tmp_path, sim, vllm)
+    assert (reqs["prefix_hit_tokens"] > 0).sum() >= 5  # first admissions hitting other requests' blocks
+    assert steps["evicted_blocks"].sum() > 0
+
+
+def test_paged_prefix_agrees_on_a_hash_id_trace(tmp_path: Path) -> None:
+    """A Mooncake-form trace (hash ids of 512-token blocks, heavy reuse, no declared groups) under
+    memory pressure: cached blocks are hit across requests, evicted, and hit again."""
+    kw = dict(
+        workload=f'source = "trace"\npath = "{MOONCAKE}"\nlimit = 60\nhash_block_size = 512\n'
+        'arrival = "trace"\ntime_scale = 0.05',
+        budget="1GiB",
+        max_model_len=8192,
+        max_num_seqs=32,
+        max_num_batched_tokens=2048,
+        policy="paged-prefix",
+        clock="roofline",
+    )
+    sim, vllm = run_pair(tmp_path, **kw)
+    steps, reqs = assert_agree(tmp_path, sim, vllm)
+    for key in REUSE_COLUMNS:
+        assert sim[key] == vllm[key], key
+    assert sim["prefix_hit_rate"] > 0.3 and steps["evicted_blocks"].sum() > 0
+    assert (reqs["prefix_hit_tokens"] > 0).sum() > len(reqs) // 2
+
+
+@pytest.mark.parametrize("budget", ["2GiB", "96MiB"])
+def test_paged_prefix_agrees_on_conversations(tmp_path: Path, budget: str) -> None:
+    """Multi-turn conversations, each turn released when the previous answer ends (a closed loop
+    on the run's clock): every turn's prompt holds the conversation so far, so its blocks hit
+    the earlier turns' — unless memory pressure has evicted them (the smaller budget)."""
+    kw = dict(
+        workload='source = "sessions"\nnum_sessions = 12\nturns = 6\nthink_time_s = 0.5\nlengths = "uniform"\n'
+        "prompt_min = 60\nprompt_max = 300\nmessage_min = 10\nmessage_max = 60\noutput_min = 10\n"
+        'output_max = 80\narrival = "poisson"\nrate = 4.0\nseed = 3',
+        budget=budget,
+        max_num_seqs=16,
+        max_num_batched_tokens=512,
+        policy="paged-prefix",
+    )
+    sim, vllm = run_pair(tmp_path, **kw)
+    steps, reqs = assert_agree(tmp_path, sim, vllm)
+    for key in ("session_hit_rate_mean", "session_hit_rate_min", *REUSE_COLUMNS):
+        assert sim[key] == vllm[key], key
+    later = reqs[reqs["turn"] > 0]
+    assert len(later) > 0 and reqs["session_id"].notna().all()
+    if budget == "2GiB":
+        assert (later["prefix_hit_tokens"] > 0).all()  # every later turn reuses its conversation
+    else:
+        assert steps["evicted_blocks"].sum() > 0
 
 
 # Contiguous reservations: admission-limited work (a tight budget where a reservation

@@ -499,7 +499,7 @@ def test_profile_clock_settings_are_checked(tmp_path):
     assert_one_line_error(
         kvbench("run", str(suite), "--out", str(tmp_path / "o")),
         'clock = "measured"',
-        "only torch and vllm measure steps",
+        "only torch, vllm and serve measure steps",
     )
     with pytest.raises(KvbenchError, match="not a kvbench clock profile"):
         from kvbench.harness.spec.clock_profile import parse_profile

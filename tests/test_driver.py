@@ -64,7 +64,7 @@ def test_step_row_is_the_steps_schema():
 
 def test_recorder_refuses_a_run_row_column_the_schema_does_not_declare(tmp_path: Path):
     recorder = RunRecorder(tmp_path, "r1", 1000)
-    recorder.add_step(StepRow(0, 0.0, 1.0, *[0] * 15, None, None, None, None, None))
+    recorder.add_step(StepRow(0, 0.0, 1.0, *[0] * 17, None, None, None, None, None))
     row = {"status": "ok", "steps": 1, "tokens_per_sec": 3.0, "colour": "red"}
     with pytest.raises(UnknownColumns, match="'tokens_per_sec', 'colour'"):
         recorder.finish({name: [] for name in REQUESTS.names}, row)
@@ -116,7 +116,7 @@ class Stuck:
             return None
         t, self.now = self.now, self.now + 1.0
         self.steps += 1
-        return StepRow(self.steps - 1, t, 1.0, 0, len(self.held), *[0] * 13, None, None, None, None, None)
+        return StepRow(self.steps - 1, t, 1.0, 0, len(self.held), *[0] * 15, None, None, None, None, None)
 
     def finish(self) -> dict[str, object]:
         return {"attention_backend": "stuck"}

@@ -320,7 +320,7 @@ def bulk_counter(monkeypatch):
             col = StepRow._fields.index
             counted["counted_preemptions"] += int(rows[:, col("preempted")].sum())
             counted["counted_evictions"] += int(rows[:, col("evicted_blocks")].sum())
-            counted["counted_hits"] += int(rows[:, col("prefix_hit_tokens")].sum())
+            counted["counted_hits"] += int(rows[:, col("recomputed_hit_tokens")].sum())
             self.recorder.add_step_rows(rows)
 
     def counted_run(sched, dec, recorder):
@@ -442,7 +442,7 @@ def _random_rows(rng, n, measured=False):
     t = 0.0
     for i in range(n):
         dt = float(rng.random()) * 0.03
-        ints = [int(v) for v in rng.integers(0, 10**6, 15)]
+        ints = [int(v) for v in rng.integers(0, 10**6, 17)]
         kv = int(rng.integers(0, 10**9)) if measured and i % 3 else None
         wall = float(rng.random()) if measured and i % 2 else None
         work = tuple(int(v) for v in rng.integers(0, 10**6, 3)) if wall is not None else (None,) * 3

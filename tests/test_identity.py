@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from kvbench.app.cli import main
+from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import code_identity, store
 from kvbench.harness.records.schema import RUNS
 from kvbench.harness.spec import identity
@@ -60,8 +61,9 @@ def test_run_ids_of_existing_specs_did_not_change() -> None:
 
 def test_run_id_hashes_every_identity_key_and_only_where_it_applies() -> None:
     canon = spec(runner="torch", policy="virtual-contiguous").canonical("w")
-    # Every key but the arena (contiguous policies only, and only when not first-fit).
-    assert set(canon) == {identity.RUN_ID_NAMES.get(k.column, k.column) for k in identity.RUN} - {"arena"}
+    # Every key but the arena (contiguous policies only, and only when not first-fit) and the
+    # server URL (the serve runner only, and only when it attaches).
+    assert set(canon) == {identity.RUN_ID_NAMES.get(k.column, k.column) for k in identity.RUN} - {"arena", "serve_url"}
     assert "device" not in spec().canonical("w") and "page_bytes" not in spec().canonical("w")
     # The device counts for torch, not for sim; the page size for virtual-contiguous only.
     assert spec(runner="torch", device="cpu").run_id("w") != spec(runner="torch", device="cuda").run_id("w")
@@ -80,6 +82,18 @@ def test_the_arena_counts_for_contiguous_policies_only_and_only_when_not_first_f
     assert identity.key_value("arena", "sim", "contiguous-max", "first-fit") is None
     assert identity.key_value("arena", "sim", "contiguous-max", "buddy") == "buddy"
     assert identity.key_value("arena", "sim", "paged", "buddy") is None
+
+
+def test_the_server_url_counts_for_an_attached_serve_run_only() -> None:
+    started = spec(runner="serve", device="cpu", scheduler=SchedulerSpec(clock="measured"))
+    attached = started.replace(serve_url="http://10.0.0.1:8000")
+    assert "serve_url" not in started.canonical("w")  # run ids of managed servers are unchanged
+    assert attached.canonical("w")["serve_url"] == "http://10.0.0.1:8000" and attached.run_id("w") != started.run_id(
+        "w"
+    )
+    assert started.replace(serve_startup_timeout_s=5.0).run_id("w") == started.run_id("w")  # a timeout is not the work
+    with pytest.raises(KvbenchError, match="serve runner"):
+        spec(serve_url="http://10.0.0.1:8000")
 
 
 def test_the_roofline_scale_counts_only_when_not_1() -> None:

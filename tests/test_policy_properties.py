@@ -3,9 +3,11 @@ random allocate / free sequences against the buddy arena."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kvbench.harness.sim.block_keys import BlockKeys
 from kvbench.harness.sim.policies.arena import Arena, BuddyArena, top_blocks
 from kvbench.harness.sim.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPolicy, ContiguousPow2
 from kvbench.harness.sim.policies.counting_prefix import CachedRuns, CountingPrefixPolicy
@@ -92,6 +94,9 @@ def test_random_operations_keep_every_invariant(policy_name, block_size, arena, 
     for i, (p, o, g, rid) in enumerate(specs):
         prefix_len = min(48, p - 1) if g >= 0 and p > 1 else 0
         seqs.append(Seq(i, rid * 100 + i if g < 0 else rid, 0, p, o, 0.0, g if prefix_len else -1, prefix_len))
+    keys = BlockKeys(policy.block_size)
+    for seq in seqs:
+        seq.block_keys = keys.chain(_tokens(seq))
     live: list[Seq] = []
     for op, idx, amount in ops:
         seq = seqs[idx % len(seqs)]
@@ -126,6 +131,16 @@ def test_random_operations_keep_every_invariant(policy_name, block_size, arena, 
         assert policy.arena.free_ranges() == whole  # everything freed: coalesced back to the start
 
 
+def _tokens(seq: Seq) -> np.ndarray:
+    """Token ids with the workload's structure: a group's prefix, the request's prompt (shared by
+    its samples), then the sequence's own output."""
+    shared = seq.prefix_len if seq.prefix_group >= 0 else 0
+    group = [(seq.prefix_group + 1) * 10_000 + j for j in range(shared)]
+    prompt = [(seq.request_id + 1) * 1_000_000 + j for j in range(shared, seq.prompt_len)]
+    output = [-(seq.index + 1) * 1_000 - j for j in range(seq.output_len)]
+    return np.array(group + prompt + output, dtype=np.int64)
+
+
 def _write(policy, seq: Seq, start: int, end: int) -> None:
     """Computing K/V for positions [start, end): never into a block another sequence reads."""
     assert seq.allocated >= end
@@ -150,6 +165,9 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
     blocks (recompute) or with its computed tokens (swap)."""
     table, counts = PagedPrefixPolicy(BUDGET, block_size), CountingPrefixPolicy(BUDGET, block_size)
     twins = [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
+    keys = BlockKeys(block_size)
+    for seq in twins[0]:
+        seq.block_keys = keys.chain(_tokens(seq))
     live: set[int] = set()
     done: set[int] = set()
 
@@ -192,6 +210,8 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
         both(
             lambda pol, ss: (
                 pol.free_blocks(),
+                pol.cached_free_blocks(),
+                len(pol.ledger.steps),
                 pol.evictions,
                 pol.internal_positions,
                 pol.allocated_positions,

@@ -23,7 +23,7 @@ from kvbench.app.sweep import build_cells, run_cell
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
-from kvbench.runners import get_runner, vllm_adapter
+from kvbench.runners import block_content, get_runner, vllm_adapter
 
 from tests.conftest import needs_vllm, one_workload_suite
 
@@ -294,9 +294,9 @@ def test_token_ids_deterministic_and_shared(tmp_path: Path) -> None:
             assert ids[:m] == ref[:m]
     for idx in range(50):
         for pos in range(0, 3000, 7):
-            t = vllm_adapter.sampled_token(idx, pos, vocab)
-            assert vllm_adapter.FIRST_SAMPLED_ID <= t < vocab and t != vllm_adapter.EOS_ID
-    assert vllm_adapter.sampled_token(3, 10, vocab) != vllm_adapter.sampled_token(4, 10, vocab)
+            t = block_content.sampled_token(idx, pos, vocab)
+            assert block_content.FIRST_SAMPLED_ID <= t < vocab and t != vllm_adapter.EOS_ID
+    assert block_content.sampled_token(3, 10, vocab) != block_content.sampled_token(4, 10, vocab)
 
 
 @needs_vllm

@@ -1,9 +1,11 @@
 """Workloads: request lengths, arrival times and prefix groups, and their files.
 
-A workload is a table of requests (see ``workloads.table.COLUMNS``) identified
+A workload is a table of requests (see ``workloads.table.COLUMNS``, and
+``OPTIONAL_COLUMNS`` for hash-id traces and conversations) identified
 by a content hash, ``workload_id``: the one thing every compared run must
 share. Build one from a ``WorkloadSpec`` with ``build_workload``, store it with
-``write_workload`` and load it with ``read_workload``.
+``write_workload`` and load it with ``read_workload``; ``Content`` says which token
+ids each request's prompt (and each conversation turn's answer) holds.
 
 Importing this package stays cheap (no numpy/pandas) so the CLI can register
 its parsers quickly; the heavy names are loaded on first use.
@@ -19,6 +21,9 @@ __all__ = [
     "ARRIVALS",
     "SOURCES",
     "COLUMNS",
+    "OPTIONAL_COLUMNS",
+    "Content",
+    "Sessions",
     "Workload",
     "WorkloadSpec",
     "build_workload",
@@ -28,6 +33,9 @@ __all__ = [
 
 _LAZY = {
     "COLUMNS": ".table",
+    "OPTIONAL_COLUMNS": ".table",
+    "Sessions": ".table",
+    "Content": ".content",
     "Workload": ".table",
     "read_workload": ".table",
     "write_workload": ".table",

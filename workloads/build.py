@@ -14,6 +14,10 @@ Order of work (part of the determinism contract: changing it changes ids):
 6. arrival times for the survivors (so a synthetic rate is the rate asked
    for; trace times stay with their rows);
 7. prefix groups round-robin over the survivors, ids 0..N-1.
+
+A hash-id trace keeps each row's hash ids with it through the clamp (a clamped prompt
+keeps the ids of the blocks it still covers) and the drop. Conversations (``sessions``)
+follow their own order of work, ``workloads.sessions``, on the same two streams.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..harness.spec.workload_spec import FILE_SOURCES, WorkloadSpec
 from .arrivals import make_arrivals
 from .distributions import clamp_lengths, sample_lengths
 from .prefix import assign_prefix_groups, check_prompts_exceed_prefix, raise_prompts_for_prefix
+from .sessions import build_sessions
 from .table import Workload
 from .traces import read_sharegpt_json, read_trace
 
@@ -38,14 +43,22 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Work
         raise KvbenchError(f"max_model_len must be an integer >= 1, got {max_model_len!r}")
     rng = np.random.default_rng(spec.seed)
     length_rng, arrival_rng = rng.spawn(2)
+    if spec.source == "sessions":
+        return build_sessions(spec, max_model_len, length_rng, arrival_rng)
 
     trace_times: np.ndarray | None = None
+    hash_ids: list[np.ndarray] | None = None
     if spec.source == "trace":
         assert spec.path is not None
-        data = read_trace(spec.path, spec.limit)
+        data = read_trace(spec.path, spec.limit, spec.hash_block_size)
         if spec.arrival == "trace" and data.arrival_s is None:
             raise KvbenchError(f"trace {spec.path}: arrival 'trace' needs times, but the file has no arrival_s column")
-        prompts, outputs, trace_times = data.prompt_len, data.output_len, data.arrival_s
+        prompts, outputs, trace_times, hash_ids = data.prompt_len, data.output_len, data.arrival_s, data.hash_ids
+        if hash_ids is not None and spec.prefix_groups > 0:
+            raise KvbenchError(
+                f"trace {spec.path}: its hash_ids say which prompts share tokens; set prefix_groups = 0 "
+                f"(got {spec.prefix_groups})"
+            )
     elif spec.source == "sharegpt-json":
         assert spec.path is not None
         data = read_sharegpt_json(spec.path, spec.limit)
@@ -55,6 +68,9 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Work
 
     prompts = clamp_lengths(prompts, spec.max_prompt_len)
     outputs = clamp_lengths(outputs, spec.max_output_len)
+    if hash_ids is not None and spec.max_prompt_len is not None:
+        blocks = -(-prompts // spec.hash_block_size)
+        hash_ids = [ids[:count] for ids, count in zip(hash_ids, blocks.tolist(), strict=True)]
     if spec.source in FILE_SOURCES:
         check_prompts_exceed_prefix(prompts, spec.prefix_len, f"{spec.source} {spec.path}")
     raised = int(np.count_nonzero(prompts <= spec.prefix_len)) if spec.prefix_len > 0 else 0
@@ -83,4 +99,6 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Work
             "n": np.full(kept, spec.n, dtype=np.int64),
         }
     )
+    if hash_ids is not None:
+        table["hash_ids"] = pd.Series([ids for ids, k in zip(hash_ids, keep.tolist(), strict=True) if k], dtype=object)
     return Workload.create(table, spec.to_json(), total - kept, raised=raised)

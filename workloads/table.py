@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import tempfile
@@ -28,6 +29,15 @@ COLUMNS: dict[str, str] = {
     "prefix_len": "int64",
     "n": "int64",
 }
+# Columns only some sources make, hashed after COLUMNS when present (so a table without them
+# keeps the id it always had): a Mooncake trace's hash ids, a conversation's place of each turn.
+OPTIONAL_COLUMNS: dict[str, str] = {
+    "hash_ids": "list<int64>",
+    "session_id": "int64",
+    "turn": "int64",
+    "think_s": "float64",
+}
+SESSION_COLUMNS: tuple[str, ...] = ("session_id", "turn", "think_s")
 META_SCHEMA = b"kvbench.schema_version"
 META_ID = b"kvbench.workload_id"
 META_SPEC = b"kvbench.workload_spec"
@@ -46,11 +56,34 @@ def compute_workload_id(df: pd.DataFrame) -> str:
         digest.update(name.encode("utf-8") + b"\0")
         digest.update(len(values).to_bytes(8, "little"))
         digest.update(values.tobytes())
+    for name in OPTIONAL_COLUMNS:
+        if name not in df.columns:
+            continue
+        digest.update(name.encode("utf-8") + b"\0")
+        digest.update(len(df).to_bytes(8, "little"))
+        if name == "hash_ids":
+            lists = df[name].tolist()
+            lengths = np.fromiter((len(v) for v in lists), dtype="<i8", count=len(lists))
+            digest.update(lengths.tobytes())
+            digest.update(np.concatenate(lists).astype("<i8").tobytes())
+        else:
+            little = np.dtype(OPTIONAL_COLUMNS[name]).newbyteorder("<")
+            digest.update(np.ascontiguousarray(df[name].to_numpy(), dtype=little).tobytes())
     return digest.hexdigest()[:16]
 
 
 # A workload of the most requests a spec may ask for takes well under this.
 MAX_WORKLOAD_BYTES = 4 * GIB
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Sessions:
+    """Where each request stands in its conversation (arrays indexed by request id)."""
+
+    session_id: np.ndarray  # int64
+    turn: np.ndarray  # int64, 0 for a conversation's first request
+    think_s: np.ndarray  # float64: delay after the previous turn's answer ends (0.0 for turn 0)
+    previous: np.ndarray  # int64: request id of the same conversation's previous turn, -1 for turn 0
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -82,6 +115,26 @@ class Workload:
         return len(self.requests)
 
     @property
+    def hash_ids(self) -> list[np.ndarray] | None:
+        """Each request's hash ids (int64 arrays, a hash-id trace only), else None."""
+        if "hash_ids" not in self.requests.columns:
+            return None
+        return list(self.requests["hash_ids"])
+
+    @functools.cached_property
+    def sessions(self) -> Sessions | None:
+        """Each request's conversation, turn and think time (``sessions`` source only), else None."""
+        if "session_id" not in self.requests.columns:
+            return None
+        r = self.requests
+        session = r["session_id"].to_numpy()
+        previous = np.full(len(r), -1, dtype=np.int64)
+        order = np.lexsort((r["request_id"].to_numpy(), session))
+        later = session[order][1:] == session[order][:-1]
+        previous[order[1:][later]] = order[:-1][later]
+        return Sessions(session, r["turn"].to_numpy(), r["think_s"].to_numpy(), previous)
+
+    @property
     def total_tokens(self) -> int:
         """Σ (prompt + output) × n: every token position of every sample."""
         r = self.requests
@@ -107,11 +160,17 @@ def _canonical(df: pd.DataFrame) -> pd.DataFrame:
         raise KvbenchError(f"workload: expected a table, got {type(df).__name__}")
     names = list(df.columns)
     missing = [c for c in COLUMNS if c not in names]
-    extra = [c for c in names if c not in COLUMNS]
+    extra = [c for c in names if c not in COLUMNS and c not in OPTIONAL_COLUMNS]
     if missing or extra:
         raise KvbenchError(
-            f"workload: columns must be exactly {', '.join(COLUMNS)} "
+            f"workload: columns must be exactly {', '.join(COLUMNS)}, and optionally "
+            f"{', '.join(OPTIONAL_COLUMNS)} "
             f"(missing: {', '.join(map(str, missing)) or 'none'}; extra: {', '.join(map(str, extra)) or 'none'})"
+        )
+    session_cols = [c for c in SESSION_COLUMNS if c in names]
+    if session_cols and len(session_cols) != len(SESSION_COLUMNS):
+        raise KvbenchError(
+            f"workload: columns {', '.join(SESSION_COLUMNS)} come together (has only {', '.join(session_cols)})"
         )
     if len(df) == 0:
         raise KvbenchError("workload is empty")
@@ -125,7 +184,77 @@ def _canonical(df: pd.DataFrame) -> pd.DataFrame:
         out[name] = values.astype(dtype, copy=True)
     out["arrival_s"] = out["arrival_s"] + 0.0  # -0.0 -> 0.0: same time, same bytes
     _check_invariants(out)
-    return pd.DataFrame(out)
+    frame = pd.DataFrame(out)
+    if "hash_ids" in names:
+        frame["hash_ids"] = _canonical_hash_ids(df["hash_ids"], out)
+    if session_cols:
+        extra_cols: dict[str, np.ndarray] = {}
+        for name in SESSION_COLUMNS:
+            values = df[name].to_numpy()
+            kind = np.dtype(OPTIONAL_COLUMNS[name]).kind
+            if values.dtype.kind != kind and not (kind == "f" and values.dtype.kind in "iu"):
+                raise KvbenchError(f"workload: column {name!r} must be {OPTIONAL_COLUMNS[name]}, got {values.dtype}")
+            extra_cols[name] = values.astype(OPTIONAL_COLUMNS[name], copy=True)
+        extra_cols["think_s"] = extra_cols["think_s"] + 0.0
+        _check_sessions(out, extra_cols)
+        for name in SESSION_COLUMNS:
+            frame[name] = extra_cols[name]
+    return frame
+
+
+def _canonical_hash_ids(column: pd.Series, c: dict[str, np.ndarray]) -> pd.Series:
+    """Each row's hash ids as an int64 array of ids >= 0, at least one per request."""
+    values: list[np.ndarray] = []
+    for i, raw in enumerate(column.tolist()):
+        ids = np.asarray(raw)
+        if ids.ndim != 1 or ids.size == 0 or (ids.dtype.kind not in "iu"):
+            raise KvbenchError(f"workload: request {i}: hash_ids must be a non-empty list of integers")
+        if ids.dtype.kind == "u" and ids.size and int(ids.max()) > np.iinfo(np.int64).max:
+            raise KvbenchError(f"workload: request {i}: hash_ids must fit int64")
+        ids = ids.astype(np.int64)
+        if (ids < 0).any():
+            raise KvbenchError(f"workload: request {i}: hash_ids must be >= 0 (got {int(ids.min())})")
+        values.append(ids)
+    grouped = np.flatnonzero(c["prefix_group"] != -1)
+    if grouped.size:
+        raise KvbenchError(f"workload: request {int(grouped[0])}: prefix_group must be -1 with hash_ids")
+    return pd.Series(values, dtype=object)
+
+
+def _check_sessions(c: dict[str, np.ndarray], s: dict[str, np.ndarray]) -> None:
+    """Each conversation's turns 0, 1, ... in request order, one sample each, each prompt
+    holding the whole conversation before it plus a message of at least one token."""
+
+    def fail(i: int, rule: str) -> None:
+        raise KvbenchError(f"workload: request {i}: {rule}")
+
+    for mask, rule in (
+        (s["session_id"] < 0, "session_id must be >= 0"),
+        (s["turn"] < 0, "turn must be >= 0"),
+        (~np.isfinite(s["think_s"]) | (s["think_s"] < 0), "think_s must be a finite number of seconds >= 0"),
+        ((s["turn"] == 0) & (s["think_s"] != 0), "think_s must be 0 for turn 0"),
+        (c["n"] != 1, "n must be 1 in a conversation"),
+        (c["prefix_group"] != -1, "prefix_group must be -1 in a conversation"),
+    ):
+        if mask.any():
+            fail(int(np.flatnonzero(mask)[0]), rule)
+    order = np.lexsort((c["request_id"], s["session_id"]))
+    session, turn = s["session_id"][order], s["turn"][order]
+    first = np.concatenate(([True], session[1:] != session[:-1]))
+    if (bad := first & (turn != 0)).any():
+        fail(int(order[np.flatnonzero(bad)[0]]), "a conversation's first request must be turn 0")
+    later = np.flatnonzero(~first)
+    prev, this = order[later - 1], order[later]
+    if (bad := s["turn"][this] != s["turn"][prev] + 1).any():
+        fail(int(this[np.flatnonzero(bad)[0]]), "turns of a conversation must follow 0, 1, 2, ... in request order")
+    if (bad := c["arrival_s"][this] != c["arrival_s"][prev]).any():
+        fail(int(this[np.flatnonzero(bad)[0]]), "a conversation's turns must share its start as arrival_s")
+    history = c["prompt_len"][prev] + c["output_len"][prev]
+    if (bad := c["prompt_len"][this] <= history).any():
+        fail(
+            int(this[np.flatnonzero(bad)[0]]),
+            "prompt_len must exceed the previous turn's prompt_len + output_len (its history plus a new message)",
+        )
 
 
 def _check_invariants(c: dict[str, np.ndarray]) -> None:
@@ -258,10 +387,14 @@ def summarize(w: Workload, geometry: ModelGeometry | None = None, kv_dtype: str 
     Percentiles interpolate linearly (numpy's default). ``rate_per_s`` is
     (N-1)/span, None when everything arrives at once; ``burstiness_cv`` is the
     population std / mean of the inter-arrival gaps (1 for Poisson), None
-    with fewer than two gaps or a zero mean gap.
+    with fewer than two gaps or a zero mean gap. For conversations both are of the
+    conversations' starts (sessions per second), the process a ``sessions`` spec draws.
     """
     r = w.requests
     arrival = r["arrival_s"].to_numpy()
+    sessions = w.sessions
+    if sessions is not None:  # a conversation's later turns carry its start: count the starts
+        arrival = arrival[sessions.turn == 0]
     span = float(arrival[-1] - arrival[0])
     gaps = np.diff(arrival)
     mean_gap = float(gaps.mean()) if gaps.size else 0.0
@@ -273,13 +406,20 @@ def summarize(w: Workload, geometry: ModelGeometry | None = None, kv_dtype: str 
         "prompt_len": _percentiles(r["prompt_len"].to_numpy()),
         "output_len": _percentiles(r["output_len"].to_numpy()),
         "arrival_span_s": span,
-        "rate_per_s": (w.num_requests - 1) / span if span > 0 else None,
+        "rate_per_s": (arrival.size - 1) / span if span > 0 else None,
         "burstiness_cv": float(gaps.std()) / mean_gap if gaps.size >= 2 and mean_gap > 0 else None,
         "total_tokens": w.total_tokens,
         "prefix_groups": int(np.unique(groups[groups >= 0]).size),
         "max_n": int(r["n"].max()),
         "spec": w.spec_json,
     }
+    if sessions is not None:
+        out["sessions"] = int(np.unique(sessions.session_id).size)
+        out["max_turns"] = int(sessions.turn.max()) + 1
+    hash_ids = w.hash_ids
+    if hash_ids is not None:
+        every = np.concatenate(hash_ids)
+        out["hash_ids"] = {"total": int(every.size), "distinct": int(np.unique(every).size)}
     if geometry is not None:
         total, largest = w.raw_kv_bytes(geometry, kv_dtype)
         out.update(

@@ -6,6 +6,10 @@ Formats, chosen by file extension:
   GeneratedTokens``; times become seconds since the first row), or a generic
   table with ``prompt_len, output_len[, arrival_s][, request_id]``;
 * ``.parquet``/``.pq`` and ``.jsonl``/``.ndjson``: the same columns/keys;
+* the Mooncake form of a JSONL trace: rows carry ``timestamp`` (milliseconds),
+  ``input_length``, ``output_length`` and ``hash_ids`` (one id per
+  ``hash_block_size`` tokens of the prompt; equal ids, equal tokens), recognised by
+  its ``hash_ids`` key;
 * ShareGPT JSON (vLLM's benchmark file) through ``read_sharegpt_json``.
 
 Every problem is a one-line ``KvbenchError`` naming the file and the row
@@ -37,6 +41,7 @@ from ..harness.spec.workload_spec import MAX_REQUESTS
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 GENERIC_COLUMNS = ("prompt_len", "output_len")
 GENERIC_TIME_COLUMN = "arrival_s"
+MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length", "hash_ids")
 # Trace files: the largest public traces are hundreds of MB; a bound keeps a wrong path (a disk
 # image, say) from being read whole. What matters more is that the path is a regular file.
 MAX_TRACE_BYTES = 4 * GIB
@@ -58,16 +63,18 @@ class TraceData:
     prompt_len: np.ndarray  # int64, >= 1
     output_len: np.ndarray  # int64, >= 1
     arrival_s: np.ndarray | None  # float64 seconds, non-decreasing; None when the file has no times
-    kind: str  # "azure", "generic" or "sharegpt-json"
+    kind: str  # "azure", "generic", "mooncake" or "sharegpt-json"
     skipped: int = 0  # ShareGPT conversations without a human->gpt pair
+    hash_ids: list[np.ndarray] | None = None  # mooncake: each row's int64 hash ids
 
     @property
     def num_requests(self) -> int:
         return int(self.prompt_len.size)
 
 
-def read_trace(path: str | Path, limit: int | None = None) -> TraceData:
-    """The first ``limit`` requests (all when None) of a CSV, Parquet or JSONL trace."""
+def read_trace(path: str | Path, limit: int | None = None, hash_block_size: int = 512) -> TraceData:
+    """The first ``limit`` requests (all when None) of a CSV, Parquet or JSONL trace
+    (``hash_block_size``: tokens per hash id, for the Mooncake form)."""
     p = Path(path)
     where = f"trace {p}"
     _check_file(p, where)
@@ -88,7 +95,7 @@ def read_trace(path: str | Path, limit: int | None = None) -> TraceData:
     if len(frame) == 0:
         raise KvbenchError(f"{where}: no requests in file (header only)")
     _check_count(len(frame), where)
-    return _parse_frame(frame, where, label)
+    return _parse_frame(frame, where, label, hash_block_size)
 
 
 def _rows_to_read(limit: int | None) -> int:
@@ -227,11 +234,18 @@ def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _parse_frame(frame: pd.DataFrame, where: str, label: Label) -> TraceData:
+def _parse_frame(frame: pd.DataFrame, where: str, label: Label, hash_block_size: int = 512) -> TraceData:
     columns = list(frame.columns)
     arrivals: np.ndarray | None
     azure = [c for c in AZURE_COLUMNS if c in columns]
     plain = [c for c in (*GENERIC_COLUMNS, GENERIC_TIME_COLUMN) if c in columns]
+    if "hash_ids" in columns:
+        other = azure + plain
+        if other:
+            raise KvbenchError(
+                f"{where}: has Mooncake trace keys (hash_ids) and others ({', '.join(other)}): keep one scheme"
+            )
+        return _parse_mooncake(frame, where, label, hash_block_size)
     if azure and plain:
         raise KvbenchError(
             f"{where}: has both Azure trace columns ({', '.join(azure)}) and plain ones "
@@ -254,6 +268,51 @@ def _parse_frame(frame: pd.DataFrame, where: str, label: Label) -> TraceData:
     if arrivals is not None:
         _check_sorted(arrivals, where, label)
     return TraceData(prompts, outputs, arrivals, kind)
+
+
+def _parse_mooncake(frame: pd.DataFrame, where: str, label: Label, hash_block_size: int) -> TraceData:
+    """Rows of ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
+    _require(list(frame.columns), MOONCAKE_COLUMNS, where)
+    prompts = _lengths(frame["input_length"], "input_length", where, label)
+    outputs = _lengths(frame["output_length"], "output_length", where, label)
+    raw = frame["timestamp"].to_numpy(dtype=object)
+    millis = _numbers(frame["timestamp"])
+    bad = ~np.isfinite(millis) | (millis < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        what = "is missing or empty" if _is_blank(raw[i]) else f"must be a number of milliseconds >= 0, got {raw[i]!r}"
+        raise KvbenchError(f"{where}: {label(i)}: timestamp {what}")
+    arrivals = millis / 1000.0 + 0.0
+    hash_ids: list[np.ndarray] = []
+    for i, value in enumerate(frame["hash_ids"].tolist()):
+        ids = _hash_id_list(value, f"{where}: {label(i)}")
+        needed = -(-int(prompts[i]) // hash_block_size)
+        if ids.size != needed:
+            raise KvbenchError(
+                f"{where}: {label(i)}: hash_ids has {ids.size} ids, but input_length {int(prompts[i])} needs "
+                f"ceil({int(prompts[i])} / {hash_block_size}) = {needed} (hash_block_size {hash_block_size})"
+            )
+        hash_ids.append(ids)
+    _check_sorted(arrivals, where, label)
+    return TraceData(prompts, outputs, arrivals, "mooncake", hash_ids=hash_ids)
+
+
+def _hash_id_list(value: object, where: str) -> np.ndarray:
+    """A row's hash ids: a list of whole numbers >= 0 (JSON true/false are not ids)."""
+    items = value.tolist() if isinstance(value, np.ndarray) else value
+    if not isinstance(items, list):
+        raise KvbenchError(f"{where}: hash_ids must be a list of integers, got {_short(value)}")
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            raise KvbenchError(f"{where}: hash_ids must hold integers, got {_short(item)}")
+        if not 0 <= item <= np.iinfo(np.int64).max:
+            raise KvbenchError(f"{where}: hash_ids must be integers >= 0 (int64), got {item!r}")
+    return np.asarray(items, dtype=np.int64)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _require(columns: list[str], needed: tuple[str, ...], where: str) -> None:

@@ -13,6 +13,8 @@ MODULES: tuple[str, ...] = (
     "workload",
     "report",
     "compare",
+    "export",
+    "import_",
     "diverge",
     "calibrate",
     "fit_roofline",

@@ -55,7 +55,16 @@ def unmeasured(runs: pd.DataFrame) -> str | None:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from ...reports.compare import BASE_ONLY, CAND_ONLY, code_notes, regressions, to_json, to_markdown
+    from ...reports.compare import (
+        BASE_ONLY,
+        CAND_ONLY,
+        code_notes,
+        import_notes,
+        regressions,
+        to_json,
+        to_markdown,
+        unjudged_imported_cells,
+    )
     from ...reports.compare import compare as diff
 
     tol = args.tolerance
@@ -64,6 +73,7 @@ def compare(args: argparse.Namespace) -> int:
     base, cand = _runs(args.base, "BASE_DIR"), _runs(args.cand, "CAND_DIR")
     result = diff(base, cand, tol)
     notes = code_notes(base, cand)  # a note, not a failure: comparing code is what the gate is for
+    notes += import_notes(base, cand)
     print(to_json(result, tol, notes) if args.format == "json" else to_markdown(result, tol, notes), end="")
     reg = regressions(result)
     for runs, which, path in ((base, "BASE_DIR", args.base), (cand, "CAND_DIR", args.cand)):
@@ -86,6 +96,17 @@ def compare(args: argparse.Namespace) -> int:
         )
         print(
             f"kvbench compare: regression beyond tolerance {tol:g} in {reg['cell'].nunique()} cell(s): {worst}",
+            file=sys.stderr,
+        )
+        return 1
+    unjudged = unjudged_imported_cells(result)
+    if unjudged:
+        # An imported run lacks the allocation columns and its timed metrics need repetitions:
+        # a cell where that left nothing judged must not pass as if it had been compared.
+        print(
+            f"kvbench compare: nothing judged in {len(unjudged)} cell(s) holding runs imported from "
+            f"vllm bench serve ({'; '.join(unjudged)}): import at least 3 repetitions per side to judge "
+            "their timed throughput and latency",
             file=sys.stderr,
         )
         return 1

@@ -16,11 +16,11 @@ from typing import Any
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path, output_file
 from ...harness.spec.files import MAX_SUITE_BYTES, read_text_capped
-from ...harness.spec.workload_spec import ARRIVALS, FIELD_KINDS, SOURCES, WorkloadSpec
+from ...harness.spec.workload_spec import ARRIVALS, FIELD_KINDS, LENGTH_FAMILIES, SOURCES, WorkloadSpec
 from .base import Command, OneLineParser
 
 _TYPES = {"int": int, "float": float, "str": str}
-_CHOICES = {"source": SOURCES, "arrival": ARRIVALS}
+_CHOICES = {"source": SOURCES, "arrival": ARRIVALS, "lengths": LENGTH_FAMILIES}
 _HELP = {
     "source": "where lengths come from (default fixed)",
     "num_requests": "requests to generate (synthetic sources; default 100)",
@@ -35,6 +35,15 @@ _HELP = {
     "output_mean": "lognormal: mean output tokens (default 256)",
     "sigma": "lognormal: sigma of the underlying normal (default 1.0)",
     "path": "trace / sharegpt-json: the file (.csv, .parquet, .jsonl; .json for sharegpt-json)",
+    "hash_block_size": "trace with hash_ids (Mooncake JSONL): tokens per hash id (default 512)",
+    "num_sessions": "sessions: conversations to generate (default 16)",
+    "turns": "sessions: requests per conversation (default 4)",
+    "think_time_s": "sessions: seconds between an answer's end and the next turn (default 0)",
+    "lengths": "sessions: length family of prompts, messages and answers (default fixed)",
+    "message_len": "sessions, lengths fixed: tokens of each new user message (default 64)",
+    "message_min": "sessions, lengths uniform: smallest new message, inclusive (default 1)",
+    "message_max": "sessions, lengths uniform: largest new message, inclusive (default 128)",
+    "message_mean": "sessions, lengths lognormal: mean new message tokens (default 64)",
     "limit": "trace / sharegpt-json: use the first N requests",
     "arrival": "arrival process (default batch: all at t=0)",
     "rate": "poisson / gamma: requests per second",
@@ -213,7 +222,8 @@ def format_summary(s: dict[str, Any]) -> str:
         f"{name:>10} " + " ".join(f"{num(s[name][k]):>10}" for k in ("mean", "p50", "p90", "p99", "max"))
         for name in ("prompt_len", "output_len")
     ]
-    rate = "all at once" if s["rate_per_s"] is None else f"{s['rate_per_s']:.3f} req/s"
+    unit = "sessions/s" if "sessions" in s else "req/s"
+    rate = "all at once" if s["rate_per_s"] is None else f"{s['rate_per_s']:.3f} {unit}"
     cv = "n/a" if s["burstiness_cv"] is None else f"{s['burstiness_cv']:.3f}"
     rows += [
         ("arrival span", f"{s['arrival_span_s']:.3f} s"),
@@ -223,6 +233,12 @@ def format_summary(s: dict[str, Any]) -> str:
         ("prefix groups", str(s["prefix_groups"])),
         ("max n", str(s["max_n"])),
     ]
+    if "sessions" in s:
+        rows.append(
+            ("conversations", f"{s['sessions']:,} (up to {s['max_turns']} turns; rate and burstiness of starts)")
+        )
+    if "hash_ids" in s:
+        rows.append(("hash ids", f"{s['hash_ids']['total']:,} ({s['hash_ids']['distinct']:,} distinct)"))
     if "model" in s:
         rows += [
             ("model", f"{s['model']} ({s['kv_dtype']}, {s['kv_bytes_per_token']:,} bytes/token)"),

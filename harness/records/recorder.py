@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from ..errors import StorageError, storage_error
 from . import store
-from .schema import REQUESTS, RUNS, STEPS, StepRow, with_version
+from .schema import METRICS, REQUESTS, RUNS, STEPS, StepRow, with_version
 
 BATCH_ROWS = 16_384
 STEP_FIELDS: tuple[str, ...] = StepRow._fields  # STEPS's columns (checked where StepRow is declared)
@@ -73,6 +73,7 @@ class StepSummary:
         self.evictions = 0
         self.computed_tokens = 0
         self.prefix_hit_tokens = 0
+        self.recomputed_hit_tokens = 0
         self.peak_kv_bytes: int | None = None
         self.wall_sum = 0.0
         self.wall_n = 0
@@ -104,6 +105,7 @@ class StepSummary:
             ("evictions", "evicted_blocks"),
             ("computed_tokens", "scheduled_tokens"),
             ("prefix_hit_tokens", "prefix_hit_tokens"),
+            ("recomputed_hit_tokens", "recomputed_hit_tokens"),
         ):
             setattr(self, attr, getattr(self, attr) + int(columns[_I[name]].astype(np.int64).sum()))
         kv = columns[_I["kv_bytes_allocated"]]
@@ -267,10 +269,13 @@ class RunRecorder:
     def _failed(self, table: str, exc: OSError) -> StorageError:
         return storage_error(store.partition_dir(self.out, table, self.run_id), exc)
 
-    def finish(self, requests: dict[str, list], run_row: Mapping[str, object]) -> dict[str, object]:
-        """Write steps, requests and the run row under temporary names, then publish them in
-        that order: the run row last, since it is what makes the run exist. Returns the run row
-        as written: every ``RUNS`` column, in order, a missing one and NaN as None."""
+    def finish(
+        self, requests: dict[str, list], run_row: Mapping[str, object], metrics: pa.Table | None = None
+    ) -> dict[str, object]:
+        """Write steps, requests (and ``metrics``, a served engine's scrapes, when given) and the
+        run row under temporary names, then publish them in that order: the run row last, since it
+        is what makes the run exist. Returns the run row as written: every ``RUNS`` column, in
+        order, a missing one and NaN as None."""
         tmps: list[Path] = [self._tmp_steps]
         published: list[str] = []
         try:
@@ -292,6 +297,10 @@ class RunRecorder:
                 raise StorageError(f"{self.out}: the results directory was removed during the run")
             req_table = pa.Table.from_pydict(requests, schema=REQUESTS)
             tmps.append(store.write_temp_partition(self.out, "requests", self.run_id, req_table))
+            tables = ["steps", "requests"]
+            if metrics is not None:
+                tmps.append(store.write_temp_partition(self.out, "metrics", self.run_id, metrics.cast(METRICS)))
+                tables.append("metrics")
             row = {name: run_row.get(name) for name in RUNS.names}
             # What the run's partitions hold: how a reader tells a whole run from one that lost a file.
             row["steps_rows"] = self._summary.steps
@@ -303,7 +312,9 @@ class RunRecorder:
                 store.write_temp_partition(self.out, "runs", self.run_id, pa.Table.from_pylist([row], schema=RUNS))
             )
             store.unpublish_run(self.out, self.run_id)  # a rerun: the old run stops existing first
-            for table, tmp in zip(("steps", "requests", "runs"), tmps):
+            if metrics is None:
+                store.drop_partition(self.out, "metrics", self.run_id)  # an older run's scrapes
+            for table, tmp in zip((*tables, "runs"), tmps):
                 store.publish(tmp, store.partition_dir(self.out, table, self.run_id))
                 published.append(table)
         except BaseException:

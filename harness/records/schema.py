@@ -34,7 +34,10 @@ STEPS = pa.schema(
         ("external_frag_positions", pa.int64()),
         ("free_positions", pa.int64()),
         ("evicted_blocks", pa.int64()),
-        ("prefix_hit_tokens", pa.int64()),
+        ("prefix_hit_tokens", pa.int64()),  # cache hits of requests admitted for the first time
+        ("recomputed_hit_tokens", pa.int64()),  # … of requests re-admitted after a preemption (not hits)
+        # Free blocks still holding cached content (prefix caching): the cache beyond what requests hold.
+        ("cached_free_blocks", pa.int64()),
         ("kv_bytes_allocated", pa.int64()),  # null where not measured
         ("step_wall_s", pa.float64()),  # null for sim
         # The step's work, recorded beside step_wall_s by the runners that measure steps (torch,
@@ -69,6 +72,8 @@ class StepRow(NamedTuple):
     free_positions: int
     evicted_blocks: int
     prefix_hit_tokens: int
+    recomputed_hit_tokens: int
+    cached_free_blocks: int
     kv_bytes_allocated: int | None
     step_wall_s: float | None
     scheduled_seqs: int | None
@@ -90,13 +95,22 @@ REQUESTS = pa.schema(
         ("finished_s", pa.float64()),
         ("num_preemptions", pa.int32()),
         ("peak_allocated_positions", pa.int64()),
-        ("prefix_hit_tokens", pa.int64()),
+        ("prefix_hit_tokens", pa.int64()),  # cache hits at its first admission
+        ("recomputed_hit_tokens", pa.int64()),  # cache hits at re-admissions after a preemption
         ("status", pa.string()),
         # Contiguous policies (null for the others): where the request's reservation began, in units of
         # the cell's block size counted from the first usable block, and how many runs of consecutive
         # block ids it held (1: one contiguous stretch; the vLLM runners read the ids vLLM held).
         ("kv_first_block", pa.int64()),
         ("kv_block_runs", pa.int32()),
+        # Multi-turn workloads (null otherwise): the conversation and the turn (0 first) it belongs to.
+        ("session_id", pa.int64()),
+        ("turn", pa.int32()),
+        # When a client sent it (serve: null for the runners that hand requests over in-process), and
+        # each token's time on the run's clock, the first token's included (serve: the chunk that
+        # carried it; vllm-sched, vllm, torch: the end of the step that sampled it; null for sim).
+        ("sent_s", pa.float64()),
+        ("token_times_s", pa.list_(pa.float64())),
     ]
 )
 
@@ -135,6 +149,7 @@ RUNS = pa.schema(
             "arena",
             pa.string(),
         ),  # where a contiguous policy placed reservations: first-fit or buddy (null: other policies)
+        ("serve_url", pa.string()),  # the server the serve runner attached to (null: it started its own; other runners)
         ("kv_dtype", pa.string()),
         ("kv_bytes_per_token", pa.int64()),
         ("budget_bytes", pa.int64()),
@@ -176,7 +191,19 @@ RUNS = pa.schema(
         ("computed_tokens_per_wall_s", pa.float64()),  # computed tokens per wall second of the whole run (runner speed)
         ("preemptions", pa.int64()),
         ("evictions", pa.int64()),
-        ("prefix_hit_rate", pa.float64()),
+        ("prefix_hit_rate", pa.float64()),  # first-admission hit tokens ÷ prompt tokens
+        ("recomputed_hit_tokens", pa.int64()),  # hits at re-admissions after a preemption, never in the rate
+        # Multi-turn workloads: each conversation's hit rate (its turns' hit tokens ÷ their prompt
+        # tokens), mean and lowest over conversations; null otherwise.
+        ("session_hit_rate_mean", pa.float64()),
+        ("session_hit_rate_min", pa.float64()),
+        # Prefix caching: how long a cached block waited in the free queue between its free and a
+        # hit that took it back, in steps and seconds of the run's clock (null: no such reuse, or a
+        # runner that does not see block ids).
+        ("reuse_distance_p50_steps", pa.float64()),
+        ("reuse_distance_p90_steps", pa.float64()),
+        ("reuse_distance_p50_s", pa.float64()),
+        ("reuse_distance_p90_s", pa.float64()),
         ("peak_running", pa.int64()),
         ("mean_running", pa.float64()),
         ("token_states_frac", pa.float64()),
@@ -235,7 +262,21 @@ LATENCY_COLUMNS: tuple[str, ...] = tuple(
     f"{prefix}_{stat}_s" for prefix in LATENCY_PREFIXES for stat in LATENCY_STATS if stat != "std"
 )
 
-TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS}
+# A served engine's Prometheus /metrics, scraped at a fixed interval (the serve runner; runs of other
+# runners have no metrics partition). One row per scrape; a family the server does not export is null.
+METRICS = pa.schema(
+    [
+        ("t_s", pa.float64()),  # seconds from the start of the replay
+        ("kv_cache_usage_frac", pa.float64()),  # vllm:kv_cache_usage_perc: used ÷ usable blocks (0..1)
+        ("num_requests_running", pa.float64()),
+        ("num_requests_waiting", pa.float64()),
+        ("num_preemptions", pa.float64()),  # cumulative (a counter)
+        ("prefix_cache_queries", pa.float64()),  # cumulative tokens queried
+        ("prefix_cache_hits", pa.float64()),  # cumulative tokens hit
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS, "metrics": METRICS}
 
 
 def with_version(schema: pa.Schema) -> pa.Schema:

@@ -3,6 +3,7 @@
     DIR/runs/run_id=<id>/part-0.parquet       one row per run (written last)
     DIR/steps/run_id=<id>/part-0.parquet      one row per scheduler step
     DIR/requests/run_id=<id>/part-0.parquet   one row per request (sample)
+    DIR/metrics/run_id=<id>/part-0.parquet    one row per /metrics scrape (serve runner only)
     DIR/workloads/<workload_id>.parquet       the exact workload used
 
 Partitions are written under a dot-prefixed temporary name (which readers
@@ -134,6 +135,16 @@ def unpublish_run(out: Path, run_id: str) -> None:
             raise storage_error(final, exc, "cannot replace") from None
 
 
+def drop_partition(out: Path, table: str, run_id: str) -> None:
+    """Remove a run's partition of ``table`` if there is one kvbench wrote (nothing otherwise)."""
+    final = partition_dir(out, table, run_id)
+    if os.path.lexists(final) and is_own_partition(final, PART):
+        try:
+            shutil.rmtree(final)
+        except OSError as exc:
+            raise storage_error(final, exc, "cannot replace") from None
+
+
 # Temporary names, per place: what a killed or faulted writer may leave behind.
 STALE_PATTERNS: tuple[tuple[str, str], ...] = (
     *((table, ".tmp-run_id=*") for table in TABLES),
@@ -171,7 +182,7 @@ def clean_stale_temps(out: Path) -> None:
         runs = existing_run_ids(out)
     except StorageError:
         return  # cannot tell whole runs from orphans: leave them
-    for table in ("steps", "requests"):
+    for table in ("steps", "requests", "metrics"):
         d = out / table
         try:
             if d.is_symlink() or not d.is_dir():

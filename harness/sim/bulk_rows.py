@@ -20,7 +20,7 @@ _col = StepRow._fields.index
 STEP, T_S, DT_S, RUNNING, WAITING, ADMITTED, FINISHED, PREEMPTED, SCHEDULED = map(
     _col, ("step", "t_s", "dt_s", "running", "waiting", "admitted", "finished", "preempted", "scheduled_tokens")
 )
-BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT = map(
+BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, RECOMPUTED_HIT, CACHED_FREE = map(
     _col,
     (
         "allocated_blocks",
@@ -31,7 +31,8 @@ BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT
         "external_frag_positions",
         "free_positions",
         "evicted_blocks",
-        "prefix_hit_tokens",
+        "recomputed_hit_tokens",
+        "cached_free_blocks",
     ),
 )
 

@@ -301,7 +301,7 @@ class Stretch:
         "prefilling",
         "gone",
         "evicted",
-        "hit_tokens",
+        "recomputed",
     )
 
     def __init__(self, sched: Scheduler[FastSeq], dec: Decoders) -> None:
@@ -311,7 +311,7 @@ class Stretch:
         # Prefix caching (as counts): every block taken comes from the pool, and may evict.
         self.pool = policy.pool if isinstance(policy, CountingPrefixPolicy) else None
         self.evicted = sched.pending_evictions()  # this step's evictions, so far
-        self.hit_tokens = 0  # … and its prefix-hit tokens
+        self.recomputed = 0  # … and its hit tokens (re-admissions after a preemption)
         self.bs = policy.block_size
         self.swap = sched.swap
         self.tick0 = dec.tick
@@ -430,12 +430,13 @@ class Stretch:
         new = ctx = pairs = 0
         for s, h in zip(cand, hits):
             waiting.popleft()
-            if h:
+            if h:  # nothing is shared: a hit is the request's own recomputation, counted apart
                 assert pool is not None
-                pool.hit(s, h)
+                assert isinstance(self.policy, CountingPrefixPolicy)
+                self.policy.ledger.reused_run(h, pool.hit(s, h))
                 comp = h * bs
-                s.prefix_hit_tokens += comp
-                self.hit_tokens += comp
+                s.recomputed_hit_tokens += comp
+                self.recomputed += comp
             else:
                 comp = s.num_computed  # kept by a swap preemption, else 0
             n = admission_chunk(s.prompt_len + s.num_output, comp, budget)
@@ -552,11 +553,16 @@ class Stretch:
         ev_pre: list[tuple[int, int]] = []
         ev_evict: list[tuple[int, int]] = []
         ev_hit: list[tuple[int, int]] = []
+        c_cached: list[int] = []  # cached free blocks (prefix caching)
         pool = self.pool
+        ledger = self.policy.ledger if isinstance(self.policy, CountingPrefixPolicy) else None
+        base = sched.step_index
         prefix = self.policy if isinstance(self.policy, CountingPrefixPolicy) else None
         j = 0
         while j < MAX_STEPS and self.decoders <= B:
             T = tick0 + 1 + j
+            if ledger is not None:
+                ledger.now = (base + j, t)
             x = count(T)
             if next_arr <= t:  # the driver releases the arrivals due before the step
                 while pending and pending[0].arrival_s <= t:
@@ -629,9 +635,10 @@ class Stretch:
                 if self.evicted:
                     ev_evict.append((j, self.evicted))
                     self.evicted = 0
-                if self.hit_tokens:
-                    ev_hit.append((j, self.hit_tokens))
-                    self.hit_tokens = 0
+                if self.recomputed:
+                    ev_hit.append((j, self.recomputed))
+                    self.recomputed = 0
+                c_cached.append(pool.queued)
             self.used += new
             c_ts.append(t)
             c_blocks.append(self.blocks)
@@ -659,7 +666,7 @@ class Stretch:
             return 0
         c_ts.append(t)
         cols = np.array((c_blocks, c_internal, c_used, c_sched, c_run, c_wait), dtype=np.float64)
-        step0 = sched.step_index
+        step0 = base
         self._close(j, t)
         policy = self.policy
         sched.take_evictions()  # counted in the rows below, step by step
@@ -677,8 +684,15 @@ class Stretch:
                 R.RUNNING: cols[4],
                 R.WAITING: cols[5],
                 R.EXTERNAL: (cols[5] > 0) * tail,
+                R.CACHED_FREE: np.array(c_cached, dtype=np.float64) if pool is not None else 0.0,
             },
-            {R.FINISHED: ev_fin, R.ADMITTED: ev_adm, R.PREEMPTED: ev_pre, R.EVICTED: ev_evict, R.PREFIX_HIT: ev_hit},
+            {
+                R.FINISHED: ev_fin,
+                R.ADMITTED: ev_adm,
+                R.PREEMPTED: ev_pre,
+                R.EVICTED: ev_evict,
+                R.RECOMPUTED_HIT: ev_hit,
+            },
         )
         R.paged_allocation(rows, bs, policy.budget_positions)
         recorder.add_step_rows(rows)

@@ -91,6 +91,8 @@ class FastScheduler(Scheduler[FastSeq]):
     def schedule(self) -> StepPlan[FastSeq]:
         dec = self.dec
         policy = self.policy
+        if self.ledger is not None:
+            self.ledger.now = (self.step_index, self.now)
         budget = self.config.max_num_batched_tokens
         tick = dec.tick + 1
         crossers = dec.live(dec.crossing.pop(tick, []))
@@ -129,7 +131,7 @@ class FastScheduler(Scheduler[FastSeq]):
             budget -= n
         budget -= dec.count
         dec.tick = tick
-        admitted, hit_tokens = self._admit(budget, scheduled)
+        admitted, hit_tokens, recomputed = self._admit(budget, scheduled)
 
         decoders = dec.count
         implicit = dec.dec_sum + tick * decoders  # Σ computed of the decoders after this step
@@ -140,6 +142,7 @@ class FastScheduler(Scheduler[FastSeq]):
             admitted,
             [],
             hit_tokens,
+            recomputed,
             self._compute(scheduled, decoders, implicit, implicit, decoders),
         )
 
@@ -185,6 +188,7 @@ class FastScheduler(Scheduler[FastSeq]):
             scheduled,
             0,
             preempted,
+            0,
             0,
             self._compute(scheduled, decoders, implicit_sum, implicit_sum, decoders),
         )

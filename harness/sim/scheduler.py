@@ -41,6 +41,7 @@ from typing import Generic
 from ..spec.specs import SchedulerSpec
 from .clock import Clock, StepWork
 from .policies.base import Policy
+from .policies.paged import ReuseLedger
 from .scheduling_rule import S, admission_chunk, admission_must_fit, admission_open, preempt_until_fits
 from .sequence import FINISHED, RUNNING, WAITING, Seq
 
@@ -54,17 +55,30 @@ class StepPlan(Generic[S]):
     scheduled: list[tuple[S, int]]  # (sequence, new tokens computed this step)
     admitted: int
     preempted: list[S]
-    prefix_hit_tokens: int
+    prefix_hit_tokens: int  # hits of requests admitted for the first time
+    recomputed_hit_tokens: int  # … of requests re-admitted after a preemption (their own recomputation)
     work: StepWork
 
 
 class Arrivals(Generic[S]):
     """The requests still to arrive, in arrival order, and the one rule every runner releases
     them by, against its run's clock: an idle engine jumps to the next arrival; then every
-    request that has arrived is released, in order."""
+    request that has arrived is released, in order.
+
+    A request that follows another (``Seq.after``: the next turn of a conversation) is held
+    until that one finishes, then arrives ``think_s`` later (never before its own
+    ``arrival_s``): a closed loop on the run's clock. Whoever finishes a request says so
+    (``finished``)."""
 
     def __init__(self, seqs: Iterable[S]) -> None:
-        self.pending: deque[S] = deque(sorted(seqs, key=lambda s: (s.arrival_s, s.index)))
+        first: list[S] = []
+        self.held: dict[int, list[S]] = {}  # sequence index -> the sequences its finish releases
+        for s in seqs:
+            if s.after >= 0:
+                self.held.setdefault(s.after, []).append(s)
+            else:
+                first.append(s)
+        self.pending: deque[S] = deque(sorted(first, key=lambda s: (s.arrival_s, s.index)))
 
     def release(self, now: float, idle: bool, admit: Callable[[S], None]) -> float:
         """Hand every request arrived by ``now`` to ``admit``; return the clock (moved on to the
@@ -76,6 +90,19 @@ class Arrivals(Generic[S]):
         while pending and pending[0].arrival_s <= now:
             admit(pending.popleft())
         return now
+
+    def finished(self, seq: S, now: float) -> None:
+        """``seq`` finished at ``now``: the requests that follow it arrive ``think_s`` later."""
+        if not self.held:
+            return
+        pending = self.pending
+        for nxt in self.held.pop(seq.index, ()):
+            nxt.arrival_s = max(nxt.arrival_s, now + nxt.think_s)
+            key = (nxt.arrival_s, nxt.index)
+            i = len(pending)
+            while i and (pending[i - 1].arrival_s, pending[i - 1].index) > key:
+                i -= 1
+            pending.insert(i, nxt)
 
 
 class Scheduler(Generic[S]):
@@ -90,7 +117,9 @@ class Scheduler(Generic[S]):
         self, arrivals: Arrivals[S], policy: Policy, config: SchedulerSpec, max_model_len: int, clock: Clock | None
     ) -> None:
         """``clock`` None: every step's duration is measured by the caller (``finish_step``)."""
+        self.arrivals = arrivals
         self.pending = arrivals.pending  # the driver releases them; the fast path looks ahead (module docstring)
+        self.ledger: ReuseLedger | None = getattr(policy, "ledger", None)
         self.waiting: deque[S] = deque()
         self.running: list[S] = []
         self.policy = policy
@@ -144,6 +173,8 @@ class Scheduler(Generic[S]):
     def schedule(self) -> StepPlan[S]:
         """The next step's plan, over what has been released to ``waiting`` by now."""
         policy = self.policy
+        if self.ledger is not None:
+            self.ledger.now = (self.step_index, self.now)
         budget = self.config.max_num_batched_tokens
         # vLLM keeps input positions below max_model_len − 1 (one sampled token per step).
         limit = self.max_model_len - 1
@@ -165,9 +196,11 @@ class Scheduler(Generic[S]):
             budget -= num_new
             i += 1
 
-        admitted, hit_tokens = self._admit(budget, scheduled) if not preempted else (0, 0)
+        admitted, hit_tokens, recomputed = self._admit(budget, scheduled) if not preempted else (0, 0, 0)
 
-        return StepPlan(self.step_index, self.now, scheduled, admitted, preempted, hit_tokens, self._compute(scheduled))
+        return StepPlan(
+            self.step_index, self.now, scheduled, admitted, preempted, hit_tokens, recomputed, self._compute(scheduled)
+        )
 
     def _compute(
         self, scheduled: list[tuple[S, int]], new_tokens: int = 0, context: int = 0, pairs: int = 0, seqs: int = 0
@@ -182,15 +215,16 @@ class Scheduler(Generic[S]):
         self.used_positions += new_tokens
         return StepWork(new_tokens, context, pairs, seqs + len(scheduled))
 
-    def _admit(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int]:
+    def _admit(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
         """Admit waiting requests while the rule allows (``scheduling_rule``); append them to
-        ``scheduled``; return (admitted, prefix-hit tokens)."""
+        ``scheduled``; return (admitted, hit tokens at first admissions, hit tokens at
+        re-admissions after a preemption: vLLM counts these apart, never as prefix-cache hits)."""
         policy = self.policy
         running = self.running
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
         max_len = self.max_model_len
-        admitted = hit_tokens = 0
+        admitted = hit_tokens = recomputed = 0
         while waiting and admission_open(budget, len(running), max_seqs):
             seq = waiting[0]
             hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
@@ -202,13 +236,16 @@ class Scheduler(Generic[S]):
             self.start_running(seq, self.now)
             seq.num_computed = computed
             self.used_positions += computed
-            if hit:
+            if hit and seq.num_preemptions:
+                seq.recomputed_hit_tokens += hit
+                recomputed += hit
+            elif hit:
                 seq.prefix_hit_tokens += hit
                 hit_tokens += hit
             scheduled.append((seq, num_new))
             budget -= num_new
             admitted += 1
-        return admitted, hit_tokens
+        return admitted, hit_tokens, recomputed
 
     def measure_values(self) -> tuple[int, ...]:
         """The allocation state while the step computes (after scheduling, before frees), as a
@@ -232,6 +269,7 @@ class Scheduler(Generic[S]):
             policy.external_frag(waiting[0] if waiting else None),
             policy.budget_positions - allocated,
             evictions,
+            policy.cached_free_blocks(),
         )
 
     def finish_step(self, plan: StepPlan[S], measured_s: float | None = None) -> list[S]:
@@ -268,4 +306,5 @@ class Scheduler(Generic[S]):
             self.used_positions -= seq.num_computed
             seq.status = FINISHED
             seq.finished_s = self.now
+            self.arrivals.finished(seq, self.now)
         self.finished += len(done)

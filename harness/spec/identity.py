@@ -69,6 +69,7 @@ CELL: tuple[Key, ...] = (
     Key("device", "device"),
     Key("page_bytes", "page size"),
     Key("arena", "arena"),  # contiguous policies: first-fit or buddy placement
+    Key("serve_url", "server"),  # the serve runner attached to a running server: another server is another run
 )
 REPEAT = Key("repeat", "repetition")  # in the run id (each repetition is a run), never in a cell
 RUN: tuple[Key, ...] = (*WORK, *CELL, REPEAT)
@@ -107,7 +108,7 @@ RUN_ID_NAMES: dict[str, str] = {"model": "geometry"}
 
 # Keys added to the identity after run ids were first written: their default is what every
 # earlier run did, so a key at its default is left out (the run id stays what it was).
-DEFAULTS: dict[str, object] = {"arena": "first-fit"}
+DEFAULTS: dict[str, object] = {"arena": "first-fit", "serve_url": None}
 
 
 def applies(column: str, runner: str, policy: str) -> bool:
@@ -118,6 +119,8 @@ def applies(column: str, runner: str, policy: str) -> bool:
         return policy in PAGE_SIZED_POLICIES
     if column == "arena":
         return is_contiguous(policy)
+    if column == "serve_url":
+        return runner == "serve"
     return True
 
 

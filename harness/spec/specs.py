@@ -157,6 +157,15 @@ class RunSpec:
     repeat: int = 0  # repetition index, for timed metrics' spread
     device: str = "auto"  # torch / vllm runners: cpu, cuda or auto
     suite: str = "adhoc"
+    # The serve runner only ([runners.serve]): a running OpenAI-compatible server to attach to
+    # instead of starting one (part of the run's identity when set: another server is another
+    # measurement), how long a started server may take to answer /health, the /metrics scrape
+    # interval and the longest one request may take (not identity: a finished run is the same
+    # measurement whatever they were; None: the runner's defaults).
+    serve_url: str | None = None
+    serve_startup_timeout_s: float | None = None
+    serve_metrics_interval_s: float | None = None
+    serve_request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -168,6 +177,26 @@ class RunSpec:
         check_arena(self.arena, "cell")
         if self.device not in ("auto", "cpu", "cuda"):
             raise KvbenchError(f"cell: unknown device {self.device!r} (known: auto, cpu, cuda)")
+        serving = [
+            f.name
+            for f in dataclasses.fields(self)
+            if f.name.startswith("serve_") and getattr(self, f.name) is not None
+        ]
+        if serving and self.runner != "serve":
+            raise KvbenchError(
+                f"cell: {serving[0][len('serve_') :]} is a setting of the serve runner ([runners.serve])"
+            )
+        url = self.serve_url
+        if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise KvbenchError(f'[runners.serve] url must be "http://host:port", got {url!r}')
+        for name in ("serve_startup_timeout_s", "serve_metrics_interval_s", "serve_request_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf
+            ):
+                raise KvbenchError(
+                    f"[runners.serve] {name[len('serve_') :]} must be a positive number of seconds, got {value!r}"
+                )
         tp, pp = self.scheduler.tensor_parallel_size, self.scheduler.pipeline_parallel_size
         self.geometry.check_parallel(tp, pp)
         if tp * pp > 1 and self.runner not in PARALLEL_RUNNERS:
@@ -179,7 +208,7 @@ class RunSpec:
         if clock == "measured" and self.runner not in MEASURING_RUNNERS:
             raise KvbenchError(
                 f'runner {self.runner}: clock = "measured" is an engine\'s own step time; only '
-                f"{' and '.join(MEASURING_RUNNERS)} measure steps (give {self.runner} "
+                f"{', '.join(MEASURING_RUNNERS[:-1])} and {MEASURING_RUNNERS[-1]} measure steps (give {self.runner} "
                 f'"profile" or "roofline", e.g. in [runners.{self.runner}])'
             )
         if clock == "profile":
@@ -230,6 +259,7 @@ class RunSpec:
                 "page_bytes": self.page_bytes,
                 "arena": self.arena,
                 "repeat": self.repeat,
+                "serve_url": self.serve_url,
             }
         )
 

@@ -24,6 +24,18 @@ SOURCES: tuple[str, ...] = (
     "alpaca-quantiles",
     "trace",
     "sharegpt-json",
+    "sessions",
+)
+# Length families a ``sessions`` workload draws its prompts, messages and answers from
+# (``lengths``): the synthetic sources.
+LENGTH_FAMILIES: tuple[str, ...] = (
+    "fixed",
+    "uniform",
+    "lognormal",
+    "sharegpt",
+    "alpaca",
+    "sharegpt-quantiles",
+    "alpaca-quantiles",
 )
 # Sources whose requests come from a file (``path``); ``num_requests`` does not
 # apply to them, ``limit`` does.
@@ -61,7 +73,29 @@ FIELD_KINDS: dict[str, tuple[str, bool]] = {
     "seed": ("int", False),
     "max_prompt_len": ("int", True),
     "max_output_len": ("int", True),
+    "hash_block_size": ("int", False),
+    "num_sessions": ("int", False),
+    "turns": ("int", False),
+    "think_time_s": ("float", False),
+    "lengths": ("str", False),
+    "message_len": ("int", False),
+    "message_min": ("int", False),
+    "message_max": ("int", False),
+    "message_mean": ("float", False),
 }
+# Fields added after workload files and records were first written: ``to_json`` leaves them
+# out while they hold their defaults, so every earlier spec keeps its JSON byte for byte.
+LATER_FIELDS: tuple[str, ...] = (
+    "hash_block_size",
+    "num_sessions",
+    "turns",
+    "think_time_s",
+    "lengths",
+    "message_len",
+    "message_min",
+    "message_max",
+    "message_mean",
+)
 
 _KIND_WORDS = {"int": "an integer", "float": "a number", "str": "a string"}
 
@@ -98,6 +132,18 @@ class WorkloadSpec:
 
     Prefix: ``prefix_groups`` groups (round-robin) each sharing their first
     ``prefix_len`` prompt tokens; ``n`` parallel samples per request.
+
+    Hash-id traces (a ``trace`` whose JSONL rows carry ``hash_ids``, the Mooncake
+    form): each hash id stands for ``hash_block_size`` tokens.
+
+    Conversations (``sessions``): ``num_sessions`` sessions (or ⌈rate × duration_s⌉)
+    of ``turns`` turns, starting as ``arrival`` says (sessions per second); each turn
+    is sent ``think_time_s`` after the previous answer ends, its prompt the whole
+    conversation so far plus a new user message. ``lengths`` names the length family
+    (a synthetic source): the first prompt and each answer take its prompt and output
+    settings; a new message takes ``message_len`` (fixed), ``message_min..message_max``
+    (uniform), ``message_mean`` (lognormal), or the family's prompt lengths (the
+    ShareGPT/Alpaca fits and tables).
     """
 
     source: str = "fixed"
@@ -127,6 +173,15 @@ class WorkloadSpec:
     seed: int = 0
     max_prompt_len: int | None = None
     max_output_len: int | None = None
+    hash_block_size: int = 512
+    num_sessions: int = 16
+    turns: int = 4
+    think_time_s: float = 0.0
+    lengths: str = "fixed"
+    message_len: int = 64
+    message_min: int = 1
+    message_max: int = 128
+    message_mean: float = 64.0
 
     def __post_init__(self) -> None:
         for name, (kind, optional) in FIELD_KINDS.items():
@@ -147,14 +202,28 @@ class WorkloadSpec:
             raise KvbenchError(f"workload: unknown source {self.source!r} (known: {', '.join(SOURCES)})")
         if self.arrival not in ARRIVALS:
             raise KvbenchError(f"workload: unknown arrival {self.arrival!r} (known: {', '.join(ARRIVALS)})")
-        for name in ("num_requests", "prompt_len", "output_len", "prompt_min", "output_min", "n"):
+        if self.lengths not in LENGTH_FAMILIES:
+            raise KvbenchError(f"workload: unknown lengths {self.lengths!r} (known: {', '.join(LENGTH_FAMILIES)})")
+        for name in (
+            "num_requests",
+            "prompt_len",
+            "output_len",
+            "prompt_min",
+            "output_min",
+            "n",
+            "hash_block_size",
+            "num_sessions",
+            "turns",
+            "message_len",
+            "message_min",
+        ):
             _at_least(name, getattr(self, name), 1)
         for name in ("limit", "max_prompt_len", "max_output_len"):
             if getattr(self, name) is not None:
                 _at_least(name, getattr(self, name), 1)
         for name in ("prefix_groups", "prefix_len", "seed"):
             _at_least(name, getattr(self, name), 0)
-        for name in ("num_requests", "limit"):
+        for name in ("num_requests", "limit", "num_sessions"):
             if getattr(self, name) is not None and getattr(self, name) > MAX_REQUESTS:
                 raise KvbenchError(
                     f"workload: {name} = {getattr(self, name)} is more than the limit of "
@@ -164,7 +233,11 @@ class WorkloadSpec:
             raise KvbenchError(f"workload: prompt_max ({self.prompt_max}) is below prompt_min ({self.prompt_min})")
         if self.output_max < self.output_min:
             raise KvbenchError(f"workload: output_max ({self.output_max}) is below output_min ({self.output_min})")
-        for name in ("prompt_mean", "output_mean", "cv", "time_scale"):
+        if self.message_max < self.message_min:
+            raise KvbenchError(f"workload: message_max ({self.message_max}) is below message_min ({self.message_min})")
+        if self.think_time_s < 0:
+            raise KvbenchError(f"workload: think_time_s must be >= 0, got {self.think_time_s!r}")
+        for name in ("prompt_mean", "output_mean", "message_mean", "cv", "time_scale"):
             if getattr(self, name) <= 0:
                 raise KvbenchError(f"workload: {name} must be > 0, got {getattr(self, name)!r}")
         if self.sigma < 0:
@@ -198,6 +271,8 @@ class WorkloadSpec:
                     f"{self.rate * self.duration_s:.4g} requests, more than the limit of "
                     f"{MAX_REQUESTS:,} requests in a workload"
                 )
+        if self.source == "sessions":
+            self._validate_sessions()
         if self.arrival == "trace" and self.source != "trace":
             raise KvbenchError(f"workload: arrival 'trace' needs source 'trace' (timestamps), not {self.source!r}")
         if (self.prefix_groups > 0) != (self.prefix_len > 0):
@@ -214,6 +289,29 @@ class WorkloadSpec:
             raise KvbenchError(
                 f"workload: prefix_len ({self.prefix_len}) must be below max_prompt_len ({self.max_prompt_len})"
             )
+
+    def _validate_sessions(self) -> None:
+        if self.n != 1:
+            raise KvbenchError(
+                f"workload: source 'sessions' takes n = 1 (each turn is one conversation's next request), got {self.n}"
+            )
+        if self.prefix_groups > 0:
+            raise KvbenchError(
+                "workload: source 'sessions' shares each conversation's history already; "
+                f"set prefix_groups = 0 (got {self.prefix_groups})"
+            )
+        if self.session_count * self.turns > MAX_REQUESTS:
+            raise KvbenchError(
+                f"workload: sessions * turns = {self.session_count} * {self.turns} is more than the limit of "
+                f"{MAX_REQUESTS:,} requests in a workload"
+            )
+
+    @property
+    def session_count(self) -> int:
+        """Conversations a ``sessions`` source generates: ``num_sessions``, or ⌈rate × duration_s⌉."""
+        if self.duration_s is not None and self.rate is not None:
+            return max(1, math.ceil(self.rate * self.duration_s))
+        return self.num_sessions
 
     @property
     def request_count(self) -> int:
@@ -254,8 +352,13 @@ class WorkloadSpec:
         return cls.from_mapping(data, where)
 
     def to_json(self) -> str:
-        """Canonical JSON: every field, sorted keys, no whitespace."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        """Canonical JSON: sorted keys, no whitespace; every field but a ``LATER_FIELDS`` one
+        at its default (so a spec that uses none of them reads as it always did)."""
+        data = dataclasses.asdict(self)
+        for field in dataclasses.fields(self):
+            if field.name in LATER_FIELDS and data[field.name] == field.default:
+                del data[field.name]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def replace(self, **changes: Any) -> WorkloadSpec:
         return dataclasses.replace(self, **changes)

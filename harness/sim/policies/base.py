@@ -55,6 +55,9 @@ class Policy(Protocol):
     def allocated_blocks(self) -> int:
         """Blocks (or pages, or 1 per contiguous reservation) in use now."""
 
+    def cached_free_blocks(self) -> int:
+        """Free blocks still holding cached content (prefix caching): evictable, hit-able."""
+
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         """Blocks ``allocate(seq, num_tokens)`` would take for a running ``seq``."""
 

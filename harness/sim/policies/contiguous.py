@@ -120,6 +120,9 @@ class ContiguousPolicy:
         seq.alloc_start = -1
         self._live -= 1
 
+    def cached_free_blocks(self) -> int:
+        return 0  # no prefix caching
+
     def allocated_blocks(self) -> int:
         """Blocks held; a reservation counts as one where the unit is a position."""
         return self._live if self.block_size == 1 else self.allocated_positions // self.block_size

@@ -30,17 +30,19 @@ from collections.abc import Sequence
 
 from ..sequence import Seq
 from .base import internal_of
-from .paged import CountingPagedPolicy, cdiv
+from .paged import CountingPagedPolicy, ReuseLedger, cdiv
 
 
 class Run:
-    """What is left in the cache of one freed sequence: its first ``left`` blocks."""
+    """What is left in the cache of one freed sequence: its first ``left`` blocks, freed at
+    ``freed_at`` (step, seconds)."""
 
-    __slots__ = ("left", "seq")
+    __slots__ = ("left", "seq", "freed_at")
 
-    def __init__(self, left: int, seq: int) -> None:
+    def __init__(self, left: int, seq: int, freed_at: tuple[int, float] = (0, 0.0)) -> None:
         self.left = left
         self.seq = seq  # the sequence's index
+        self.freed_at = freed_at
 
 
 class CachedRuns:
@@ -78,11 +80,11 @@ class CachedRuns:
                 del by_seq[r.seq]
         return evicted
 
-    def park(self, seq: Seq, blocks: int, cached: int) -> None:
-        """A sequence frees ``blocks`` blocks, its first ``cached`` of them with a key."""
+    def park(self, seq: Seq, blocks: int, cached: int, now: tuple[int, float] = (0, 0.0)) -> None:
+        """A sequence frees ``blocks`` blocks at ``now``, its first ``cached`` of them with a key."""
         self.uncached += blocks - cached
         if cached:
-            r = Run(cached, seq.index)
+            r = Run(cached, seq.index, now)
             self.runs.append(r)
             self.by_seq[seq.index] = r  # a swapped-in sequence's older run, if any, is never hit
             self.queued += cached
@@ -112,12 +114,14 @@ class CachedRuns:
             return r.left
         return r.left - eaten if eaten < r.left else 0
 
-    def hit(self, seq: Seq, blocks: int) -> None:
-        """``seq`` takes its ``blocks`` cached blocks back out of the queue: all of them."""
+    def hit(self, seq: Seq, blocks: int) -> tuple[int, float]:
+        """``seq`` takes its ``blocks`` cached blocks back out of the queue: all of them. Returns
+        when they were freed."""
         r = self.by_seq.pop(seq.index)
         assert r.left == blocks, "a prefix hit takes a sequence's whole cached run"
         r.left = 0
         self.queued -= blocks
+        return r.freed_at
 
 
 class CountingPrefixPolicy(CountingPagedPolicy):
@@ -126,6 +130,10 @@ class CountingPrefixPolicy(CountingPagedPolicy):
     def __init__(self, budget_positions: int, block_size: int) -> None:
         super().__init__(budget_positions, block_size, "paged-prefix")
         self.pool = CachedRuns(self.num_blocks)
+        self.ledger = ReuseLedger()
+
+    def cached_free_blocks(self) -> int:
+        return self.pool.queued
 
     def hit_blocks(self, seq: Seq, cached: int) -> int:
         """The blocks a hit on ``cached`` cached blocks gives ``seq`` at admission: at least one
@@ -163,7 +171,7 @@ class CountingPrefixPolicy(CountingPagedPolicy):
             return False
         pool = self.pool
         if h:
-            pool.hit(seq, h)
+            self.ledger.reused_run(h, pool.hit(seq, h))
         self.evictions += pool.take(new)
         self._free -= new + h
         old = seq.allocated
@@ -179,7 +187,7 @@ class CountingPrefixPolicy(CountingPagedPolicy):
         if seq.allocated:
             blocks = seq.allocated // self.block_size
             full = seq.num_computed // self.block_size
-            self.pool.park(seq, blocks, full if full < blocks else blocks)
+            self.pool.park(seq, blocks, full if full < blocks else blocks, self.ledger.now)
         super().free(seq)
 
     def writable(self, seq: Seq, position: int) -> bool:

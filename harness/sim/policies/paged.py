@@ -23,10 +23,12 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+import numpy as np
+
 from ..sequence import Seq
 from .base import internal_of
 
-BlockKey = tuple[str, int, int]
+BlockKey = int  # ``harness.sim.block_keys``: equal keys, equal tokens up to the block's end
 
 
 def cdiv(a: int, b: int) -> int:
@@ -60,6 +62,9 @@ class PagedBase:
     def allocated_blocks(self) -> int:
         return self.num_blocks - self.free_blocks()
 
+    def cached_free_blocks(self) -> int:
+        return 0  # no prefix caching (``PagedPolicy`` and ``CountingPrefixPolicy`` count theirs)
+
     def external_frag(self, head_of_line: Seq | None) -> int:
         """While anything waits, the budget's tail that no whole block fits."""
         if head_of_line is None:
@@ -70,6 +75,46 @@ class PagedBase:
         # The last sampled token's K/V is never computed, so a finished
         # sequence holds prompt + output − 1 positions at most.
         return cdiv(seq.final_len - 1, self.block_size) * self.block_size
+
+
+class ReuseLedger:
+    """When each cached free block was freed, and how long after its free each block a hit
+    took back out of the free queue had waited: the reuse distance, in steps and seconds. The
+    scheduler moves ``now`` at every step."""
+
+    __slots__ = ("now", "freed_at", "steps", "seconds")
+
+    def __init__(self) -> None:
+        self.now: tuple[int, float] = (0, 0.0)  # (step, t_s)
+        self.freed_at: dict[int, tuple[int, float]] = {}
+        self.steps: list[int] = []
+        self.seconds: list[float] = []
+
+    def freed(self, block: int) -> None:
+        self.freed_at[block] = self.now
+
+    def reused(self, block: int) -> None:
+        self.reused_run(1, self.freed_at.pop(block))
+
+    def reused_run(self, blocks: int, freed_at: tuple[int, float]) -> None:
+        """``blocks`` blocks freed together at ``freed_at`` are taken back now."""
+        steps, seconds = self.now[0] - freed_at[0], self.now[1] - freed_at[1]
+        self.steps.extend([steps] * blocks)
+        self.seconds.extend([seconds] * blocks)
+
+
+def reuse_distance_columns(steps: list[int], seconds: list[float]) -> dict[str, float | None]:
+    """The run row's reuse-distance columns (median and 90th percentile, numpy's default
+    interpolation); null where no cached free block was reused."""
+    if not steps:
+        return {f"reuse_distance_{q}_{u}": None for q in ("p50", "p90") for u in ("steps", "s")}
+    st, sec = np.asarray(steps, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
+    return {
+        "reuse_distance_p50_steps": float(np.percentile(st, 50)),
+        "reuse_distance_p90_steps": float(np.percentile(st, 90)),
+        "reuse_distance_p50_s": float(np.percentile(sec, 50)),
+        "reuse_distance_p90_s": float(np.percentile(sec, 90)),
+    }
 
 
 class PagedPolicy(PagedBase):
@@ -90,6 +135,7 @@ class PagedPolicy(PagedBase):
         self.ref: dict[int, int] = {}
         self.block_key: dict[int, BlockKey] = {}
         self.cache: dict[BlockKey, list[int]] = {}
+        self.ledger = ReuseLedger()
 
     def free_blocks(self) -> int:
         return len(self.front) + self.num_blocks - self.next_fresh + len(self.free_queue)
@@ -98,20 +144,10 @@ class PagedPolicy(PagedBase):
         return b >= self.next_fresh or b in self.free_queue or b in self.front
 
     # -- prefix caching --------------------------------------------------------
-    def key_of(self, seq: Seq, i: int) -> BlockKey:
-        """Content identity of block ``i`` of ``seq`` (equal keys = equal tokens and prefix)."""
-        end = (i + 1) * self.block_size
-        if seq.prefix_group >= 0 and end <= seq.prefix_len:
-            return ("g", seq.prefix_group, i)
-        if end <= seq.prompt_len:
-            return ("p", seq.request_id, i)  # samples of one request share the prompt
-        return ("s", seq.index, i)
-
-    def _key_bounds(self, seq: Seq) -> tuple[int, int]:
-        """``key_of``'s two boundaries: blocks before the first are the shared prefix's, blocks
-        before the second the prompt's, the rest the sequence's own."""
-        bs = self.block_size
-        return (seq.prefix_len // bs if seq.prefix_group >= 0 else 0), seq.prompt_len // bs
+    def cached_free_blocks(self) -> int:
+        """Free blocks still holding cached content: the LRU part of the free queue (a freed
+        block without content goes to its front, ``free``)."""
+        return len(self.free_queue) if self.enable_caching else 0
 
     def prefix_hit(self, seq: Seq) -> int:
         seq.pending_hits = []
@@ -120,11 +156,8 @@ class PagedPolicy(PagedBase):
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits = seq.pending_hits
         get = self.cache.get
-        g, p = self._key_bounds(seq)
-        for i in range(max_blocks):  # key_of(seq, i), inline: this walk runs at every admission attempt
-            cached = get(
-                ("g", seq.prefix_group, i) if i < g else ("p", seq.request_id, i) if i < p else ("s", seq.index, i)
-            )
+        for key in seq.block_keys[:max_blocks]:
+            cached = get(key)
             if not cached:
                 break
             hits.append(cached[0])
@@ -160,9 +193,11 @@ class PagedPolicy(PagedBase):
         held = len(seq.blocks)
         old_internal = internal_of(held * bs, seq.final_len)
         if hits:
+            ledger = self.ledger
             for b in hits:
                 if self.ref[b] == 0:
                     del self.free_queue[b]
+                    ledger.reused(b)
                 else:
                     self.shared_excess_positions += bs
                 self.ref[b] += 1
@@ -181,6 +216,7 @@ class PagedPolicy(PagedBase):
                 b, _ = self.free_queue.popitem(last=False)
                 key = block_key.pop(b, None)
                 if key is not None:  # evicted from the cache (a full cache evicts at every new block)
+                    self.ledger.freed_at.pop(b, None)
                     holders = cache.get(key)
                     if holders is not None:
                         holders.remove(b)
@@ -203,11 +239,10 @@ class PagedPolicy(PagedBase):
         start = seq.num_cached_blocks
         if full <= start:
             return
-        block_key, cache, blocks = self.block_key, self.cache, seq.blocks
-        g, p = self._key_bounds(seq)
-        for i in range(start, full):  # key_of(seq, i), inline
+        block_key, cache, blocks, keys = self.block_key, self.cache, seq.blocks, seq.block_keys
+        for i in range(start, full):
             b = blocks[i]
-            key = ("g", seq.prefix_group, i) if i < g else ("p", seq.request_id, i) if i < p else ("s", seq.index, i)
+            key = keys[i]
             block_key[b] = key
             holders = cache.get(key)
             if holders is None:
@@ -243,10 +278,13 @@ class PagedPolicy(PagedBase):
                 raise AssertionError(f"block {b} freed while unreferenced")
             self.ref[b] = r
             if r == 0:
-                if uncached is not None and b not in self.block_key:
+                if uncached is None:
+                    self.free_queue[b] = None
+                elif b not in self.block_key:
                     uncached.append(b)
                 else:
                     self.free_queue[b] = None
+                    self.ledger.freed(b)
             else:
                 self.shared_excess_positions -= bs
         if uncached:

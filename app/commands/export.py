@@ -1,0 +1,124 @@
+"""``kvbench export DIR --format vllm-bench|pytorch-oss --out PATH``: runs in vLLM's benchmark formats.
+
+One run (the directory's only run, or ``--run RUN_ID``) goes to ``--out`` as a file, or into
+``--out`` when it is an existing directory; several runs go into ``--out`` as a directory, one
+``<run_id>.json`` (``<run_id>.pytorch.json``) each. Every selected run must be ``ok`` and timed in
+seconds; anything else is refused before a file is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ...harness.errors import KvbenchError, storage_error
+from ...harness.records.safe_paths import nonempty_path
+from .base import Command
+
+FORMATS: tuple[str, ...] = ("vllm-bench", "pytorch-oss")
+SUFFIX: dict[str, str] = {"vllm-bench": ".json", "pytorch-oss": ".pytorch.json"}
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", type=Path, metavar="DIR", help="a results directory")
+    p.add_argument(
+        "--format",
+        required=True,
+        choices=FORMATS,
+        help="vllm-bench: the result JSON of `vllm bench serve`; pytorch-oss: the PyTorch benchmark database records",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        type=nonempty_path,
+        metavar="PATH",
+        help="the file to write; a directory (one <run_id>.json per run) when DIR holds several runs",
+    )
+    p.add_argument("--run", metavar="RUN_ID", help="export this run only")
+
+
+def _select(out: Path, run: str | None) -> list[dict[str, Any]]:
+    from ...harness.records.store import check_complete, read_table
+
+    if not out.is_dir():
+        raise KvbenchError(f"{out}: no such results directory")
+    if not (out / "runs").is_dir():
+        raise KvbenchError(f"{out}: no runs/ directory; not a kvbench results directory")
+    check_complete(out)
+    runs = read_table(out, "runs")
+    if runs.empty:
+        raise KvbenchError(f"{out}: holds no runs")
+    if run is not None:
+        runs = runs[runs["run_id"] == run]
+        if runs.empty:
+            raise KvbenchError(f"{out}: no run {run}")
+    rows = runs.sort_values("run_id").to_dict("records")
+    bad = [r for r in rows if r["status"] != "ok"]
+    if bad:
+        names = ", ".join(f"{r['run_id']} ({r['status']})" for r in bad[:3]) + (" …" if len(bad) > 3 else "")
+        raise KvbenchError(f"{out}: only ok runs can be exported, not {names}; choose one with --run")
+    steps = [r for r in rows if r.get("clock") == "steps"]
+    if steps:
+        raise KvbenchError(
+            f"{out}: run {steps[0]['run_id']} is on the steps clock, its times are scheduler steps, "
+            "not the seconds vLLM's fields hold"
+        )
+    return rows
+
+
+def _targets(out: Path, run_ids: list[str], fmt: str) -> list[Path]:
+    if len(run_ids) == 1 and not out.is_dir():
+        return [out]
+    if os.path.lexists(out) and not out.is_dir():
+        raise KvbenchError(f"--out {out}: exists and is not a directory, and {len(run_ids)} runs are to be exported")
+    return [out / f"{rid}{SUFFIX[fmt]}" for rid in run_ids]
+
+
+def _write(path: Path, doc: Any) -> None:
+    """Whole or not at all: a temporary file renamed into place."""
+    text = json.dumps(doc, allow_nan=False, default=str)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise storage_error(path, exc) from None
+
+
+def export(args: argparse.Namespace) -> int:
+    from ...harness.records.store import read_table
+    from ...reports.pytorch_oss_format import settings_of, to_pytorch_oss
+    from ...reports.vllm_bench_format import to_vllm_bench
+
+    rows = _select(args.dir, args.run)
+    targets = _targets(args.out, [str(r["run_id"]) for r in rows], args.format)
+    docs = []
+    for row in rows:  # every document made before any is written: a refusal writes nothing
+        requests = read_table(args.dir, "requests", {str(row["run_id"])})
+        result = to_vllm_bench(row, requests)
+        docs.append(result if args.format == "vllm-bench" else to_pytorch_oss(result, settings_of(row)))
+    folder = targets[0].parent  # --out itself when the files go into it
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise storage_error(folder, exc) from None
+    for path, doc in zip(targets, docs):
+        _write(path, doc)
+        print(path)
+    return 0
+
+
+COMMAND = Command(
+    "export",
+    help="write runs as `vllm bench serve` result JSON or PyTorch benchmark database records",
+    description="Write each ok run of DIR in a format of vLLM's benchmarks: vllm-bench, the result JSON "
+    "`vllm bench serve --save-result --save-detailed` writes (its field names, units and statistics), or "
+    "pytorch-oss, the records it writes for the PyTorch OSS benchmark database. Fields kvbench's records "
+    "cannot give are null and named in the JSON's kvbench.notes (docs/formats.md).",
+    configure=configure,
+    run=export,
+)

