@@ -121,8 +121,11 @@ def steps_of(out: Path, row: dict) -> pd.DataFrame:
     return steps.sort_values("step").reset_index(drop=True)
 
 
-def requests_of(out: Path, row: dict) -> pd.DataFrame:
+def requests_of(out: Path, row: dict, token_times: bool = False) -> pd.DataFrame:
+    """A run's requests in id order; without each token's time (``sim`` records none) unless asked."""
     reqs = store.read_table(out, "requests", {row["run_id"]}).drop(columns="run_id")
+    if not token_times:
+        reqs = reqs.drop(columns="token_times_s")
     return reqs.sort_values(["request_id", "sample"]).reset_index(drop=True)
 
 
@@ -268,6 +271,9 @@ def test_engine_agrees_with_sim_and_vllm_sched_on_every_step(tmp_path: Path, cas
             "external_frag_frac",
         ):
             assert sim[key] == row[key], (runner, key)
+    # Each token's time, on the same clock and the same steps: the scheduler's and the engine's agree.
+    times = [requests_of(tmp_path, rows[r], token_times=True)["token_times_s"] for r in ("vllm-sched", "vllm")]
+    assert [list(t) for t in times[0]] == [list(t) for t in times[1]]
     if case in ("preempting-batch", "prefix-samples"):
         assert sim["preemptions"] > 0  # the interesting regime is really exercised
     if case == "chunked-prefill":
