@@ -264,8 +264,10 @@ def test_compare_gates_an_imported_run_against_the_kvbench_run_of_the_same_work(
     assert kvbench("import", *map(str, slow), "--like", str(torch_runs), "--out", str(slower)).returncode == 0
     done = kvbench("compare", str(torch_runs), str(slower))
     assert done.returncode == 1
-    assert "regression beyond tolerance" in done.stderr and "ttft_p50_s" in done.stderr
-    assert "tokens_per_s" in done.stderr
+    assert "regression beyond tolerance" in done.stderr and "tokens_per_s" in done.stderr
+    done = kvbench("compare", str(torch_runs), str(slower), "--format", "json")
+    verdicts = {r["metric"]: r["verdict"] for r in json.loads(done.stdout)["rows"]}
+    assert {verdicts[m] for m in ("ttft_p50_s", "tpot_p50_s", "itl_p50_s", "tokens_per_s")} == {"regression"}, verdicts
 
 
 def test_compare_fails_when_an_imported_cell_leaves_nothing_judged(tmp_path: Path) -> None:
