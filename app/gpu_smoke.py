@@ -144,8 +144,8 @@ def write_model(directory: Path) -> Path:
     """Llama-3-8B's layers, ``LAYERS`` of them, a 32k vocabulary (fewer random weights to draw):
     vLLM's config.json, from vllm_adapter's generator."""
     from ..harness.spec.geometry import preset
-    from ..runners.torch_model import param_count
-    from ..runners.vllm_adapter import write_model_dir
+    from ..runners.torch.model import param_count
+    from ..runners.vllm.build import write_model_dir
 
     g = preset("llama-3-8b").replace(num_layers=LAYERS, vocab_size=VOCAB)
     g = g.replace(name=MODEL_NAME, num_params=param_count(g))  # the decoder torch and vLLM build
@@ -185,7 +185,7 @@ def _smoke(out: Path) -> int:
 
     from ..harness.records import store
     from ..harness.records.provenance import provenance
-    from ..runners.vllm_engine import EAGER_ENV, VllmRunner
+    from ..runners.vllm.engine import EAGER_ENV, VllmRunner
     from .suite import parse_suite
     from .sweep import build_cells, run_cells
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.errors import KvbenchError, one_line
+from ..harness.files import MAX_SUITE_BYTES, read_text_capped
 from ..harness.records.reference import parse_references
 from ..harness.records.slo import Slo, parse_slo
 from ..harness.spec.capabilities import (
@@ -32,7 +33,6 @@ from ..harness.spec.capabilities import (
     contiguous_unit_default,
     is_contiguous,
 )
-from ..harness.spec.files import MAX_SUITE_BYTES, read_text_capped
 from ..harness.spec.names import path_component
 from ..harness.spec.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
 from ..harness.spec.units import parse_size
@@ -53,7 +53,7 @@ TABLE_KEYS: dict[str, tuple[str, ...]] = {
     "run": RUN_KEYS,
     "workload": WORKLOAD_KEYS,
 }
-# [runners.serve] only: what the serve runner reads (runners.serve.ServeSettings checks the values).
+# [runners.serve] only: what the serve runner reads (runners.serve.runner.ServeSettings checks the values).
 SERVE_KEYS = ("url", "startup_timeout_s", "metrics_interval_s", "request_timeout_s")
 ALL_KEYS = frozenset(
     MODEL_KEYS + MEMORY_KEYS + SCHEDULER_KEYS + PARALLEL_KEYS + RUN_KEYS + WORKLOAD_KEYS + ("workload",)

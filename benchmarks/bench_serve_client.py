@@ -30,8 +30,9 @@ from pathlib import Path
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
 from kvbench.harness.records import store
-from kvbench.runners import serve, vllm_engine
-from kvbench.runners.serve_process import ServerProcess
+from kvbench.runners.serve import runner as serve
+from kvbench.runners.serve.process import ServerProcess
+from kvbench.runners.vllm import engine as vllm_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT, OUTPUT = 128, 64

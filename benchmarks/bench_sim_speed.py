@@ -95,7 +95,7 @@ def run_once(cell: Cell, kind: str) -> dict:
     """Run ``cell`` with one runner into a fresh directory; the row plus end-to-end seconds."""
     out = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     if kind == "vllm-sched":
-        from kvbench.runners.vllm_sched import VllmSchedRunner
+        from kvbench.runners.vllm.sched import VllmSchedRunner
 
         c = Cell(spec=cell.spec.replace(runner="vllm-sched"), workload=cell.workload, out=out)
         runner = VllmSchedRunner()

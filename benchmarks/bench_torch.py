@@ -38,7 +38,7 @@ from kvbench.app.sweep import build_cells
 from kvbench.harness.records import store
 from kvbench.harness.spec.geometry import preset
 from kvbench.runners.base import Cell
-from kvbench.runners.torch_runner import cpu_threads, resolve_device, run_torch
+from kvbench.runners.torch.runner import cpu_threads, resolve_device, run_torch
 
 EQUAL_BATCH_SUITE = """
 name = "bench-equal-batch"

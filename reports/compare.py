@@ -46,10 +46,10 @@ from typing import Any
 
 import pandas as pd
 
+from ..harness.formats.vllm_bench import IMPORTED_RUNNER, imported_block
 from ..harness.spec import identity
 from ..harness.spec.units import format_bytes
 from .records import cell_label, code_versions, describe_versions, with_keys
-from .vllm_bench_format import IMPORTED_RUNNER, imported_block
 
 MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
 NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says

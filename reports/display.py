@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
+from ..harness.clock.fit import DISTURBED_RATIO, DISTURBED_WARN
 from ..harness.spec.capabilities import MEASURING_RUNNERS, is_contiguous
-from .calibration import DISTURBED_RATIO, DISTURBED_WARN
 
 Column = tuple[str, str, str]  # (key, header, kind)
 SIMULATED = ("sim", "vllm-sched")  # runners with no runtime computing tensors

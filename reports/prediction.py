@@ -36,11 +36,11 @@ import json
 import numpy as np
 import pandas as pd
 
+from ..harness.clock.fit import DISTURBED_RATIO, DISTURBED_WARN, FEATURES, disturbed_share, error_stats, predict
+from ..harness.clock.profile import parse_profile
 from ..harness.errors import KvbenchError
 from ..harness.spec import identity
 from ..harness.spec.capabilities import MEASURING_RUNNERS
-from ..harness.spec.clock_profile import parse_profile
-from .calibration import DISTURBED_RATIO, DISTURBED_WARN, FEATURES, disturbed_share, error_stats, predict
 from .records import with_keys
 
 # A sim run and an engine run pair when they did the same work (harness.spec.identity) with the same

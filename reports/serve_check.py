@@ -1,5 +1,5 @@
 """The served engine checked against itself: the step rows kvbench's scheduler wrote inside the
-server (``runners.serve_scheduler``) against the server's own Prometheus ``/metrics``, scraped
+server (``runners.serve.scheduler``) against the server's own Prometheus ``/metrics``, scraped
 from outside while the workload replayed (the ``metrics`` table).
 
 Alignment, from how each side is measured:
@@ -55,7 +55,7 @@ import pandas as pd
 from .display import format_time
 
 SERVE_RUNNER = "serve"
-ATTACHED_PREFIX = "attached"  # runners.serve.ATTACH_DETAIL begins so
+ATTACHED_PREFIX = "attached"  # runners.serve.runner.ATTACH_DETAIL begins so
 ATTACHED_NOTE = (
     "attached to a running server: no steps, as allocation is not visible from outside a server; "
     "only the client's timings and the /metrics scrape are recorded"

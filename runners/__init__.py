@@ -14,10 +14,10 @@ from .base import Runner
 
 RUNNERS: dict[str, str] = {  # module relative to this package : class
     "sim": ".sim:SimRunner",
-    "vllm-sched": ".vllm_sched:VllmSchedRunner",
-    "torch": ".torch_runner:TorchRunner",
-    "vllm": ".vllm_engine:VllmRunner",
-    "serve": ".serve:ServeRunner",
+    "vllm-sched": ".vllm.sched:VllmSchedRunner",
+    "torch": ".torch.runner:TorchRunner",
+    "vllm": ".vllm.engine:VllmRunner",
+    "serve": ".serve.runner:ServeRunner",
 }
 assert tuple(RUNNERS) == RUNNER_NAMES, "harness/spec/capabilities.py and the runner registry disagree"
 

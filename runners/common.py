@@ -9,6 +9,8 @@ import math
 import os
 from pathlib import Path
 
+from ..harness.clock.clocks import Clock, make_clock
+from ..harness.clock.model import GPU_PRESETS
 from ..harness.records.provenance import provenance
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import REQUESTS
@@ -16,9 +18,9 @@ from ..harness.sim.latency import latency_summary
 from ..harness.sim.policies.base import Policy
 from ..harness.sim.sequence import FINISHED, Seq
 from ..harness.spec.capabilities import is_contiguous
-from ..harness.spec.clock_model import GPU_PRESETS
 from ..harness.spec.feasibility import Shortfall
-from ..harness.spec.specs import RunSpec
+from ..harness.spec.geometry import ModelGeometry
+from ..harness.spec.specs import RunSpec, SchedulerSpec
 from .base import Cell, RunResult
 from .block_content import assign_block_keys
 
@@ -268,3 +270,18 @@ def write_status_only(cell: Cell, row: dict[str, object], status: str, error: st
     recorder = RunRecorder(cell.out, cell.run_id, cell.spec.budget_positions)
     row.update(status=status, error=error, steps=0, wall_s=0.0)
     return RunResult(cell.run_id, recorder.finish({name: [] for name in REQUESTS.names}, row))
+
+
+def clock_for(scheduler: SchedulerSpec, geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
+    """The clock a cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
+    terms = scheduler.profile().terms if scheduler.clock == "profile" else None
+    return make_clock(
+        scheduler.clock,
+        geometry,
+        kv_bytes_per_token,
+        scheduler.gpu,
+        terms,
+        float(scheduler.roofline_scale),
+        scheduler.tensor_parallel_size,
+        scheduler.pipeline_parallel_size,
+    )

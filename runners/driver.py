@@ -12,7 +12,7 @@ The loop owns what does not depend on the engine being stepped:
 
 What differs between engines is behind ``Engine``: kvbench's scheduler
 (``runners.sim_engine.SimEngine``, for ``sim`` and ``torch``) and vLLM's scheduler or whole
-engine (``runners.vllm_steps.VllmStepEngine``, for ``vllm-sched`` and ``vllm``).
+engine (``runners.vllm.steps.VllmStepEngine``, for ``vllm-sched`` and ``vllm``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from typing import Protocol
 
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
-from ..harness.sim.clock import clock_for
 from ..harness.sim.latency import itl_summary
 from ..harness.sim.policies import make_policy
 from ..harness.sim.policies.paged import reuse_distance_columns
@@ -15,7 +14,7 @@ from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
 from ..harness.spec.feasibility import explain
 from .base import Cell, RunResult
-from .common import base_row, expand_seqs, has_sessions, shortfall, write_status_only
+from .common import base_row, clock_for, expand_seqs, has_sessions, shortfall, write_status_only
 from .driver import drive
 
 

@@ -7,7 +7,7 @@ request, and the same allocated blocks, running and waiting counts on every
 step. These cases assert more than that: every measured step column and the
 whole requests table are identical. ``paged-prefix`` agrees exactly too at
 block size 16 (see ``test_paged_prefix_agrees``), and so does every contiguous policy in
-both arenas, reserved in whole blocks inside vLLM (``runners.vllm_contiguous``): the requests
+both arenas, reserved in whole blocks inside vLLM (``runners.vllm.contiguous``): the requests
 table then also holds each reservation's first block and how many runs of consecutive block
 ids vLLM really held (one, for every request).
 """

@@ -832,9 +832,9 @@ def test_a_profile_with_some_zero_terms_is_accepted(tmp_path):
 
 
 def test_no_profile_is_written_whose_steps_cost_nothing():
+    from kvbench.harness.clock.model import ClockTerms
+    from kvbench.harness.clock.profile import profile_document
     from kvbench.harness.errors import KvbenchError
-    from kvbench.harness.spec.clock_model import ClockTerms
-    from kvbench.harness.spec.clock_profile import profile_document
     from kvbench.harness.spec.geometry import preset
 
     with pytest.raises(KvbenchError, match="1e-06 s minimum"):

@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from kvbench.harness.clock.clocks import ProfileClock, StepWork
+from kvbench.harness.clock.fit import fit, fit_terms, misses, nnls, predict
+from kvbench.harness.clock.model import ClockTerms, RecentCounts, cache_misses
+from kvbench.harness.clock.profile import load_profile
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
-from kvbench.harness.sim.clock import ProfileClock, StepWork
-from kvbench.harness.spec.clock_model import ClockTerms, RecentCounts, cache_misses
-from kvbench.harness.spec.clock_profile import load_profile
-from kvbench.reports.calibration import fit, fit_terms, misses, nnls, predict
 
 from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
 
@@ -140,7 +140,7 @@ def _synthetic_steps(rng: np.random.Generator, n: int, noise: float) -> pd.DataF
 def test_fit_recovers_primitive_cache_terms():
     """Steps whose token counts come back after others (misses in a cache of 32) cost more; the
     fit tells that cost apart from the dense layers' and the requests'."""
-    from kvbench.reports.calibration import TERM_NAMES
+    from kvbench.harness.clock.fit import TERM_NAMES
 
     rng = np.random.default_rng(5)
     terms = dataclasses.replace(CACHE_TERMS, primitive_cache=32)
@@ -502,7 +502,7 @@ def test_profile_clock_settings_are_checked(tmp_path):
         "only torch, vllm and serve measure steps",
     )
     with pytest.raises(KvbenchError, match="not a kvbench clock profile"):
-        from kvbench.harness.spec.clock_profile import parse_profile
+        from kvbench.harness.clock.profile import parse_profile
 
         parse_profile(b"[]", "x")
 
@@ -562,7 +562,7 @@ def test_fit_roofline_bisects_a_monotone_metric_to_its_target() -> None:
 
 def test_runs_too_short_for_a_held_out_block_hold_out_every_fifth_step():
     import pandas as pd
-    from kvbench.reports.calibration import HOLDOUT_BLOCK, HOLDOUT_EVERY, held_out_mask
+    from kvbench.harness.clock.fit import HOLDOUT_BLOCK, HOLDOUT_EVERY, held_out_mask
 
     short = pd.DataFrame({"step": np.arange(HOLDOUT_BLOCK * (HOLDOUT_EVERY - 1) - 1)})
     held = held_out_mask(short)

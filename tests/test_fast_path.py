@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
+from kvbench.harness.clock.clocks import RooflineClock, StepWork
+from kvbench.harness.clock.model import GPU_PRESETS
 from kvbench.harness.records import store
 from kvbench.harness.records.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorder
 from kvbench.harness.records.schema import StepRow
 from kvbench.harness.sim import counted_stretch
-from kvbench.harness.sim.clock import RooflineClock, StepWork
 from kvbench.harness.sim.fast_scheduler import FastScheduler
-from kvbench.harness.spec.clock_model import GPU_PRESETS
 from kvbench.harness.spec.geometry import resolve_model
 from kvbench.runners.sim import SimRunner
 

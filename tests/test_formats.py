@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import DATA, assert_one_line_error, kvbench, run_suite_text, tree
+from kvbench.harness.formats.vllm_bench import to_vllm_bench
 from kvbench.harness.records import store
-from kvbench.reports.vllm_bench_format import to_vllm_bench
 from reportkit import run, write_records
 
 DETAILED = DATA / "vllm_bench_serve_detailed.json"

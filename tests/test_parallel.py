@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from kvbench.app.suite import parse_suite
+from kvbench.harness.clock.clocks import RooflineClock, TensorParallelRooflineClock
+from kvbench.harness.clock.model import GPU_PRESETS
 from kvbench.harness.errors import KvbenchError
-from kvbench.harness.sim.clock import RooflineClock, TensorParallelRooflineClock, clock_for
-from kvbench.harness.spec.clock_model import GPU_PRESETS
 from kvbench.harness.spec.geometry import preset
 from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
 from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.divergence import first_divergence
+from kvbench.runners.common import clock_for
 
 from tests.conftest import AGREEMENT_COLUMNS, kvbench, needs_vllm, run_suite_text
 

@@ -62,7 +62,7 @@ def test_policies_keep_their_own_offsets_and_share_the_rounds():
 
 def test_a_disturbed_engine_run_is_warned_about_in_one_line():
     import numpy as np
-    from kvbench.reports.calibration import disturbed_share
+    from kvbench.harness.clock.fit import disturbed_share
     from kvbench.reports.prediction import disturbed_warning
 
     priced = np.full(200, 0.01)

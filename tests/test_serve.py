@@ -2,7 +2,7 @@
 
 - a batch replayed over HTTP gives the same step rows, in every allocation column, as the
   in-process ``vllm`` runner on the same work (the server holds its first step until the whole
-  batch is in: ``runners.serve_scheduler``), and every request, the ``metrics`` table and the
+  batch is in: ``runners.serve.scheduler``), and every request, the ``metrics`` table and the
   client's latencies are recorded;
 - killing ``kvbench run`` with SIGINT, SIGTERM or SIGKILL leaves no process of the server and no
   listening port;
@@ -32,8 +32,11 @@ from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
-from kvbench.runners import serve, serve_process, serve_scheduler, vllm_engine
-from kvbench.runners.serve_metrics import num_gpu_blocks, parse_metrics
+from kvbench.runners.serve import process as serve_process
+from kvbench.runners.serve import runner as serve
+from kvbench.runners.serve import scheduler as serve_scheduler
+from kvbench.runners.serve.metrics import num_gpu_blocks, parse_metrics
+from kvbench.runners.vllm import engine as vllm_engine
 
 from tests.conftest import ROOT
 
@@ -118,7 +121,7 @@ def server_processes() -> list[int]:
             state = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != b"Z" and (b"serve_scheduler.KvbenchScheduler" in cmd or cmd.startswith(b"VLLM::EngineCore")):
+        if state != b"Z" and (b"serve.scheduler.KvbenchScheduler" in cmd or cmd.startswith(b"VLLM::EngineCore")):
             found.append(int(entry))
     return found
 
@@ -174,7 +177,7 @@ def test_engine_ids_map_to_kvbench_requests() -> None:
 def test_scheduler_module_imports_without_vllm() -> None:
     # kvbench's process reads its constants; only the engine core builds the class (importing vLLM).
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys, kvbench.runners.serve_scheduler; print('vllm' in sys.modules)"],
+        [sys.executable, "-c", "import sys, kvbench.runners.serve.scheduler; print('vllm' in sys.modules)"],
         capture_output=True,
         text=True,
         check=True,
@@ -195,7 +198,7 @@ def test_watchdog_ends_the_group_when_its_parent_is_killed(tmp_path: Path) -> No
     script.write_text(
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from kvbench.runners.serve_process import ServerProcess\n"
+        "from kvbench.runners.serve.process import ServerProcess\n"
         "cmd = [sys.executable, '-c', 'import subprocess, sys, time; "
         'subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]); time.sleep(600)\']\n'
         f"p = ServerProcess(cmd, {{}}, Path({str(tmp_path / 'log')!r}))\n"
@@ -358,8 +361,9 @@ def test_port_taken_is_a_failed_row(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 PARENT = """
 import sys, time
 from pathlib import Path
-from kvbench.runners import serve, vllm_engine
-from kvbench.runners.serve_process import ServerProcess
+from kvbench.runners.serve import runner as serve
+from kvbench.runners.vllm import engine as vllm_engine
+from kvbench.runners.serve.process import ServerProcess
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
 tmp = Path(sys.argv[1])

@@ -30,7 +30,7 @@ from kvbench.harness.records.schema import METRICS, STEPS
 from kvbench.reports.contents import report_tables
 from kvbench.reports.records import load
 from kvbench.reports.serve_check import ATTACHED_NOTE, serve_check
-from kvbench.runners.serve import ATTACH_DETAIL
+from kvbench.runners.serve.runner import ATTACH_DETAIL
 from reportkit import run, runs_frame, write_records
 
 SECTION = "Server: steps against /metrics"

@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
+from kvbench.harness.clock.clocks import Clock
 from kvbench.harness.records import store
 from kvbench.harness.records.schema import RUNS, STEPS, VERSION_KEY
-from kvbench.harness.sim.clock import Clock
 from kvbench.harness.sim.policies import make_policy
 from kvbench.harness.sim.scheduler import Arrivals, Scheduler
 from kvbench.harness.sim.sequence import FINISHED
@@ -308,8 +308,8 @@ def test_same_spec_same_records_whatever_the_global_rng(out, tmp_path):
 def test_gpu_presets_fold_measured_efficiency_into_the_roofline():
     import dataclasses
 
-    from kvbench.harness.sim.clock import RooflineClock
-    from kvbench.harness.spec.clock_model import GPU_PRESETS, GpuPreset
+    from kvbench.harness.clock.clocks import RooflineClock
+    from kvbench.harness.clock.model import GPU_PRESETS, GpuPreset
     from kvbench.harness.spec.geometry import preset
 
     g = preset("opt-13b")

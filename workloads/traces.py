@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ..harness.errors import KvbenchError
-from ..harness.spec.files import GIB, check_regular_input, read_text_capped
+from ..harness.files import GIB, check_regular_input, read_text_capped
 from ..harness.spec.workload_spec import MAX_REQUESTS
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")

@@ -1,8 +1,8 @@
 """``kvbench calibrate DIR [DIR ...] --out FILE.json``: fit a step-time profile to an engine's measured steps.
 
 Reads the measured steps (``step_wall_s`` and the step's work) of the ``vllm``
-or ``torch`` runs in the DIRs (pooled), fits ``reports.calibration``'s model, prints its
-error on held-out steps and writes a profile (``harness.spec.clock_profile``) that
+or ``torch`` runs in the DIRs (pooled), fits ``harness.clock.fit``'s model, prints its
+error on held-out steps and writes a profile (``harness.clock.profile``) that
 suites use with ``clock = "profile"``.
 """
 
@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...harness.clock.model import TOKEN_KNEE
 from ...harness.errors import KvbenchError, storage_error
 from ...harness.records.safe_paths import nonempty_path, output_file
 from ...harness.spec.capabilities import MEASURING_RUNNERS
-from ...harness.spec.clock_model import TOKEN_KNEE
 from .base import Command
 
 if TYPE_CHECKING:  # pandas loads when the command runs, not while the CLI builds its parser
@@ -106,8 +106,8 @@ def read_runs(dirs: list[Path]) -> pd.DataFrame:
 def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
+    from ...harness.clock.fit import FEATURES, MIN_STEPS
     from ...harness.records import store
-    from ...reports.calibration import FEATURES, MIN_STEPS
 
     frames = []
     for out, group in runs.groupby("dir", sort=False):
@@ -153,9 +153,9 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...harness.clock.fit import DISTURBED_RATIO, DISTURBED_WARN, fit
+    from ...harness.clock.profile import profile_document
     from ...harness.records.provenance import provenance
-    from ...harness.spec.clock_profile import profile_document
-    from ...reports.calibration import DISTURBED_RATIO, DISTURBED_WARN, fit
     from ...reports.records import workload_label
 
     dirs: list[Path] = args.dirs

@@ -26,7 +26,7 @@ def _where(runner: str, reason: str | None) -> str:
     """Which vLLM build the full engine would run, and on what device."""
     if runner != "vllm" or reason is not None:
         return ""
-    from ...runners.vllm_adapter import installed_build
+    from ...runners.vllm.build import installed_build
 
     build = installed_build()
     return "" if build is None else f" ({build.distribution} {build.version}: the engine runs on {build.device})"
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         from ..gpu_smoke import run_smoke
 
         return run_smoke()
-    from ...harness.spec.clock_model import GPU_PRESETS
+    from ...harness.clock.model import GPU_PRESETS
     from ...harness.spec.geometry import PRESETS
 
     prov = provenance()

@@ -90,9 +90,9 @@ def _write(path: Path, doc: Any) -> None:
 
 
 def export(args: argparse.Namespace) -> int:
+    from ...harness.formats.pytorch_oss import settings_of, to_pytorch_oss
+    from ...harness.formats.vllm_bench import to_vllm_bench
     from ...harness.records.store import read_table
-    from ...reports.pytorch_oss_format import settings_of, to_pytorch_oss
-    from ...reports.vllm_bench_format import to_vllm_bench
 
     rows = _select(args.dir, args.run)
     targets = _targets(args.out, [str(r["run_id"]) for r in rows], args.format)

@@ -62,7 +62,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str]:
-    from ...reports.vllm_bench_format import file_digest, read_document
+    from ...harness.formats.vllm_bench import file_digest, read_document
 
     try:
         data = path.read_bytes()
@@ -81,9 +81,9 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
 
 def like_run(like: Path, run_id: str | None) -> tuple[dict[str, Any], Any]:
     """The kvbench run the imports stand beside, and its requests."""
+    from ...harness.formats.vllm_bench import IMPORTED_RUNNER
     from ...harness.records.store import check_complete, read_table
     from ...reports.records import with_keys
-    from ...reports.vllm_bench_format import IMPORTED_RUNNER
 
     if not (like / "runs").is_dir():
         raise KvbenchError(f"--like {like}: not a kvbench results directory (no runs/)")
@@ -114,7 +114,7 @@ def like_run(like: Path, run_id: str | None) -> tuple[dict[str, Any], Any]:
 def same_work(doc: dict[str, Any], name: str, like: dict[str, Any], requests: Any) -> None:
     """Refuse a result that is not the work of the --like run: its request count, prompt lengths
     and (when every request completed) output lengths, as lists when the result has them, as totals when not."""
-    from ...reports.vllm_bench_format import has_requests
+    from ...harness.formats.vllm_bench import has_requests
 
     rid = like["run_id"]
     n = int(doc["completed"]) + int(doc["failed"])
@@ -137,8 +137,8 @@ def same_work(doc: dict[str, Any], name: str, like: dict[str, Any], requests: An
 
 def _own_work_id(doc: dict[str, Any]) -> str:
     """Without --like: the work as the result states it (the per-request lengths, or its totals)."""
+    from ...harness.formats.vllm_bench import has_requests
     from ...harness.spec.identity import digest
-    from ...reports.vllm_bench_format import has_requests
 
     if has_requests(doc):
         return "vllm-bench-" + digest({"input_lens": doc["input_lens"], "output_lens": doc["output_lens"]})
@@ -147,7 +147,7 @@ def _own_work_id(doc: dict[str, Any]) -> str:
 
 
 def run_row(imported: Any, doc: dict[str, Any], like: dict[str, Any] | None, suite: str, repeat: int) -> dict:
-    from ...reports.vllm_bench_format import IMPORTED_RUNNER
+    from ...harness.formats.vllm_bench import IMPORTED_RUNNER
 
     row: dict[str, Any] = {"suite": suite, "runner": IMPORTED_RUNNER, "repeat": repeat, "kvbench_version": __version__}
     block = dict(imported.block)
@@ -193,12 +193,12 @@ def _plain(v: Any) -> Any:
 
 
 def import_(args: argparse.Namespace) -> int:
+    from ...harness.formats.vllm_bench import from_vllm_bench
     from ...harness.records.lock import ResultsLock
     from ...harness.records.recorder import RunRecorder
     from ...harness.records.safe_paths import check_results_layout
     from ...harness.spec.identity import digest
     from ...harness.spec.names import path_component
-    from ...reports.vllm_bench_format import from_vllm_bench
     from .run import RESULTS_ROOT, create_results_dir
 
     name = args.name if args.name is not None else args.files[0].name.removesuffix(".json")

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from ...harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
+from ...harness.files import kind
 from ...harness.records.lock import ResultsLock
 from ...harness.records.safe_paths import check_results_layout, nonempty_path
-from ...harness.spec.files import kind
 from ..signals import raise_pending
 from ..third_party import open_results_log, to_log
 from .base import Command
@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         check_ray(args.address)  # before anything is written: an address where nothing answers
     suite = load_suite(args.suite or default_suite_path())
     if args.clock_profile is not None:
-        from ...harness.spec.clock_profile import load_profile
+        from ...harness.clock.profile import load_profile
 
         load_profile(args.clock_profile)  # missing or corrupt: one line now
         suite = dataclasses.replace(

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ...harness.errors import KvbenchError
+from ...harness.files import MAX_SUITE_BYTES, read_text_capped
 from ...harness.records.safe_paths import nonempty_path, output_file
-from ...harness.spec.files import MAX_SUITE_BYTES, read_text_capped
 from ...harness.spec.workload_spec import ARRIVALS, FIELD_KINDS, LENGTH_FAMILIES, SOURCES, WorkloadSpec
 from .base import Command, OneLineParser
 

@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 
 from ..errors import KvbenchError
-from ..spec.files import kind
+from ..files import kind
 
 # The folders kvbench makes inside a results directory (``harness.records.store`` and the report).
 OWN_FOLDERS: tuple[str, ...] = ("runs", "steps", "requests", "workloads", "report")

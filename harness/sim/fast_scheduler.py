@@ -26,10 +26,10 @@ freed in running order, because the order of frees is the LRU order.
 
 from __future__ import annotations
 
+from ..clock.clocks import Clock
 from ..records.recorder import RunRecorder
 from ..spec.specs import SchedulerSpec
 from . import counted_stretch, quiet_stretches
-from .clock import Clock
 from .decoders import Decoders, FastSeq
 from .policies.base import Policy
 from .policies.paged import PagedBase, PagedPolicy

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..clock.clocks import StepWork
 from . import bulk_rows as R
-from .clock import StepWork
 from .decoders import Decoders, FastSeq
 from .scheduling_rule import admission_chunk, admission_must_fit, admission_open
 

@@ -38,8 +38,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Generic
 
+from ..clock.clocks import Clock, StepWork
 from ..spec.specs import SchedulerSpec
-from .clock import Clock, StepWork
 from .policies.base import Policy
 from .policies.paged import ReuseLedger
 from .scheduling_rule import S, admission_chunk, admission_must_fit, admission_open, preempt_until_fits

@@ -99,7 +99,7 @@ class RunnerFacts:
 CONTIGUOUS_UNITS: tuple[str, ...] = ("position", "block")
 
 # The policies vLLM hosts: paged, with or without prefix caching, and contiguous reservations in whole
-# blocks inside its own block pool (runners/vllm_contiguous.py).
+# blocks inside its own block pool (runners/vllm/contiguous.py).
 _VLLM_POLICIES: tuple[str, ...] = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix")
 _VLLM_KV = ("fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")  # what vLLM's KV cache takes
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KvbenchError, one_line
-from .files import MIB, read_text_capped
+from ..files import MIB, read_text_capped
 
 # Bytes per element of each supported KV cache dtype. fp8 means e4m3, the
 # format vLLM's "fp8" cache dtype resolves to.

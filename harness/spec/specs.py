@@ -14,15 +14,15 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from ..clock.model import GPU_PRESETS
 from ..errors import KvbenchError
 from . import identity
-from .capabilities import MEASURING_RUNNERS, PARALLEL_RUNNERS, POLICIES
-from .clock_model import GPU_PRESETS
+from .capabilities import BLOCK_TABLE_POLICIES, MEASURING_RUNNERS, PARALLEL_RUNNERS, POLICIES
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .workload_spec import WorkloadSpec
 
 if TYPE_CHECKING:
-    from .clock_profile import ClockProfile
+    from ..clock.profile import ClockProfile
 
 PREEMPTION_MODES = ("recompute", "swap")
 CLOCKS = ("steps", "roofline", "profile", "measured")
@@ -135,7 +135,7 @@ class SchedulerSpec:
             )
 
     def profile(self) -> ClockProfile:
-        from .clock_profile import load_profile  # local: only profile clocks read files
+        from ..clock.profile import load_profile  # local: only profile clocks read files
 
         assert self.clock_profile is not None
         return load_profile(self.clock_profile)
@@ -216,7 +216,7 @@ class RunSpec:
                 self.geometry,
                 self.model.kv_dtype,
                 self.block_size,
-                self.policy,
+                self.policy in BLOCK_TABLE_POLICIES,
                 f"clock profile {self.scheduler.clock_profile}",
             )
 

@@ -16,7 +16,7 @@ runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
   ``used_positions`` = Σ ``num_computed_tokens`` of running requests, minus
   the positions of blocks held by more than one request beyond the first
   holder (the simulator's "shared block counted once"); a contiguous
-  request holds its whole reservation (``runners.vllm_contiguous``), blocks
+  request holds its whole reservation (``runners.vllm.contiguous``), blocks
   beyond its block table included;
   ``internal_frag_positions`` = Σ max(0, blocks × block_size − (prompt +
   output)); ``reserved`` = allocated − used − internal; ``external`` = the
@@ -35,16 +35,17 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Protocol
 
-from ..harness.records.recorder import RunRecorder
-from ..harness.records.schema import StepRow
-from ..harness.sim.clock import StepWork, clock_for
-from ..harness.sim.latency import itl_summary
-from ..harness.sim.policies.paged import reuse_distance_columns
-from ..harness.sim.scheduler import Arrivals
-from ..harness.sim.sequence import FINISHED, Seq
-from .base import Cell
-from .block_content import SequenceTokens
-from .vllm_adapter import CacheWatcher, VllmStep
+from ...harness.clock.clocks import StepWork
+from ...harness.records.recorder import RunRecorder
+from ...harness.records.schema import StepRow
+from ...harness.sim.latency import itl_summary
+from ...harness.sim.policies.paged import reuse_distance_columns
+from ...harness.sim.scheduler import Arrivals
+from ...harness.sim.sequence import FINISHED, Seq
+from ..base import Cell
+from ..block_content import SequenceTokens
+from ..common import clock_for
+from .readings import CacheWatcher, VllmStep
 
 
 class StepSource(Protocol):

@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..harness.errors import KvbenchError
-from ..harness.sim.policies.arena import ARENA_TYPES
-from ..harness.sim.policies.contiguous import RESERVATIONS, cdiv
+from ...harness.errors import KvbenchError
+from ...harness.sim.policies.arena import ARENA_TYPES
+from ...harness.sim.policies.contiguous import RESERVATIONS, cdiv
 
 
 def block_runs(ids: Iterable[int]) -> int:

@@ -3,13 +3,13 @@ unchanged in what it decides, that writes one JSON line per step to the file nam
 ``KVBENCH_SERVE_STEPS``.
 
 It is loaded inside the server's engine core process, so it imports only vLLM's scheduler and
-kvbench's readers of it (``runners.vllm_adapter``): the same ``read_schedule`` /
+kvbench's readers of it (``runners.vllm.readings``): the same ``read_schedule`` /
 ``read_occupancy`` the in-process runners call, at the same sampling point (right after
 ``schedule()`` returns, before the model runs), and the same contiguous reservations
-(``runners.vllm_contiguous``), installed from ``KVBENCH_SERVE_POLICY``, ``_ARENA`` and
+(``runners.vllm.contiguous``), installed from ``KVBENCH_SERVE_POLICY``, ``_ARENA`` and
 ``_MAX_MODEL_LEN``. After the step's outputs are applied (``update_from_output``) it adds which
-requests got a token and which finished, so ``runners.serve`` rebuilds every step row with
-``runners.vllm_steps`` exactly as the ``vllm`` runner does.
+requests got a token and which finished, so ``runners.serve.runner`` rebuilds every step row with
+``runners.vllm.steps`` exactly as the ``vllm`` runner does.
 
 Holding (``KVBENCH_SERVE_HOLD_FOR=N``): until N requests have reached the scheduler,
 ``has_requests()`` says there are none, so the engine core waits on its input queue and runs
@@ -20,7 +20,7 @@ runner hands it over: all at once, in order.
 Lines: a header ``{"pool": blocks, "block_bytes": B}``, then per step ``{"t0", "t1"`` (wall
 clock at ``schedule()`` and after the outputs), ``"sched"`` [[id, new tokens, computed, blocks]],
 ``"admitted"`` [[id, hit tokens]], ``"preempted"``, ``"tokens"``, ``"occ"`` (the fields of
-``vllm_adapter.Occupancy``), ``"got"``, ``"fin"``, ``"npre"`` {id: preemptions} of the finished,
+``readings.Occupancy``), ``"got"``, ``"fin"``, ``"npre"`` {id: preemptions} of the finished,
 ``"evicted"`` (cached blocks evicted so far), ``"reuse"`` (new reuse distances: [steps,
 seconds]), ``"placed"`` {id: [first block, runs]} of freed contiguous requests}``. Ids are
 vLLM's engine request ids; ``engine_id`` maps them to kvbench's.
@@ -36,8 +36,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .vllm_adapter import CacheWatcher, read_occupancy, read_schedule, request_blocks
-from .vllm_contiguous import ContiguousReservations
+from ..vllm.contiguous import ContiguousReservations
+from ..vllm.readings import CacheWatcher, read_occupancy, read_schedule, request_blocks
 
 STEPS_ENV = "KVBENCH_SERVE_STEPS"
 HOLD_ENV = "KVBENCH_SERVE_HOLD_FOR"

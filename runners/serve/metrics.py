@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from ..harness.records.schema import METRICS
+from ...harness.records.schema import METRICS
 
 # Column -> the metric family it reads (its ``_total`` sample for counters).
 FAMILIES: dict[str, str] = {

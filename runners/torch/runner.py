@@ -3,8 +3,8 @@
 kvbench's scheduler and allocation policy decide every step exactly as in
 ``sim`` (``runners.sim_engine.SimEngine``, stepped by the driver loop); its executor
 then computes each planned step for real with a small Llama-style decoder
-(``runners.torch_model``) over a contiguous arena or a paged block pool
-(``runners.torch_kv``), chosen by the policy:
+(``runners.torch.model``) over a contiguous arena or a paged block pool
+(``runners.torch.kv``), chosen by the policy:
 
 - for each scheduled (sequence, new tokens) it computes those tokens' K/V
   into the cache at the positions the policy placed them, attends over the
@@ -42,21 +42,21 @@ import types
 import numpy as np
 import torch
 
-from ..harness.errors import KvbenchError, one_line
-from ..harness.sim.policies import make_policy
-from ..harness.sim.scheduler import StepPlan
-from ..harness.sim.sequence import RUNNING, Seq
-from ..harness.spec.capabilities import is_contiguous
-from ..harness.spec.geometry import ModelGeometry
-from ..harness.spec.specs import RunSpec
-from ..harness.spec.units import format_bytes
-from .base import Cell, RunResult
-from .common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
-from .oom import is_oom
-from .prompts import PromptIds
-from .sim_engine import run_scheduler
-from .torch_kv import ContiguousKVCache, KVCache, PagedKVCache
-from .torch_model import (
+from ...harness.errors import KvbenchError, one_line
+from ...harness.sim.policies import make_policy
+from ...harness.sim.scheduler import StepPlan
+from ...harness.sim.sequence import RUNNING, Seq
+from ...harness.spec.capabilities import is_contiguous
+from ...harness.spec.geometry import ModelGeometry
+from ...harness.spec.specs import RunSpec
+from ...harness.spec.units import format_bytes
+from ..base import Cell, RunResult
+from ..common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
+from ..oom import is_oom
+from ..prompts import PromptIds
+from ..sim_engine import run_scheduler
+from .kv import ContiguousKVCache, KVCache, PagedKVCache
+from .model import (
     Attend,
     DecoderModel,
     attention,
@@ -149,7 +149,7 @@ def check_fits(spec: RunSpec, device: torch.device) -> None:
     fixed = need["weights"] - g.num_layers * per_layer
     layers_fit = max(0, (avail - fixed - need["kv"] - need["work"]) // per_layer)
     lever = (
-        f"at most {layers_fit} of its {g.num_layers} layers would fit (runners.torch_model.scale_layers, "
+        f"at most {layers_fit} of its {g.num_layers} layers would fit (runners.torch.model.scale_layers, "
         f"or a config.json with num_hidden_layers = {layers_fit})"
         if layers_fit
         else "not even one of its layers fits beside this KV budget"

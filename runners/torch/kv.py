@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..harness.sim.sequence import Seq
+from ...harness.sim.sequence import Seq
 
 # Opaque to the caller: what one layout's plan_reads returns and its contexts takes back.
 ReadPlan = Any

@@ -19,23 +19,17 @@ NVLink (``TensorParallelRooflineClock``); at size 1 it is the one-GPU roofline.
 ``profile`` prices a step with terms fitted to a real engine's measured steps
 (``ClockTerms``, ``kvbench calibrate``). ``measured`` is no model at all: the
 engine runners time each step and that time is the clock (``make_clock``
-returns None). The presets and the fitted terms are in ``clock_model``;
+returns None). The presets and the fitted terms are in ``harness.clock.model``;
 docs/clock.md states the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..spec.clock_model import GPU_PRESETS, ClockTerms, GpuPreset, RecentCounts
-from ..spec.geometry import ModelGeometry
-
-if TYPE_CHECKING:
-    from ..spec.specs import SchedulerSpec
-
+from .model import GPU_PRESETS, ClockTerms, GpuPreset, ModelShape, RecentCounts
 
 Counts = int | np.ndarray  # one count for every step, or an int64 array of one per step
 
@@ -100,7 +94,7 @@ class RooflineClock(Clock):
 
     def __init__(
         self,
-        geometry: ModelGeometry,
+        geometry: ModelShape,
         kv_bytes_per_token: int,
         gpu: GpuPreset,
         weight_dtype_bytes: int = 2,
@@ -294,7 +288,7 @@ class ProfileClock(Clock):
 
 def make_clock(
     kind: str,
-    geometry: ModelGeometry,
+    geometry: ModelShape,
     kv_bytes_per_token: int,
     gpu: str,
     terms: ClockTerms | None = None,
@@ -318,19 +312,4 @@ def make_clock(
         scale=roofline_scale,
         tensor_parallel_size=tensor_parallel_size,
         pipeline_parallel_size=pipeline_parallel_size,
-    )
-
-
-def clock_for(scheduler: SchedulerSpec, geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
-    """The clock a cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
-    terms = scheduler.profile().terms if scheduler.clock == "profile" else None
-    return make_clock(
-        scheduler.clock,
-        geometry,
-        kv_bytes_per_token,
-        scheduler.gpu,
-        terms,
-        float(scheduler.roofline_scale),
-        scheduler.tensor_parallel_size,
-        scheduler.pipeline_parallel_size,
     )

@@ -11,7 +11,7 @@ The model does not own a KV cache. ``forward`` takes an ``attend`` callback
 that receives one layer's rotated queries, keys and values for the step's new
 tokens and returns the attention output; the torch runner's callback writes
 K/V into a contiguous or a paged cache and reads each sequence's context
-back (``runners.torch_kv``), and ``reference_logits`` uses plain causal
+back (``runners.torch.kv``), and ``reference_logits`` uses plain causal
 attention over a whole sequence, with no cache at all, as the oracle the
 tests check both caches against.
 """
@@ -25,9 +25,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..harness.errors import KvbenchError
-from ..harness.spec.capabilities import RUNNER_FACTS
-from ..harness.spec.geometry import ModelGeometry, llama_param_count
+from ...harness.errors import KvbenchError
+from ...harness.spec.capabilities import RUNNER_FACTS
+from ...harness.spec.geometry import ModelGeometry, llama_param_count
 
 ROPE_THETA = 10_000.0
 RMS_EPS = 1e-5

@@ -37,10 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KvbenchError
-from .capabilities import BLOCK_TABLE_POLICIES
-from .clock_model import ClockTerms
-from .files import MIB, check_regular_input, read_bytes_capped
-from .geometry import ModelGeometry
+from ..files import MIB, check_regular_input, read_bytes_capped
+from .model import ClockTerms, ModelShape
 
 FORMAT = "kvbench.clock_profile"
 VERSION = 3
@@ -62,9 +60,10 @@ class ClockProfile:
     document: Mapping[str, Any]  # the whole file, for provenance
     digest: str  # sha256 of the file's bytes (first 16 hex digits): what run ids hash
 
-    def check(self, geometry: ModelGeometry, kv_dtype: str, block_size: int, policy: str, where: str) -> None:
-        """Refuse a cell this profile was not measured for: one line naming the mismatch."""
-        mine = dataclasses.asdict(geometry)
+    def check(self, geometry: ModelShape, kv_dtype: str, block_size: int, block_table: bool, where: str) -> None:
+        """Refuse a cell this profile was not measured for: one line naming the mismatch
+        (``block_table``: the cell's policy reads a block table, so its block size prices steps)."""
+        mine = dataclasses.asdict(geometry)  # type: ignore[call-overload]  # a ModelGeometry: a dataclass
         theirs = {k: v for k, v in self.geometry.items() if k != "name"}
         diff = [k for k in theirs if mine.get(k) != theirs[k]]
         if diff:
@@ -77,7 +76,7 @@ class ClockProfile:
             raise KvbenchError(
                 f"{where} was fitted with KV {self.kv_dtype}, not {kv_dtype}: calibrate with this precision"
             )
-        if policy in BLOCK_TABLE_POLICIES and block_size != self.block_size:
+        if block_table and block_size != self.block_size:
             raise KvbenchError(
                 f"{where} was fitted with block size {self.block_size}, not {block_size}: "
                 f"calibrate with this block size"
@@ -173,7 +172,7 @@ def load_profile(path: str | Path) -> ClockProfile:
 
 def profile_document(
     terms: ClockTerms,
-    geometry: ModelGeometry,
+    geometry: ModelShape,
     kv_dtype: str,
     block_size: int,
     measured_on: Mapping[str, Any],
@@ -191,7 +190,7 @@ def profile_document(
         "terms_readable": terms.describe(),
         "valid_for": {
             "model": geometry.name,
-            "geometry": dataclasses.asdict(geometry),
+            "geometry": dataclasses.asdict(geometry),  # type: ignore[call-overload]
             "kv_dtype": kv_dtype,
             "block_size": block_size,
         },

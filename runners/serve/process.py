@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..harness.errors import KvbenchError
+from ...harness.errors import KvbenchError
 
 GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL: vLLM shuts its engine core down cleanly
 

@@ -1,7 +1,7 @@
 """The step-time model's vocabulary: the GPU presets a roofline prices steps against, and the
 terms a profile fits to a real engine's measured steps (``ClockTerms``), with the primitive
 cache those terms count misses of. The clocks that price a run's steps from these live in
-``harness.sim.clock``; the profile file that carries fitted terms, in ``clock_profile``.
+``harness.clock.clocks``; the profile file that carries fitted terms, in ``harness.clock.profile``.
 docs/clock.md states the model and how it is fitted.
 """
 
@@ -9,8 +9,30 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
+from typing import Protocol
 
 import numpy as np
+
+
+class ModelShape(Protocol):
+    """What the clocks read of a model (``harness.spec.geometry.ModelGeometry`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_params(self) -> int: ...
+
+    def layers_per_stage(self, pipeline_parallel_size: int = 1) -> int: ...
+
+    def weight_bytes(self, dtype_bytes: int = 2) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)

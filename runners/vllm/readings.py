@@ -1,0 +1,165 @@
+"""What both vLLM runners read from a vLLM scheduler right after ``schedule()``, in kvbench's terms:
+the step's decisions (``StepOut``), the allocation state (``Occupancy``), and the prefix cache's
+evictions and reuse distances (``CacheWatcher``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from .contiguous import ContiguousReservations
+
+
+@dataclasses.dataclass
+class StepOut:
+    """What vLLM's ``schedule()`` decided, in kvbench's terms (keys are sequence indices)."""
+
+    scheduled: list[tuple[int, int, int, int]]  # (seq index, new tokens, computed after step, blocks held)
+    admitted: list[tuple[int, int]]  # (seq index, prefix-hit tokens at admission)
+    preempted: list[int]
+    scheduled_tokens: int
+    handle: Any  # the SchedulerOutput, for ``execute``
+
+
+@dataclasses.dataclass(frozen=True)
+class Occupancy:
+    """Allocation state after ``schedule()``, before the step's outputs are applied."""
+
+    running: int
+    waiting: int
+    allocated_blocks: int
+    computed_tokens: int  # Σ num_computed_tokens of running requests
+    held_blocks: int  # Σ blocks per running request (shared blocks counted per holder)
+    internal_positions: int  # Σ max(0, blocks × block_size − final length)
+    external_positions: int | None = None  # contiguous: free positions in runs too short for the waiting head
+    cached_free_blocks: int = 0  # free blocks still holding a content hash (prefix caching)
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmStep:
+    """One scheduler step of a vLLM runner, read at the simulator's sampling point.
+
+    ``schedule`` and ``occupancy`` are read right after ``schedule()``;
+    ``got``/``finished`` after the step's outputs are applied.
+    """
+
+    schedule: StepOut
+    occupancy: Occupancy
+    got: list[int]  # sequences that received a token
+    finished: list[int]  # sequences that finished
+    wall_s: float | None = None  # measured step time (the engine), None for the mocked model
+    kv_bytes: int | None = None  # bytes of the allocated blocks in real KV tensors (the engine)
+
+
+class CacheWatcher:
+    """Watches a block pool with prefix caching: the cached blocks it evicts for reuse (vLLM
+    counts them only with KV events on), and how long each cached free block a hit takes back
+    had waited since its free (the reuse distance, in steps and seconds of kvbench's clock:
+    ``now`` is moved at every step), as ``harness.sim.policies.paged.ReuseLedger`` does."""
+
+    def __init__(self, pool: Any) -> None:
+        self.count = 0
+        self.now: tuple[int, float] = (0, 0.0)
+        self.freed_at: dict[int, tuple[int, float]] = {}
+        self.steps: list[int] = []
+        self.seconds: list[float] = []
+        evict, free, touch = pool._maybe_evict_cached_block, pool.free_blocks, pool.touch
+
+        def counting(block: Any) -> bool:
+            evicted = evict(block)
+            if evicted:
+                self.count += 1
+                self.freed_at.pop(block.block_id, None)
+            return evicted
+
+        def freeing(ordered_blocks: Iterable[Any]) -> None:
+            blocks = list(ordered_blocks)
+            free(blocks)
+            for b in blocks:
+                if b.ref_cnt == 0 and b.block_hash is not None:
+                    self.freed_at[b.block_id] = self.now
+
+        def touching(blocks: Any) -> None:
+            for b in blocks:
+                if b.ref_cnt == 0 and b.block_id in self.freed_at:
+                    step, t_s = self.freed_at.pop(b.block_id)
+                    self.steps.append(self.now[0] - step)
+                    self.seconds.append(self.now[1] - t_s)
+            touch(blocks)
+
+        pool._maybe_evict_cached_block = counting
+        pool.free_blocks = freeing
+        pool.touch = touching
+
+
+def cached_free_block_count(pool: Any) -> int:
+    """Free blocks still holding a content hash in vLLM's prefix cache (evictable, hit-able)."""
+    if not pool.enable_caching:
+        return 0
+    free = 0
+    for v in pool.cached_block_hash_to_block._cache.values():
+        if isinstance(v, dict):
+            free += sum(1 for b in v.values() if b.ref_cnt == 0)
+        elif v.ref_cnt == 0:
+            free += 1
+    return free
+
+
+def request_blocks(scheduler: Any) -> dict[str, list[Any]]:
+    """The scheduler's request id -> blocks map (one KV cache group: kvbench's models have one)."""
+    return scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+
+def read_schedule(
+    out: Any,
+    requests: Mapping[str, Any],
+    req_blocks: Mapping[str, list[Any]],
+    index_of: Callable[[str], int],
+    reservations: ContiguousReservations | None = None,
+) -> StepOut:
+    """What ``schedule()`` returned, in kvbench's terms, read right after it (before any output)."""
+    scheduled = []
+    for rid, n in out.num_scheduled_tokens.items():
+        held = len(req_blocks.get(rid, ())) + (reservations.held_blocks(rid) if reservations else 0)
+        scheduled.append((index_of(rid), n, requests[rid].num_computed_tokens, held))
+    new_ids = [r.req_id for r in out.scheduled_new_reqs]
+    new_ids.extend(out.scheduled_cached_reqs.resumed_req_ids)
+    admitted = [(index_of(rid), requests[rid].num_computed_tokens - out.num_scheduled_tokens[rid]) for rid in new_ids]
+    preempted = [index_of(rid) for rid in out.preempted_req_ids]
+    return StepOut(scheduled, admitted, preempted, out.total_num_scheduled_tokens, out)
+
+
+def read_occupancy(
+    scheduler: Any,
+    req_blocks: Mapping[str, list[Any]],
+    final_len: Mapping[str, int],
+    block_size: int,
+    usable_blocks: int,
+    reservations: ContiguousReservations | None = None,
+) -> Occupancy:
+    """The allocation state right after ``schedule()``, before the step's outputs are applied."""
+    computed = held = internal = 0
+    for req in scheduler.running:
+        rid = req.request_id
+        computed += req.num_computed_tokens
+        nb = len(req_blocks.get(rid, ())) + (reservations.held_blocks(rid) if reservations else 0)
+        held += nb
+        extra = nb * block_size - final_len[rid]
+        if extra > 0:
+            internal += extra
+    running, waiting = scheduler.get_request_counts()
+    free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    external = None
+    if reservations is not None:
+        external = reservations.external_positions(next(iter(scheduler.waiting), None) if waiting else None)
+    return Occupancy(
+        running=running,
+        waiting=waiting,
+        allocated_blocks=usable_blocks - free,
+        computed_tokens=computed,
+        held_blocks=held,
+        internal_positions=internal,
+        external_positions=external,
+        cached_free_blocks=cached_free_block_count(scheduler.kv_cache_manager.block_pool),
+    )
