@@ -10,6 +10,8 @@ import pytest
 from kvbench.app.suite import default_suite_path, load_suite, shipped_suites
 from kvbench.harness.errors import KvbenchError
 
+pytestmark = pytest.mark.plain
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.plain
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("harness", "workloads", "runners", "reports", "app", "suites")
 

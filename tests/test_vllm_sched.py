@@ -97,6 +97,7 @@ def test_unsupported_version_is_one_line_naming_the_range(monkeypatch: pytest.Mo
     assert reason is not None and "0.33.x" in reason
 
 
+@pytest.mark.plain
 def test_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
     assert vllm_build.unavailable() == vllm_build.NOT_INSTALLED
@@ -107,6 +108,7 @@ def test_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert get_runner("vllm-sched").unavailable() == vllm_build.NOT_INSTALLED
 
 
+@pytest.mark.plain
 def test_unavailable_runner_is_a_failed_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (cell,) = cells_for(tmp_path)
     monkeypatch.setattr(vllm_build, "unavailable", lambda: vllm_build.NOT_INSTALLED)
