@@ -1,4 +1,4 @@
-"""Pure helpers that pick what each figure shows, and the arithmetic figure 2 draws.
+"""Pure helpers that pick what each figure shows, and the arithmetic the last-block-waste figure draws.
 
 ``cells`` is the per-cell table of ``reports.tables.summary``.
 """
@@ -72,7 +72,7 @@ def selection_note(cells: pd.DataFrame, picked: pd.DataFrame) -> str:
     if len(in_group) > len(picked):
         notes.append(
             f"Shown: {len(picked)} of its {len(in_group)} ok runs (paged policies at the block size "
-            f"nearest {PREFERRED_BLOCK}; figure 6 covers the others)."
+            f"nearest {PREFERRED_BLOCK}; the block-size-ablation figure covers the others)."
         )
     others = cells["group"].nunique() - 1
     if others:
@@ -113,7 +113,7 @@ def block_size_lines(cells: pd.DataFrame) -> list[pd.DataFrame]:
     return (plain or lines)[:10]
 
 
-# -- figure 2: arithmetic over lengths ------------------------------------------
+# -- last-block waste: arithmetic over lengths ------------------------------------------
 
 
 def unused_fraction(lengths: np.ndarray, block_size: int) -> np.ndarray:
@@ -155,9 +155,9 @@ def waste_block_sizes(runs: pd.DataFrame) -> list[int]:
     return sorted(set(WASTE_BLOCKS) | {int(b) for b in paged if 1 < int(b) <= 256})
 
 
-# -- figure 8: metrics against each numeric swept axis --------------------------------
+# -- swept curves: metrics against each numeric swept axis --------------------------------
 
-MIN_CURVE_POINTS = 3  # two points make a segment, not a curve: figure 5 and the tables cover those
+MIN_CURVE_POINTS = 3  # two points make a segment, not a curve: the rate-sweep figure and the tables cover those
 MAX_CURVE_LINES = 10  # per panel; more and colours and markers stop being tellable apart
 MAX_CURVE_CONTEXTS = 4  # workloads (or budgets …) overlaid in one panel, one marker each
 LOG_SPAN = 4.0  # a log x axis once the values span this factor (else a linear one reads better)
@@ -296,7 +296,7 @@ def _hashable(value: Any) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Readable:
-    """The lines one row of figure 8 draws, and what it leaves to the tables."""
+    """The lines one row of the swept-curves figure draws, and what it leaves to the tables."""
 
     lines: list[pd.DataFrame]
     left_lines: int  # lines of contexts not drawn (the block sizes not drawn are not counted)
@@ -307,7 +307,7 @@ def readable_lines(
     axis: SweptAxis, max_lines: int = MAX_CURVE_LINES, max_contexts: int = MAX_CURVE_CONTEXTS
 ) -> Readable:
     """The lines a row of panels draws. Off the block-size axis, paged policies keep only the
-    block size nearest ``PREFERRED_BLOCK`` (one line per runner and policy, as figure 5); then
+    block size nearest ``PREFERRED_BLOCK`` (one line per runner and policy, as the rate-sweep figure); then
     whole contexts (workload, budget …, in table order) are kept while they fit in ``max_lines``
     and ``max_contexts``, so a context is never drawn with some of its policies missing."""
     lines = list(axis.lines)

@@ -51,12 +51,38 @@ RUNNER_STYLES = {"sim": "-", "vllm-sched": "--", "torch": "-.", "vllm": ":"}
 SEED_LEN, SEED_BLOCK = 35, 16  # the worked example: 3 blocks, 48 positions, 13 unused
 
 
+# The figures in the order the report shows them; text names a figure by what it draws.
+FIGURES: tuple[str, ...] = (
+    "memory-breakdown",
+    "last-block-waste",
+    "allocation-over-time",
+    "running-requests",
+    "rate-sweep",
+    "block-size-ablation",
+    "decomposition",
+    "swept-curves",
+    "slo-latency",
+    "goodput",
+    "prefix-reuse",
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plot:
-    name: str  # file stem under report/
+    name: str  # what it draws (one of ``FIGURES``)
     title: str
     figure: Figure | None
     note: str  # a caption when drawn, the reason when not
+
+    @property
+    def number(self) -> int:
+        """Its place in the report."""
+        return FIGURES.index(self.name) + 1
+
+    @property
+    def stem(self) -> str:
+        """Its file stem under report/: its place, then its name (``8-swept-curves``)."""
+        return f"{self.number}-{self.name}"
 
 
 def _wrap(text: str, width: int = 120) -> str:
@@ -73,7 +99,7 @@ def _label(row: dict, multi_runner: bool) -> str:
 
 # 1 -----------------------------------------------------------------------------
 def memory_breakdown(cells: pd.DataFrame) -> Plot:
-    name, title = "1-memory-breakdown", "KV memory breakdown per policy"
+    name, title = "memory-breakdown", "KV memory breakdown per policy"
     ok = cells[(cells["ok"] > 0) & cells["token_states_frac"].notna()] if len(cells) else cells
     if ok.empty:
         return Plot(name, title, None, "no ok run has a memory breakdown")
@@ -121,14 +147,14 @@ def memory_breakdown(cells: pd.DataFrame) -> Plot:
     if swept:  # one bar group per value reads poorly across a sweep: say where the curves are
         note += (
             f" The swept {', '.join(a.label for a in swept)} "
-            f"{'is' if len(swept) == 1 else 'are'} drawn as curves in figure 8."
+            f"{'is' if len(swept) == 1 else 'are'} drawn as curves in the swept-curves figure."
         )
     return Plot(name, title, fig, note)
 
 
 # 2 -----------------------------------------------------------------------------
 def last_block_waste(runs: pd.DataFrame, requests: pd.DataFrame) -> Plot:
-    name, title = "2-last-block-waste", "Unused share of paged allocation vs sequence length (arithmetic)"
+    name, title = "last-block-waste", "Unused share of paged allocation vs sequence length (arithmetic)"
     lengths = figdata.final_lengths(runs, requests)
     if lengths.size == 0:
         return Plot(name, title, None, "the records hold no requests, so there are no sequence lengths to use")
@@ -179,14 +205,14 @@ def last_block_waste(runs: pd.DataFrame, requests: pd.DataFrame) -> Plot:
         "Curves: (⌈L/B⌉·B − L) / (⌈L/B⌉·B) for every length L on a grid; bottom: the final lengths of the "
         f"requests in these records ({lengths.size} requests from {figdata.workload_count(runs, requests)} "
         "workload(s)). This is the waste at a request's final length; while it runs, its last block also holds "
-        "positions that are filled later (reservation, figure 1)."
+        "positions that are filled later (reservation, in the memory-breakdown figure)."
     )
     return Plot(name, title, fig, note)
 
 
 # 3 -----------------------------------------------------------------------------
 def allocation_over_time(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
-    name, title = "3-allocation-over-time", "Allocated vs used KV positions over time"
+    name, title = "allocation-over-time", "Allocated vs used KV positions over time"
     picked = figdata.timeline_cells(cells, steps)
     if picked.empty:
         return Plot(name, title, None, "no ok run has step records")
@@ -223,7 +249,7 @@ def allocation_over_time(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
 
 # 4 -----------------------------------------------------------------------------
 def running_requests(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
-    name, title = "4-running-requests", "Running requests over time, mean and peak per policy"
+    name, title = "running-requests", "Running requests over time, mean and peak per policy"
     picked = figdata.timeline_cells(cells, steps)
     if picked.empty:
         return Plot(name, title, None, "no ok run has step records")
@@ -272,7 +298,7 @@ def running_requests(cells: pd.DataFrame, steps: pd.DataFrame) -> Plot:
 
 # 5 -----------------------------------------------------------------------------
 def rate_sweep(cells: pd.DataFrame) -> Plot:
-    name, title = "5-rate-sweep", "Preemptions and throughput vs request rate"
+    name, title = "rate-sweep", "Preemptions and throughput vs request rate"
     families = figdata.rate_families(cells)
     if not families:
         return Plot(name, title, None, "no request-rate sweep: no workload was run at two or more rates")
@@ -314,7 +340,7 @@ def rate_sweep(cells: pd.DataFrame) -> Plot:
 
 # 6 -----------------------------------------------------------------------------
 def block_size_ablation(cells: pd.DataFrame) -> Plot:
-    name, title = "6-block-size-ablation", "Block-size ablation: waste, running requests and preemptions"
+    name, title = "block-size-ablation", "Block-size ablation: waste, running requests and preemptions"
     lines = figdata.block_size_lines(cells)
     if not lines:
         return Plot(name, title, None, "no block-size sweep: no paged policy was run at two or more block sizes")
@@ -390,7 +416,7 @@ def _unit_label(r: dict) -> str:
 
 
 def decomposition(decomp: pd.DataFrame) -> Plot:
-    name, title = "7-decomposition", "Decomposition: allocation effect × runtime effect"
+    name, title = "decomposition", "Decomposition: allocation effect × runtime effect"
     rows = decomp[decomp[list(DECOMP_FACTORS)].notna().any(axis=1)] if len(decomp) else decomp
     if rows.empty:
         return Plot(
@@ -516,7 +542,7 @@ LATENCY_UNITS = {
 
 @dataclasses.dataclass(frozen=True)
 class CurvePanel:
-    """One column of figure 8: a metric of the per-cell table against the swept axis."""
+    """One column of the swept-curves figure: a metric of the per-cell table against the swept axis."""
 
     column: str
     title: str
@@ -668,7 +694,7 @@ def _curve_panel(
 
 @dataclasses.dataclass(frozen=True)
 class CurveRow:
-    """One swept axis as figure 8 draws it: its lines, and each line's legend names."""
+    """One swept axis as the swept-curves figure draws it: its lines, and each line's legend names."""
 
     axis: figdata.SweptAxis
     shown: figdata.Readable
@@ -763,7 +789,7 @@ def _curve_note(
 
 def swept_curves(cells: pd.DataFrame, slo_bounds: Sequence[float] = ()) -> Plot:
     """``slo_bounds``: normalized-latency bounds of the suites' SLOs, drawn on that panel."""
-    name, title = "8-swept-curves", "Metrics against each swept axis"
+    name, title = "swept-curves", "Metrics against each swept axis"
     found = figdata.swept_axes(cells) if len(cells) else []
     if not found:
         return Plot(
@@ -836,7 +862,7 @@ def _slo_family(
 
 def slo_latency(cells: pd.DataFrame, slo: pd.DataFrame | None = None) -> Plot:
     """Each bounded metric against the request rate at every percentile, the bound drawn."""
-    name, title = "9-slo-latency", "Latency percentiles vs request rate, with the SLO's bounds"
+    name, title = "slo-latency", "Latency percentiles vs request rate, with the SLO's bounds"
     fam, bounds, why = _slo_family(cells, slo)
     if fam is None:
         return Plot(name, title, None, why)
@@ -893,7 +919,7 @@ def slo_latency(cells: pd.DataFrame, slo: pd.DataFrame | None = None) -> Plot:
 
 def goodput_curves(cells: pd.DataFrame, slo: pd.DataFrame | None = None) -> Plot:
     """Goodput (requests within every bound per second) against the offered rate, per policy."""
-    name, title = "10-goodput", "Goodput vs request rate"
+    name, title = "goodput", "Goodput vs request rate"
     fam, _, why = _slo_family(cells, slo)
     if fam is None:
         return Plot(name, title, None, why)
@@ -935,7 +961,7 @@ def goodput_curves(cells: pd.DataFrame, slo: pd.DataFrame | None = None) -> Plot
 # 11 ----------------------------------------------------------------------------
 def prefix_reuse_curves(cells: pd.DataFrame) -> Plot:
     """Hit rate and throughput against the KV budget: paged-prefix, paged, and contiguous."""
-    name, title = "11-prefix-reuse", "Prefix reuse vs KV budget"
+    name, title = "prefix-reuse", "Prefix reuse vs KV budget"
     lines = prefix_budget_lines(cells)
     if not lines:
         return Plot(name, title, None, "no budget sweep with paged-prefix: it ran at fewer than two KV budgets")
@@ -1012,7 +1038,7 @@ def all_plots(
 
 
 def _latency_bounds(slo: pd.DataFrame | None) -> list[float]:
-    """The SLO bounds on the normalized latency figure 8 draws (other metrics are not on its axes)."""
+    """The SLO bounds on the normalized latency the swept-curves figure draws (other metrics are not on its axes)."""
     if slo is None or slo.empty:
         return []
     return sorted({float(b) for m, b in zip(slo["metric"], slo["bound"]) if m == LATENCY_COLUMN})

@@ -164,16 +164,16 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
         parts.append(table(display.CLOCK_COLUMNS, tables.clocks))
     parts.append("<h2>Figures</h2>")
     for i, p in enumerate(plots, 1):
-        if p.name in pngs:
-            data = base64.b64encode(pngs[p.name]).decode("ascii")
+        if p.stem in pngs:
+            data = base64.b64encode(pngs[p.stem]).decode("ascii")
             parts.append(
-                f'<figure id="{_e(p.name)}"><img src="data:image/png;base64,{data}" alt="{_e(p.title)}">'
+                f'<figure id="{_e(p.stem)}"><img src="data:image/png;base64,{data}" alt="{_e(p.title)}">'
                 f"<figcaption><b>Figure {i}. {_e(p.title)}.</b> {_e(p.note)} "
-                f'(<a href="{_e(p.name)}.png">{_e(p.name)}.png</a>)</figcaption></figure>'
+                f'(<a href="{_e(p.stem)}.png">{_e(p.stem)}.png</a>)</figcaption></figure>'
             )
         else:
             parts.append(
-                f'<p class="skipped" id="{_e(p.name)}">Figure {i}. {_e(p.title)}: not drawn — {_e(p.note)}.</p>'
+                f'<p class="skipped" id="{_e(p.stem)}">Figure {i}. {_e(p.title)}: not drawn — {_e(p.note)}.</p>'
             )
     parts.append(
         "<h2>Column definitions</h2><ul>"
@@ -200,7 +200,7 @@ def write_report(out: Path) -> Path:
         records.runs, records.reference, records.reference_problem, records.steps, records.slo, records.metrics
     )
     plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition, records.slo)
-    pngs = {p.name: png_bytes(p) for p in plots if p.figure is not None}
+    pngs = {p.stem: png_bytes(p) for p in plots if p.figure is not None}
     files = {f"{name}.png": data for name, data in pngs.items()}
     files["summary.md"] = markdown.render(records.runs, tables, plots).encode("utf-8")
     files["index.html"] = render(records.runs, tables, plots, pngs).encode("utf-8")

@@ -125,7 +125,7 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
         out += ["## Figures", "", "In `report/` next to this file (open `index.html`):", ""]
         for p in plots:
             out.append(
-                f"- `{p.name}.png` — {p.title}" if p.figure is not None else f"- {p.title}: not drawn — {p.note}"
+                f"- `{p.stem}.png` — {p.title}" if p.figure is not None else f"- {p.title}: not drawn — {p.note}"
             )
         out.append("")
     out += ["<details><summary>Column definitions</summary>", ""]

@@ -4,7 +4,6 @@ A report is replaced whole by the next one. The folder may hold only what
 kvbench wrote: a manifest (``.kvbench-report.json``) lists each file with its
 SHA-256, and a folder holding anything else (a file of the user's, a file
 changed since, a link, a subfolder) is refused in one line rather than deleted.
-A report written before manifests were kept is recognised by its file names.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +19,6 @@ from ..harness.errors import KvbenchError
 from ..harness.records.safe_paths import own_folder
 
 MANIFEST = ".kvbench-report.json"
-# The names a report had before it carried a manifest: the page, the summary and numbered figures.
-OLDER_REPORT_NAMES = re.compile(r"(index\.html|summary\.md|\d+-[a-z0-9-]+\.png)")
 
 
 def manifest_bytes(files: Mapping[str, bytes]) -> bytes:
@@ -46,11 +42,8 @@ def foreign_entries(folder: Path) -> list[str]:
     for entry in sorted(os.scandir(folder), key=lambda e: e.name):
         if entry.name == MANIFEST and listed is not None:
             continue
-        if not entry.is_file(follow_symlinks=False):
+        if not entry.is_file(follow_symlinks=False) or listed is None:
             foreign.append(entry.name)
-        elif listed is None:
-            if not OLDER_REPORT_NAMES.fullmatch(entry.name):
-                foreign.append(entry.name)
         elif listed.get(entry.name) != _sha256(Path(entry.path)):
             foreign.append(entry.name)
     return foreign

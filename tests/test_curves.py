@@ -236,16 +236,18 @@ def test_nothing_swept_is_no_figure_with_a_reason() -> None:
 
 def test_the_memory_breakdown_points_to_the_curves_only_when_there_are_some() -> None:
     swept = figures.memory_breakdown(cells_of(rate_rows()))
-    assert "request rate is drawn as curves in figure 8" in swept.note
+    assert "request rate is drawn as curves in the swept-curves figure" in swept.note
     flat = figures.memory_breakdown(cells_of([run("sim", p, 16) for p in POLICIES]))
-    assert "figure 8" not in flat.note
+    assert "swept-curves" not in flat.note
 
 
-def test_the_curves_are_the_eighth_figure() -> None:
+def test_figures_come_in_the_order_they_are_numbered() -> None:
     cells = cells_of(rate_rows())
     runs = runs_frame(rate_rows())
-    names = [p.name for p in figures.all_plots(cells, runs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame())]
-    assert names[7] == "8-swept-curves"
+    plots = figures.all_plots(cells, runs, pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
+    assert [p.name for p in plots] == list(figures.FIGURES)
+    assert [p.number for p in plots] == list(range(1, len(plots) + 1))
+    assert plots[7].stem == "8-swept-curves"
 
 
 def test_a_real_rate_sweep_draws_its_curves(tmp_path: Path) -> None:
