@@ -25,6 +25,7 @@ from kvbench.harness.records import store
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
 from kvbench.runners import block_content, get_runner
 from kvbench.runners.vllm import build as vllm_build
+from kvbench.runners.vllm.sched import VllmScheduler
 
 from tests.conftest import needs_vllm, one_workload_suite
 
@@ -150,7 +151,7 @@ def test_contiguous_inside_vllm_refuses_what_it_cannot_reserve(tmp_path: Path, s
 
     policy = "paged-prefix" if setting == "prefix caching" else "paged"
     (cell,) = cells_for(tmp_path, policies=f'["{policy}"]')
-    sched = vllm_build.VllmScheduler(cell.spec, tmp_path / "model").sched
+    sched = VllmScheduler(cell.spec, tmp_path / "model").sched
     if setting == "speculative decoding":
         sched.num_lookahead_tokens = 2  # what a speculative config sets on vLLM's scheduler
     if setting == "hybrid model":  # two groups, as a hybrid model's coordinator holds (no such model runs here)
@@ -171,7 +172,7 @@ def test_contiguous_reservation_leaves_vllms_free_queue_and_comes_back(tmp_path:
     assert row["status"] == "ok", row.get("error")
     steps = store.read_table(tmp_path, "steps", {cell.run_id})
     assert steps["allocated_blocks"].max() > 0
-    vs = vllm_build.VllmScheduler(cell.spec, tmp_path / "m2")
+    vs = VllmScheduler(cell.spec, tmp_path / "m2")
     pool = vs.pool
     vs.add(0, list(range(3, 103)), 60, 0.0)  # 100 + 60 → pow2 160 → 10 blocks → buddy 16, width 13
     vs.step()
@@ -255,7 +256,7 @@ def test_geometry_budget_and_dtype_mapping(tmp_path: Path, kv_dtype: str, torch_
 
     (cell,) = cells_for(tmp_path, kv_dtype=kv_dtype, max_model_len=300)
     spec = cell.spec
-    vs = vllm_build.VllmScheduler(spec, tmp_path / "model")
+    vs = VllmScheduler(spec, tmp_path / "model")
     # The null block: one more than the budget's blocks, and exactly the budget's blocks lendable.
     assert vs.num_blocks == spec.budget_blocks + 1
     assert vs.occupancy().allocated_blocks == 0 and vs.usable_blocks == spec.budget_blocks
