@@ -4,10 +4,9 @@
 [1, vocab).
 
 So every sample of a request has the same prompt and requests share exactly the tokens the
-workload says they share, which is what the prefix-caching policy's block keys assume. The
-range starts at 1 because vLLM's runners always drew from there (``tests/test_vllm_sched.py``
-pins it); the ``torch`` runner drew from 0 before this module was shared, but nothing it
-records depends on the ids' values, only on which prompts share them."""
+workload says they share, which is what the prefix-caching policy's block keys assume. Id 0 is
+left out (``tests/test_vllm_sched.py`` pins the range); what a runner records depends only on which
+prompts share tokens, never on the ids' values."""
 
 from __future__ import annotations
 

@@ -102,8 +102,8 @@ SCHEDULER_DEFAULTS: dict[str, object] = {"roofline_scale": 1.0, "tensor_parallel
 # GPUs a cell may use, which tensor × pipeline parallel size must fit).
 SCHEDULER_CHECKS: tuple[str, ...] = ("num_gpus",)
 
-# Names a run id hashes a key under, where it differs from the row's column: run ids written
-# before this module existed must stay the same, or every results directory would re-run.
+# Names a run id hashes a key under, where it differs from the row's column (the model's shapes
+# are hashed as ``geometry``): a run id is what resume matches, so the names it hashes are fixed.
 RUN_ID_NAMES: dict[str, str] = {"model": "geometry"}
 
 # Keys added to the identity after run ids were first written: their default is what every

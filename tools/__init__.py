@@ -1,0 +1,1 @@
+"""Scripts that make the data files kvbench ships (not part of the installed package)."""
