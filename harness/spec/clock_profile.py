@@ -41,6 +41,7 @@ from .capabilities import BLOCK_TABLE_POLICIES
 from .clock_model import ClockTerms
 from .files import MIB, check_regular_input, read_bytes_capped
 from .geometry import ModelGeometry
+from .identity import geometry_identity
 
 FORMAT = "kvbench.clock_profile"
 VERSION = 3
@@ -64,13 +65,15 @@ class ClockProfile:
 
     def check(self, geometry: ModelGeometry, kv_dtype: str, block_size: int, policy: str, where: str) -> None:
         """Refuse a cell this profile was not measured for: one line naming the mismatch."""
-        mine = dataclasses.asdict(geometry)
+        # Both as identity spells them (JSON's lists for tuples): a geometry field the profile does
+        # not hold is one at its default, so a layout it was not measured on differs.
+        mine = json.loads(json.dumps(geometry_identity(dataclasses.asdict(geometry))))
         theirs = {k: v for k, v in self.geometry.items() if k != "name"}
-        diff = [k for k in theirs if mine.get(k) != theirs[k]]
+        diff = [k for k in {**mine, **theirs} if k != "name" and mine.get(k) != theirs.get(k)]
         if diff:
             k = diff[0]
             raise KvbenchError(
-                f"{where} was fitted on model {self.model} ({k} {theirs[k]}), not on "
+                f"{where} was fitted on model {self.model} ({k} {theirs.get(k)}), not on "
                 f"{geometry.name} ({k} {mine.get(k)}): calibrate on this model"
             )
         if kv_dtype != self.kv_dtype:
@@ -191,7 +194,7 @@ def profile_document(
         "terms_readable": terms.describe(),
         "valid_for": {
             "model": geometry.name,
-            "geometry": dataclasses.asdict(geometry),
+            "geometry": geometry_identity(dataclasses.asdict(geometry)),
             "kv_dtype": kv_dtype,
             "block_size": block_size,
         },

@@ -246,7 +246,8 @@ class RunSpec:
         """What the run id hashes: everything that changes the measurement (``harness.spec.identity``)."""
         return identity.run_canonical(
             {
-                "model": dataclasses.asdict(self.geometry),  # the shapes, not the name: a config file has no preset
+                # the shapes, not the name: a config file has no preset
+                "model": identity.geometry_identity(dataclasses.asdict(self.geometry)),
                 "workload_id": workload_id,
                 "kv_dtype": self.model.kv_dtype,
                 "budget_bytes": self.memory.kv_budget_bytes,
