@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import KvbenchError
-from .layer_kinds import ATTENTION_KINDS, FULL, MLA, STATE_KINDS, LayerRun, StateGeometry, runs_of
+from .layer_kinds import ATTENTION_KINDS, FULL, GDN, MLA, SLIDING, STATE_KINDS, LayerRun, StateGeometry, runs_of
 from .model_config import read_config_json
 
 # Bytes per element of each supported KV cache dtype. fp8 means e4m3, the
@@ -291,6 +291,8 @@ def _preset(
     vocab: int,
     params: int | None = None,
     head_dim: int | None = None,
+    runs: tuple[LayerRun, ...] = (),
+    **latent_or_state: Any,
 ) -> ModelGeometry:
     hd = head_dim or hidden // heads
     return ModelGeometry(
@@ -303,7 +305,18 @@ def _preset(
         intermediate_size=intermediate,
         vocab_size=vocab,
         num_params=params or llama_param_count(layers, hidden, heads, kv_heads, hd, intermediate, vocab),
+        layers=runs,
+        **latent_or_state,
     )
+
+
+def _alternating(layers: int, period: int, kind: str, window: int) -> tuple[LayerRun, ...]:
+    """``kind`` (with ``window``) on every layer but each ``period``-th, which is full attention."""
+    return runs_of([(FULL, 0) if (i + 1) % period == 0 else (kind, window) for i in range(layers)])
+
+
+# Qwen3-Next-80B-A3B's gated delta net (its config's linear_* keys), bf16 like its weights.
+QWEN3_NEXT_STATE = StateGeometry(GDN, conv_kernel=4, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
 
 
 # Published architectures; parameter counts are the published totals.
@@ -321,6 +334,59 @@ PRESETS: dict[str, ModelGeometry] = {
         _preset("llama-3-70b", 80, 64, 8, 8192, 28672, 128256, 70_554_000_000),
         _preset("mistral-7b", 32, 32, 8, 4096, 14336, 32000, 7_242_000_000),
         _preset("qwen2.5-7b", 28, 28, 4, 3584, 18944, 152064, 7_616_000_000),
+        # Today's layouts, as their config.json files are read (tests/data/models holds those
+        # shipped as test data; tests/test_model_configs.py checks each preset against its file).
+        _preset("llama-3.1-8b", 32, 32, 8, 4096, 14336, 128256, 8_030_000_000),
+        _preset("llama-3.1-70b", 80, 64, 8, 8192, 28672, 128256, 70_554_000_000),
+        # MLA: 61 layers of one 512 + 64 latent; 128 heads of 128 + 64 for the attention FLOPs.
+        _preset(
+            "deepseek-v3",
+            61,
+            128,
+            128,
+            7168,
+            18432,
+            129280,
+            671_000_000_000,
+            192,
+            runs=(LayerRun(MLA, 61),),
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+        ),
+        # Sliding window 128 on the even layers, full attention on the odd ones (gpt_oss.py).
+        _preset(
+            "gpt-oss-20b", 24, 64, 8, 2880, 2880, 201088, 20_910_000_000, 64, runs=_alternating(24, 2, SLIDING, 128)
+        ),
+        _preset(
+            "gpt-oss-120b", 36, 64, 8, 2880, 2880, 201088, 116_830_000_000, 64, runs=_alternating(36, 2, SLIDING, 128)
+        ),
+        # Five sliding (window 1024) to one full attention layer.
+        _preset(
+            "gemma-3-27b",
+            62,
+            32,
+            16,
+            5376,
+            21504,
+            262208,
+            27_000_000_000,
+            128,
+            runs=_alternating(62, 6, SLIDING, 1024),
+        ),
+        # Three gated-delta-net layers to one full attention layer.
+        _preset(
+            "qwen3-next-80b",
+            48,
+            16,
+            2,
+            2048,
+            5120,
+            151936,
+            80_000_000_000,
+            256,
+            runs=_alternating(48, 4, GDN, 0),
+            state=QWEN3_NEXT_STATE,
+        ),
         # Small enough for the torch runner on two CPU cores.
         _preset("tiny", 2, 4, 2, 64, 128, 256),
         # Small, and shaped for vLLM's CPU attention backend (head size 64): the full engine on CPU
