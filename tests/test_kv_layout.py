@@ -167,3 +167,79 @@ def test_state_shapes_are_those_of_vllms_calculators() -> None:
         shapes, dtypes = vllm_kv.state_shapes_and_dtypes(vc, arch)
         assert tuple(tuple(s) for s in shapes) == g.state.shapes()
         assert [str(d).removeprefix("torch.") for d in dtypes] == ["bfloat16", "bfloat16"]
+
+
+# -- against vLLM's engine on CPU -------------------------------------------------------------
+
+
+def _engine_reason() -> str | None:
+    if not HAVE_VLLM:
+        return "vLLM is not installed"
+    from kvbench.runners import vllm_engine
+
+    return vllm_engine.VllmRunner().unavailable()
+
+
+ENGINE_REASON = _engine_reason()
+ENGINE_BUDGET = 16 * 2**20
+# tiny config → (block size, hybrid manager): CPU attention runs blocks of 32; its MLA backend 16.
+ENGINE_CASES = {
+    "tiny-gemma2": (32, True),
+    "tiny-gemma3": (32, True),
+    "tiny-gemma3-off": (32, False),
+    "tiny-mistral": (32, True),
+    "tiny-dsv2": (16, True),
+    "tiny-qwen3next": (32, True),
+    "tiny-granite4h": (32, True),
+}
+
+
+@pytest.fixture(scope="module")
+def engine_configs() -> dict[str, Any]:
+    """Each tiny model's engine core ``kv_cache_config`` (a CPU engine, dummy weights), started once."""
+    if ENGINE_REASON is not None:
+        pytest.skip(f"the vLLM engine cannot run here: {ENGINE_REASON}")
+    from kvbench.runners import vllm_adapter, vllm_engine
+
+    vllm_adapter.load()
+    from vllm.engine.arg_utils import EngineArgs
+
+    out: dict[str, Any] = {}
+    for case, (block, hybrid) in ENGINE_CASES.items():
+        args = EngineArgs(
+            model=str(MODELS / case.removesuffix("-off")),
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            dtype="bfloat16",
+            max_model_len=512,
+            kv_cache_memory_bytes=ENGINE_BUDGET,
+            block_size=block,
+            enforce_eager=True,
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            enable_prefix_caching=False,
+            disable_hybrid_kv_cache_manager=not hybrid,
+            seed=0,
+        )
+        handle = vllm_engine.make_engine(args)
+        try:
+            kcc = handle.scheduler.kv_cache_config
+            out[case] = (kcc, handle.scheduler.block_size)
+        finally:
+            handle.close()
+    return out
+
+
+@pytest.mark.parametrize("case", list(ENGINE_CASES))
+def test_the_cpu_engines_kv_cache_config_is_kvbenchs_layout(engine_configs: dict[str, Any], case: str) -> None:
+    from tests import vllm_kv
+
+    block, hybrid = ENGINE_CASES[case]
+    g = from_config_json(MODELS / case.removesuffix("-off") / "config.json")
+    layout = kv_layout(
+        g, "bf16", block, hybrid=hybrid, max_model_len=512, max_num_batched_tokens=512, kernel_block_size=block
+    )
+    kcc, scheduler_block = engine_configs[case]
+    assert vllm_kv.groups_of(kcc) == [(grp.kind, grp.layers, grp.block_size, grp.page_bytes) for grp in layout.groups]
+    assert kcc.num_blocks == layout.num_blocks(ENGINE_BUDGET)
+    assert scheduler_block == layout.scheduler_block_size
