@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from kvbench.harness.errors import KvbenchError
-from kvbench.harness.spec.geometry import PRESETS, ModelGeometry, from_config_json, preset
+from kvbench.harness.spec.geometry import PRESETS, from_config_json, preset
 from kvbench.harness.spec.layer_kinds import LayerRun, StateGeometry
 from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
 from kvbench.harness.spec.workload_spec import WorkloadSpec
@@ -232,27 +232,16 @@ def test_each_familys_own_spelling_of_its_layers(tmp_path: Path, case: str) -> N
 
 
 def test_a_geometry_refuses_fields_that_contradict_its_layers() -> None:
-    base: dict[str, Any] = dict(
-        name="m",
-        num_layers=2,
-        num_attention_heads=4,
-        num_kv_heads=2,
-        head_dim=64,
-        hidden_size=256,
-        intermediate_size=512,
-        vocab_size=100,
-        num_params=10,
-    )
+    g = preset("tiny")  # 2 layers
     with pytest.raises(KvbenchError, match="kv_lora_rank = 512 with no MLA layers"):
-        ModelGeometry(**base, kv_lora_rank=512, qk_rope_head_dim=64)
+        g.replace(kv_lora_rank=512, qk_rope_head_dim=64)
     with pytest.raises(KvbenchError, match="hold 3 layers, not num_layers"):
-        ModelGeometry(**base, layers=(LayerRun("full", 1), LayerRun("sliding", 2, 8)))
+        g.replace(layers=(LayerRun("full", 1), LayerRun("sliding", 2, 8)))
     with pytest.raises(KvbenchError, match="state layers"):
-        ModelGeometry(**base, layers=(LayerRun("full", 1), LayerRun("mamba2", 1)))
+        g.replace(layers=(LayerRun("full", 1), LayerRun("mamba2", 1)))
     state = StateGeometry("gdn", conv_kernel=4, num_k_heads=3, num_v_heads=3, head_k_dim=8, head_v_dim=8)
-    g = ModelGeometry(**base, layers=(LayerRun("full", 1), LayerRun("gdn", 1)), state=state)
     with pytest.raises(KvbenchError, match="tensor_parallel_size 2 does not divide the state's"):
-        g.check_parallel(2)
+        g.replace(layers=(LayerRun("full", 1), LayerRun("gdn", 1)), state=state).check_parallel(2)
 
 
 # -- through the command line -----------------------------------------------------------------

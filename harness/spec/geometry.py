@@ -408,32 +408,11 @@ def from_config_json(path: str | Path) -> ModelGeometry:
     it (``model_config.py``)."""
     r = read_config_json(path)
     p = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
-    params = llama_param_count(
-        r.num_layers,
-        r.hidden_size,
-        r.num_attention_heads,
-        r.num_kv_heads,
-        r.head_dim,
-        r.intermediate_size,
-        r.vocab_size,
-        r.tied,
-    )
+    f = r.fields
+    shape = (f["num_layers"], f["hidden_size"], f["num_attention_heads"], f["num_kv_heads"], f["head_dim"])
+    params = llama_param_count(*shape, f["intermediate_size"], f["vocab_size"], r.tied)
     try:
-        return ModelGeometry(
-            name=r.name,
-            num_layers=r.num_layers,
-            num_attention_heads=r.num_attention_heads,
-            num_kv_heads=r.num_kv_heads,
-            head_dim=r.head_dim,
-            hidden_size=r.hidden_size,
-            intermediate_size=r.intermediate_size,
-            vocab_size=r.vocab_size,
-            num_params=params,
-            layers=r.layers,
-            kv_lora_rank=r.kv_lora_rank,
-            qk_rope_head_dim=r.qk_rope_head_dim,
-            state=r.state,
-        )
+        return ModelGeometry(**f, num_params=params)
     except KvbenchError as exc:  # name the file, not just the model inside it
         raise KvbenchError(f"{p}: {exc}") from None
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import KvbenchError, one_line
 from .files import MIB, read_text_capped
-from .layer_kinds import CHUNKED, FULL, GDN, MAMBA1, MAMBA2, MLA, SLIDING, LayerRun, StateGeometry, runs_of
+from .layer_kinds import CHUNKED, FULL, GDN, MAMBA1, MAMBA2, MLA, SLIDING, StateGeometry, runs_of
 
 # Real config.json files are a few KiB; one of megabytes is not a model's configuration.
 MAX_CONFIG_BYTES = 16 * MIB
@@ -80,22 +80,12 @@ FULL_ATTN, SLIDING_ATTN, LINEAR_ATTN = "full_attention", "sliding_attention", "l
 
 @dataclasses.dataclass(frozen=True)
 class ConfigReading:
-    """What a config.json says about a model's shape and KV, as vLLM reads it."""
+    """What a config.json says about a model's shape and KV, as vLLM reads it: ``fields`` are
+    ``ModelGeometry``'s keyword arguments but its parameter count, which ``tied`` completes."""
 
-    name: str
     architecture: str | None
-    num_layers: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
     tied: bool
-    layers: tuple[LayerRun, ...] = ()
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    state: StateGeometry | None = None
+    fields: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -422,18 +412,20 @@ def read_config_json(path: str | Path) -> ConfigReading:
     else:
         head_dim = hidden // heads
     return ConfigReading(
-        name=str(c.cfg.get("_name_or_path") or p.parent.name or "config"),
         architecture=c.architecture,
-        num_layers=layers,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        hidden_size=hidden,
-        intermediate_size=c.integer("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden, minimum=None),
-        vocab_size=c.integer("vocab_size", default=32000, minimum=None),
         tied=bool(c.cfg.get("tie_word_embeddings", False)),
-        layers=runs_of(read.kinds),
-        kv_lora_rank=read.kv_lora_rank,
-        qk_rope_head_dim=read.qk_rope_head_dim,
-        state=read.state,
+        fields=dict(
+            name=str(c.cfg.get("_name_or_path") or p.parent.name or "config"),
+            num_layers=layers,
+            num_attention_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            hidden_size=hidden,
+            intermediate_size=c.integer("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden, minimum=None),
+            vocab_size=c.integer("vocab_size", default=32000, minimum=None),
+            layers=runs_of(read.kinds),
+            kv_lora_rank=read.kv_lora_rank,
+            qk_rope_head_dim=read.qk_rope_head_dim,
+            state=read.state,
+        ),
     )
