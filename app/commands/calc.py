@@ -4,7 +4,11 @@ A 35-token sequence in 16-token blocks needs 3 blocks = 48 positions, 13 of
 them unused (27.1%). With a model, dtype and budget it also says how many
 sequences of each length fit contiguously at ``max_model_len`` versus paged.
 With ``--tp`` / ``--pp`` the bytes per token are one rank's (its share of the KV
-heads and of the layers) and the budget is one GPU's.
+heads and of the layers) and the budget is one GPU's. A model whose layers are not
+all full attention (sliding window, chunked, MLA, state layers) also gets its bytes
+per token per layer kind, its state per request, the KV cache groups vLLM forms
+with its hybrid KV cache manager on, and what fits paged with the manager on and
+off (``harness/spec/kv_layout.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 from ...harness.errors import KvbenchError
 from ...harness.spec.feasibility import levers
 from ...harness.spec.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
+from ...harness.spec.kv_layout import KVLayout, kv_layout
+from ...harness.spec.layer_kinds import CHUNKED, STATE_KINDS
 from ...harness.spec.units import format_bytes, parse_size
 from .base import Command
 
@@ -48,11 +54,13 @@ def capacity(
     pp: int = 1,
 ) -> dict[str, Any]:
     """Budget figures and how many such sequences fit, contiguous-max vs paged (per rank and per
-    GPU budget under tensor / pipeline parallelism: every rank holds its slice of every sequence)."""
+    GPU budget under tensor / pipeline parallelism: every rank holds its slice of every sequence).
+    ``kv_bytes_per_token`` sizes every attention layer as full attention; a model with other
+    layer kinds gets ``layout_fit``'s figures beside."""
     per_token = geometry.kv_bytes_per_token(kv_dtype, tp, pp)
     positions = budget_bytes // per_token
     blocks = positions // row["block_size"]
-    return {
+    out = {
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
         "kv_heads_per_rank": geometry.kv_heads_per_rank(tp),
@@ -66,6 +74,59 @@ def capacity(
         "fit_contiguous_max": positions // max_model_len,
         "fit_paged": blocks // row["blocks"],
     }
+    if not geometry.is_uniform_full:
+        out.update(layout_fit(row, geometry, kv_dtype, budget_bytes, max_model_len, tp, pp))
+    return out
+
+
+def _paged_fit(layout: KVLayout, budget_bytes: int, tokens: int) -> int:
+    return layout.num_blocks(budget_bytes) // layout.blocks_per_request(tokens)
+
+
+def layout_fit(
+    row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, budget_bytes: int, max_model_len: int, tp: int, pp: int
+) -> dict[str, Any]:
+    """For a model whose layers are not all full attention: bytes per token per kind, state per
+    request, vLLM's KV cache groups with the hybrid manager on, and sequences of ``tokens`` that
+    fit paged with it on and off (off: refused for state layers, with vLLM's reason).
+    Contiguous-max reserves ``max_model_len`` positions in every attention layer and a state."""
+    tokens = row["tokens"]
+    kw: dict[str, Any] = dict(max_model_len=max_model_len, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    on = kv_layout(geometry, kv_dtype, row["block_size"], hybrid=True, **kw)
+    state = on.state_bytes_per_request
+    out: dict[str, Any] = {
+        "layer_kinds": {kind: geometry.layer_count(kind) for kind in geometry.kinds},
+        "kv_bytes_per_token_by_kind": dict(on.kv_bytes_per_token_by_kind),
+        "state_bytes_per_request": state,
+        "groups": [
+            {
+                "kind": g.kind,
+                "layers": len(g.layers),
+                "padding_layers": g.padding_layers,
+                "window": g.window,
+                "block_size": g.block_size,
+                "page_bytes": g.page_bytes,
+                "blocks_held": g.blocks_held(tokens),
+            }
+            for g in on.groups
+        ],
+        "hybrid_bytes_per_block": on.bytes_per_block,
+        "hybrid_block_size": on.block_size,
+        "scheduler_block_size": on.scheduler_block_size,
+        "hybrid_num_blocks": on.num_blocks(budget_bytes),
+        "fit_contiguous_max": budget_bytes // (max_model_len * geometry.kv_bytes_per_token(kv_dtype, tp, pp) + state),
+        "fit_paged_hybrid": _paged_fit(on, budget_bytes, tokens),
+        # vLLM turns its hybrid manager off by default with chunked local attention (config/vllm.py).
+        "vllm_default_hybrid": CHUNKED not in geometry.kinds,
+    }
+    try:
+        off = kv_layout(geometry, kv_dtype, row["block_size"], hybrid=False, **kw)
+        out["fit_paged_hybrid_off"] = _paged_fit(off, budget_bytes, tokens)
+    except KvbenchError as exc:
+        out["fit_paged_hybrid_off"] = None
+        out["hybrid_off_refused"] = str(exc)
+    out["fit_paged"] = out["fit_paged_hybrid"] if out["vllm_default_hybrid"] else out["fit_paged_hybrid_off"]
+    return out
 
 
 def workload_fit(
@@ -152,14 +213,17 @@ def render(rows: list[dict[str, Any]]) -> str:
         ("unused_positions", "unused"),
         ("waste_fraction", "waste"),
     ]
+    layout = "groups" in rows[0]
     if "kv_bytes_per_token" in rows[0]:
-        cols += [
-            ("bytes_per_block", "bytes/block"),
-            ("fit_contiguous_max", "fit contig@max"),
-            ("fit_paged", "fit paged"),
-        ]
+        cols += [("bytes_per_block", "bytes/block"), ("fit_contiguous_max", "fit contig@max")]
+        if layout:
+            cols += [("fit_paged_hybrid_off", "fit paged, hybrid off"), ("fit_paged_hybrid", "fit paged, hybrid on")]
+        else:
+            cols += [("fit_paged", "fit paged")]
 
     def fmt(k: str, v: Any) -> str:
+        if v is None:
+            return "refused"
         if k == "waste_fraction":
             return f"{100 * v:.1f}%"
         if k == "bytes_per_block":
@@ -178,13 +242,52 @@ def render(rows: list[dict[str, Any]]) -> str:
             else ""
         )
         gpu = " per GPU" if rank else ""
-        lines.insert(
-            0,
-            f"KV: {r['kv_bytes_per_token']:,} B/token{rank} ({format_bytes(r['kv_bytes_per_token'])}); "
+        view = " with every attention layer sized as full attention (vLLM's hybrid KV cache manager off)"
+        lines[:0] = [
+            f"KV: {r['kv_bytes_per_token']:,} B/token{rank}{view if layout else ''} "
+            f"({format_bytes(r['kv_bytes_per_token'])}); "
             f"budget {format_bytes(r['budget_bytes'])}{gpu} = {r['budget_positions']:,} positions; "
             f"contiguous-max reserves {r['max_model_len']:,} positions per sequence",
-        )
+            *(render_layout(r) if layout else []),
+        ]
     return "\n".join(lines)
+
+
+def render_layout(r: dict[str, Any]) -> list[str]:
+    """The lines that say how a model with other layer kinds than full attention is kept."""
+    by_kind = r["kv_bytes_per_token_by_kind"]
+    windows = {g["kind"]: g["window"] for g in r["groups"] if g["window"]}
+    kinds = ", ".join(
+        f"{n} {k}" + (f" (window {windows[k]:,})" if k in windows else "") for k, n in r["layer_kinds"].items()
+    )
+    lines = [f"layers: {kinds}; KV per token: " + ", ".join(f"{k} {b:,} B" for k, b in by_kind.items())]
+    if r["state_bytes_per_request"]:
+        states = ", ".join(k for k in r["layer_kinds"] if k in STATE_KINDS)
+        lines.append(
+            f"state: {r['state_bytes_per_request']:,} B ({format_bytes(r['state_bytes_per_request'])}) per request "
+            f"in its {states} layers, whatever its length"
+        )
+    shapes: dict[tuple[str, int, int, int], int] = {}
+    for g in r["groups"]:
+        key = (g["kind"], g["layers"], g["page_bytes"], g["block_size"])
+        shapes[key] = shapes.get(key, 0) + 1
+    groups = "; ".join(
+        f"{n} × {kind} of {layers} layers, {format_bytes(page)} pages of {bs:,} tokens"
+        for (kind, layers, page, bs), n in shapes.items()
+    )
+    lines.append(
+        f"hybrid manager on: {len(r['groups'])} KV cache group{'s' if len(r['groups']) > 1 else ''} ({groups}); "
+        f"one block id = "
+        f"{format_bytes(r['hybrid_bytes_per_block'])} across them, {r['hybrid_num_blocks']:,} in the budget; "
+        f"scheduler block {r['scheduler_block_size']:,}; a {r['tokens']:,}-token request holds "
+        + " + ".join(str(g["blocks_held"]) for g in r["groups"])
+        + " blocks"
+    )
+    if r.get("hybrid_off_refused"):
+        lines.append(f"hybrid manager off: {r['hybrid_off_refused']}")
+    if not r["vllm_default_hybrid"]:
+        lines.append("vLLM's default for this model: hybrid manager off (it turns it off for chunked local attention)")
+    return lines
 
 
 def render_fit(fit: dict[str, Any]) -> str:

@@ -52,11 +52,13 @@ def run(args: argparse.Namespace) -> int:
     for name, facts in RUNNER_FACTS.items():
         units = " or ".join(f"{u}s" for u in facts.contiguous_units)
         print(f"  {name:12} {', '.join(facts.policies)} ({units})")
-    print("model presets (KV bytes per token at fp16):")
+    print("model presets (KV bytes per token at fp16, every attention layer as full attention; layer kinds):")
     for g in PRESETS.values():
+        kinds = ", ".join(f"{g.layer_count(k)} {k}" for k in g.kinds)
+        state = f"; state {g.state_bytes_per_request():,} B per request" if g.state is not None else ""
         print(
-            f"  {g.name:12} layers {g.num_layers:3}  kv heads {g.num_kv_heads:3}  head dim {g.head_dim:4}  "
-            f"{g.kv_bytes_per_token('fp16'):>9,} B"
+            f"  {g.name:14} layers {g.num_layers:3}  kv heads {g.num_kv_heads:3}  head dim {g.head_dim:4}  "
+            f"{g.kv_bytes_per_token('fp16'):>9,} B  ({kinds}{state})"
         )
     print("gpu presets (roofline clock): " + ", ".join(GPU_PRESETS))
     return 0

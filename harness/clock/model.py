@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,6 +33,9 @@ class ModelShape(Protocol):
     def layers_per_stage(self, pipeline_parallel_size: int = 1) -> int: ...
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int: ...
+
+    def identity(self) -> dict[str, Any]:
+        """Its fields as run identity sees them (what a profile records and compares)."""
 
 
 @dataclasses.dataclass(frozen=True)

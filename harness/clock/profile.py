@@ -63,13 +63,15 @@ class ClockProfile:
     def check(self, geometry: ModelShape, kv_dtype: str, block_size: int, block_table: bool, where: str) -> None:
         """Refuse a cell this profile was not measured for: one line naming the mismatch
         (``block_table``: the cell's policy reads a block table, so its block size prices steps)."""
-        mine = dataclasses.asdict(geometry)  # type: ignore[call-overload]  # a ModelGeometry: a dataclass
+        # Both as identity spells them (JSON's lists for tuples): a geometry field the profile does
+        # not hold is one at its default, so a layout it was not measured on differs.
+        mine = json.loads(json.dumps(geometry.identity()))
         theirs = {k: v for k, v in self.geometry.items() if k != "name"}
-        diff = [k for k in theirs if mine.get(k) != theirs[k]]
+        diff = [k for k in {**mine, **theirs} if k != "name" and mine.get(k) != theirs.get(k)]
         if diff:
             k = diff[0]
             raise KvbenchError(
-                f"{where} was fitted on model {self.model} ({k} {theirs[k]}), not on "
+                f"{where} was fitted on model {self.model} ({k} {theirs.get(k)}), not on "
                 f"{geometry.name} ({k} {mine.get(k)}): calibrate on this model"
             )
         if kv_dtype != self.kv_dtype:
@@ -190,7 +192,7 @@ def profile_document(
         "terms_readable": terms.describe(),
         "valid_for": {
             "model": geometry.name,
-            "geometry": dataclasses.asdict(geometry),  # type: ignore[call-overload]
+            "geometry": geometry.identity(),
             "kv_dtype": kv_dtype,
             "block_size": block_size,
         },

@@ -1,19 +1,23 @@
 """Model KV geometry: presets, Hugging Face ``config.json`` files, and KV arithmetic.
 
-Everything kvbench knows about a model is what sizes its KV cache (layers,
-KV heads, head dim) plus what a time model and the torch runner need (hidden
-size, MLP width, vocabulary, parameter count for weight bytes).
+Everything kvbench knows about a model is what sizes its KV cache (layers and
+what each keeps, KV heads, head dim, MLA's latent, state layers' shapes) plus
+what a time model and the torch runner need (hidden size, MLP width,
+vocabulary, parameter count for weight bytes). How a ``config.json`` is read
+is ``model_config.py``; how vLLM groups the layers into KV cache groups and
+blocks is ``kv_layout.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import KvbenchError, one_line
-from ..files import MIB, read_text_capped
+from ..errors import KvbenchError
+from . import identity
+from .layer_kinds import ATTENTION_KINDS, FULL, GDN, MLA, SLIDING, STATE_KINDS, LayerRun, StateGeometry, runs_of
+from .model_config import read_config_json
 
 # Bytes per element of each supported KV cache dtype. fp8 means e4m3, the
 # format vLLM's "fp8" cache dtype resolves to.
@@ -28,12 +32,10 @@ KV_DTYPE_BYTES: dict[str, int] = {
 }
 
 
-# Real config.json files are a few KiB; one of megabytes is not a model's configuration.
-MAX_CONFIG_BYTES = 16 * MIB
-
 # Sane upper bounds: several times the largest published decoders (Llama 3.1 405B: 126
 # layers, 128 heads, hidden 16,384, MLP 53,248; head sizes up to 256; vocabularies up to
-# ~262k), so a real model never trips them and a typo (an extra digit or three) does.
+# ~262k; MLA latents of 512 + 64), so a real model never trips them and a typo (an extra digit
+# or three) does.
 UPPER_BOUNDS: dict[str, int] = {
     "num_layers": 1024,
     "num_attention_heads": 1024,
@@ -42,12 +44,22 @@ UPPER_BOUNDS: dict[str, int] = {
     "hidden_size": 131_072,
     "intermediate_size": 1_048_576,
     "vocab_size": 4_194_304,
+    "kv_lora_rank": 16_384,
+    "qk_rope_head_dim": 1024,
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelGeometry:
-    """The shape of a decoder-only transformer, as far as its KV cache and cost go."""
+    """The shape of a decoder-only transformer, as far as its KV cache and cost go.
+
+    ``layers`` are runs of consecutive layers of one kind (``layer_kinds.py``); empty means
+    every layer is full attention, the one layout the fields after it leave at their
+    defaults (``identity.GEOMETRY_DEFAULTS``: such a model's run ids are what they were
+    before the kinds existed). MLA layers keep one latent of ``kv_lora_rank +
+    qk_rope_head_dim``; state layers keep ``state`` per request. ``num_kv_heads`` and
+    ``head_dim`` size the other attention layers (and, for MLA, the attention FLOPs).
+    """
 
     name: str
     num_layers: int
@@ -58,6 +70,10 @@ class ModelGeometry:
     intermediate_size: int
     vocab_size: int
     num_params: int  # for weight bytes in the roofline time model
+    layers: tuple[LayerRun, ...] = ()
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    state: StateGeometry | None = None
 
     def __post_init__(self) -> None:
         for field in (
@@ -83,14 +99,116 @@ class ModelGeometry:
                 f"model {self.name!r}: num_attention_heads ({self.num_attention_heads}) is not a multiple "
                 f"of num_kv_heads ({self.num_kv_heads})"
             )
+        self._check_layers()
+
+    def _check_layers(self) -> None:
+        runs = runs_of([(r.kind, r.window) for r in self.layers for _ in range(r.count)])
+        if all(r.kind == FULL for r in runs):
+            runs = ()  # every layer full attention: the default spelling, whatever was given
+        object.__setattr__(self, "layers", runs)  # neighbours of one kind merged: one spelling per layout
+        if runs and sum(r.count for r in runs) != self.num_layers:
+            raise KvbenchError(
+                f"model {self.name!r}: its layer runs hold {sum(r.count for r in runs)} layers, not num_layers "
+                f"({self.num_layers})"
+            )
+        kinds = {r.kind for r in runs}
+        for field in ("kv_lora_rank", "qk_rope_head_dim"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= UPPER_BOUNDS[field]:
+                raise KvbenchError(
+                    f"model {self.name!r}: {field} must be a whole number up to {UPPER_BOUNDS[field]:,}, got {value!r}"
+                )
+            if (MLA in kinds) != (value > 0):
+                raise KvbenchError(
+                    f"model {self.name!r}: {field} = {value} " + ("with no MLA layers" if value else "for MLA layers")
+                )
+        states = kinds & set(STATE_KINDS)
+        have = {self.state.kind} if self.state is not None else set()
+        if states != have:
+            raise KvbenchError(
+                f"model {self.name!r}: state layers {sorted(states) or 'none'} but a state of {sorted(have) or 'none'}"
+            )
+
+    # -- layers -------------------------------------------------------------------------------
+    def per_layer(self) -> tuple[tuple[str, int], ...]:
+        """(kind, window) of every layer, in order."""
+        if not self.layers:
+            return ((FULL, 0),) * self.num_layers
+        return tuple((r.kind, r.window) for r in self.layers for _ in range(r.count))
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The layer kinds present, in order of first appearance."""
+        return tuple(dict.fromkeys(kind for kind, _ in self.per_layer()))
+
+    @property
+    def is_uniform_full(self) -> bool:
+        """Every layer full attention: the layout kvbench's runners and policies price."""
+        return not self.layers
+
+    def layer_count(self, kind: str) -> int:
+        return sum(1 for k, _ in self.per_layer() if k == kind)
+
+    def stage_layers(self, pipeline_parallel_size: int = 1) -> tuple[range, ...]:
+        """The layers of each pipeline stage, as vLLM's ``get_pp_indices`` splits them: ``layers //
+        pp`` each, the remainder one layer each to the stages just before the last."""
+        pp = pipeline_parallel_size
+        sizes = [self.num_layers // pp] * pp
+        for i in range(2, self.num_layers % pp + 2):
+            sizes[-i] += 1
+        bounds = [sum(sizes[:i]) for i in range(pp + 1)]
+        return tuple(range(bounds[i], bounds[i + 1]) for i in range(pp))
+
+    def layer_bytes_per_token(self, kind: str, kv_dtype: str, tensor_parallel_size: int = 1) -> int:
+        """One layer's KV bytes per token on one rank: K and V of its rank's KV heads, or MLA's one
+        latent (the same on every rank); 0 for a state layer."""
+        if kind in STATE_KINDS:
+            return 0
+        if kind == MLA:
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * kv_dtype_bytes(kv_dtype)
+        return 2 * self.kv_heads_per_rank(tensor_parallel_size) * self.head_dim * kv_dtype_bytes(kv_dtype)
+
+    def kv_bytes_per_token_by_kind(
+        self, kv_dtype: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
+    ) -> dict[str, int]:
+        """Each attention kind's bytes per token over its layers, in the stage whose KV per token
+        is largest (the one whose budget binds; the whole model at pipeline parallel size 1)."""
+        per_layer = self.per_layer()
+        best: dict[str, int] = {}
+        for stage in self.stage_layers(pipeline_parallel_size):
+            totals: dict[str, int] = {}
+            for i in stage:
+                kind = per_layer[i][0]
+                if kind in ATTENTION_KINDS:
+                    totals[kind] = totals.get(kind, 0) + self.layer_bytes_per_token(
+                        kind, kv_dtype, tensor_parallel_size
+                    )
+            if sum(totals.values()) > sum(best.values()) or not best:
+                best = totals
+        return best
+
+    def state_bytes_per_request(self, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> int:
+        """Bytes of state one request keeps in its state layers on one rank (the stage with the most)."""
+        if self.state is None:
+            return 0
+        per_layer = self.per_layer()
+        layers = max(
+            sum(1 for i in s if per_layer[i][0] in STATE_KINDS) for s in self.stage_layers(pipeline_parallel_size)
+        )
+        return layers * self.state.bytes_per_layer(tensor_parallel_size)
 
     def kv_bytes_per_token(self, kv_dtype: str, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> int:
-        """2 (K and V) × layers × KV heads × head dim × bytes per element: of the whole model at
-        tensor and pipeline parallel size 1, else of one rank (``kv_heads_per_rank`` ×
-        ``layers_per_stage``: the stage with the most layers, the one whose budget binds)."""
-        layers = self.layers_per_stage(pipeline_parallel_size)
-        heads = self.kv_heads_per_rank(tensor_parallel_size)
-        return 2 * layers * heads * self.head_dim * kv_dtype_bytes(kv_dtype)
+        """KV bytes per token with every attention layer sized as full attention for every token
+        (vLLM's view with its hybrid KV cache manager off): 2 (K and V) × layers × KV heads × head
+        dim × bytes per element, an MLA layer's one latent in place of K and V; state layers, kept
+        per request, are not counted. Of the whole model at tensor and pipeline parallel size 1,
+        else of one rank (``kv_heads_per_rank``, an MLA latent on every rank, and the stage whose KV
+        is largest). ``kv_layout.py`` has what the hybrid manager keeps."""
+        if self.is_uniform_full:
+            layers = self.layers_per_stage(pipeline_parallel_size)
+            heads = self.kv_heads_per_rank(tensor_parallel_size)
+            return 2 * layers * heads * self.head_dim * kv_dtype_bytes(kv_dtype)
+        return sum(self.kv_bytes_per_token_by_kind(kv_dtype, tensor_parallel_size, pipeline_parallel_size).values())
 
     def kv_heads_per_rank(self, tensor_parallel_size: int = 1) -> int:
         """KV heads one tensor-parallel rank holds: split evenly across ranks, or, with fewer KV
@@ -105,8 +223,8 @@ class ModelGeometry:
 
     def check_parallel(self, tensor_parallel_size: int, pipeline_parallel_size: int = 1) -> None:
         """Refuse a split vLLM refuses: TP must divide the attention heads, and the KV heads must
-        divide evenly across ranks (or, fewer than the ranks, be replicated evenly); PP at most
-        the layers."""
+        divide evenly across ranks (or, fewer than the ranks, be replicated evenly), and a state's
+        sharded dimensions; PP at most the layers."""
         tp, pp = tensor_parallel_size, pipeline_parallel_size
         for field, value in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -126,9 +244,18 @@ class ModelGeometry:
             raise KvbenchError(
                 f"model {self.name!r}: pipeline_parallel_size {pp} is more than its {self.num_layers} layers"
             )
+        if self.state is not None:
+            try:
+                self.state.shapes(tp)
+            except KvbenchError as exc:
+                raise KvbenchError(f"model {self.name!r}: {exc}") from None
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.num_params * dtype_bytes
+
+    def identity(self) -> dict[str, Any]:
+        """Its fields as run identity sees them (``identity.geometry_identity``)."""
+        return identity.geometry_identity(dataclasses.asdict(self))
 
     def replace(self, **changes: Any) -> ModelGeometry:
         return dataclasses.replace(self, **changes)
@@ -169,6 +296,8 @@ def _preset(
     vocab: int,
     params: int | None = None,
     head_dim: int | None = None,
+    runs: tuple[LayerRun, ...] = (),
+    **latent_or_state: Any,
 ) -> ModelGeometry:
     hd = head_dim or hidden // heads
     return ModelGeometry(
@@ -181,7 +310,18 @@ def _preset(
         intermediate_size=intermediate,
         vocab_size=vocab,
         num_params=params or llama_param_count(layers, hidden, heads, kv_heads, hd, intermediate, vocab),
+        layers=runs,
+        **latent_or_state,
     )
+
+
+def _alternating(layers: int, period: int, kind: str, window: int) -> tuple[LayerRun, ...]:
+    """``kind`` (with ``window``) on every layer but each ``period``-th, which is full attention."""
+    return runs_of([(FULL, 0) if (i + 1) % period == 0 else (kind, window) for i in range(layers)])
+
+
+# Qwen3-Next-80B-A3B's gated delta net (its config's linear_* keys), bf16 like its weights.
+QWEN3_NEXT_STATE = StateGeometry(GDN, conv_kernel=4, num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
 
 
 # Published architectures; parameter counts are the published totals.
@@ -199,6 +339,59 @@ PRESETS: dict[str, ModelGeometry] = {
         _preset("llama-3-70b", 80, 64, 8, 8192, 28672, 128256, 70_554_000_000),
         _preset("mistral-7b", 32, 32, 8, 4096, 14336, 32000, 7_242_000_000),
         _preset("qwen2.5-7b", 28, 28, 4, 3584, 18944, 152064, 7_616_000_000),
+        # Today's layouts, as their config.json files are read (tests/data/models holds those
+        # shipped as test data; tests/test_model_configs.py checks each preset against its file).
+        _preset("llama-3.1-8b", 32, 32, 8, 4096, 14336, 128256, 8_030_000_000),
+        _preset("llama-3.1-70b", 80, 64, 8, 8192, 28672, 128256, 70_554_000_000),
+        # MLA: 61 layers of one 512 + 64 latent; 128 heads of 128 + 64 for the attention FLOPs.
+        _preset(
+            "deepseek-v3",
+            61,
+            128,
+            128,
+            7168,
+            18432,
+            129280,
+            671_000_000_000,
+            192,
+            runs=(LayerRun(MLA, 61),),
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+        ),
+        # Sliding window 128 on the even layers, full attention on the odd ones (gpt_oss.py).
+        _preset(
+            "gpt-oss-20b", 24, 64, 8, 2880, 2880, 201088, 20_910_000_000, 64, runs=_alternating(24, 2, SLIDING, 128)
+        ),
+        _preset(
+            "gpt-oss-120b", 36, 64, 8, 2880, 2880, 201088, 116_830_000_000, 64, runs=_alternating(36, 2, SLIDING, 128)
+        ),
+        # Five sliding (window 1024) to one full attention layer.
+        _preset(
+            "gemma-3-27b",
+            62,
+            32,
+            16,
+            5376,
+            21504,
+            262208,
+            27_000_000_000,
+            128,
+            runs=_alternating(62, 6, SLIDING, 1024),
+        ),
+        # Three gated-delta-net layers to one full attention layer.
+        _preset(
+            "qwen3-next-80b",
+            48,
+            16,
+            2,
+            2048,
+            5120,
+            151936,
+            80_000_000_000,
+            256,
+            runs=_alternating(48, 4, GDN, 0),
+            state=QWEN3_NEXT_STATE,
+        ),
         # Small enough for the torch runner on two CPU cores.
         _preset("tiny", 2, 4, 2, 64, 128, 256),
         # Small, and shaped for vLLM's CPU attention backend (head size 64): the full engine on CPU
@@ -216,69 +409,15 @@ def preset(name: str) -> ModelGeometry:
 
 
 def from_config_json(path: str | Path) -> ModelGeometry:
-    """Read a Hugging Face ``config.json`` (Llama/Mistral/Qwen/OPT-style keys)."""
-    p = Path(path)
-    if "\x00" in str(p):  # the OS cannot take it; Path would raise ValueError further on
-        raise KvbenchError(f"{str(p)!r}: a config path cannot hold a NUL character")
-    if p.is_dir():
-        p = p / "config.json"
+    """A geometry from a Hugging Face ``config.json`` (or a model directory), read as vLLM reads
+    it (``model_config.py``)."""
+    r = read_config_json(path)
+    p = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+    f = r.fields
+    shape = (f["num_layers"], f["hidden_size"], f["num_attention_heads"], f["num_kv_heads"], f["head_dim"])
+    params = llama_param_count(*shape, f["intermediate_size"], f["vocab_size"], r.tied)
     try:
-        cfg = json.loads(read_text_capped(p, "config.json", MAX_CONFIG_BYTES))
-    except FileNotFoundError:
-        raise KvbenchError(f"{p}: no such config.json") from None
-    except json.JSONDecodeError as exc:
-        raise KvbenchError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}") from None
-    except (ValueError, RecursionError) as exc:  # a 5,000-digit number; arrays nested past the stack
-        raise KvbenchError(f"{p}: malformed JSON ({one_line(str(exc)).split(';')[0] or type(exc).__name__})") from None
-    if not isinstance(cfg, dict):
-        raise KvbenchError(f"{p}: config.json must hold a JSON object")
-    cfg = dict(cfg.get("text_config") or {}, **{k: v for k, v in cfg.items() if k != "text_config"})
-
-    def get(*keys: str, default: object = None) -> object:
-        for key in keys:
-            if key in cfg and cfg[key] is not None:
-                return cfg[key]
-        if default is None:
-            raise KvbenchError(f"{p}: missing key {keys[0]!r} (also tried: {', '.join(keys[1:]) or 'none'})")
-        return default
-
-    def integer(value: object, key: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise KvbenchError(f"{p}: {key} must be an integer, got {value!r}")
-        return value
-
-    layers = integer(get("num_hidden_layers", "n_layer", "num_layers"), "num_hidden_layers")
-    heads = integer(get("num_attention_heads", "n_head"), "num_attention_heads")
-    hidden = integer(get("hidden_size", "n_embd", "d_model"), "hidden_size")
-    kv_heads = integer(get("num_key_value_heads", default=heads), "num_key_value_heads")
-    if heads <= 0 or hidden <= 0:
-        raise KvbenchError(f"{p}: num_attention_heads and hidden_size must be positive")
-    if cfg.get("head_dim") is not None:
-        # Honoured as given: some models (Gemma, Qwen3) have heads × head_dim ≠ hidden_size.
-        head_dim = integer(cfg["head_dim"], "head_dim")
-    elif hidden % heads:
-        raise KvbenchError(
-            f"{p}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
-            f"(head size {hidden / heads:g}); give head_dim if the model's differs"
-        )
-    else:
-        head_dim = hidden // heads
-    intermediate = integer(get("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden), "intermediate_size")
-    vocab = integer(get("vocab_size", default=32000), "vocab_size")
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    name = str(cfg.get("_name_or_path") or p.parent.name or "config")
-    try:
-        return ModelGeometry(
-            name=name,
-            num_layers=layers,
-            num_attention_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            hidden_size=hidden,
-            intermediate_size=intermediate,
-            vocab_size=vocab,
-            num_params=llama_param_count(layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, tied),
-        )
+        return ModelGeometry(**f, num_params=params)
     except KvbenchError as exc:  # name the file, not just the model inside it
         raise KvbenchError(f"{p}: {exc}") from None
 

@@ -110,6 +110,11 @@ RUN_ID_NAMES: dict[str, str] = {"model": "geometry"}
 # earlier run did, so a key at its default is left out (the run id stays what it was).
 DEFAULTS: dict[str, object] = {"arena": "first-fit", "serve_url": None}
 
+# Geometry fields added after run ids were first written (layer kinds, MLA's latent, a state),
+# left out of the model's identity at their default: every layer full attention, as every
+# earlier geometry was (as ``dataclasses.asdict`` spells them).
+GEOMETRY_DEFAULTS: dict[str, object] = {"layers": (), "kv_lora_rank": 0, "qk_rope_head_dim": 0, "state": None}
+
 
 def applies(column: str, runner: str, policy: str) -> bool:
     """Whether ``column`` is part of the identity of a run of ``runner`` with ``policy``."""
@@ -151,6 +156,12 @@ def run_canonical(values: Mapping[str, Any]) -> dict[str, Any]:
         for k in RUN
         if counts(k.column, runner, policy, values[k.column])
     }
+
+
+def geometry_identity(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A model geometry's fields (``dataclasses.asdict``) as identity sees them: the fields of
+    ``GEOMETRY_DEFAULTS`` left out where they hold their default."""
+    return {k: v for k, v in fields.items() if not (k in GEOMETRY_DEFAULTS and v == GEOMETRY_DEFAULTS[k])}
 
 
 def canonical_json(value: Any) -> str:

@@ -199,6 +199,13 @@ class RunSpec:
                 )
         tp, pp = self.scheduler.tensor_parallel_size, self.scheduler.pipeline_parallel_size
         self.geometry.check_parallel(tp, pp)
+        g = self.geometry
+        if not g.is_uniform_full:
+            kinds = ", ".join(f"{g.layer_count(k)} {k}" for k in g.kinds)
+            raise KvbenchError(
+                f"model {g.name!r} ({kinds} layers): the runners and policies size every layer as full "
+                f"attention K and V, so its cells do not run; `kvbench calc --model` gives its KV layout"
+            )
         if tp * pp > 1 and self.runner not in PARALLEL_RUNNERS:
             raise KvbenchError(
                 f"runner {self.runner}: computes on one device's tensors, so tensor_parallel_size {tp} × "
@@ -246,7 +253,8 @@ class RunSpec:
         """What the run id hashes: everything that changes the measurement (``harness.spec.identity``)."""
         return identity.run_canonical(
             {
-                "model": dataclasses.asdict(self.geometry),  # the shapes, not the name: a config file has no preset
+                # the shapes, not the name: a config file has no preset
+                "model": identity.geometry_identity(dataclasses.asdict(self.geometry)),
                 "workload_id": workload_id,
                 "kv_dtype": self.model.kv_dtype,
                 "budget_bytes": self.memory.kv_budget_bytes,
