@@ -163,7 +163,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--pp", type=int, default=1, metavar="N", help="pipeline parallel size: layers split across N stages"
     )
-    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        help="what contiguous-max reserves per sequence (default: 2048, or the largest --tokens if longer)",
+    )
     p.add_argument("--workload", help="a workload Parquet file: does its raw KV fit the budget?")
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
 
@@ -189,8 +193,15 @@ def run(args: argparse.Namespace) -> int:
         geometry.check_parallel(args.tp, args.pp)
         kv_dtype_bytes(args.kv_dtype)
         budget = parse_size(args.budget, "--budget")
+        longest = max(args.tokens)
+        if args.max_model_len is None:
+            args.max_model_len = max(2048, longest)
         if args.max_model_len <= 0:
             raise KvbenchError(f"--max-model-len must be positive, got {args.max_model_len}")
+        if longest > args.max_model_len:
+            raise KvbenchError(
+                f"--tokens {longest} is longer than --max-model-len {args.max_model_len}: no such sequence is admitted"
+            )
         for r in rows:
             r.update(capacity(r, geometry, args.kv_dtype, budget, args.max_model_len, args.tp, args.pp))
         if args.workload:
