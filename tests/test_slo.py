@@ -56,7 +56,8 @@ def test_bounds_a_preset_and_the_single_column_form_parse_to_bounds() -> None:
     assert [b.column for b in slo.bounds] == ["ttft_p99_s", "latency_mean_s"]
     assert slo.goodput_floor == 0.9 and slo.refine == 0 and slo.preset is None
     preset = parse_slo({"preset": "mlperf-llama2-70b-server", "refine": 2}, "s.toml")
-    assert preset.bounds == (Bound("ttft", "p99", 2.0), Bound("tpot", "p99", 0.2)) and preset.refine == 2
+    assert preset.bounds == (Bound("ttft", "p99", 2.0, "mlperf"), Bound("tpot", "p99", 0.2, "mlperf"))
+    assert preset.refine == 2
     legacy = parse_slo({"metric": "normalized_latency_mean_s", "bound": 0.5}, "s.toml")
     assert legacy.bounds == (Bound("normalized", "mean", 0.5),)
     assert legacy.bounds == PRESETS["vllm-paper-normalized-latency"].bounds  # the paper suite's bound, by name
