@@ -199,6 +199,7 @@ def requests_columns(seqs: list[Seq]) -> dict[str, list]:
         cols["turn"].append(s.turn if s.session_id >= 0 else None)
         cols["sent_s"].append(None if math.isnan(s.sent_s) else s.sent_s)
         cols["token_times_s"].append(s.token_times)
+        cols["token_counts"].append(None)  # one token per entry; the serve runner gives its chunks' counts
         cols["status"].append("finished" if s.status == FINISHED else "unfinished")
         cols["kv_first_block"].append(s.first_block if s.block_runs else None)
         cols["kv_block_runs"].append(s.block_runs or None)
