@@ -12,6 +12,7 @@ from pathlib import Path
 from ..harness.records.provenance import provenance
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import REQUESTS
+from ..harness.sim.clock import LINK_CALL_LATENCY_S
 from ..harness.sim.latency import latency_summary
 from ..harness.sim.policies.base import Policy
 from ..harness.sim.sequence import FINISHED, Seq
@@ -166,16 +167,19 @@ def parallel_detail(spec: RunSpec) -> str:
     sched, g = spec.scheduler, spec.geometry
     tp, pp = sched.tensor_parallel_size, sched.pipeline_parallel_size
     out = ""
+    link = GPU_PRESETS[sched.gpu].link_bytes_s
+    call = f"{LINK_CALL_LATENCY_S * 1e6:g} µs"
     if pp > 1:
         out += (
-            f"; PP {pp}: one stage of {g.layers_per_stage(pp)} of {g.num_layers} layers "
-            f"(pipeline bubbles and stage-to-stage sends ignored)"
+            f"; PP {pp}: one batch through every stage in turn, each priced as its layers' share "
+            f"({g.num_layers} layers, the largest stage {g.layers_per_stage(pp)}), + {pp - 1} sends of "
+            f"tokens × {g.hidden_size} × 2 B ÷ {link / 1e9:g} GB/s NVLink + {call} each"
         )
     if tp > 1:
-        link = GPU_PRESETS[sched.gpu].link_bytes_s
         out += (
             f"; TP {tp}: one rank's weights, KV and FLOPs (÷ {tp}) + 2 ring all-reduces per layer, "
-            f"each 2 × ({tp}−1)/{tp} × tokens × {g.hidden_size} × 2 B ÷ {link / 1e9:g} GB/s NVLink (one way)"
+            f"each 2 × ({tp}−1)/{tp} × tokens × {g.hidden_size} × 2 B ÷ {link / 1e9:g} GB/s NVLink (one way) "
+            f"+ {call}"
         )
     return out
 
