@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...harness import __version__
-from ...harness.errors import KvbenchError
+from ...harness.errors import KvbenchError, storage_error
 from ...harness.records.safe_paths import nonempty_path
 from .base import Command
 
@@ -244,7 +244,10 @@ def import_(args: argparse.Namespace) -> int:
         raise KvbenchError(f"--out {out}: exists and is not a directory")
     made = [d for d in (out, *out.parents) if not os.path.lexists(d)]  # what this import creates
     create_results_dir(out)
-    before = {p.name for p in out.iterdir()}
+    try:
+        before = {p.name for p in out.iterdir()}
+    except OSError as exc:
+        raise storage_error(out, exc, "cannot read") from None
     with ResultsLock(out, "import") as lock:
         check_results_layout(out)
         budget = int(like["budget_positions"]) if like is not None and like.get("budget_positions") else 0
