@@ -38,7 +38,7 @@ from kvbench.runners.serve_client import SampleResult
 from kvbench.workloads.traces import MAX_TRACE_S, read_trace
 from streamkit import Script, stand_in_server
 
-from tests.conftest import DATA, ROOT, assert_one_line_error, kvbench, tree
+from tests.conftest import DATA, ROOT, assert_one_line_error, kvbench, special, tree
 
 DETAILED = DATA / "vllm_bench_serve_detailed.json"
 REFUSED = 2  # bad input
@@ -48,25 +48,6 @@ def refused(proc: subprocess.CompletedProcess[str], root: Path, before: dict[str
     assert_one_line_error(proc, *needles)
     assert proc.returncode == REFUSED, proc.stderr
     assert tree(root) == before, "a refused command changed files it did not write"
-
-
-def special(kind: str, path: Path, elsewhere: Path) -> None:
-    """Put ``kind`` at ``path`` (``elsewhere``: what a link points at)."""
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "directory":
-        path.mkdir()
-        (path / "keep.txt").write_text("mine")
-    elif kind == "link-to-file":
-        elsewhere.write_text("the user's file")
-        path.symlink_to(elsewhere)
-    elif kind == "link-to-directory":
-        elsewhere.mkdir()
-        path.symlink_to(elsewhere, target_is_directory=True)
-    elif kind == "dangling-link":
-        path.symlink_to(elsewhere)
-    else:
-        raise AssertionError(kind)
 
 
 @pytest.fixture(scope="module")
