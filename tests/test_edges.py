@@ -75,7 +75,7 @@ def test_export_never_follows_a_link_planted_at_a_temporary_name(imported: Path,
     other = tmp_path / "other"
     other.mkdir()
     (other / "p.txt").write_text("the user's")
-    (tmp_path / ".x.json.tmp").symlink_to(other / "p.txt")  # the name export once wrote through
+    (tmp_path / ".x.json.tmp").symlink_to(other / "p.txt")  # a fixed name a writer might pick
     before = tree(tmp_path)
     proc = kvbench("export", str(imported), "--format", "vllm-bench", "--out", str(tmp_path / "x.json"))
     assert proc.returncode == 0, proc.stderr
@@ -100,7 +100,7 @@ def test_a_temporary_file_is_made_exclusively_and_skips_a_planted_link(
     assert (tmp_path / "out.json").read_bytes() == b"{}" and not (tmp_path / ".out.json.fresh.tmp").exists()
 
 
-def test_the_store_never_follows_a_link_at_the_fixed_temporary_name_it_once_used(tmp_path: Path) -> None:
+def test_the_store_never_follows_a_link_at_a_fixed_temporary_name(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("the user's")
     (tmp_path / ".slo.parquet.tmp").symlink_to(tmp_path / "secret")
     write_slo(tmp_path, "s", parse_slo({"metric": "ttft_p99_s", "bound": 1.0}, "s.toml"))
