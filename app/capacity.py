@@ -89,10 +89,11 @@ def refine(
     from earlier refinements), so running the suite again finds the same middles recorded and
     runs nothing."""
     from ..harness.records.goodput import within_slo
+    from ..harness.records.slo import judged_bounds
     from .sweep import plan_resume
 
     assert suite.slo is not None
-    bounds = [(b.column, b.max_s) for b in suite.slo.bounds]
+    bounds = judged_bounds(suite.slo)
     by_id = {c.run_id: c for c in cells}
     swept = capacities(suite, out, ids=set(by_id))  # the suite's own points only
     brackets = [

@@ -142,7 +142,7 @@ def table(rows: list[dict[str, object]], columns: tuple[tuple[str, str], ...]) -
 
 def write_model(directory: Path) -> Path:
     """Llama-3-8B's layers, ``LAYERS`` of them, a 32k vocabulary (fewer random weights to draw):
-    vLLM's config.json, from vllm_adapter's generator."""
+    vLLM's config.json, from ``runners.vllm.build.write_model_dir``."""
     from ..harness.spec.geometry import preset
     from ..runners.torch.model import param_count
     from ..runners.vllm.build import write_model_dir

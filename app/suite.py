@@ -135,6 +135,16 @@ class Suite:
                         seen.add(ident)
                         yield spec, cell["workload"]
 
+    def _serve_clock(self, s: Mapping[str, Any]) -> str:
+        """A serve cell's clock: ``measured``, whatever the suite's other runners run on; a clock
+        of another kind given in [runners.serve] itself is refused."""
+        if "clock" in self.runner_overrides.get("serve", {}) and s.get("clock") != SERVE_CLOCK:
+            raise KvbenchError(
+                f"[runners.serve] clock = {s.get('clock')!r}: a served engine is timed for real, so the serve "
+                f'runner runs on clock = "{SERVE_CLOCK}" only (its cells take it without being told)'
+            )
+        return SERVE_CLOCK
+
     def _spec(self, s: dict[str, Any]) -> RunSpec:
         where = self.path
         try:
@@ -153,6 +163,8 @@ class Suite:
                 max_model_len=s.get("max_model_len", 2048),
             )
             sched = {k: s[k] for k in SCHEDULER_KEYS + PARALLEL_KEYS if k in s}
+            if s["runner"] == "serve":
+                sched["clock"] = self._serve_clock(s)
             if sched.get("clock", "steps") != "profile":
                 # A suite-wide profile does not concern a runner on another clock (an engine
                 # timing its own steps beside sim on the profile): not part of its spec.
@@ -202,6 +214,10 @@ class Suite:
             raise KvbenchError(f"{where}: wrong type in a setting ({exc})") from None
 
 
+# A served engine is timed for real: its cells take this clock without being told.
+SERVE_CLOCK = "measured"
+
+
 def contiguous_block_size(runner: object, policy: object, block_size: Any, unit: object) -> Any:
     """A cell's block size: a contiguous cell counts its reservation in positions (block size 1) or,
     with ``contiguous_unit = "block"`` (the only unit the vLLM runners host), in whole blocks."""
@@ -219,10 +235,18 @@ def contiguous_block_size(runner: object, policy: object, block_size: Any, unit:
     return 1 if unit == "position" else block_size
 
 
+# Settings other tools have that kvbench expresses otherwise: why the key is unknown.
+NOT_SETTINGS: dict[str, str] = {
+    "enable_prefix_caching": 'prefix caching is the policy "paged-prefix" (paged with prefix caching), not a '
+    "setting: the contiguous policies hold no prefix cache",
+}
+
+
 def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...] | frozenset[str], where: str, name: str) -> None:
     for key in table:
         if key not in allowed:
-            raise KvbenchError(f"{where}: unknown key {key!r} in [{name}] (known: {', '.join(sorted(allowed))})")
+            why = f"; {NOT_SETTINGS[key]}" if key in NOT_SETTINGS else ""
+            raise KvbenchError(f"{where}: unknown key {key!r} in [{name}]{why} (known: {', '.join(sorted(allowed))})")
 
 
 def _check_workload_names(values: Any, workloads: Mapping[str, Any], where: str, table: str) -> None:

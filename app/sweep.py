@@ -76,12 +76,33 @@ def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepar
                 )
             built[key] = w
         check_hash_blocks(spec, built[key], suite.path)
+        check_slo_clock(spec, suite)
         cells.append(
             Cell(spec=spec, workload=built[key], out=out, workload_name=name if suite.named_workloads else None)
         )
         if spec.runner == "sim":
             names.setdefault(name, built[key].workload_id)
+    check_attached_cells(cells, suite.path)
     return Prepared(suite, cells, names)
+
+
+def check_attached_cells(cells: list[Cell], where: str) -> None:
+    """Refuse two policies (or block sizes) measured against one running server: kvbench cannot
+    choose the allocator of a server it did not start, so the serve cells attached to one URL
+    name one policy and one block size, the server's own (``runners.serve``, attach mode)."""
+    kinds: dict[str, set[tuple[str, int]]] = {}
+    for cell in cells:
+        url = getattr(cell.spec, "serve_url", None)
+        if cell.spec.runner == "serve" and url:
+            kinds.setdefault(str(url).rstrip("/"), set()).add((cell.spec.policy, cell.spec.block_size))
+    for url, found in kinds.items():
+        if len(found) > 1:
+            named = ", ".join(f"{p} (block size {b})" for p, b in sorted(found))
+            raise KvbenchError(
+                f"{where}: [runners.serve] url {url}: {len(found)} policies against one server kvbench did not "
+                f"start ({named}); it cannot choose that server's allocator, so an attached cell is what the "
+                f"server runs: name its one policy and block size in [runners.serve]"
+            )
 
 
 def check_hash_blocks(spec: RunSpec, workload: Workload, where: str) -> None:
@@ -95,6 +116,17 @@ def check_hash_blocks(spec: RunSpec, workload: Workload, where: str) -> None:
         raise KvbenchError(
             f"{where}: hash_block_size {hbs} is not a multiple of block_size {bs}: paged-prefix on a hash-id "
             f"trace needs each hash block to be whole cache blocks"
+        )
+
+
+def check_slo_clock(spec: RunSpec, suite: Suite) -> None:
+    """Refuse an [slo] over cells on the steps clock: its bounds are seconds, and there a time is a
+    count of scheduler steps (max_s = 2.0 would silently mean 2 steps)."""
+    if suite.slo is not None and spec.scheduler.clock == "steps":
+        raise KvbenchError(
+            f"{suite.path}: [slo] bounds latency in seconds, but runner {spec.runner}'s cells run on the steps "
+            'clock, where a time is a count of scheduler steps: give them a clock of seconds (clock = "roofline", '
+            '"profile" or "measured")'
         )
 
 

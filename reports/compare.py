@@ -245,7 +245,9 @@ def _labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
         parts = [cell_label(r)]
         for k in varying:
             v = r.get(k)
-            if k == "budget_bytes":
+            if k != "page_bytes" and (v is None or (isinstance(v, float) and math.isnan(v))):
+                parts.append(f"{k.removesuffix('_bytes')} not recorded")  # an imported run has no such column
+            elif k == "budget_bytes":
                 parts.append(f"budget {format_bytes(float(str(v)))}")
             elif k == "page_bytes":
                 parts.append(f"page {format_bytes(float(str(v)))}" if v is not None and v == v else "page -")

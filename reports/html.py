@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..harness.errors import storage_error
+from ..harness.records.atomic import temp_folder
 from . import display, markdown
 from .contents import ReportTables, report_tables
 from .display import Column
@@ -207,12 +207,10 @@ def write_report(out: Path) -> Path:
     files[MANIFEST] = manifest_bytes(files)
     dest = out / "report"
     check_replaceable(dest)  # before drawing into the directory: a foreign folder is refused whole
-    tmp = out / f".report.tmp-{os.getpid()}"  # store.clean_stale_temps knows the name
+    # A new folder under a random name (store.clean_stale_temps knows the prefix): never one planted there.
+    tmp = temp_folder(out, ".report.tmp-")
     name = ""
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
         for name, data in files.items():
             (tmp / name).write_bytes(data)
         name = ""

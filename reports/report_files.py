@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..harness.errors import KvbenchError
+from ..harness.records.atomic import temp_folder
 from ..harness.records.safe_paths import own_folder
 
 MANIFEST = ".kvbench-report.json"
@@ -63,20 +64,22 @@ def check_replaceable(folder: Path) -> None:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise KvbenchError(
             f"{folder}: holds files kvbench did not write or that changed since ({shown}); "
-            f"the report replaces this folder whole: move them away, or use --no-report"
+            f"the report replaces this folder whole: move them away"
         )
 
 
 def replace_report(tmp: Path, dest: Path) -> None:
-    """Swap the finished report folder ``tmp`` in for ``dest``: the old one is renamed aside
-    (to a temporary name ``harness.records.store.clean_stale_temps`` knows) before the new one takes
-    its place, so an interrupt leaves one whole report, old or new."""
+    """Swap the finished report folder ``tmp`` in for ``dest``: the old one is moved aside, into a
+    folder made for it under a random name (one ``harness.records.store.clean_stale_temps`` knows),
+    before the new one takes its place, so an interrupt leaves one whole report, old or new."""
     check_replaceable(dest)
-    old = dest.with_name(f".report.tmp-old-{os.getpid()}")
+    aside = None
     if dest.is_dir():
-        os.rename(dest, old)
+        aside = temp_folder(dest.parent, ".report.tmp-old-")
+        os.rename(dest, aside / dest.name)
     os.replace(tmp, dest)
-    shutil.rmtree(old, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _sha256(path: Path) -> str:

@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-from ..harness.clock.clocks import Clock, make_clock
+from ..harness.clock.clocks import LINK_CALL_LATENCY_S, Clock, make_clock
 from ..harness.clock.model import GPU_PRESETS
 from ..harness.records.provenance import provenance
 from ..harness.records.recorder import RunRecorder
@@ -168,16 +168,19 @@ def parallel_detail(spec: RunSpec) -> str:
     sched, g = spec.scheduler, spec.geometry
     tp, pp = sched.tensor_parallel_size, sched.pipeline_parallel_size
     out = ""
+    link = GPU_PRESETS[sched.gpu].link_bytes_s
+    call = f"{LINK_CALL_LATENCY_S * 1e6:g} µs"
     if pp > 1:
         out += (
-            f"; PP {pp}: one stage of {g.layers_per_stage(pp)} of {g.num_layers} layers "
-            f"(pipeline bubbles and stage-to-stage sends ignored)"
+            f"; PP {pp}: one batch through every stage in turn, each priced as its layers' share "
+            f"({g.num_layers} layers, the largest stage {g.layers_per_stage(pp)}), + {pp - 1} sends of "
+            f"tokens × {g.hidden_size} × 2 B ÷ {link / 1e9:g} GB/s NVLink + {call} each"
         )
     if tp > 1:
-        link = GPU_PRESETS[sched.gpu].link_bytes_s
         out += (
             f"; TP {tp}: one rank's weights, KV and FLOPs (÷ {tp}) + 2 ring all-reduces per layer, "
-            f"each 2 × ({tp}−1)/{tp} × tokens × {g.hidden_size} × 2 B ÷ {link / 1e9:g} GB/s NVLink (one way)"
+            f"each 2 × ({tp}−1)/{tp} × tokens × {g.hidden_size} × 2 B ÷ {link / 1e9:g} GB/s NVLink (one way) "
+            f"+ {call}"
         )
     return out
 
@@ -201,6 +204,7 @@ def requests_columns(seqs: list[Seq]) -> dict[str, list]:
         cols["turn"].append(s.turn if s.session_id >= 0 else None)
         cols["sent_s"].append(None if math.isnan(s.sent_s) else s.sent_s)
         cols["token_times_s"].append(s.token_times)
+        cols["token_counts"].append(None)  # one token per entry; the serve runner gives its chunks' counts
         cols["status"].append("finished" if s.status == FINISHED else "unfinished")
         cols["kv_first_block"].append(s.first_block if s.block_runs else None)
         cols["kv_block_runs"].append(s.block_runs or None)

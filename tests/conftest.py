@@ -139,6 +139,41 @@ def tree(root: Path) -> dict[str, tuple]:
     return listing
 
 
+def device_node(path: Path) -> bool:
+    """A character device like /dev/null, made in the test's own folder (root only)."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        return True
+    except (PermissionError, OSError):
+        return False
+
+
+# -- --out FILE: only a new file or a regular file --------------------------------------------
+
+
+def special(kind: str, path: Path, elsewhere: Path) -> None:
+    """Put ``kind`` at ``path`` (a FIFO, a device node, a folder, a link; ``elsewhere``: what a link
+    points at), where kvbench is to write or read a file."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        if not device_node(path):
+            pytest.skip("cannot make a device node here (needs root)")
+    elif kind == "directory":
+        path.mkdir()
+        (path / "keep.txt").write_text("mine")
+    elif kind == "link-to-file":
+        elsewhere.write_text("the user's file")
+        path.symlink_to(elsewhere)
+    elif kind == "link-to-directory":
+        elsewhere.mkdir()
+        path.symlink_to(elsewhere, target_is_directory=True)
+    elif kind == "dangling-link":
+        path.symlink_to(elsewhere)
+    else:
+        raise AssertionError(kind)
+
+
 @pytest.fixture
 def out(tmp_path: Path) -> Path:
     return tmp_path / "results"

@@ -195,6 +195,7 @@ def requests_for(lengths: Iterable[tuple[int, int]]) -> pd.DataFrame:
             "turn": [None] * n,
             "sent_s": [None] * n,
             "token_times_s": [None] * n,
+            "token_counts": [None] * n,
         }
     )
 

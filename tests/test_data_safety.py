@@ -26,7 +26,7 @@ import pytest
 from kvbench.harness.records import store
 from kvbench.harness.records.lock import LOCK_NAME
 
-from tests.conftest import ROOT, assert_one_line_error, tree
+from tests.conftest import ROOT, assert_one_line_error, special, tree
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text(encoding="utf-8")
 SMALL = EXAMPLE.replace("num_requests = 200", "num_requests = 20")  # 4 sim cells, well under a second each
@@ -67,46 +67,13 @@ def refused_and_unchanged(
     assert tree(root) == before, "a refused command changed the tree"
 
 
-def device_node(path: Path) -> bool:
-    """A character device like /dev/null, made in the test's own folder (root only)."""
-    try:
-        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
-        return True
-    except (PermissionError, OSError):
-        return False
-
-
-# -- --out FILE: only a new file or a regular file --------------------------------------------
-
-
-def _special(kind: str, path: Path, elsewhere: Path) -> None:
-    if kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "device":
-        if not device_node(path):
-            pytest.skip("cannot make a device node here (needs root)")
-    elif kind == "directory":
-        path.mkdir()
-        (path / "keep.txt").write_text("mine")
-    elif kind == "link-to-file":
-        elsewhere.write_text("the user's file")
-        path.symlink_to(elsewhere)
-    elif kind == "link-to-directory":
-        elsewhere.mkdir()
-        path.symlink_to(elsewhere, target_is_directory=True)
-    elif kind == "dangling-link":
-        path.symlink_to(elsewhere)
-    else:
-        raise AssertionError(kind)
-
-
 OUT_FILE_KINDS = ["fifo", "device", "directory", "link-to-file", "link-to-directory", "dangling-link"]
 
 
 @pytest.mark.parametrize("kind", OUT_FILE_KINDS)
 def test_workload_make_writes_no_special_file(tmp_path, kind):
     target = tmp_path / "w.parquet"
-    _special(kind, target, tmp_path / "elsewhere")
+    special(kind, target, tmp_path / "elsewhere")
     before = tree(tmp_path)
     proc = cli("workload", "make", "--out", target, "--num-requests", "5", timeout=60)
     refused_and_unchanged(proc, tmp_path, before, str(target), "kvbench writes only regular files")
@@ -115,7 +82,7 @@ def test_workload_make_writes_no_special_file(tmp_path, kind):
 @pytest.mark.parametrize("kind", ["fifo", "device", "directory", "link-to-file"])
 def test_calibrate_writes_no_special_file(tmp_path, kind):
     target = tmp_path / "profile.json"
-    _special(kind, target, tmp_path / "elsewhere")
+    special(kind, target, tmp_path / "elsewhere")
     (tmp_path / "results").mkdir()
     before = tree(tmp_path)
     proc = cli("calibrate", tmp_path / "results", "--out", target, timeout=60)
@@ -158,7 +125,7 @@ def test_an_empty_out_names_nothing(tmp_path, command):
 def test_run_out_that_is_not_a_directory_is_refused(tmp_path, kind):
     suite = suite_file(tmp_path)
     out = tmp_path / "out"
-    _special(kind, out, tmp_path / "elsewhere")
+    special(kind, out, tmp_path / "elsewhere")
     before = tree(tmp_path)
     proc = cli("run", suite, "--out", out, "--quiet", timeout=60)
     refused_and_unchanged(proc, tmp_path, before, str(out), "not a directory")

@@ -247,8 +247,8 @@ def test_a_geometry_refuses_fields_that_contradict_its_layers() -> None:
 # -- through the command line -----------------------------------------------------------------
 
 
-def calc(*args: str) -> dict[str, Any]:
-    proc = kvbench("calc", "--block-size", "16", "--tokens", "4096", "--budget", "10GiB", "--json", *args)
+def calc(*args: str, tokens: int = 4096) -> dict[str, Any]:
+    proc = kvbench("calc", "--block-size", "16", "--tokens", str(tokens), "--budget", "10GiB", "--json", *args)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)[0]
 
@@ -288,7 +288,7 @@ def test_a_window_longer_than_max_model_len_is_taken_as_vllm_takes_it() -> None:
     (group,) = layout.groups
     assert (group.kind, group.window, group.admission_blocks) == ("sliding", 4096, 2048 // 16 + 1)
     assert group.blocks_held(2048) == 128
-    r = calc("--model", str(cfg("mistral-7b-v0.1")), "--max-model-len", "2048")
+    r = calc("--model", str(cfg("mistral-7b-v0.1")), "--max-model-len", "2048", tokens=2048)
     assert r["fit_paged_hybrid"] == r["fit_paged_hybrid_off"]
 
 

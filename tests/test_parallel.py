@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from kvbench.app.suite import parse_suite
-from kvbench.harness.clock.clocks import RooflineClock, TensorParallelRooflineClock
+from kvbench.harness.clock.clocks import (
+    LINK_CALL_LATENCY_S,
+    ParallelRooflineClock,
+    RooflineClock,
+)
 from kvbench.harness.clock.model import GPU_PRESETS
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.geometry import preset
@@ -186,21 +191,8 @@ def test_roofline_at_tp_1_is_the_single_gpu_formula_bit_for_bit() -> None:
         assert clock.price(tokens, ctx, pairs, 1) == max(memory, compute) * 1.5
 
 
-def test_roofline_with_tp_adds_two_ring_all_reduces_per_layer() -> None:
-    g = preset("opt-66b")
-    sched = SchedulerSpec(clock="roofline", tensor_parallel_size=4)
-    kv = g.kv_bytes_per_token("fp16", 4)
-    clock = clock_for(sched, g, kv)
-    assert isinstance(clock, TensorParallelRooflineClock)
-    gpu = GPU_PRESETS["A100-40GB"]
-    bw, peak = gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency, gpu.peak_flops * gpu.flops_efficiency
-    tokens, ctx, pairs = 512, 50_000, 1_000_000
-    memory = (g.weight_bytes(2) / 4 + ctx * kv) / bw
-    compute = (tokens * 2.0 * g.num_params / 4 + pairs * 4.0 * 64 * 18 * 128) / peak
-    # 2 per layer × 64 layers, each 2 × 3/4 × 512 tokens × 9,216 × 2 B over 300 GB/s (NVLink 3, one way).
-    comm = 2 * 64 * (2 * 3 / 4 * tokens * 9216 * 2) / 300e9
-    assert clock.price(tokens, ctx, pairs, 8) == pytest.approx(max(memory, compute) + comm, rel=1e-12)
-    # The fast path's arrays: the same floats as price, step by step.
+def _same_floats_as_price(clock: RooflineClock) -> None:
+    """The fast path's arrays: the same floats as price, step by step."""
     rng = np.random.default_rng(0)
     t = rng.integers(0, 2048, 200)
     c = rng.integers(0, 100_000, 200)
@@ -208,6 +200,66 @@ def test_roofline_with_tp_adds_two_ring_all_reduces_per_layer() -> None:
     many = clock.step_times(t, c, p, 1)
     assert all(many[i] == clock.price(int(t[i]), int(c[i]), int(p[i]), 1) for i in range(200))
     assert (clock.step_times(7, c, p, 1) == np.array([clock.price(7, int(x), int(y), 1) for x, y in zip(c, p)])).all()
+
+
+def test_roofline_with_tp_adds_two_ring_all_reduces_per_layer_with_their_call_latency() -> None:
+    g = preset("opt-66b")
+    sched = SchedulerSpec(clock="roofline", tensor_parallel_size=4)
+    kv = g.kv_bytes_per_token("fp16", 4)
+    clock = clock_for(sched, g, kv)
+    assert isinstance(clock, ParallelRooflineClock)
+    gpu = GPU_PRESETS["A100-40GB"]
+    bw, peak = gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency, gpu.peak_flops * gpu.flops_efficiency
+    tokens, ctx, pairs = 512, 50_000, 1_000_000
+    memory = (g.weight_bytes(2) / 4 + ctx * kv) / bw
+    compute = (tokens * 2.0 * g.num_params / 4 + pairs * 4.0 * 64 * 18 * 128) / peak
+    # 2 per layer × 64 layers, each 2 × 3/4 × 512 tokens × 9,216 × 2 B over 300 GB/s (NVLink 3, one
+    # way), and 10 µs per call.
+    comm = 2 * 64 * (2 * 3 / 4 * tokens * 9216 * 2) / 300e9 + 2 * 64 * 10e-6
+    assert LINK_CALL_LATENCY_S == 10e-6
+    assert clock.price(tokens, ctx, pairs, 8) == pytest.approx(max(memory, compute) + comm, rel=1e-12)
+    _same_floats_as_price(clock)
+
+
+def test_opt_175b_tp8_decode_pays_its_all_reduce_calls() -> None:
+    # 96 layers × 2 all-reduces = 192 calls × 10 µs = 1.92 ms on top of the bandwidth terms: about
+    # 6% of a decode step of 8 requests at 1,000 tokens of context on A100-80GB (33 ms).
+    g = preset("opt-175b")
+    kv = g.kv_bytes_per_token("fp16", 8)
+    with_calls = clock_for(SchedulerSpec(clock="roofline", gpu="A100-80GB", tensor_parallel_size=8), g, kv)
+    assert isinstance(with_calls, ParallelRooflineClock)
+    step = with_calls.price(8, 8_000, 8_000, 8)
+    calls = 2 * g.num_layers * LINK_CALL_LATENCY_S
+    assert g.num_layers == 96 and calls == pytest.approx(1.92e-3)
+    assert 0.05 < calls / step < 0.07
+
+
+def test_roofline_with_pp_sums_the_stages_and_sends_between_them() -> None:
+    # llama-3-8b: 32 layers. PP 4: stages of 8 layers, one batch through all four in turn.
+    g = preset("llama-3-8b")
+    one = clock_for(SchedulerSpec(clock="roofline"), g, g.kv_bytes_per_token("fp16"))
+    pp = clock_for(SchedulerSpec(clock="roofline", pipeline_parallel_size=4), g, g.kv_bytes_per_token("fp16", 1, 4))
+    assert type(one) is RooflineClock and isinstance(pp, ParallelRooflineClock)
+    tokens, ctx, pairs = 256, 40_000, 800_000
+    # Every term of a stage is a quarter of the whole model's, so the four stages sum to it: the
+    # one-GPU step, plus 3 sends of 256 tokens × 4,096 × 2 B over 300 GB/s and 10 µs each.
+    sends = 3 * (tokens * 4096 * 2 / 300e9 + 10e-6)
+    assert pp.price(tokens, ctx, pairs, 8) == pytest.approx(one.price(tokens, ctx, pairs, 8) + sends, rel=1e-12)
+    # Uneven stages (30 layers over PP 4: 8, 8, 7, 7) sum to the layers, not 4 × the largest.
+    g30 = dataclasses.replace(g, num_layers=30)
+    one30 = clock_for(SchedulerSpec(clock="roofline"), g30, g30.kv_bytes_per_token("fp16"))
+    pp30 = clock_for(
+        SchedulerSpec(clock="roofline", pipeline_parallel_size=4), g30, g30.kv_bytes_per_token("fp16", 1, 4)
+    )
+    assert pp30.price(tokens, ctx, pairs, 8) == pytest.approx(one30.price(tokens, ctx, pairs, 8) + sends, rel=1e-9)
+    _same_floats_as_price(pp)
+    both = clock_for(
+        SchedulerSpec(clock="roofline", tensor_parallel_size=2, pipeline_parallel_size=2, num_gpus=4),
+        g,
+        g.kv_bytes_per_token("fp16", 2, 2),
+    )
+    assert isinstance(both, ParallelRooflineClock)
+    _same_floats_as_price(both)
 
 
 @needs_vllm

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pandas as pd
 
 from ..harness.errors import KvbenchError, StorageError, os_cause
 from ..harness.files import GIB, check_regular_input
+from ..harness.records.atomic import replace_file
 from ..harness.records.safe_paths import output_file
 from ..harness.spec.geometry import ModelGeometry
 
@@ -283,7 +282,7 @@ def _check_invariants(c: dict[str, np.ndarray]) -> None:
 
 
 def write_workload(w: Workload, path: str | Path) -> Path:
-    """Write ``w`` as Parquet, atomically (temp file in the same folder, then rename)."""
+    """Write ``w`` as Parquet, whole or not at all (``harness.records.atomic``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -303,30 +302,12 @@ def write_workload(w: Workload, path: str | Path) -> Path:
         }
     )
     table = table.replace_schema_metadata(metadata)
-    tmp: str | None = None
     try:
-        # Same folder as the target, so os.replace is an atomic rename: a reader
-        # sees the old file or the whole new one, never half a file.
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a workload is as readable as the records
-        os.close(fd)
-        pq.write_table(table, tmp)
-        os.replace(tmp, p)
-    except OSError as exc:
-        raise StorageError(f"workload {p}: cannot write ({os_cause(exc)})") from None
-    finally:  # on an error or an interrupt, the temporary file goes too
-        if tmp is not None and os.path.exists(tmp):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        with replace_file(p, "workload") as fh:
+            pq.write_table(table, fh)
+    except StorageError as exc:
+        raise StorageError(f"workload {exc}") from None
     return p
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def read_workload(path: str | Path) -> Workload:

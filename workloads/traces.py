@@ -14,6 +14,9 @@ Formats, chosen by file extension:
 
 Every problem is a one-line ``KvbenchError`` naming the file and the row
 (CSV/JSONL: the line number in the file; Parquet: the 1-based data row).
+JSONL and Parquet carry types: a string where a number belongs (``"input_length": "33"``) is
+refused there, as a string hash id is; only CSV, where every cell is text, reads numbers from
+text. A time is at most ``MAX_TRACE_S`` seconds from the trace's origin.
 Unsorted arrival times are an error rather than silently sorted: a replay
 whose order differs from the file's would not be the trace it claims to be.
 So is a file that says one thing twice: a column (or JSON key) given twice, or
@@ -52,6 +55,10 @@ HUMAN_ROLES = ("human", "user")
 GPT_ROLES = ("gpt", "chatgpt", "assistant")
 # Far beyond any context window, and well inside int64 and exact float64.
 MAX_TOKENS = 10**12
+# A trace's times, in seconds from its origin: at most 2**32 s (136 years), where a float64 second
+# still resolves a microsecond (its spacing there is 2**-20 s); beyond it a request's arrival and
+# its first token would round to the same time, and its latency would read 0.
+MAX_TRACE_S = float(2**32)
 
 Label = Callable[[int], str]
 
@@ -95,7 +102,7 @@ def read_trace(path: str | Path, limit: int | None = None, hash_block_size: int 
     if len(frame) == 0:
         raise KvbenchError(f"{where}: no requests in file (header only)")
     _check_count(len(frame), where)
-    return _parse_frame(frame, where, label, hash_block_size)
+    return _parse_frame(frame, where, label, hash_block_size, typed=suffix not in CSV_SUFFIXES)
 
 
 def _rows_to_read(limit: int | None) -> int:
@@ -234,7 +241,10 @@ def _object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _parse_frame(frame: pd.DataFrame, where: str, label: Label, hash_block_size: int = 512) -> TraceData:
+def _parse_frame(
+    frame: pd.DataFrame, where: str, label: Label, hash_block_size: int = 512, typed: bool = False
+) -> TraceData:
+    """``typed``: the file's values carry types (JSONL, Parquet), so a string is not a number."""
     columns = list(frame.columns)
     arrivals: np.ndarray | None
     azure = [c for c in AZURE_COLUMNS if c in columns]
@@ -245,7 +255,7 @@ def _parse_frame(frame: pd.DataFrame, where: str, label: Label, hash_block_size:
             raise KvbenchError(
                 f"{where}: has Mooncake trace keys (hash_ids) and others ({', '.join(other)}): keep one scheme"
             )
-        return _parse_mooncake(frame, where, label, hash_block_size)
+        return _parse_mooncake(frame, where, label, hash_block_size, typed)
     if azure and plain:
         raise KvbenchError(
             f"{where}: has both Azure trace columns ({', '.join(azure)}) and plain ones "
@@ -253,15 +263,16 @@ def _parse_frame(frame: pd.DataFrame, where: str, label: Label, hash_block_size:
         )
     if any(c in columns for c in AZURE_COLUMNS):
         _require(columns, AZURE_COLUMNS, where)
-        prompts = _lengths(frame["ContextTokens"], "ContextTokens", where, label)
-        outputs = _lengths(frame["GeneratedTokens"], "GeneratedTokens", where, label)
+        prompts = _lengths(frame["ContextTokens"], "ContextTokens", where, label, typed)
+        outputs = _lengths(frame["GeneratedTokens"], "GeneratedTokens", where, label, typed)
         arrivals = _azure_times(frame["TIMESTAMP"], where, label)
         kind = "azure"
     else:
         _require(columns, GENERIC_COLUMNS, where)
-        prompts = _lengths(frame["prompt_len"], "prompt_len", where, label)
-        outputs = _lengths(frame["output_len"], "output_len", where, label)
-        arrivals = _seconds(frame[GENERIC_TIME_COLUMN], where, label) if GENERIC_TIME_COLUMN in columns else None
+        prompts = _lengths(frame["prompt_len"], "prompt_len", where, label, typed)
+        outputs = _lengths(frame["output_len"], "output_len", where, label, typed)
+        times = frame[GENERIC_TIME_COLUMN] if GENERIC_TIME_COLUMN in columns else None
+        arrivals = None if times is None else _seconds(times, where, label, typed)
         kind = "generic"
     if "request_id" in columns:
         _check_unique_ids(frame["request_id"], where, label)
@@ -270,19 +281,12 @@ def _parse_frame(frame: pd.DataFrame, where: str, label: Label, hash_block_size:
     return TraceData(prompts, outputs, arrivals, kind)
 
 
-def _parse_mooncake(frame: pd.DataFrame, where: str, label: Label, hash_block_size: int) -> TraceData:
+def _parse_mooncake(frame: pd.DataFrame, where: str, label: Label, hash_block_size: int, typed: bool) -> TraceData:
     """Rows of ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
     _require(list(frame.columns), MOONCAKE_COLUMNS, where)
-    prompts = _lengths(frame["input_length"], "input_length", where, label)
-    outputs = _lengths(frame["output_length"], "output_length", where, label)
-    raw = frame["timestamp"].to_numpy(dtype=object)
-    millis = _numbers(frame["timestamp"])
-    bad = ~np.isfinite(millis) | (millis < 0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        what = "is missing or empty" if _is_blank(raw[i]) else f"must be a number of milliseconds >= 0, got {raw[i]!r}"
-        raise KvbenchError(f"{where}: {label(i)}: timestamp {what}")
-    arrivals = millis / 1000.0 + 0.0
+    prompts = _lengths(frame["input_length"], "input_length", where, label, typed)
+    outputs = _lengths(frame["output_length"], "output_length", where, label, typed)
+    arrivals = _times(frame["timestamp"], 1000.0, "timestamp", "milliseconds", where, label, typed)
     hash_ids: list[np.ndarray] = []
     for i, value in enumerate(frame["hash_ids"].tolist()):
         ids = _hash_id_list(value, f"{where}: {label(i)}")
@@ -329,12 +333,12 @@ def _is_blank(value: object) -> bool:
     )
 
 
-def _lengths(series: pd.Series, column: str, where: str, label: Label) -> np.ndarray:
+def _lengths(series: pd.Series, column: str, where: str, label: Label, typed: bool = False) -> np.ndarray:
     """A column of token counts as int64, every value a whole number >= 1."""
     raw = series.to_numpy(dtype=object)
     # JSON true/false would otherwise pass as 1/0.
     is_bool = np.fromiter((isinstance(v, (bool, np.bool_)) for v in raw), dtype=bool, count=raw.size)
-    numbers = _numbers(series)
+    numbers = _numbers(series, typed)
     bad = is_bool | ~np.isfinite(numbers) | (numbers != np.round(numbers)) | (numbers < 1) | (numbers > MAX_TOKENS)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -353,23 +357,45 @@ def _lengths(series: pd.Series, column: str, where: str, label: Label) -> np.nda
     return numbers.astype(np.int64)
 
 
-def _numbers(series: pd.Series) -> np.ndarray:
-    """Float values of a column; anything that is not a number becomes NaN."""
+def _numbers(series: pd.Series, typed: bool = False) -> np.ndarray:
+    """Float values of a column; anything that is not a number becomes NaN: in a ``typed`` file
+    (JSONL, Parquet) a string too, since there a number is written as one."""
     if not pd.api.types.is_numeric_dtype(series.dtype):
         # CSV cells may carry stray spaces; JSON may hold bools (caught by the caller).
-        series = series.map(lambda v: v.strip() if isinstance(v, str) else (None if isinstance(v, bool) else v))
+        def number(v: Any) -> Any:
+            if isinstance(v, str):
+                return None if typed else v.strip()
+            return None if isinstance(v, bool) else v
+
+        series = series.map(number)
     return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
 
 
-def _seconds(series: pd.Series, where: str, label: Label) -> np.ndarray:
+def _times(
+    series: pd.Series, per_s: float, column: str, unit: str, where: str, label: Label, typed: bool
+) -> np.ndarray:
+    """A column of times in ``unit`` (``per_s`` of them a second) as seconds: numbers from 0 up to
+    ``MAX_TRACE_S`` seconds."""
     raw = series.to_numpy(dtype=object)
-    numbers = _numbers(series)
+    numbers = _numbers(series, typed)
     bad = ~np.isfinite(numbers) | (numbers < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        what = "is missing or empty" if _is_blank(raw[i]) else f"must be a number of seconds >= 0, got {raw[i]!r}"
-        raise KvbenchError(f"{where}: {label(i)}: arrival_s {what}")
-    return numbers + 0.0  # + 0.0 turns any -0.0 into 0.0 (identical bytes, identical id)
+        what = "is missing or empty" if _is_blank(raw[i]) else f"must be a number of {unit} >= 0, got {raw[i]!r}"
+        raise KvbenchError(f"{where}: {label(i)}: {column} {what}")
+    seconds = numbers / per_s + 0.0  # + 0.0 turns any -0.0 into 0.0 (identical bytes, identical id)
+    far = seconds > MAX_TRACE_S
+    if far.any():
+        i = int(np.flatnonzero(far)[0])
+        raise KvbenchError(
+            f"{where}: {label(i)}: {column} {raw[i]!r} is {seconds[i]:.3g} s from the trace's origin, beyond "
+            f"{MAX_TRACE_S:.0f} s (136 years), where a float64 time no longer resolves a microsecond"
+        )
+    return seconds
+
+
+def _seconds(series: pd.Series, where: str, label: Label, typed: bool = False) -> np.ndarray:
+    return _times(series, 1.0, "arrival_s", "seconds", where, label, typed)
 
 
 def _azure_times(series: pd.Series, where: str, label: Label) -> np.ndarray:

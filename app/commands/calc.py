@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from ...harness.errors import KvbenchError
+from ...harness.records.safe_paths import nonempty_text
 from ...harness.spec.feasibility import levers
 from ...harness.spec.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
 from ...harness.spec.kv_layout import KVLayout, kv_layout
@@ -156,7 +157,7 @@ def workload_fit(
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, action="append", required=True, metavar="N")
     p.add_argument("--tokens", type=int, action="append", required=True, metavar="N")
-    p.add_argument("--model", help="preset name (see `kvbench doctor`) or a config.json path")
+    p.add_argument("--model", type=nonempty_text, help="preset name (see `kvbench doctor`) or a config.json path")
     p.add_argument("--kv-dtype", default="fp16")
     p.add_argument("--budget", help="KV budget such as 12GiB, 40GB or bytes (per GPU with --tp / --pp)")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel size: KV heads split across N ranks")
@@ -168,7 +169,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         type=int,
         help="what contiguous-max reserves per sequence (default: 2048, or the largest --tokens if longer)",
     )
-    p.add_argument("--workload", help="a workload Parquet file: does its raw KV fit the budget?")
+    p.add_argument("--workload", type=nonempty_text, help="a workload Parquet file: does its raw KV fit the budget?")
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
 
 

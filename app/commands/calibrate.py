@@ -12,13 +12,12 @@ import argparse
 import dataclasses
 import datetime as _dt
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...harness.clock.model import TOKEN_KNEE
-from ...harness.errors import KvbenchError, storage_error
+from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path, output_file
 from ...harness.spec.capabilities import MEASURING_RUNNERS
 from .base import Command
@@ -34,7 +33,7 @@ KIND_KEYS = ("runner", "model", "kv_dtype", "block_size", "device", "engine")
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "dirs",
-        type=Path,
+        type=nonempty_path,
         nargs="+",
         metavar="DIR",
         help="results directories holding engine runs (several: their runs are pooled)",
@@ -142,14 +141,10 @@ def _geometry(run: dict[str, Any], where: str) -> ModelGeometry:
 
 
 def write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Write-then-rename, so a failed write never leaves a half profile."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise storage_error(path, exc) from None
+    """Whole or not at all (``harness.records.atomic``): a failed write never leaves a half profile."""
+    from ...harness.records.atomic import write_bytes
+
+    write_bytes(path, (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode("utf-8"), "--out")
 
 
 def run(args: argparse.Namespace) -> int:

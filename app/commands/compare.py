@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...harness.errors import KvbenchError
+from ...harness.records.safe_paths import nonempty_path
 from .base import Command
 
 if TYPE_CHECKING:
@@ -17,8 +18,8 @@ DEFAULT_TOLERANCE = 0.02
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("base", type=Path, metavar="BASE_DIR")
-    p.add_argument("cand", type=Path, metavar="CAND_DIR")
+    p.add_argument("base", type=nonempty_path, metavar="BASE_DIR")
+    p.add_argument("cand", type=nonempty_path, metavar="CAND_DIR")
     p.add_argument(
         "--tolerance",
         type=float,

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ...harness.errors import KvbenchError
+from ...harness.records.safe_paths import nonempty_path
 from .base import Command
 
 # What must match for a step-by-step comparison to mean anything: the work (harness.spec.identity),
@@ -16,7 +17,7 @@ STEP_KEYS: tuple[str, ...] = ("block_size",)
 def configure(p: argparse.ArgumentParser) -> None:
     from ...reports.divergence import DEFAULT_COLUMNS
 
-    p.add_argument("dir", type=Path, help="results directory")
+    p.add_argument("dir", type=nonempty_path, help="results directory")
     p.add_argument("run_a", help="run id (or a unique prefix of one)")
     p.add_argument("run_b", help="run id (or a unique prefix of one)")
     p.add_argument(

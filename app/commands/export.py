@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 from ...harness.errors import KvbenchError, storage_error
-from ...harness.records.safe_paths import nonempty_path
+from ...harness.records.safe_paths import nonempty_path, output_file
 from .base import Command
 
 FORMATS: tuple[str, ...] = ("vllm-bench", "pytorch-oss")
@@ -23,7 +24,7 @@ SUFFIX: dict[str, str] = {"vllm-bench": ".json", "pytorch-oss": ".pytorch.json"}
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", type=Path, metavar="DIR", help="a results directory")
+    p.add_argument("dir", type=nonempty_path, metavar="DIR", help="a results directory")
     p.add_argument(
         "--format",
         required=True,
@@ -70,44 +71,85 @@ def _select(out: Path, run: str | None) -> list[dict[str, Any]]:
 
 
 def _targets(out: Path, run_ids: list[str], fmt: str) -> list[Path]:
-    if len(run_ids) == 1 and not out.is_dir():
+    """The files to write: ``--out`` itself, or one per run inside ``--out`` when it is a real
+    folder (never through a symbolic link: a link at ``--out`` is refused, whatever it points to)."""
+    folder = os.path.isdir(out) and not os.path.islink(out)
+    if len(run_ids) == 1 and not folder:
         return [out]
-    if os.path.lexists(out) and not out.is_dir():
+    if os.path.lexists(out) and not folder:
+        output_file(out, "--out")  # a link or a device: named as what it is
         raise KvbenchError(f"--out {out}: exists and is not a directory, and {len(run_ids)} runs are to be exported")
     return [out / f"{rid}{SUFFIX[fmt]}" for rid in run_ids]
 
 
-def _write(path: Path, doc: Any) -> None:
-    """Whole or not at all: a temporary file renamed into place."""
-    text = json.dumps(doc, allow_nan=False, default=str)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise storage_error(path, exc) from None
+def non_finite(value: Any, where: str = "") -> tuple[str, float] | None:
+    """The first infinite or NaN number in a JSON document and where it is (``p99_ttft_ms``,
+    ``itls[3][0]``); None when every number is finite."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    if isinstance(value, dict):
+        items: Any = ((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for path, v in items:
+        found = non_finite(v, path)
+        if found is not None:
+            return found
+    return None
+
+
+def encode(doc: Any, fmt: str, run_id: str) -> bytes:
+    """A document as JSON text, the way vLLM writes non-finite numbers where JSON can hold them:
+    ``pytorch-oss`` writes an infinity as the string "inf" (vLLM's ``InfEncoder`` in
+    ``vllm/benchmarks/lib/utils.py``); ``vllm-bench``, which vLLM writes with plain ``json.dump``
+    (``Infinity``, not JSON), refuses one, and so does either format a NaN."""
+    found = non_finite(doc)
+    if found is not None:
+        where, value = found
+        if fmt == "vllm-bench" or math.isnan(value):
+            raise KvbenchError(
+                f"run {run_id}: {where} is {value}, which JSON cannot hold; kvbench writes only finite "
+                f"numbers in {fmt} files"
+            )
+        doc = _infinities_as_text(doc)
+    return json.dumps(doc, allow_nan=False, default=str).encode("utf-8")
+
+
+def _infinities_as_text(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"  # InfEncoder writes "inf" for either sign
+    if isinstance(value, dict):
+        return {k: _infinities_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_infinities_as_text(v) for v in value]
+    return value
 
 
 def export(args: argparse.Namespace) -> int:
     from ...harness.formats.pytorch_oss import settings_of, to_pytorch_oss
     from ...harness.formats.vllm_bench import to_vllm_bench
+    from ...harness.records.atomic import write_bytes
     from ...harness.records.store import read_table
 
     rows = _select(args.dir, args.run)
     targets = _targets(args.out, [str(r["run_id"]) for r in rows], args.format)
-    docs = []
+    for path in targets:  # before any document is made: a link, a FIFO or a folder there is refused
+        output_file(path, "--out")
+    texts = []
     for row in rows:  # every document made before any is written: a refusal writes nothing
         requests = read_table(args.dir, "requests", {str(row["run_id"])})
         result = to_vllm_bench(row, requests)
-        docs.append(result if args.format == "vllm-bench" else to_pytorch_oss(result, settings_of(row)))
+        doc = result if args.format == "vllm-bench" else to_pytorch_oss(result, settings_of(row))
+        texts.append(encode(doc, args.format, str(row["run_id"])))
     folder = targets[0].parent  # --out itself when the files go into it
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise storage_error(folder, exc) from None
-    for path, doc in zip(targets, docs):
-        _write(path, doc)
+    for path, text in zip(targets, texts):
+        write_bytes(path, text, "--out")
         print(path)
     return 0
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...harness.errors import KvbenchError
+from ...harness.records.safe_paths import nonempty_text
 from .base import Command
 
 if TYPE_CHECKING:  # runners.base loads pandas: not while the CLI builds its parser
@@ -34,7 +35,9 @@ MAX_TRIALS = 40
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("suite", help='suite TOML file (clock = "roofline"), or the name of a shipped suite')
+    p.add_argument(
+        "suite", type=nonempty_text, help='suite TOML file (clock = "roofline"), or the name of a shipped suite'
+    )
     p.add_argument("--workload", default=None, help="the suite's workload name (needed when it has several)")
     p.add_argument("--policy", default="paged", help="policy of the cell (default: paged)")
     p.add_argument(

@@ -20,6 +20,8 @@ from ...harness.errors import KvbenchError, storage_error
 from ...harness.records.safe_paths import nonempty_path
 from .base import Command
 
+# `--save-detailed` keeps every request's ITLs: a large benchmark's file runs to hundreds of MB.
+MAX_RESULT_BYTES = 4 * 2**30
 # The run-row columns an import takes from the --like run: the work and cell it stands in.
 LIKE_COLUMNS: tuple[str, ...] = (
     "policy",
@@ -48,13 +50,17 @@ LIKE_COLUMNS: tuple[str, ...] = (
 
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "files", type=Path, nargs="+", metavar="FILE.json", help="`vllm bench serve` result files (repetitions)"
+        "files",
+        type=nonempty_path,
+        nargs="+",
+        metavar="FILE.json",
+        help="`vllm bench serve` result files (repetitions)",
     )
     p.add_argument("--out", type=nonempty_path, metavar="DIR", help="results directory (default kvbench-results/NAME)")
     p.add_argument("--name", help="the suite name the runs are recorded under (default: the first file's name)")
     p.add_argument(
         "--like",
-        type=Path,
+        type=nonempty_path,
         metavar="RUN_DIR",
         help="a results directory holding a kvbench run of the same work: the imported runs take its cell",
     )
@@ -62,16 +68,15 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _read(path: Path) -> tuple[dict[str, Any], str]:
+    """A result file's document and digest. A regular file only, as every input file kvbench reads
+    (``harness.files``): a FIFO would block, a device never end, a folder is no result."""
+    from ...harness.files import read_bytes_capped
     from ...harness.formats.vllm_bench import file_digest, read_document
 
     try:
-        data = path.read_bytes()
+        data = read_bytes_capped(path, "vllm bench serve result file", MAX_RESULT_BYTES)
     except FileNotFoundError:
         raise KvbenchError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise KvbenchError(f"{path}: is a directory, not a result file") from None
-    except OSError as exc:
-        raise storage_error(path, exc, "cannot read") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -192,6 +197,18 @@ def _plain(v: Any) -> Any:
     return v.item() if hasattr(v, "item") else v
 
 
+def _drop_empty_folders(out: Path, before: set[str]) -> None:
+    """The table folders an aborted import made (empty once its temporary partitions are gone)."""
+    from ...harness.records.safe_paths import OWN_FOLDERS
+
+    for name in OWN_FOLDERS:
+        if name not in before:
+            try:
+                (out / name).rmdir()
+            except OSError:
+                pass  # not made, or not empty: not ours to remove
+
+
 def import_(args: argparse.Namespace) -> int:
     from ...harness.formats.vllm_bench import from_vllm_bench
     from ...harness.records.lock import ResultsLock
@@ -199,7 +216,7 @@ def import_(args: argparse.Namespace) -> int:
     from ...harness.records.safe_paths import check_results_layout
     from ...harness.spec.identity import digest
     from ...harness.spec.names import path_component
-    from .run import RESULTS_ROOT, create_results_dir
+    from .run import RESULTS_ROOT, create_results_dir, discard_if_untouched
 
     name = args.name if args.name is not None else args.files[0].name.removesuffix(".json")
     name = path_component(name, "--name")
@@ -225,12 +242,25 @@ def import_(args: argparse.Namespace) -> int:
         rows.append((rid, run_row(imported, doc, like, name, i), imported.requests))
     if os.path.lexists(out) and not out.is_dir():
         raise KvbenchError(f"--out {out}: exists and is not a directory")
+    made = [d for d in (out, *out.parents) if not os.path.lexists(d)]  # what this import creates
     create_results_dir(out)
-    with ResultsLock(out, "import"):
+    try:
+        before = {p.name for p in out.iterdir()}
+    except OSError as exc:
+        raise storage_error(out, exc, "cannot read") from None
+    with ResultsLock(out, "import") as lock:
         check_results_layout(out)
         budget = int(like["budget_positions"]) if like is not None and like.get("budget_positions") else 0
-        for rid, row, requests in rows:
-            RunRecorder(out, rid, budget).finish(requests, row)
+        written = 0
+        try:
+            for rid, row, requests in rows:
+                RunRecorder(out, rid, budget).finish(requests, row)
+                written += 1
+        except BaseException:
+            if not written:  # nothing of this import stands: no folder, no lock, no directory it made
+                _drop_empty_folders(out, before)
+                discard_if_untouched(out, before, made, lock)
+            raise
     n_req = sum(len(r[2]["request_id"]) for r in rows)
     print(
         f"{out}: {len(rows)} run(s) imported from vllm bench serve ({n_req} requests)"

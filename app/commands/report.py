@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ...harness.errors import KvbenchError
+from ...harness.records.safe_paths import nonempty_path
 from .base import Command
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", type=Path, metavar="DIR", help="results directory written by `kvbench run --out DIR`")
+    p.add_argument(
+        "dir", type=nonempty_path, metavar="DIR", help="results directory written by `kvbench run --out DIR`"
+    )
 
 
 def report(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING
 from ...harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
 from ...harness.files import kind
 from ...harness.records.lock import ResultsLock
-from ...harness.records.safe_paths import check_results_layout, nonempty_path
+from ...harness.records.safe_paths import check_results_layout, nonempty_path, nonempty_text
 from ..signals import raise_pending
 from ..third_party import open_results_log, to_log
 from .base import Command
@@ -31,6 +31,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "suite",
         nargs="?",
+        type=nonempty_text,
         help="suite TOML file, or the name of a shipped suite such as "
         "paper-block-size (default: the embedded default suite)",
     )
@@ -57,7 +58,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", action="store_true", help="skip writing DIR/report")
     p.add_argument(
         "--clock-profile",
-        type=Path,
+        type=nonempty_path,
         metavar="FILE.json",
         help='the profile for cells on clock = "profile" (instead of the suite\'s clock_profile); '
         "made by `kvbench calibrate`",
@@ -160,11 +161,18 @@ def _probe_and_run(
 
     prepared = prepare_cells(suite, out, log)
     prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.spec.runner in wanted])
+    if any(c.spec.runner == "serve" and c.spec.serve_url for c in prepared.cells):
+        from ...runners.serve.runner import check_attached_servers
+
+        check_attached_servers(prepared.cells)  # a server that runs another policy: refused, nothing written
     check_results_layout(out)
     if not args.no_report:
         from ...reports.report_files import check_replaceable
 
-        check_replaceable(out / "report")  # now, not after the sweep: a foreign report/ is refused whole
+        try:  # now, not after the sweep: a foreign report/ is refused whole
+            check_replaceable(out / "report")
+        except KvbenchError as exc:
+            raise KvbenchError(f"{exc}, or run with --no-report") from None
     made = [d for d in (out, *out.parents) if not os.path.lexists(d)]  # what this run creates, innermost first
     create_results_dir(out)
     try:
@@ -177,11 +185,11 @@ def _probe_and_run(
             return _run_locked(args, prepared, out, lock, log, earlier)
         except KvbenchError as exc:
             if not isinstance(exc, StorageError):
-                _discard_if_untouched(out, before, made, lock)
+                discard_if_untouched(out, before, made, lock)
             raise
 
 
-def _discard_if_untouched(out: Path, before: set[str], made: list[Path], lock: ResultsLock) -> None:
+def discard_if_untouched(out: Path, before: set[str], made: list[Path], lock: ResultsLock) -> None:
     """A refused run removes exactly what it created, when it wrote nothing else: the lock file
     (if it made it), and the results directory with the parents it made for it. Done while the
     lock is held, so no other kvbench process can have locked the file being removed; one that

@@ -15,7 +15,7 @@ from typing import Any
 
 from ...harness.errors import KvbenchError
 from ...harness.files import MAX_SUITE_BYTES, read_text_capped
-from ...harness.records.safe_paths import nonempty_path, output_file
+from ...harness.records.safe_paths import nonempty_path, nonempty_text, output_file
 from ...harness.spec.workload_spec import ARRIVALS, FIELD_KINDS, LENGTH_FAMILIES, SOURCES, WorkloadSpec
 from .base import Command, OneLineParser
 
@@ -77,7 +77,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE.parquet",
         help="where to write the workload (a new file, or a regular file it replaces)",
     )
-    make.add_argument("--suite", metavar="SUITE.toml", help="take [workload] and [memory].max_model_len from a suite")
+    make.add_argument(
+        "--suite",
+        type=nonempty_text,
+        metavar="SUITE.toml",
+        help="take [workload] and [memory].max_model_len from a suite",
+    )
     spec_flags = make.add_argument_group("workload spec (see WorkloadSpec; each overrides the suite)")
     for name, (kind, _optional) in FIELD_KINDS.items():
         spec_flags.add_argument(
@@ -102,10 +107,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="summarise a workload file",
         description="Lengths, arrivals and tokens of a workload; raw KV bytes with a model.",
     )
-    show.add_argument("file", metavar="FILE", help="a workload Parquet file")
+    show.add_argument("file", type=nonempty_text, metavar="FILE", help="a workload Parquet file")
     model = show.add_mutually_exclusive_group()
-    model.add_argument("--model", metavar="PRESET", help="model preset for raw KV bytes (e.g. opt-13b)")
-    model.add_argument("--config", metavar="config.json", help="Hugging Face config.json for raw KV bytes")
+    model.add_argument(
+        "--model", type=nonempty_text, metavar="PRESET", help="model preset for raw KV bytes (e.g. opt-13b)"
+    )
+    model.add_argument(
+        "--config", type=nonempty_text, metavar="config.json", help="Hugging Face config.json for raw KV bytes"
+    )
     show.add_argument("--kv-dtype", metavar="DTYPE", help="KV cache dtype with --model/--config (default fp16)")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=cmd_show)

@@ -13,9 +13,11 @@ It still ignores everything outside the GEMMs' byte and FLOP streams (kernel
 launch gaps, norms and activations, the sampler, the engine's CPU work), which
 is why its absolute numbers sit below a real engine's; it exists so that
 Poisson and trace arrivals interact with step durations in a meaningful way.
-Under tensor / pipeline parallelism it prices one rank (its share of the
-weights, KV and FLOPs) plus two ring all-reduces per layer over the preset's
-NVLink (``TensorParallelRooflineClock``); at size 1 it is the one-GPU roofline.
+Under tensor / pipeline parallelism (``ParallelRooflineClock``) it prices one
+rank of each pipeline stage (its share of the weights, KV and FLOPs) plus two
+ring all-reduces per layer over the preset's NVLink, each with a per-call
+latency, sums the stages (one batch goes through them in turn) and adds the
+sends of activations between them; at size 1 it is the one-GPU roofline.
 ``profile`` prices a step with terms fitted to a real engine's measured steps
 (``ClockTerms``, ``kvbench calibrate``). ``measured`` is no model at all: the
 engine runners time each step and that time is the clock (``make_clock``
@@ -32,6 +34,13 @@ import numpy as np
 from .model import GPU_PRESETS, ClockTerms, GpuPreset, ModelShape, RecentCounts
 
 Counts = int | np.ndarray  # one count for every step, or an int64 array of one per step
+
+# The fixed cost of one NCCL call across GPUs of one node (an all-reduce, or a stage-to-stage send)
+# on top of its bytes ÷ the link's bandwidth: an assumed 10 µs, the order nccl-tests'
+# all_reduce_perf reports for its smallest messages (8 B) within one NVLink/NVSwitch node, where
+# published runs read from about 10 to 60 µs by launcher and GPU generation (lower under CUDA
+# graphs, which vLLM captures). An assumption stated in docs/clock.md, not a measurement of ours.
+LINK_CALL_LATENCY_S = 10e-6
 
 
 def _floats(counts: Counts) -> np.ndarray | float:
@@ -120,14 +129,24 @@ class RooflineClock(Clock):
         self._flops_per_token = 2.0 * geometry.num_params * share / tp
         # QK^T and PV: 2 matmuls × 2 FLOPs × heads × head_dim per (query, key) pair per layer
         self._attn_flops_per_pair = 4.0 * stage_layers * (geometry.num_attention_heads // tp) * geometry.head_dim
-        # Seconds of all-reduce per scheduled token under tensor parallelism (priced by
-        # ``TensorParallelRooflineClock``): two all-reduces per layer of the stage, ring formula.
-        self._comm_per_token = 0.0
+        # The parallel terms ``ParallelRooflineClock`` prices (none at tensor and pipeline parallel
+        # size 1). Tensor parallelism: two ring all-reduces per layer of the stage, seconds per
+        # scheduled token and the calls' fixed cost. Pipeline parallelism: the stages one batch goes
+        # through in turn (layers ÷ the largest stage's, each stage's work being its layers' share),
+        # and the PP − 1 sends of the batch's activations between them.
+        pp = pipeline_parallel_size
+        self._comm_per_token = self._calls_s = self._send_per_token = self._sends_s = 0.0
+        self._stages = 1.0
+        if (tp > 1 or pp > 1) and gpu.link_bytes_s <= 0:
+            raise ValueError(f"GPU preset {gpu.name}: no interconnect bandwidth for tensor or pipeline parallelism")
+        bytes_per_token = geometry.hidden_size * weight_dtype_bytes
         if tp > 1:
-            if gpu.link_bytes_s <= 0:
-                raise ValueError(f"GPU preset {gpu.name}: no interconnect bandwidth for tensor parallelism")
-            bytes_per_token = geometry.hidden_size * weight_dtype_bytes
             self._comm_per_token = 2 * stage_layers * 2.0 * (tp - 1) / tp * bytes_per_token / gpu.link_bytes_s
+            self._calls_s = 2 * stage_layers * LINK_CALL_LATENCY_S
+        if pp > 1:
+            self._stages = geometry.num_layers / stage_layers
+            self._send_per_token = (pp - 1) * bytes_per_token / gpu.link_bytes_s
+            self._sends_s = (pp - 1) * LINK_CALL_LATENCY_S
         # ``price``'s constants in one tuple: the fast path calls it every step.
         self._k = (
             self._weight_bytes,
@@ -158,27 +177,40 @@ class RooflineClock(Clock):
         return np.maximum(bytes_moved / self._bw, flops / self._peak)
 
 
-class TensorParallelRooflineClock(RooflineClock):
-    """The roofline of one tensor-parallel rank plus its all-reduces: a Llama/OPT block all-reduces
-    its activations twice (after attention's output projection and after the MLP), each a ring
-    all-reduce of tokens × hidden × 2 bytes (fp16) that takes 2 × (TP − 1) / TP × bytes ÷ the
-    preset's one-way NVLink bandwidth, on top of the rank's own roofline (not overlapped with it).
-    Latency per all-reduce, and everything a ring does not send, is ignored."""
+class ParallelRooflineClock(RooflineClock):
+    """A step under tensor and pipeline parallelism, one batch at a time:
 
-    # ``_comm_per_token`` is set by ``RooflineClock.__init__`` (0 at one rank, where it is unused).
+        stage  = one rank's roofline over the largest stage's layers
+                 + 2 ring all-reduces per layer (TP > 1), each 2 × (TP − 1) / TP × tokens × hidden
+                   × 2 B ÷ the one-way NVLink bandwidth + ``LINK_CALL_LATENCY_S``
+        step   = stage × (layers ÷ largest stage's layers)
+                 + (PP − 1) sends of tokens × hidden × 2 B ÷ NVLink + ``LINK_CALL_LATENCY_S`` each
+
+    A Llama/OPT block all-reduces its activations twice (after attention's output projection and
+    after the MLP), not overlapped with the rank's compute. Every term of a stage is in proportion
+    to its layers, so the stages' sum is the largest stage's price times layers ÷ its layers (PP
+    when the layers divide evenly). The stages are summed because kvbench's scheduler, like vLLM's
+    when one batch takes every request it can schedule, has one batch in the pipeline at a time:
+    vLLM v1 keeps up to PP batches in flight (``max_concurrent_batches``, the engine core's batch
+    queue) only when requests are left over for them, so this is its latency per step, and a
+    lower bound on its throughput where it fills the pipeline."""
+
+    # The terms are set by ``RooflineClock.__init__`` (0 and 1.0 where a size is 1, leaving those floats).
 
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         weights, kv, per_token, per_pair, bw, peak, scale = self._k
         memory = (weights + context_tokens * kv) / bw
         compute = (scheduled_tokens * per_token + attention_pairs * per_pair) / peak
-        return ((memory if memory >= compute else compute) + scheduled_tokens * self._comm_per_token) * scale
+        stage = (memory if memory >= compute else compute) + scheduled_tokens * self._comm_per_token + self._calls_s
+        return (stage * self._stages + scheduled_tokens * self._send_per_token + self._sends_s) * scale
 
     def step_times(
         self, scheduled_tokens: Counts, context_tokens: np.ndarray, attention_pairs: np.ndarray, scheduled_seqs: Counts
     ) -> np.ndarray:
         # The same IEEE operations in the same order as price.
         tokens = _floats(scheduled_tokens)
-        return (self._roofs(tokens, context_tokens, attention_pairs) + tokens * self._comm_per_token) * self.scale
+        stage = self._roofs(tokens, context_tokens, attention_pairs) + tokens * self._comm_per_token + self._calls_s
+        return (stage * self._stages + tokens * self._send_per_token + self._sends_s) * self.scale
 
 
 def _segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
@@ -304,7 +336,7 @@ def make_clock(
     if kind == "profile":
         assert terms is not None, "a profile clock needs the profile's terms"
         return ProfileClock(terms)
-    cls = TensorParallelRooflineClock if tensor_parallel_size > 1 else RooflineClock
+    cls = ParallelRooflineClock if tensor_parallel_size > 1 or pipeline_parallel_size > 1 else RooflineClock
     return cls(
         geometry,
         kv_bytes_per_token,

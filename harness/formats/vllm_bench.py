@@ -9,16 +9,19 @@ units and arithmetic are vLLM's (``calculate_metrics`` and the dict ``benchmark(
   non-empty ``errors`` entry;
 - TTFT = first token − send; E2EL (``latencies``) = finish − send; TPOT per request =
   (E2EL − TTFT) ÷ (output length − 1) for output length > 1; ITL = every gap between successive
-  tokens, pooled; each summarised as mean, median, std (numpy, ddof 0) and percentiles (numpy's
-  default, linear), in milliseconds; a metric with no values is 0, as numpy gives vLLM;
+  entries of ``token_times_s``, pooled: one per streamed chunk, however many tokens it carried, as
+  vLLM's client times it (the in-process runners' entries are single tokens); each summarised as
+  mean, median, std (numpy, ddof 0) and percentiles (numpy's default, linear), in milliseconds; a
+  metric with no values is 0, as numpy gives vLLM; ``max_output_tokens_per_s`` counts those
+  entries per second, as vLLM counts its chunks;
 - throughputs divide by ``duration``, the benchmark's duration: from the start of the arrival
   schedule to the last completion. kvbench's ``sim_time_s`` is that span on the run's clock
   (clock 0 is the schedule's start, the run ends with its last step), so it is the duration both ways.
 
-What kvbench's records do not hold is null in the export and named in ``kvbench.notes``: the
-requests table keeps no per-token times, so ``itls`` (per request) and ``max_output_tokens_per_s``
-are null and the ITL statistics come from the run's ``itl_*`` columns; kvbench sends token ids,
-not text (``generated_texts``), and queues nothing on the client (``queue_times``).
+What kvbench's records do not hold is null in the export and named in ``kvbench.notes``: where a
+runner keeps no token times (sim), ``itls`` (per request) and ``max_output_tokens_per_s`` are null
+and the ITL statistics come from the run's ``itl_*`` columns; kvbench sends token ids, not text
+(``generated_texts``), and queues nothing on the client (``queue_times``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import KvbenchError
+from ..records.percentiles import percentile
 from ..records.schema import REQUESTS
+from .vllm_bench_checks import checked_document
 
 IMPORTED_RUNNER = "vllm-bench"  # the runner column of a run imported from `vllm bench serve`
 FORMAT = "vllm-bench"
@@ -100,7 +105,7 @@ def statistics(values: Sequence[float], percentiles: Sequence[float] = PERCENTIL
         "std": float(np.std(arr)) * 1000,
     }
     for p in percentiles:
-        out[p_word(p)] = float(np.percentile(arr, p)) * 1000
+        out[p_word(p)] = percentile(arr, p) * 1000
     return out
 
 
@@ -418,49 +423,32 @@ def read_document(text: str, name: str) -> dict[str, Any]:
     missing = [k for k in REQUIRED_FIELDS if k not in doc]
     if missing:
         raise KvbenchError(f"{name}: not a `vllm bench serve` result: no {', '.join(missing)}")
-    for k in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
-        if not isinstance(doc[k], int) or isinstance(doc[k], bool) or doc[k] < 0:
-            raise KvbenchError(f"{name}: {k} must be a non-negative integer, got {doc[k]!r}")
-    duration = doc["duration"]
-    if not isinstance(duration, (int, float)) or isinstance(duration, bool) or not (0 < duration < math.inf):
-        raise KvbenchError(f"{name}: duration must be a positive number of seconds, got {duration!r}")
     present = [k for k in DETAILED_LISTS if isinstance(doc.get(k), list)]
     if present and len(present) != len(DETAILED_LISTS) and "input_lens" in present:
         lacking = [k for k in DETAILED_LISTS if k not in present]
         raise KvbenchError(f"{name}: has per-request lists but not {', '.join(lacking)}")
-    return doc
+    return checked_document(doc, name, has_requests(doc))
 
 
 def has_requests(doc: Mapping[str, Any]) -> bool:
     return all(isinstance(doc.get(k), list) for k in DETAILED_LISTS)
 
 
-def outcomes_from_document(doc: Mapping[str, Any], name: str) -> list[Outcome]:
-    n = len(doc["input_lens"])
-    if any(len(doc[k]) != n for k in DETAILED_LISTS):
-        lengths = ", ".join(f"{k} {len(doc[k])}" for k in DETAILED_LISTS)
-        raise KvbenchError(f"{name}: per-request lists of different lengths ({lengths})")
-    out = []
+def outcomes_from_document(doc: Mapping[str, Any]) -> list[Outcome]:
+    """A checked document's requests (``read_document``: every entry is of its type and range)."""
     itls = doc.get("itls")
-    if itls is not None and (not isinstance(itls, list) or len(itls) != n):
-        raise KvbenchError(f"{name}: itls is not a list of {n} per-request lists")
-    try:
-        for i in range(n):
-            itl = None if itls is None else tuple(float(g) for g in itls[i])
-            out.append(
-                Outcome(
-                    int(doc["input_lens"][i]),
-                    int(doc["output_lens"][i]),
-                    float(doc["start_times"][i]),
-                    float(doc["ttfts"][i]),
-                    float(doc["latencies"][i]),
-                    itl,
-                    str(doc["errors"][i] or ""),
-                )
-            )
-    except (TypeError, ValueError) as exc:
-        raise KvbenchError(f"{name}: a per-request entry is not a number ({exc})") from None
-    return out
+    return [
+        Outcome(
+            doc["input_lens"][i],
+            doc["output_lens"][i],
+            doc["start_times"][i],
+            doc["ttfts"][i],
+            doc["latencies"][i],
+            None if itls is None else tuple(float(g) for g in itls[i]),
+            str(doc["errors"][i] or ""),
+        )
+        for i in range(len(doc["input_lens"]))
+    ]
 
 
 def _check(name: str, field: str, stated: Any, computed: float) -> None:
@@ -488,7 +476,7 @@ def from_vllm_bench(doc: Mapping[str, Any], name: str, digest: str) -> Imported:
         "carried": {k: doc[k] for k in CARRIED_FIELDS if k in doc},
     }
     if has_requests(doc):
-        outcomes = outcomes_from_document(doc, name)
+        outcomes = outcomes_from_document(doc)
         counted = totals(outcomes, duration)
         for k in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
             if counted[k] != doc[k]:

@@ -13,7 +13,11 @@ per bound: the runs column it reads and its highest value; ``harness.records.slo
   the run's duration, as vLLM divides by the benchmark's duration); ``slo_met_frac``: their
   share of the run's requests.
 - A run is within the SLO when each bound's runs-table value is at most the bound and, with
-  a goodput floor, ``slo_met_frac`` is at least the floor (``within_slo``).
+  a goodput floor, ``slo_met_frac`` is at least the floor (``within_slo``). A bound whose
+  percentile is taken by another method than the runs table's linear one (an MLPerf preset:
+  LoadGen's) is judged on ``column@method`` (``bounds.judged_column``), which ``with_goodput``
+  computes from the requests by that method (``percentiles``), pooling each metric's values as
+  ``harness.sim.latency`` pools them for the runs table.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
+from .bounds import judged_column, split_judged
+from .percentiles import percentile
 
 # The runs columns' prefixes with a per-request value in the requests table.
 PER_REQUEST: tuple[str, ...] = ("ttft", "tpot", "latency", "normalized_latency")
@@ -51,8 +58,30 @@ def request_values(requests: pd.DataFrame) -> pd.DataFrame:
 
 
 def prefix(column: str) -> str:
-    """The metric a runs latency column summarises (``ttft_p99_s`` → ``ttft``)."""
-    return column.rsplit("_", 2)[0]
+    """The metric a runs latency column summarises (``ttft_p99_s`` and ``ttft_p99_s@mlperf`` → ``ttft``)."""
+    return split_judged(column)[0].rsplit("_", 2)[0]
+
+
+def pooled_values(requests: pd.DataFrame, metric: str) -> np.ndarray:
+    """One run's values of ``metric`` (a runs-column prefix) as the runs table summarises them
+    (``harness.sim.latency``): over requests that finished with a token; TPOT over those with
+    more than one; ITL every gap between successive entries of ``token_times_s``."""
+    done = requests[(requests["status"] == "finished") & (pd.to_numeric(requests["output_len"]) > 0)]
+    if metric == "itl":
+        gaps = [np.diff(np.asarray(t, dtype=np.float64)) for t in done["token_times_s"] if t is not None]
+        return np.concatenate(gaps) if gaps else np.array([])
+    values = request_values(done)
+    if metric == "tpot":
+        return values["tpot"][pd.to_numeric(done["output_len"]) > 1].to_numpy(dtype=np.float64)
+    return values[metric].to_numpy(dtype=np.float64)
+
+
+def judged_values(requests: pd.DataFrame, column: str) -> float:
+    """A judged column's value for one run's requests (``ttft_p99_s@mlperf``); NaN without values."""
+    base, method = split_judged(column)
+    stat = base.rsplit("_", 2)[1]
+    values = pooled_values(requests, prefix(base))
+    return percentile(values, float(stat[1:]), method) if len(values) else math.nan
 
 
 def request_met(requests: pd.DataFrame, bounds: Bounds) -> pd.Series:
@@ -76,8 +105,12 @@ def suite_bounds(slo: pd.DataFrame | None) -> dict[str, tuple[list[tuple[str, fl
         return out
     for suite, rows in slo.groupby("suite", sort=False):
         floors = [float(f) for f in rows.get("goodput_floor", []) if f is not None and f == f]
+        methods = rows["percentile_method"] if "percentile_method" in rows else [None] * len(rows)
         out[str(suite)] = (
-            [(str(m), float(b)) for m, b in zip(rows["metric"], rows["bound"])],
+            [
+                (judged_column(str(m), method if isinstance(method, str) else None), float(b))
+                for m, b, method in zip(rows["metric"], rows["bound"], methods)
+            ],
             floors[0] if floors else None,
         )
     return out
@@ -96,14 +129,34 @@ def slo_met(requests: pd.DataFrame, runs: pd.DataFrame, slo: pd.DataFrame | None
     return met
 
 
+def with_judged(runs: pd.DataFrame, requests: pd.DataFrame, slo: pd.DataFrame | None) -> pd.DataFrame:
+    """``runs`` with every judged column the SLOs read that the runs table does not hold
+    (``ttft_p99_s@mlperf``), each run's from its own requests (NaN for other suites' runs)."""
+    suites: dict[str, set[str]] = {}  # judged column → the suites whose SLO reads it
+    for suite, (bounds, _) in suite_bounds(slo).items():
+        for column, _bound in bounds:
+            if column not in runs:
+                suites.setdefault(column, set()).add(suite)
+    if suites:
+        by_run = {str(rid): group for rid, group in requests.groupby("run_id", sort=False)}
+        for column, readers in suites.items():
+            runs[column] = [
+                judged_values(by_run[rid], column) if s in readers and rid in by_run else math.nan
+                for s, rid in zip(runs["suite"], runs["run_id"].astype(str))
+            ]
+    return runs
+
+
 def with_goodput(runs: pd.DataFrame, requests: pd.DataFrame, slo: pd.DataFrame | None) -> pd.DataFrame:
     """``runs`` with ``goodput_rps`` and ``slo_met_frac`` (NaN where the suite has no SLO, the run
-    has no requests or its metric has no per-request value)."""
+    has no requests or its metric has no per-request value), and the judged columns the SLOs read
+    (``with_judged``)."""
     runs = runs.copy()
     runs["goodput_rps"] = math.nan
     runs["slo_met_frac"] = math.nan
     if runs.empty or requests.empty:
         return runs
+    runs = with_judged(runs, requests, slo)
     met = slo_met(requests, runs, slo)
     judged = requests.assign(_met=met)[met.notna()]
     if judged.empty:

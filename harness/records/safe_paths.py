@@ -25,11 +25,17 @@ OWN_FOLDERS: tuple[str, ...] = ("runs", "steps", "requests", "workloads", "repor
 OWN_FILES: tuple[str, ...] = ("reference.parquet", "slo.parquet", ".kvbench.lock", "kvbench.log")
 
 
-def nonempty_path(text: str) -> Path:
-    """argparse ``type=`` for a path option: an empty string is not the current directory."""
+def nonempty_text(text: str) -> str:
+    """argparse ``type=`` for an argument naming a file or a shipped name (a suite, a model): an
+    empty string names nothing (it is neither the current directory nor the default)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path names nothing; give a file or directory name")
-    return Path(text)
+    return text
+
+
+def nonempty_path(text: str) -> Path:
+    """argparse ``type=`` for every path argument: an empty string is not the current directory."""
+    return Path(nonempty_text(text))
 
 
 def _mode(path: Path) -> int | None:

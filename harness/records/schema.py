@@ -107,10 +107,16 @@ REQUESTS = pa.schema(
         ("session_id", pa.int64()),
         ("turn", pa.int32()),
         # When a client sent it (serve: null for the runners that hand requests over in-process), and
-        # each token's time on the run's clock, the first token's included (serve: the chunk that
-        # carried it; vllm-sched, vllm, torch: the end of the step that sampled it; null for sim).
+        # when its tokens came, on the run's clock, the first token's included: serve, each streamed
+        # chunk that carried tokens (vLLM's server merges tokens into one chunk when its client falls
+        # behind); an import, each chunk vLLM's client timed; vllm-sched, vllm, torch, each token (the
+        # end of the step that sampled it); null for sim. ITL is the gaps between successive entries,
+        # as `vllm bench serve` measures it: one per chunk, not one per token.
         ("sent_s", pa.float64()),
         ("token_times_s", pa.list_(pa.float64())),
+        # How many tokens each entry of token_times_s carried (serve); null where each entry is one
+        # token (the in-process runners) or the count was not kept (an import: vLLM's client keeps none).
+        ("token_counts", pa.list_(pa.int32())),
     ]
 )
 

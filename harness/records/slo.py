@@ -15,7 +15,8 @@ suites' runs), as it writes ``reference.parquet``.
     refine = 4            # optional: bisection steps between the sweep's rates
 
 or ``preset = "mlperf-llama2-70b-server"`` (``harness.records.slo_presets``) in place of
-``bounds``, or one runs-table latency column and a bound on it:
+``bounds`` (an MLPerf preset's percentiles are judged by LoadGen's rule, not the runs table's
+linear one: ``harness.records.percentiles``), or one runs-table latency column and a bound on it:
 
     metric = "normalized_latency_mean_s"
     bound = 0.5
@@ -45,6 +46,8 @@ SLO_SCHEMA = pa.schema(
         ("bound", pa.float64()),  # the metric's highest acceptable value, in its unit
         ("goodput_floor", pa.float64()),  # the share of requests that must meet every bound (null: none)
         ("preset", pa.string()),  # the preset the bounds come from (null: stated in the suite)
+        # How the bound's percentile is taken (harness.records.percentiles; null: linear, the runs table's).
+        ("percentile_method", pa.string()),
     ]
 )
 KEYS = ("bounds", "preset", "goodput_floor", "metric", "bound", "refine")
@@ -86,7 +89,7 @@ def _bound(entry: object, where: str) -> Bound:
         if key not in BOUND_KEYS:
             raise KvbenchError(f"{where}: unknown key {key!r} in an [slo] bound (known: {', '.join(BOUND_KEYS)})")
     metric = entry.get("metric")
-    if metric not in METRICS:
+    if not isinstance(metric, str) or metric not in METRICS:
         raise KvbenchError(f"{where}: [slo] bound metric must be one of {', '.join(METRICS)}, got {metric!r}")
     pct = entry.get("percentile")
     if pct == "mean":
@@ -126,12 +129,12 @@ def parse_slo(table: Mapping[str, Any], where: str) -> Slo:
             raise KvbenchError(f"{where}: [slo] bounds {dup} twice")
     elif forms == ["preset"]:
         preset = table["preset"]
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise KvbenchError(f"{where}: unknown [slo] preset {preset!r} (known: {', '.join(PRESETS)})")
         bounds = PRESETS[preset].bounds
     else:
         metric = table.get("metric")
-        if metric not in LATENCY_COLUMNS:
+        if not isinstance(metric, str) or metric not in LATENCY_COLUMNS:
             raise KvbenchError(
                 f"{where}: [slo] metric must be a latency column of the runs table "
                 f"({', '.join(LATENCY_COLUMNS)}), got {metric!r}"
@@ -157,7 +160,14 @@ def slo_frame(slo: Slo, suite: str) -> pd.DataFrame:
 
 def slo_rows(slo: Slo, suite: str) -> list[dict[str, object]]:
     return [
-        {"suite": suite, "metric": b.column, "bound": b.max_s, "goodput_floor": slo.goodput_floor, "preset": slo.preset}
+        {
+            "suite": suite,
+            "metric": b.column,
+            "bound": b.max_s,
+            "goodput_floor": slo.goodput_floor,
+            "preset": slo.preset,
+            "percentile_method": b.method,
+        }
         for b in slo.bounds
     ]
 
@@ -169,6 +179,11 @@ def normalize_slo(frame: pd.DataFrame) -> pd.DataFrame:
         if name not in frame:
             frame[name] = math.nan if name == "goodput_floor" else None
     return frame
+
+
+def judged_bounds(slo: Slo) -> list[tuple[str, float]]:
+    """(the column each bound is judged on, its highest value): ``Bound.judged_column``."""
+    return [(b.judged_column, b.max_s) for b in slo.bounds]
 
 
 def write_slo(out: Path, suite: str, slo: Slo) -> Path:

@@ -6,13 +6,14 @@
     DIR/metrics/run_id=<id>/part-0.parquet    one row per /metrics scrape (serve runner only)
     DIR/workloads/<workload_id>.parquet       the exact workload used
 
-Partitions are written under a dot-prefixed temporary name (which readers
-ignore) and renamed into place, so a crash never leaves a half run that looks
-whole; a run exists once its ``runs/`` partition exists, and it is complete
-when its steps and requests partitions are there too, holding the row counts
-its run row records (``incomplete_runs``). A write the
-environment refuses (disk full, no permission, the directory removed) raises
-``StorageError`` naming the path and the cause, after removing its temporary
+Partitions are written under a dot-prefixed temporary name, made exclusively with a
+random suffix (``harness.records.atomic``; readers ignore it), and renamed into
+place, so a crash never leaves a half run that looks whole; a run exists once
+its ``runs/`` partition exists, and it is complete when its steps and requests
+partitions are there too, holding the row counts its run row records
+(``incomplete_runs``). A write the environment refuses (disk full, no
+permission, the directory removed) raises ``StorageError`` naming the path and
+the cause, after removing its temporary
 files; ``clean_stale_temps`` removes whatever a killed process left.
 """
 
@@ -28,6 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ..errors import KvbenchError, StorageError, storage_error
+from .atomic import replace_file, temp_folder
 from .safe_paths import is_own_partition, own_file
 from .schema import SCHEMA_VERSION, TABLES, VERSION_KEY, with_version
 
@@ -38,8 +40,9 @@ def partition_dir(out: Path, table: str, run_id: str) -> Path:
     return out / table / f"run_id={run_id}"
 
 
-def temp_dir(out: Path, table: str, run_id: str) -> Path:
-    return out / table / f".tmp-run_id={run_id}-{os.getpid()}"
+def temp_prefix(run_id: str) -> str:
+    """The start of a temporary partition folder's name (``atomic.temp_folder`` adds a random end)."""
+    return f".tmp-run_id={run_id}-"
 
 
 def existing_run_ids(out: Path) -> set[str]:
@@ -149,7 +152,8 @@ def drop_partition(out: Path, table: str, run_id: str) -> None:
 STALE_PATTERNS: tuple[tuple[str, str], ...] = (
     *((table, ".tmp-run_id=*") for table in TABLES),
     ("workloads", ".*.tmp"),  # workloads.table.write_workload
-    (".", ".reference.parquet.tmp"),  # harness.records.reference.write_references
+    (".", ".reference.parquet*.tmp"),  # harness.records.reference.write_references
+    (".", ".slo.parquet*.tmp"),  # harness.records.slo.write_slo
     (".", ".report.tmp-*"),  # reports.html.write_report
 )
 
@@ -196,21 +200,20 @@ def clean_stale_temps(out: Path) -> None:
 
 
 def make_temp_dir(out: Path, table: str, run_id: str) -> Path:
-    """A fresh temporary partition directory (an older one of this process's is removed).
+    """A new temporary partition directory, made exclusively under a random name.
 
     ``out`` must exist: it is never created here, so that a results directory removed during a
     run is not quietly recreated, half empty, by the next write (the run stops instead)."""
-    tmp = temp_dir(out, table, run_id)
     if not out.is_dir():
         raise StorageError(f"{out}: the results directory does not exist (removed during the run?)")
     try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.parent.mkdir(exist_ok=True)  # the table's folder; not its parents: out stays as it is
-        tmp.mkdir()
+        (out / table).mkdir(exist_ok=True)  # the table's folder; not its parents: out stays as it is
     except OSError as exc:
         raise storage_error(partition_dir(out, table, run_id), exc) from None
-    return tmp
+    try:
+        return temp_folder(out / table, temp_prefix(run_id))
+    except StorageError:
+        raise StorageError(f"{partition_dir(out, table, run_id)}: cannot write (no temporary folder)") from None
 
 
 def write_temp_partition(out: Path, table: str, run_id: str, data: pa.Table) -> Path:
@@ -235,8 +238,6 @@ def replace_suite_rows(path: Path, suite: str, rows: list[dict], schema: pa.Sche
     """Replace ``suite``'s rows of a small per-directory file (``reference.parquet``,
     ``slo.parquet``) with ``rows``; other suites' rows stay. Written to a temporary file and
     renamed: an error or an interrupt never leaves half a file, nor the temporary one."""
-    import contextlib
-
     from ..errors import os_cause
 
     own_file(path)  # a link or a device there is not ours to replace
@@ -249,15 +250,8 @@ def replace_suite_rows(path: Path, suite: str, rows: list[dict], schema: pa.Sche
                 f"{path}: not a readable {what} file ({os_cause(exc)}); remove it and run again"
             ) from None
     table = pa.Table.from_pylist(keep + rows, schema=schema).replace_schema_metadata(with_version(schema).metadata)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        tmp.replace(path)
-    except OSError as exc:
-        raise storage_error(path, exc) from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    with replace_file(path, what) as fh:
+        pq.write_table(table, fh)
     return path
 
 

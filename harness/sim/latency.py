@@ -6,14 +6,17 @@ requests that finished:
 - TTFT: first token time − arrival;
 - TPOT: (finish − first token) ÷ (generated tokens − 1), for requests that
   generated more than one token;
-- ITL: every gap between successive tokens of one request, pooled over the
-  requests; only where the runner recorded each token's time (``token_times``),
-  else null: TPOT is a request's mean gap, not its gaps;
+- ITL: every gap between successive arrivals of tokens of one request, pooled
+  over the requests, as ``vllm bench serve`` measures it: a streamed chunk is one
+  arrival however many tokens it carries (serve), a token is one where each is
+  its own step (vllm-sched, vllm, torch); only where the runner recorded those
+  times (``token_times``), else null: TPOT is a request's mean gap, not its gaps;
 - latency: finish − arrival (end to end, queueing included);
 - normalized latency: latency ÷ generated tokens (the paper's Fig. 12 axis).
 
 Each is summarised at every statistic of ``LATENCY_STATS`` (percentiles by
-numpy's default, linear, method; std with ddof 0, as vLLM's benchmark).
+the linear method, numpy's default, as vLLM's benchmark: ``harness.records.percentiles``;
+std with ddof 0).
 Times are on the run's clock: simulated for sim and vllm-sched, measured for
 an engine on the ``measured`` clock (and in steps on the ``steps`` clock).
 """
@@ -24,6 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ..records.percentiles import percentile
 from ..records.schema import LATENCY_PREFIXES, LATENCY_STATS
 from .sequence import FINISHED, Seq
 
@@ -36,7 +40,7 @@ def summarise(values: np.ndarray, stat: str) -> float | None:
         return float(values.mean())
     if stat == "std":
         return float(values.std())
-    return float(np.percentile(values, float(stat[1:])))
+    return percentile(values, float(stat[1:]))
 
 
 def _finished(seqs: list[Seq]) -> list[Seq]:

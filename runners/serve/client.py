@@ -7,7 +7,11 @@ server is doing: open loop) to ``/v1/completions`` with the exact prompt token i
 (greedy for one sample; for several, temperature 1 with a fixed seed, since vLLM refuses greedy
 sampling with ``n`` > 1: the lengths do not depend on it), streamed with usage. Per sample it
 records the send time, the time of every chunk that carried tokens (the first is the first
-token) and how many tokens each carried, and the end time; a request the server refuses (an
+token) and how many tokens each carried, and the end time: a chunk is one arrival, however many
+tokens it holds, as ``vllm bench serve``'s client times one ITL per chunk
+(``vllm/benchmarks/lib/endpoint_request_func.py``), and vLLM's server merges tokens into one
+chunk when its client falls behind. A message that is not a JSON object is a broken stream, named
+with the server's URL; a request the server refuses (an
 HTTP error), or one whose stream breaks or ends short, is kept with its status and the reason,
 never dropped from the record.
 """
@@ -46,14 +50,36 @@ class SampleResult:
     request_id: int
     sample: int
     sent_s: float = float("nan")
-    token_times: list[float] = dataclasses.field(default_factory=list)  # one entry per token
+    chunk_times: list[float] = dataclasses.field(default_factory=list)  # each chunk that carried tokens
+    chunk_tokens: list[int] = dataclasses.field(default_factory=list)  # how many tokens each carried
     end_s: float = float("nan")
     status: str = DROPPED
     error: str | None = None
 
     @property
     def tokens(self) -> int:
-        return len(self.token_times)
+        return sum(self.chunk_tokens)
+
+
+class BrokenStream(ValueError):
+    """A streamed message that is not an OpenAI completion chunk (its text names the server)."""
+
+
+def _choices(url: str, data: bytes) -> list[dict[str, Any]]:
+    """The choices of one streamed message (``data: {...}``); ``BrokenStream`` when it is not a
+    completion chunk: a JSON object whose ``choices``, if any, is a list of objects."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise BrokenStream(f"{url} streamed a message that is not JSON: {data[:80]!r}") from None
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not isinstance(chunk, dict) or not isinstance(choices, (list, type(None))):
+        raise BrokenStream(f"{url} streamed a message that is not a completion chunk: {data[:80]!r}")
+    for c in choices or ():
+        index = c.get("index", 0) if isinstance(c, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise BrokenStream(f"{url} streamed a choice that is not a completion choice: {data[:80]!r}")
+    return list(choices or ())
 
 
 def request_body(model: str, req: ClientRequest) -> dict[str, Any]:
@@ -106,18 +132,19 @@ async def _one(
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     break
-                chunk = json.loads(data)
-                for choice in chunk.get("choices") or ():
-                    idx = int(choice.get("index", 0))
+                for choice in _choices(url, data):
+                    idx = choice.get("index", 0)
                     if not 0 <= idx < req.n:
                         continue
                     ids = choice.get("token_ids")
                     count = len(ids) if isinstance(ids, list) else (1 if choice.get("text") else 0)
-                    results[idx].token_times.extend([now] * count)
+                    if count:
+                        results[idx].chunk_times.append(now)
+                        results[idx].chunk_tokens.append(count)
                     if choice.get("finish_reason") is not None:
                         results[idx].end_s = now
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-        why = f"{type(exc).__name__}: {exc}"[:300]
+        why = (str(exc) if isinstance(exc, BrokenStream) else f"{type(exc).__name__}: {exc}")[:300]
         for r in results:
             if r.error is None:
                 r.error = why

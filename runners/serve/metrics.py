@@ -57,18 +57,25 @@ def parse_metrics(text: str) -> dict[str, float | None]:
     return {col: sums.get(family) for col, family in FAMILIES.items()}
 
 
-def num_gpu_blocks(text: str) -> int | None:
-    """The pool size ``vllm:cache_config_info`` labels carry (None where absent)."""
+def cache_config(text: str) -> dict[str, str] | None:
+    """The labels of ``vllm:cache_config_info`` (vLLM's ``CacheConfig`` as strings: ``block_size``,
+    ``enable_prefix_caching``, ``num_gpu_blocks``, …); None where the server exports none."""
     for line in text.splitlines():
         if line.startswith("vllm:cache_config_info{"):
+            labels = {}
             for item in line.split("{", 1)[1].rsplit("}", 1)[0].split(","):
                 key, _, value = item.partition("=")
-                if key.strip() == "num_gpu_blocks":
-                    try:
-                        return int(value.strip().strip('"'))
-                    except ValueError:
-                        return None
+                labels[key.strip()] = value.strip().strip('"')
+            return labels
     return None
+
+
+def num_gpu_blocks(text: str) -> int | None:
+    """The pool size ``vllm:cache_config_info`` labels carry (None where absent)."""
+    try:
+        return int((cache_config(text) or {})["num_gpu_blocks"])
+    except (KeyError, ValueError):
+        return None
 
 
 class Scraper:

@@ -41,7 +41,16 @@ the ``vllm`` runner's on the same work, step for step, in every allocation colum
 
 Attach mode (``url``): the requests go to a server already running (any engine); only the
 client's timings and the ``/metrics`` scrape are recorded, every allocation column is null, and
-``clock_detail`` says why.
+``clock_detail`` says why. kvbench cannot choose the allocator of a server it did not start, so an
+attached cell's policy and block size are the server's: its cells name one of each per URL (the
+suite is refused otherwise, ``app.sweep.check_attached_cells``), and where the server's
+``/metrics`` says what it runs (vLLM's ``vllm:cache_config_info``: paged, with prefix caching or
+without, and its block size), ``check_server`` refuses a cell that names anything else, before
+``kvbench run`` writes anything and again before the replay.
+
+Every serve cell runs on the measured clock: a served engine can only be timed for real, so the
+suite gives serve cells ``clock = "measured"`` without being told (``app.suite``), and the run
+row's ``clock_detail`` says so.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,13 +101,18 @@ if TYPE_CHECKING:  # the HTTP modules import aiohttp: only once a cell runs (``u
     from .client import ClientRequest, SampleResult
     from .metrics import Scraper
 
-CLIENT_FINISHED = "finished"  # serve_client.FINISHED
+CLIENT_FINISHED = "finished"  # client.FINISHED
 SITE_DIR = Path(__file__).resolve().parent / "site"
 SCHEDULER_CLS = f"{serve_scheduler.__name__}.KvbenchScheduler"
 SERVED_MODEL = "kvbench"
 ATTACH_DETAIL = (
     "attached to a running server: client-side timings and its /metrics only; allocation is "
-    "not visible from outside the server, so every allocation column is null"
+    "not visible from outside the server, so every allocation column is null, and the policy is "
+    "the server's own (checked against its /metrics where it says)"
+)
+MANAGED_DETAIL = (
+    "measured: the served engine's wall time (a served engine is timed for real, so serve cells "
+    'take clock = "measured" without being told)'
 )
 ALLOCATION_RUN_COLUMNS = (
     "steps",
@@ -277,6 +291,55 @@ def _log_cause(server: ServerProcess) -> str:
     return one_line(lines[-1])[:300] if lines else f"no output (log {server.log})"
 
 
+def server_allocator(url: str, timeout_s: float = 10.0) -> tuple[str, int] | None:
+    """What the server at ``url`` allocates with, by its ``/metrics``: (policy, block size) for a
+    vLLM server (paged; ``paged-prefix`` with prefix caching on); None when it does not say (another
+    engine, or no ``vllm:cache_config_info``). A one-line ``KvbenchError`` when nothing answers."""
+    import aiohttp
+
+    from .client import get_text
+    from .metrics import cache_config
+
+    try:
+        status, text = asyncio.run(get_text(f"{url}/metrics", timeout_s))
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+        why = one_line(str(exc))[:200] or type(exc).__name__
+        raise KvbenchError(f"the serve runner: {url}/metrics does not answer: {why}") from None
+    labels = cache_config(text) if status == 200 else None
+    if labels is None:
+        return None
+    try:
+        block = int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+    return ("paged-prefix" if labels.get("enable_prefix_caching") == "True" else "paged"), block
+
+
+def check_server(url: str, policy: str, block_size: int) -> None:
+    """Refuse an attached cell whose policy or block size is not what the server at ``url`` runs
+    (where its ``/metrics`` says): kvbench cannot apply either to a server it did not start."""
+    runs = server_allocator(url)
+    if runs is not None and runs != (policy, block_size):
+        raise KvbenchError(
+            f"the serve runner: the server at {url} runs policy {runs[0]} with block size {runs[1]} (its "
+            f"/metrics' vllm:cache_config_info), not {policy} with block size {block_size}: kvbench cannot "
+            f"choose the allocator of a server it did not start; name policy = {runs[0]!r} and block_size = "
+            f"{runs[1]} for it in [runners.serve]"
+        )
+
+
+def check_attached_servers(cells: Iterable[Cell]) -> None:
+    """``check_server`` once per attached server of ``cells`` (before ``kvbench run`` writes anything)."""
+    seen: set[tuple[str, str, int]] = set()
+    for cell in cells:
+        url = getattr(cell.spec, "serve_url", None)
+        if cell.spec.runner == "serve" and url:
+            key = (str(url).rstrip("/"), cell.spec.policy, cell.spec.block_size)
+            if key not in seen:
+                seen.add(key)
+                check_server(*key)
+
+
 class _ReplayCache:
     """What ``VllmStepEngine`` reads of a prefix cache watcher, from the server's step file."""
 
@@ -392,21 +455,32 @@ def metrics_table(rows: list[dict[str, float | None]]) -> pa.Table:
 
 
 def _apply_client(seqs: list[Seq], results: list[SampleResult]) -> dict[int, list[float]]:
-    """Client times onto the sequences; each sequence's token times (for ``itl_*``)."""
+    """Client times onto the sequences; each sequence's chunk times (``itl_*``: one gap per chunk,
+    as ``vllm bench serve`` measures ITL)."""
     by_key = {(r.request_id, r.sample): r for r in results}
     times: dict[int, list[float]] = {}
     for s in seqs:
         r = by_key[(s.request_id, s.sample)]
         s.num_output = r.tokens
         s.sent_s = r.sent_s
-        s.token_times = list(r.token_times)
-        s.first_token_s = r.token_times[0] if r.token_times else math.nan
+        s.token_times = list(r.chunk_times)
+        s.first_token_s = r.chunk_times[0] if r.chunk_times else math.nan
         if r.status == CLIENT_FINISHED:
             s.status, s.finished_s = FINISHED, r.end_s
         else:
             s.status, s.finished_s = "unfinished", math.nan
-        times[s.index] = r.token_times
+        times[s.index] = r.chunk_times
     return times
+
+
+def client_columns(seqs: list[Seq], results: list[SampleResult]) -> dict[str, list]:
+    """The requests table of a replay: what the sequences hold, with the client's status and each
+    chunk's token count."""
+    cols = requests_columns(seqs)
+    mine = _by_seq(seqs, results)
+    cols["status"] = [r.status for r in mine]
+    cols["token_counts"] = [list(r.chunk_tokens) for r in mine]
+    return cols
 
 
 def _outcome(results: list[SampleResult]) -> tuple[str, str | None]:
@@ -455,6 +529,7 @@ class ServeRunner:
         vllm_engine.check_spec(spec, device)
         self._check_clock(spec)
         row = base_row(cell, self.name)
+        row["clock_detail"] = MANAGED_DETAIL
         short = shortfall(cell, seqs, make_policy(spec))
         if short is not None:
             return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
@@ -558,8 +633,7 @@ class ServeRunner:
         row.update(itl_summary(seqs, token_times))
         status, error = _outcome(results)
         row.update(status=status, error=error)
-        cols = requests_columns(seqs)
-        cols["status"] = [r.status for r in _by_seq(seqs, results)]
+        cols = client_columns(seqs, results)
         return RunResult(cell.run_id, recorder.finish(cols, row, metrics_table(scraper.rows)))
 
     # -- a running server ---------------------------------------------------------------
@@ -576,6 +650,7 @@ class ServeRunner:
             raise KvbenchError(
                 f"the serve runner: {url} does not answer as an OpenAI-compatible server: {why}"
             ) from None
+        check_server(url, spec.policy, spec.block_size)
         row = base_row(cell, self.name)
         row.update(device=f"server at {url}", clock_detail=ATTACH_DETAIL)
         results, scraper, _, replay_s = self._replay(url, model, client_requests(cell, seqs), settings)
@@ -586,8 +661,7 @@ class ServeRunner:
         row.update(dict.fromkeys(ALLOCATION_RUN_COLUMNS))
         status, error = _outcome(results)
         row.update(status=status, error=error)
-        cols = requests_columns(seqs)
-        cols["status"] = [r.status for r in _by_seq(seqs, results)]
+        cols = client_columns(seqs, results)
         for name in ALLOCATION_REQUEST_COLUMNS:
             if name in cols:
                 cols[name] = [None] * len(seqs)

@@ -49,7 +49,7 @@ read it: right after the engine core's ``schedule()`` returns and before the
 model runs (``EngineSteps`` wraps the scheduler's ``schedule`` method on the
 instance; it reads and never changes what vLLM decided). So a request that
 finishes in a step still holds its blocks in that step's row, and every
-allocation column equals ``vllm-sched``'s definition (``vllm_steps``). Then:
+allocation column equals ``vllm-sched``'s definition (``steps``). Then:
 
 - ``step_wall_s``: wall time of ``engine.step()`` (schedule, the model,
   sampling, output processing), followed by ``torch.cuda.synchronize()`` on
