@@ -15,7 +15,7 @@ from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
 from ..harness.spec.feasibility import explain
 from .base import Cell, RunResult
-from .common import base_row, expand_seqs, has_sessions, shortfall, write_status_only
+from .common import base_row, expand_seqs, shortfall, write_status_only
 from .driver import drive
 
 
@@ -139,10 +139,6 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
-    if scheduler_cls is not Scheduler and has_sessions(cell):
-        # A conversation's turn arrives when the previous one finishes, which the fast path's
-        # look-ahead at arrivals cannot know: the reference, step by step.
-        scheduler_cls = Scheduler
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
     policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
     row = base_row(cell, runner)

@@ -20,7 +20,7 @@ _col = StepRow._fields.index
 STEP, T_S, DT_S, RUNNING, WAITING, ADMITTED, FINISHED, PREEMPTED, SCHEDULED = map(
     _col, ("step", "t_s", "dt_s", "running", "waiting", "admitted", "finished", "preempted", "scheduled_tokens")
 )
-BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, RECOMPUTED_HIT, CACHED_FREE = map(
+BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT, RECOMPUTED_HIT, CACHED_FREE = map(
     _col,
     (
         "allocated_blocks",
@@ -31,6 +31,7 @@ BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, RECOMPUTED
         "external_frag_positions",
         "free_positions",
         "evicted_blocks",
+        "prefix_hit_tokens",
         "recomputed_hit_tokens",
         "cached_free_blocks",
     ),
@@ -66,11 +67,73 @@ def step_rows(
     return rows
 
 
-def paged_allocation(rows: np.ndarray, block_size: int, budget_positions: int) -> None:
-    """Fill the allocation columns that follow from blocks, used and internal positions:
-    allocated = blocks × block size, reserved = allocated − used − internal, free = budget − allocated."""
-    alloc = rows[:, ALLOCATED]
-    np.multiply(rows[:, BLOCKS], block_size, out=alloc)
-    np.subtract(alloc, rows[:, USED], out=rows[:, RESERVED])
-    rows[:, RESERVED] -= rows[:, INTERNAL]
-    np.subtract(budget_positions, alloc, out=rows[:, FREE])
+class StepLog:
+    """The rows of a counted stretch as it takes its steps: per step, the columns that may move
+    every step (start time; blocks, positions, internal fragmentation, used positions and cached
+    free blocks after scheduling); per *level*, the ones that move only at events (scheduled
+    tokens, running, waiting, external fragmentation), from the step a level starts; and the
+    events, sparse (step, value) pairs."""
+
+    __slots__ = ("ts", "blocks", "alloc", "internal", "used", "cached", "levels", "events", "evicted")
+
+    def __init__(self) -> None:
+        self.ts: list[float] = []
+        self.blocks: list[int] = []
+        self.alloc: list[int] = []
+        self.internal: list[int] = []
+        self.used: list[int] = []
+        self.cached: list[int] = []
+        self.levels: list[tuple[int, int, int, int, int]] = []
+        self.events: dict[int, list[tuple[int, int]]] = {
+            c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
+        }
+        self.evicted = self.events[EVICTED]  # the plain steps append to it directly
+
+    def step(self, t_s: float, blocks: int, alloc: int, internal: int, used: int, cached: int) -> None:
+        self.ts.append(t_s)
+        self.blocks.append(blocks)
+        self.alloc.append(alloc)
+        self.internal.append(internal)
+        self.used.append(used)
+        self.cached.append(cached)
+
+    def level(self, step: int, scheduled: int, running: int, waiting: int, external: int) -> None:
+        """From ``step`` on (until the next level): these values."""
+        self.levels.append((step, scheduled, running, waiting, external))
+
+    def event(self, col: int, step: int, value: int) -> None:
+        """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""
+        if value:
+            self.events[col].append((step, value))
+
+    def rows(self, step0: int, t_end: float, budget_positions: int) -> np.ndarray:
+        """The logged steps as rows from ``step0`` on, the last ending at ``t_end``."""
+        k = len(self.ts)
+        ts = np.empty(k + 1)
+        ts[:k] = self.ts
+        ts[k] = t_end
+        levels = np.array(self.levels, dtype=np.float64)
+        starts = levels[:, 0].astype(np.int64)
+        rep = np.repeat(levels[:, 1:], np.diff(starts, append=k), axis=0)
+        cols = np.array((self.blocks, self.alloc, self.internal, self.used, self.cached), dtype=np.float64)
+        rows = step_rows(
+            step0,
+            ts,
+            k,
+            {
+                BLOCKS: cols[0],
+                ALLOCATED: cols[1],
+                INTERNAL: cols[2],
+                USED: cols[3],
+                CACHED_FREE: cols[4],
+                SCHEDULED: rep[:, 0],
+                RUNNING: rep[:, 1],
+                WAITING: rep[:, 2],
+                EXTERNAL: rep[:, 3],
+            },
+            self.events,
+        )
+        np.subtract(cols[1], cols[3], out=rows[:, RESERVED])
+        rows[:, RESERVED] -= cols[2]
+        np.subtract(budget_positions, cols[1], out=rows[:, FREE])
+        return rows

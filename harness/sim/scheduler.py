@@ -107,7 +107,7 @@ class Arrivals(Generic[S]):
 
 class Scheduler(Generic[S]):
     """The reference scheduler. Its public hooks — ``start_running``, ``preempt``,
-    ``make_room``, ``take_evictions`` — are what the fast path (``harness.sim.fast_scheduler``
+    ``make_room``, ``admit_waiting``, ``take_evictions`` — are what the fast path (``harness.sim.fast_scheduler``
     and its stretches) builds on; the rule itself is ``harness.sim.scheduling_rule``."""
 
     needs_block_ids = True  # the reference may be driven with an executor that reads block tables
@@ -196,7 +196,7 @@ class Scheduler(Generic[S]):
             budget -= num_new
             i += 1
 
-        admitted, hit_tokens, recomputed = self._admit(budget, scheduled) if not preempted else (0, 0, 0)
+        admitted, hit_tokens, recomputed = self.admit_waiting(budget, scheduled) if not preempted else (0, 0, 0)
 
         return StepPlan(
             self.step_index, self.now, scheduled, admitted, preempted, hit_tokens, recomputed, self._compute(scheduled)
@@ -215,10 +215,12 @@ class Scheduler(Generic[S]):
         self.used_positions += new_tokens
         return StepWork(new_tokens, context, pairs, seqs + len(scheduled))
 
-    def _admit(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
-        """Admit waiting requests while the rule allows (``scheduling_rule``); append them to
-        ``scheduled``; return (admitted, hit tokens at first admissions, hit tokens at
-        re-admissions after a preemption: vLLM counts these apart, never as prefix-cache hits)."""
+    def admit_waiting(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
+        """Admit waiting requests at ``now`` while the rule allows (``scheduling_rule``), with
+        ``budget`` tokens left; append them to ``scheduled`` (each with the tokens it computes,
+        its ``num_computed`` its hit or what a swap kept); return (admitted, hit tokens at first
+        admissions, hit tokens at re-admissions after a preemption: vLLM counts these apart,
+        never as prefix-cache hits)."""
         policy = self.policy
         running = self.running
         waiting = self.waiting
