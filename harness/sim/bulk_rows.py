@@ -89,13 +89,23 @@ class StepLog:
         }
         self.evicted = self.events[EVICTED]  # the plain steps append to it directly
 
-    def step(self, t_s: float, blocks: int, alloc: int, internal: int, used: int, cached: int) -> None:
+    def row(
+        self,
+        step: int,
+        t_s: float,
+        totals: tuple[int, int, int, int, int],
+        level: tuple[int, int, int, int, int],
+    ) -> None:
+        """Step ``step``, starting at ``t_s``: its per-step columns (blocks, positions, internal,
+        used, cached free blocks) and its level (``level``'s form)."""
         self.ts.append(t_s)
+        blocks, alloc, internal, used, cached = totals
         self.blocks.append(blocks)
         self.alloc.append(alloc)
         self.internal.append(internal)
         self.used.append(used)
         self.cached.append(cached)
+        self.levels.append(level)
 
     def level(self, step: int, scheduled: int, running: int, waiting: int, external: int) -> None:
         """From ``step`` on (until the next level): these values."""

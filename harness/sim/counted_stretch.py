@@ -258,10 +258,13 @@ class Stretch:
     def _refresh(self) -> None:
         """Read the allocation totals back from the policy after an event changed them."""
         policy = self.policy
-        self.blocks = policy.allocated_blocks()
-        self.alloc = policy.allocated_positions
         if isinstance(policy, CountingPagedPolicy):
-            self.free = policy.free_blocks()
+            self.free = free = policy.free_blocks()
+            self.blocks = blocks = policy.num_blocks - free
+            self.alloc = blocks * self.bs
+        else:
+            self.blocks = policy.allocated_blocks()
+            self.alloc = policy.allocated_positions
 
     def _take(self, n: int) -> None:
         """``n`` free blocks taken by crossings (they fit): from the policy now, evicting as it must."""
@@ -410,82 +413,84 @@ class Stretch:
     # -- the loop --------------------------------------------------------------------------
     def _plain(self, j: int, t: float, next_arr: float) -> tuple[int, float, bool]:
         """Plain steps from the stretch's step ``j`` (starting at ``t``) while the next one is
-        plain; a finish ends them (after its step). Returns the step and time reached, and
-        whether decoders finished."""
-        sched, plan, policy, log = self.sched, self.plan, self.policy, self.log
+        plain; a finish ends them (after its step) unless nothing waits. Returns the step and
+        time reached, and whether decoders finished."""
+        sched, plan, policy, log, dec = self.sched, self.plan, self.policy, self.log, self.dec
         clock = sched.clock
         assert clock is not None
         price, extra = clock.price, clock.take if type(clock).take is not Clock.take else None
         now, delta, internal_at = plan.now, plan.delta, plan.internal_at
         bs, tick0, limit = self.bs, self.tick0, MAX_STEPS
         per_block = bs if self.paged else 0
-        free, blocks, alloc, internal, used = self.free, self.blocks, self.alloc, self.internal, self.used
-        unc = policy.uncached_free() if isinstance(policy, CountingPagedPolicy) else 0
-        cached = policy.cached_free_blocks()
-        n, dec_sum = self.dec.count, self.dec.dec_sum
-        heap = self.dec.finish_ticks
-        fin = heap[0] if heap else -1
-        waiting = sched.waiting
-        log.level(j, n, self.running, len(waiting), policy.external_frag(waiting[0] if waiting else None))
+        waiting, pending, heap = sched.waiting, sched.pending, dec.finish_ticks
         c_ts, c_blocks, c_alloc = log.ts.append, log.blocks.append, log.alloc.append
         c_internal, c_used, c_cached = log.internal.append, log.used.append, log.cached.append
         evicted = log.evicted
-        taken = ended = 0
-        start = j
-        while j < limit and t < next_arr:
-            T = tick0 + 1 + j
-            p = T % bs
-            d = delta.get(T)
-            x = now[p] + d if d else now[p]
-            if x > free:
-                break  # a preemption: the general step takes it
-            if d is not None:
-                now[p] = x
-                del delta[T]
-            if x:
-                free -= x
-                blocks += x
-                alloc += x * per_block
-                taken += x
-                if x > unc:  # the uncached free blocks are gone: each block taken evicts one
-                    evicted.append((j, x - unc))
-                    cached -= x - unc
-                    unc = 0
-                else:
-                    unc -= x
-                ia = internal_at.get(T) if internal_at else None
-                if ia:
-                    internal += ia
-            used += n
-            c_ts(t)
-            c_blocks(blocks)
-            c_alloc(alloc)
-            c_internal(internal)
-            c_used(used)
-            c_cached(cached)
-            ctx = dec_sum + T * n
-            dt = price(n, ctx, ctx, n)
-            t_end = t + (dt + extra(n, n) if extra is not None else dt)
-            j += 1
-            if fin == T or 0 <= fin < T:
-                self.free, self.blocks, self.alloc, self.internal, self.used = free, blocks, alloc, internal, used
-                if taken:
-                    self._flush_taken(taken, j - start)
-                    taken = 0
-                if sched.ledger is not None:
-                    sched.ledger.now = (sched.step_index + j - 1, t)
-                ended = self._finish(T, t_end)
-                if ended:
-                    log.event(R.FINISHED, j - 1, ended)
+        ended = 0
+        while True:  # a run of plain steps, from the state the last event left
+            free, blocks, alloc, internal, used = self.free, self.blocks, self.alloc, self.internal, self.used
+            unc = policy.uncached_free() if isinstance(policy, CountingPagedPolicy) else 0
+            cached = policy.cached_free_blocks()
+            n, dec_sum = dec.count, dec.dec_sum
+            fin = heap[0] if heap else -1
+            log.level(j, n, self.running, len(waiting), policy.external_frag(waiting[0] if waiting else None))
+            taken = 0
+            finishing = False
+            while j < limit and t < next_arr:
+                T = tick0 + 1 + j
+                p = T % bs
+                d = delta.get(T)
+                x = now[p] + d if d else now[p]
+                if x > free:
+                    break  # a preemption: the general step takes it
+                if d is not None:
+                    now[p] = x
+                    del delta[T]
+                if x:
+                    free -= x
+                    blocks += x
+                    alloc += x * per_block
+                    taken += x
+                    if x > unc:  # the uncached free blocks are gone: each block taken evicts one
+                        evicted.append((j, x - unc))
+                        cached -= x - unc
+                        unc = 0
+                    else:
+                        unc -= x
+                    ia = internal_at.get(T) if internal_at else None
+                    if ia:
+                        internal += ia
+                used += n
+                c_ts(t)
+                c_blocks(blocks)
+                c_alloc(alloc)
+                c_internal(internal)
+                c_used(used)
+                c_cached(cached)
+                ctx = dec_sum + T * n
+                dt = price(n, ctx, ctx, n)
+                t_end = t + (dt + extra(n, n) if extra is not None else dt)
+                j += 1
+                if 0 <= fin <= T:
+                    finishing = True  # decoders finish at the end of this step
+                    break
                 t = t_end
+            self.free, self.blocks, self.alloc, self.internal, self.used = free, blocks, alloc, internal, used
+            if taken:
+                self._flush_taken(taken)
+            if not finishing:
                 return j, t, ended > 0
+            if sched.ledger is not None:
+                sched.ledger.now = (sched.step_index + j - 1, t)
+            done = self._finish(T, t_end)
+            log.event(R.FINISHED, j - 1, done)
+            ended += done
             t = t_end
-        self.free, self.blocks, self.alloc, self.internal, self.used = free, blocks, alloc, internal, used
-        if taken:
-            self._flush_taken(taken, j - start)
-        return j, t, False
+            if waiting or not dec.count:
+                return j, t, ended > 0  # the head may fit now, or nothing is left to run
+            next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
 
-    def _flush_taken(self, taken: int, steps: int) -> None:
+    def _flush_taken(self, taken: int) -> None:
         """Take from the policy the blocks a run of plain steps counted (evicting what they
         counted as evicted: the same blocks in the same order, one call for the run)."""
         policy = self.policy
@@ -589,8 +594,12 @@ class Stretch:
             if evicted:
                 self.seen += evicted
                 log.event(R.EVICTED, j, evicted)
-            log.level(j, new, self.running, len(waiting), policy.external_frag(waiting[0] if waiting else None))
-            log.step(t, self.blocks, self.alloc, self.internal, self.used, policy.cached_free_blocks())
+            log.row(
+                j,
+                t,
+                (self.blocks, self.alloc, self.internal, self.used, policy.cached_free_blocks()),
+                (j, new, self.running, len(waiting), policy.external_frag(waiting[0] if waiting else None)),
+            )
             t_end = t + (price(new, ctx, pairs, seqs) + extra(new, seqs))
 
             # The end of the step: finishers freed, then the requests done with their prompt decode.

@@ -33,17 +33,19 @@ from .paged import CountingPagedPolicy, ReuseLedger, cdiv
 
 class CachedBlocks:
     """The free queue and the content index as the block table keeps them, less the names of
-    blocks without content (module docstring)."""
+    blocks without content (module docstring). A handle is a number below the pool's size,
+    given back when its block is evicted (at most that many blocks hold content at once), so
+    the index lives in lists."""
 
-    __slots__ = ("uncached", "lru", "key_of", "holders", "ref", "next_handle", "ledger")
+    __slots__ = ("uncached", "lru", "key_of", "holders", "ref", "spare", "ledger")
 
     def __init__(self, blocks: int, ledger: ReuseLedger) -> None:
         self.uncached = blocks  # free blocks without content: taken first
         self.lru: OrderedDict[int, None] = OrderedDict()  # free cached handles, least recently freed first
-        self.key_of: dict[int, int] = {}  # cached handle → its content key
+        self.key_of = [0] * blocks  # cached handle → its content key
         self.holders: dict[int, list[int]] = {}  # key → its cached handles, in caching order
-        self.ref: dict[int, int] = {}  # cached handle → sequences holding it (0: in the LRU)
-        self.next_handle = 0
+        self.ref = [0] * blocks  # cached handle → sequences holding it (0: in the LRU)
+        self.spare = list(range(blocks - 1, -1, -1))  # handles no cached block has, next last
         self.ledger = ledger
 
     def take(self, n: int) -> int:
@@ -54,17 +56,18 @@ class CachedBlocks:
             self.uncached = u - n
             return 0
         self.uncached = 0
-        lru, key_of, holders, ref, freed_at = self.lru, self.key_of, self.holders, self.ref, self.ledger.freed_at
+        evict, key_of, holders, spare = self.lru.popitem, self.key_of, self.holders, self.spare
+        forget = self.ledger.freed_at.pop
         for _ in range(n - u):
-            h, _ = lru.popitem(last=False)
-            key = key_of.pop(h)
-            del ref[h]
-            freed_at.pop(h, None)
+            h = evict(last=False)[0]
+            key = key_of[h]
+            forget(h, None)
             same = holders[key]
             if len(same) == 1:
                 del holders[key]
             else:
                 same.remove(h)
+            spare.append(h)
         return n - u
 
     def cache(self, seq: Seq, full: int) -> None:
@@ -72,9 +75,16 @@ class CachedBlocks:
         start = seq.num_cached_blocks
         if full <= start:
             return
-        key_of, holders, ref, handles, keys = self.key_of, self.holders, self.ref, seq.blocks, seq.block_keys
-        h = self.next_handle
+        key_of, holders, ref, spare, handles, keys = (
+            self.key_of,
+            self.holders,
+            self.ref,
+            self.spare,
+            seq.blocks,
+            seq.block_keys,
+        )
         for i in range(start, full):
+            h = spare.pop()
             key = keys[i]
             key_of[h] = key
             same = holders.get(key)
@@ -84,8 +94,6 @@ class CachedBlocks:
                 same.append(h)
             ref[h] = 1
             handles.append(h)
-            h += 1
-        self.next_handle = h
         seq.num_cached_blocks = full
 
 
@@ -147,12 +155,16 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         hits = seq.pending_hits
         if hits:
             ref, lru, ledger = pool.ref, pool.lru, self.ledger
+            freed_at, waited_steps, waited_s = ledger.freed_at, ledger.steps, ledger.seconds
+            step, t_s = ledger.now
             for h in hits:
                 if ref[h]:
                     self.shared_excess_positions += bs
                 else:
                     del lru[h]
-                    ledger.reused(h)
+                    was = freed_at.pop(h)  # ``ReuseLedger.reused``, inlined: a hit per block
+                    waited_steps.append(step - was[0])
+                    waited_s.append(t_s - was[1])
                 ref[h] += 1
             seq.blocks.extend(hits)
             seq.num_cached_blocks = len(seq.blocks)
@@ -190,7 +202,7 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         handles = seq.blocks
         pool.uncached += blocks - len(handles)
         freed = blocks - len(handles)
-        ref, lru, ledger = pool.ref, pool.lru, self.ledger
+        ref, lru, freed_at, now = pool.ref, pool.lru, self.ledger.freed_at, self.ledger.now
         for h in reversed(handles):
             r = ref[h] - 1
             ref[h] = r
@@ -198,7 +210,7 @@ class SharedPrefixPolicy(CountingPagedPolicy):
                 self.shared_excess_positions -= bs
             else:
                 lru[h] = None
-                ledger.freed(h)
+                freed_at[h] = now  # ``ReuseLedger.freed``, inlined: a free per block
                 freed += 1
         self._free += freed
         self.internal_positions -= internal_of(seq.allocated, seq.final_len)
