@@ -8,6 +8,7 @@ as ``SimEngine.step`` would have recorded them one by one.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -62,8 +63,9 @@ def step_rows(
     for col, values in columns.items():
         rows[:, col] = values
     for col, pairs in (events or {}).items():
-        for j, v in pairs:
-            rows[j, col] = v
+        if pairs:
+            at, values = zip(*pairs)
+            rows[list(at), col] = values
     return rows
 
 
@@ -83,7 +85,8 @@ class StepLog:
         self.internal: list[int] = []
         self.used: list[int] = []
         self.cached: list[int] = []
-        self.levels: list[tuple[int, int, int, int, int]] = []
+        # The levels, column by column: first step, scheduled tokens, running, waiting, external.
+        self.levels: tuple[list[int], ...] = ([], [], [], [], [])
         self.events: dict[int, list[tuple[int, int]]] = {
             c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
         }
@@ -91,13 +94,12 @@ class StepLog:
 
     def row(
         self,
-        step: int,
         t_s: float,
         totals: tuple[int, int, int, int, int],
         level: tuple[int, int, int, int, int],
     ) -> None:
-        """Step ``step``, starting at ``t_s``: its per-step columns (blocks, positions, internal,
-        used, cached free blocks) and its level (``level``'s form)."""
+        """One step, starting at ``t_s``: its per-step columns (blocks, positions, internal, used,
+        cached free blocks) and its level (``level``'s arguments, its own step first)."""
         self.ts.append(t_s)
         blocks, alloc, internal, used, cached = totals
         self.blocks.append(blocks)
@@ -105,11 +107,16 @@ class StepLog:
         self.internal.append(internal)
         self.used.append(used)
         self.cached.append(cached)
-        self.levels.append(level)
+        self.level(*level)
 
     def level(self, step: int, scheduled: int, running: int, waiting: int, external: int) -> None:
         """From ``step`` on (until the next level): these values."""
-        self.levels.append((step, scheduled, running, waiting, external))
+        first, sched, run, wait, ext = self.levels
+        first.append(step)
+        sched.append(scheduled)
+        run.append(running)
+        wait.append(waiting)
+        ext.append(external)
 
     def event(self, col: int, step: int, value: int) -> None:
         """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""
@@ -120,30 +127,33 @@ class StepLog:
         """The logged steps as rows from ``step0`` on, the last ending at ``t_end``."""
         k = len(self.ts)
         ts = np.empty(k + 1)
-        ts[:k] = self.ts
+        ts[:k] = np.frombuffer(array("d", self.ts))  # a list of floats, converted in C
         ts[k] = t_end
-        levels = np.array(self.levels, dtype=np.float64)
-        starts = levels[:, 0].astype(np.int64)
-        rep = np.repeat(levels[:, 1:], np.diff(starts, append=k), axis=0)
-        cols = np.array((self.blocks, self.alloc, self.internal, self.used, self.cached), dtype=np.float64)
+
+        def ints(values: list[int]) -> np.ndarray:
+            return np.array(values, dtype=np.int64)
+
+        first, *levels = map(ints, self.levels)
+        repeats = np.diff(first, append=k)
+        sched, running, waiting, external = (np.repeat(v, repeats) for v in levels)
+        alloc, used, internal = ints(self.alloc), ints(self.used), ints(self.internal)
         rows = step_rows(
             step0,
             ts,
             k,
             {
-                BLOCKS: cols[0],
-                ALLOCATED: cols[1],
-                INTERNAL: cols[2],
-                USED: cols[3],
-                CACHED_FREE: cols[4],
-                SCHEDULED: rep[:, 0],
-                RUNNING: rep[:, 1],
-                WAITING: rep[:, 2],
-                EXTERNAL: rep[:, 3],
+                BLOCKS: ints(self.blocks),
+                ALLOCATED: alloc,
+                INTERNAL: internal,
+                USED: used,
+                CACHED_FREE: ints(self.cached),
+                SCHEDULED: sched,
+                RUNNING: running,
+                WAITING: waiting,
+                EXTERNAL: external,
+                RESERVED: alloc - used - internal,
+                FREE: budget_positions - alloc,
             },
             self.events,
         )
-        np.subtract(cols[1], cols[3], out=rows[:, RESERVED])
-        rows[:, RESERVED] -= cols[2]
-        np.subtract(budget_positions, cols[1], out=rows[:, FREE])
         return rows

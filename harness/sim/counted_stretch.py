@@ -285,13 +285,15 @@ class Stretch:
             self.grown_internal += internal_of(a, fl) - internal_of(a0, fl)
 
     def _release(self, s: FastSeq) -> None:
-        """Free ``s``'s memory (its deferred growth already given) and count it out of the totals."""
+        """Free ``s``'s memory (its deferred growth already given) and count it out of the totals
+        (the free blocks at once; blocks and positions allocated by the caller's ``_refresh``)."""
         policy = self.policy
         internal, shared = policy.internal_positions, policy.shared_excess_positions
         policy.free(s)
         self.internal += policy.internal_positions - internal
         self.used -= s.num_computed + policy.shared_excess_positions - shared
-        self._refresh()
+        if isinstance(policy, CountingPagedPolicy):
+            self.free = policy.free_blocks()
 
     def _retire(self, s: FastSeq, end_s: float) -> None:
         """``s`` sampled its last token in the step ending at ``end_s``: freed, out of ``running``,
@@ -383,6 +385,8 @@ class Stretch:
             self.plan.forget(s)
             dec.unregister(s, at=tick)
             self._retire(s, end_s)
+        if live:
+            self._refresh()
         return len(live)
 
     def _start_decoding(self, computed: list[FastSeq], tick: int, end_s: float) -> int:
@@ -408,6 +412,8 @@ class Stretch:
                 continue
             dec.start(s, tick)
             self.plan.add(s)
+        if done:
+            self._refresh()
         return done
 
     # -- the loop --------------------------------------------------------------------------
@@ -595,7 +601,6 @@ class Stretch:
                 self.seen += evicted
                 log.event(R.EVICTED, j, evicted)
             log.row(
-                j,
                 t,
                 (self.blocks, self.alloc, self.internal, self.used, policy.cached_free_blocks()),
                 (j, new, self.running, len(waiting), policy.external_frag(waiting[0] if waiting else None)),

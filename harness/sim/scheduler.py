@@ -33,6 +33,7 @@ inside the stretch, at the step the driver would have released it.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -60,6 +61,11 @@ class StepPlan(Generic[S]):
     work: StepWork
 
 
+def _arrival_key(s: Seq) -> tuple[float, int]:
+    """The order of arrivals: time, then index."""
+    return s.arrival_s, s.index
+
+
 class Arrivals(Generic[S]):
     """The requests still to arrive, in arrival order, and the one rule every runner releases
     them by, against its run's clock: an idle engine jumps to the next arrival; then every
@@ -78,7 +84,7 @@ class Arrivals(Generic[S]):
                 self.held.setdefault(s.after, []).append(s)
             else:
                 first.append(s)
-        self.pending: deque[S] = deque(sorted(first, key=lambda s: (s.arrival_s, s.index)))
+        self.pending: deque[S] = deque(sorted(first, key=_arrival_key))
 
     def release(self, now: float, idle: bool, admit: Callable[[S], None]) -> float:
         """Hand every request arrived by ``now`` to ``admit``; return the clock (moved on to the
@@ -98,11 +104,7 @@ class Arrivals(Generic[S]):
         pending = self.pending
         for nxt in self.held.pop(seq.index, ()):
             nxt.arrival_s = max(nxt.arrival_s, now + nxt.think_s)
-            key = (nxt.arrival_s, nxt.index)
-            i = len(pending)
-            while i and (pending[i - 1].arrival_s, pending[i - 1].index) > key:
-                i -= 1
-            pending.insert(i, nxt)
+            pending.insert(bisect.bisect_right(pending, _arrival_key(nxt), key=_arrival_key), nxt)
 
 
 class Scheduler(Generic[S]):
