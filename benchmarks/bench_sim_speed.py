@@ -162,59 +162,68 @@ def part_a(args: argparse.Namespace) -> None:
             print(f"  reference vs vllm-sched: {med['vllm-sched'] / med['reference']:.1f}x")
 
 
-def _child_scale(workload: str, queue: multiprocessing.Queue) -> None:
-    cell = cell_for(workload, Path(tempfile.mkdtemp(prefix="bench-wl-")))
+# Parts b and c run these families of workloads (``--families``), each in a fresh child process.
+FAMILIES = {
+    "sharegpt": "synthetic sharegpt lengths, Poisson 5 req/s, 8 GiB, max_model_len 4096",
+    "hash-id": "a hash-id trace (Mooncake form, prompts <= 16k, 250 ms mean gaps), 3 GiB, max_model_len 16384",
+    "conversations": "conversations of 6 turns (suites/multi-turn.toml's), 0.5 sessions/s, 3 GiB, max_model_len 8192",
+}
+
+
+def family_cell(family: str, n: int, spread: float, where: Path) -> Cell:
+    """``family``'s cell of about ``n`` requests, its arrivals ``spread`` times slower, ``paged``."""
+    if family == "sharegpt":
+        return Row(family, sharegpt_workload(n, 5.0 / spread), "paged", "8GiB", 4096).cell()
+    if family == "hash-id":
+        trace = hash_id_trace(where / "hash-ids.jsonl", n)
+        return Row(family, hash_ids_workload(trace, spread), "paged").cell()
+    return Row(family, sessions_workload(n // 6, 0.5 / spread), "paged", max_len=8192).cell()
+
+
+def _child(family: str, n: int, spread: float, queue: multiprocessing.Queue) -> None:
+    cell = family_cell(family, n, spread, Path(tempfile.mkdtemp(prefix="bench-wl-")))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = run_once(cell, "fast")
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((r["steps"], r["computed_tokens"], r["wall_s"], r["end_to_end_s"], before, after))
+    queue.put((r["steps"], r["num_requests"], r["computed_tokens"], r["wall_s"], r["end_to_end_s"], before, after))
+
+
+def in_child(family: str, n: int, spread: float) -> tuple[int, int, int, float, float, int, int]:
+    """Run ``family_cell(family, n, spread)`` in a fresh interpreter (its peak RSS is its own)."""
+    queue = multiprocessing.get_context("spawn").Queue()
+    proc = multiprocessing.get_context("spawn").Process(target=_child, args=(family, n, spread, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return out
 
 
 def part_b(args: argparse.Namespace) -> None:
-    print("\n(b) scaling of the fast path: synthetic sharegpt lengths, Poisson 5 req/s, same model/budget/clock")
-    print(
-        "    each size in a fresh child process: its peak RSS is its own (the workload table, the requests, the loop)"
-    )
-    print(
-        f"  {'requests':>9}{'steps':>12}{'loop s':>9}{'e2e s':>8}{'tokens/s':>12}{'µs/request':>12}"
-        f"{'peak RSS MiB':>14}{'KiB/request':>13}"
-    )
-    ctx = multiprocessing.get_context("spawn")
-    for n in (x for x in (1_000, 10_000, 100_000, 1_000_000) if x <= args.max_requests):
-        q = ctx.Queue()
-        p = ctx.Process(target=_child_scale, args=(sharegpt_workload(n), q))
-        p.start()
-        steps, tokens, wall, e2e, before, after = q.get()
-        p.join()
+    for family in args.families.split(","):
+        print(f"\n(b) scaling of the fast path: {FAMILIES[family]}; paged, same model/clock")
+        print("    each size in a fresh child process: its peak RSS is its own (workload table, requests, loop)")
         print(
-            f"  {n:>9,}{steps:>12,}{wall:>9.2f}{e2e:>8.1f}{fmt_rate(tokens / wall):>12}{wall / n * 1e6:>12.1f}"
-            f"{after / 1024:>14.0f}{(after - before) / n:>13.2f}",
-            flush=True,
+            f"  {'requests':>9}{'steps':>12}{'loop s':>9}{'e2e s':>8}{'tokens/s':>12}{'µs/request':>12}"
+            f"{'peak RSS MiB':>14}{'KiB/request':>13}"
         )
-
-
-def _child_rss(workload: str, queue: multiprocessing.Queue) -> None:
-    cell = cell_for(workload, Path(tempfile.mkdtemp(prefix="bench-wl-")))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    r = run_once(cell, "fast")
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((r["steps"], r["num_requests"], before, after, r["wall_s"]))
+        for n in (x for x in (1_000, 10_000, 100_000, 1_000_000) if x <= args.max_requests):
+            steps, reqs, tokens, wall, e2e, before, after = in_child(family, n, 1.0)
+            print(
+                f"  {reqs:>9,}{steps:>12,}{wall:>9.2f}{e2e:>8.1f}{fmt_rate(tokens / wall):>12}"
+                f"{wall / reqs * 1e6:>12.1f}{after / 1024:>14.0f}{(after - before) / reqs:>13.2f}",
+                flush=True,
+            )
 
 
 def part_c(args: argparse.Namespace) -> None:
-    print(
-        "\n(c) memory: 2,000 sharegpt requests, steps grown by lowering the arrival rate (a fresh child process each)"
-    )
-    print(f"  {'rate/s':>7}{'steps':>11}{'requests':>10}{'RSS before MiB':>16}{'peak RSS MiB':>14}{'wall s':>8}")
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: peaks not inherited
-    for rate in (20.0, 2.0, 0.2):
-        q = ctx.Queue()
-        p = ctx.Process(target=_child_rss, args=(sharegpt_workload(2000, rate), q))
-        p.start()
-        steps, reqs, before, after, wall = q.get()
-        p.join()
-        print(f"  {rate:>7}{steps:>11,}{reqs:>10,}{before / 1024:>16.0f}{after / 1024:>14.0f}{wall:>8.2f}")
-    print("  (a steps table in memory would take steps x 20 columns x 8 bytes; the recorder holds one row group)")
+    for family in args.families.split(","):
+        print(f"\n(c) memory: about 2,000 requests, {FAMILIES[family]},")
+        print("    steps grown by spreading the arrivals 0.25x, 2.5x and 25x (a fresh child process each)")
+        print(f"  {'spread':>7}{'steps':>11}{'requests':>10}{'RSS before MiB':>16}{'peak RSS MiB':>14}{'wall s':>8}")
+        for spread in (0.25, 2.5, 25.0):
+            steps, reqs, _, wall, _, before, after = in_child(family, 2000, spread)
+            print(f"  {spread:>7}{steps:>11,}{reqs:>10,}{before / 1024:>16.0f}{after / 1024:>14.0f}{wall:>8.2f}")
+    print("  (a steps table in memory would take steps x 25 columns x 8 bytes; the recorder holds one row group)")
 
 
 PRESSURE = {
@@ -338,13 +347,17 @@ def hash_id_trace(path: Path, requests: int, seed: int = 0, block: int = 512) ->
     return path
 
 
-def sessions_workload(sessions: int) -> str:
+def sessions_workload(sessions: int, rate: float = 0.5) -> str:
     """The multi-turn suite's conversations (suites/multi-turn.toml), ``sessions`` of 6 turns."""
     return (
         f'source = "sessions"\nnum_sessions = {sessions}\nturns = 6\nthink_time_s = 4.0\nlengths = "uniform"\n'
         "prompt_min = 200\nprompt_max = 1000\nmessage_min = 20\nmessage_max = 200\noutput_min = 50\n"
-        'output_max = 400\narrival = "poisson"\nrate = 0.5\nseed = 0'
+        f'output_max = 400\narrival = "poisson"\nrate = {rate}\nseed = 0'
     )
+
+
+def hash_ids_workload(trace: Path, time_scale: float = 1.0) -> str:
+    return f'source = "trace"\npath = "{trace}"\nhash_block_size = 512\narrival = "trace"\ntime_scale = {time_scale}'
 
 
 PREFILL_HEAVY = (
@@ -381,12 +394,14 @@ class Row:
 
 
 def workload_rows(trace: Path) -> list[Row]:
-    hash_ids = f'source = "trace"\npath = "{trace}"\nhash_block_size = 512\narrival = "trace"'
+    hash_ids = hash_ids_workload(trace)
+    hashed = "hash-id trace, 600 requests <= 16k, trace arrivals, 3 GiB"
+    talks = "64 conversations x 6 turns, 3 GiB"
     rows = [
-        Row("hash-id trace, 600 requests <= 16k, trace arrivals, 3 GiB", hash_ids, "paged"),
-        Row("the same", hash_ids, "paged-prefix"),
-        Row("64 conversations x 6 turns, 3 GiB", sessions_workload(64), "paged", max_len=8192),
-        Row("the same", sessions_workload(64), "paged-prefix", max_len=8192),
+        Row(hashed, hash_ids, "paged"),
+        Row(hashed, hash_ids, "paged-prefix"),
+        Row(talks, sessions_workload(64), "paged", max_len=8192),
+        Row(talks, sessions_workload(64), "paged-prefix", max_len=8192),
         Row("prefill-heavy, 600 requests, prompt ~2k, output ~28, 1 GiB", PREFILL_HEAVY, "paged", "1GiB", 8192),
     ]
     for policy in ("contiguous-max", "contiguous-pow2", "contiguous-oracle"):
@@ -406,7 +421,8 @@ def part_w(args: argparse.Namespace) -> None:
     print(f"  {'workload':<62}{'policy':<19}{'steps':>8}{'fast s':>16}{'other s':>16}{'ratio':>8}  vs")
     trace = hash_id_trace(Path(tempfile.mkdtemp(prefix="bench-trace-")) / "hash-ids.jsonl", 600)
     for row in workload_rows(trace):
-        if args.rows and args.rows not in f"{row.label} {row.policy} {row.grid_extra}":
+        text = f"{row.label} {row.policy} {row.grid_extra}"
+        if args.rows and not any(part in text for part in args.rows.split(",")):
             continue
         cell = row.cell()
         fast_s, other_s = [], []
@@ -440,12 +456,21 @@ def main() -> None:
     ap.add_argument("--skip-full-vllm", action="store_true", help="skip vllm-sched on the full trace (minutes)")
     ap.add_argument("--max-requests", type=int, default=1_000_000, help="largest size in the scaling table")
     ap.add_argument(
+        "--families", default="sharegpt", help=f"parts b and c: workload families, from {', '.join(FAMILIES)} (a,b)"
+    )
+    ap.add_argument(
         "--parts", default="abc", help="which parts to run (a, b, c; p: under memory pressure; w: workloads users run)"
     )
-    ap.add_argument("--rows", default="", help="part w: only the rows whose workload, policy or arena contain this")
+    ap.add_argument(
+        "--rows",
+        default="",
+        help="part w: only the rows whose workload, policy, arena or unit contain one of these (a,b)",
+    )
     args = ap.parse_args()
     if not args.parts or set(args.parts) - set("abcpw"):
         ap.error(f"--parts takes letters from a, b, c, p and w, got {args.parts!r}")
+    if set(args.families.split(",")) - set(FAMILIES):
+        ap.error(f"--families takes names from {', '.join(FAMILIES)}, got {args.families!r}")
     if "w" in args.parts:
         part_w(args)
     if "p" in args.parts:
