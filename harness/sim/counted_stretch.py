@@ -417,10 +417,11 @@ class Stretch:
         return done
 
     # -- the loop --------------------------------------------------------------------------
-    def _plain(self, j: int, t: float, next_arr: float) -> tuple[int, float, bool]:
+    def _plain(self, j: int, t: float, next_arr: float, closed: bool) -> tuple[int, float, bool]:
         """Plain steps from the stretch's step ``j`` (starting at ``t``) while the next one is
-        plain; a finish ends them (after its step) unless nothing waits. Returns the step and
-        time reached, and whether decoders finished."""
+        plain; a finish ends them (after its step) unless nothing waits. ``closed``: requests
+        wait and none can be admitted until something finishes, so arrivals only join them.
+        Returns the step and time reached, and whether decoders finished."""
         sched, plan, policy, log, dec = self.sched, self.plan, self.policy, self.log, self.dec
         clock = sched.clock
         assert clock is not None
@@ -439,10 +440,18 @@ class Stretch:
             cached = policy.cached_free_blocks()
             n, dec_sum = dec.count, dec.dec_sum
             fin = heap[0] if heap else -1
-            log.level(j, n, self.running, len(waiting), policy.external_frag(waiting[0] if waiting else None))
+            external = policy.external_frag(waiting[0] if waiting else None)
+            log.level(j, n, self.running, len(waiting), external)
             taken = 0
             finishing = False
-            while j < limit and t < next_arr:
+            while j < limit:
+                if t >= next_arr:  # the driver releases the arrivals due before the step
+                    if not closed:
+                        break  # one may be admitted: the general step takes it
+                    while pending and pending[0].arrival_s <= t:
+                        waiting.append(pending.popleft())
+                    next_arr = pending[0].arrival_s if pending else math.inf
+                    log.level(j, n, self.running, len(waiting), external)
                 T = tick0 + 1 + j
                 p = T % bs
                 d = delta.get(T)
@@ -521,13 +530,11 @@ class Stretch:
         j = 0
         while j < MAX_STEPS and dec.count <= B:
             next_arr = pending[0].arrival_s if pending else math.inf
-            if (
-                self.prefilling is None
-                and t < next_arr
-                and (not waiting or blocked or not admission_open(B - dec.count, self.running, max_seqs))
-            ):
+            # Requests wait and none can be admitted until something finishes: arrivals only join them.
+            closed = bool(waiting) and (blocked or not admission_open(B - dec.count, self.running, max_seqs))
+            if self.prefilling is None and (closed or (not waiting and t < next_arr)):
                 j0 = j
-                j, t, finished = self._plain(j, t, next_arr)
+                j, t, finished = self._plain(j, t, next_arr, closed)
                 if finished:
                     blocked = False  # memory freed: the head may fit
                 if j > j0:

@@ -5,10 +5,11 @@ depends on fewer things: how many blocks are free, which of the free ones hold c
 what order they were freed (evictions pop the least recently freed), and which content each
 cached block holds (a hit takes the first cached block with a key). A block without content —
 never used, freed without a key, or a block a sequence holds whose content is not cached yet —
-is interchangeable with any other, so it is a count. Only cached blocks have a name (a handle,
-numbered as they are cached), and each sequence's blocks are its cached handles (always a
-prefix of its blocks: a block is cached only once every block before it is full) followed by a
-count of blocks without content (``seq.allocated`` says how many blocks it holds).
+is interchangeable with any other, so it is a count. Only cached blocks have a name (a handle:
+a number below the pool's size, taken when a block is cached and given back when it is
+evicted), and each sequence's blocks are its cached handles (always a prefix of its blocks: a
+block is cached only once every block before it is full) followed by a count of blocks without
+content (``seq.allocated`` says how many blocks it holds).
 
 ``CachedBlocks`` holds that state: the uncached free count, the LRU of free cached handles
 (an ``OrderedDict``: O(1) touch, evict, append), each handle's key and reference count, and
