@@ -417,11 +417,12 @@ class Stretch:
         return done
 
     # -- the loop --------------------------------------------------------------------------
-    def _plain(self, j: int, t: float, next_arr: float, closed: bool) -> tuple[int, float, bool]:
+    def _plain(self, j: int, t: float, next_arr: float, closed: bool) -> tuple[int, float, bool | None]:
         """Plain steps from the stretch's step ``j`` (starting at ``t``) while the next one is
-        plain; a finish ends them (after its step) unless nothing waits. ``closed``: requests
-        wait and none can be admitted until something finishes, so arrivals only join them.
-        Returns the step and time reached, and whether decoders finished."""
+        plain; a finish ends them (after its step) unless the head of ``waiting``, if any, stays
+        refused. ``closed``: requests wait and none can be admitted until something finishes,
+        so arrivals only join them. Returns the step and time reached, and whether the head is
+        refused for memory now (None: as it was)."""
         sched, plan, policy, log, dec = self.sched, self.plan, self.policy, self.log, self.dec
         clock = sched.clock
         assert clock is not None
@@ -433,7 +434,7 @@ class Stretch:
         c_ts, c_blocks, c_alloc = log.ts.append, log.blocks.append, log.alloc.append
         c_internal, c_used, c_cached = log.internal.append, log.used.append, log.cached.append
         evicted = log.evicted
-        ended = 0
+        refused: bool | None = None
         while True:  # a run of plain steps, from the state the last event left
             free, blocks, alloc, internal, used = self.free, self.blocks, self.alloc, self.internal, self.used
             unc = policy.uncached_free() if isinstance(policy, CountingPagedPolicy) else 0
@@ -494,16 +495,31 @@ class Stretch:
             if taken:
                 self._flush_taken(taken)
             if not finishing:
-                return j, t, ended > 0
+                return j, t, refused
             if sched.ledger is not None:
                 sched.ledger.now = (sched.step_index + j - 1, t)
             done = self._finish(T, t_end)
             log.event(R.FINISHED, j - 1, done)
-            ended += done
             t = t_end
-            if waiting or not dec.count:
-                return j, t, ended > 0  # the head may fit now, or nothing is left to run
+            if not dec.count:
+                return j, t, False  # nothing is left to run
+            if waiting:
+                if self._head_fits():
+                    return j, t, False  # the general step admits it
+                closed = refused = True  # until the next finish, memory only shrinks
             next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
+
+    def _head_fits(self) -> bool:
+        """Whether the head of ``waiting`` could be admitted now, before the next step's crossings
+        take their blocks (so False stays False through them): room under ``max_num_seqs`` and
+        the token budget, and memory for it as ``Scheduler.admit_waiting`` asks."""
+        sched = self.sched
+        budget = sched.config.max_num_batched_tokens - self.dec.count
+        if not admission_open(budget, self.running, sched.config.max_num_seqs):
+            return False
+        head = sched.waiting[0]
+        _, target, must_fit = sched.admission(head, budget)
+        return self.policy.can_allocate(head, target, must_fit=must_fit)
 
     def _flush_taken(self, taken: int) -> None:
         """Take from the policy the blocks a run of plain steps counted (evicting what they
@@ -534,9 +550,9 @@ class Stretch:
             closed = bool(waiting) and (blocked or not admission_open(B - dec.count, self.running, max_seqs))
             if self.prefilling is None and (closed or (not waiting and t < next_arr)):
                 j0 = j
-                j, t, finished = self._plain(j, t, next_arr, closed)
-                if finished:
-                    blocked = False  # memory freed: the head may fit
+                j, t, refused = self._plain(j, t, next_arr, closed)
+                if refused is not None:
+                    blocked = refused  # decoders finished: the head was tried again
                 if j > j0:
                     if dec.count == 0 and self.prefilling is None and (not waiting or blocked):
                         break

@@ -227,15 +227,14 @@ class Scheduler(Generic[S]):
         running = self.running
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
-        max_len = self.max_model_len
         admitted = hit_tokens = recomputed = 0
         while waiting and admission_open(budget, len(running), max_seqs):
             seq = waiting[0]
-            hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
-            computed = seq.num_computed + hit
-            num_new = admission_chunk(seq.num_tokens, computed, budget)
-            if not policy.allocate(seq, computed + num_new, must_fit=admission_must_fit(seq.num_tokens, max_len)):
+            hit, target, must_fit = self.admission(seq, budget)
+            if not policy.allocate(seq, target, must_fit=must_fit):
                 break
+            computed = seq.num_computed + hit
+            num_new = target - computed
             waiting.popleft()
             self.start_running(seq, self.now)
             seq.num_computed = computed
@@ -250,6 +249,15 @@ class Scheduler(Generic[S]):
             budget -= num_new
             admitted += 1
         return admitted, hit_tokens, recomputed
+
+    def admission(self, seq: S, budget: int) -> tuple[int, int, int]:
+        """What admitting ``seq`` with ``budget`` tokens left asks of the policy: (its hit tokens,
+        the positions to back, the positions that must fit). The policy remembers the hit
+        (``prefix_hit``) for the ``allocate`` that follows."""
+        hit = self.policy.prefix_hit(seq) if seq.num_computed == 0 else 0
+        computed = seq.num_computed + hit
+        target = computed + admission_chunk(seq.num_tokens, computed, budget)
+        return hit, target, admission_must_fit(seq.num_tokens, self.max_model_len)
 
     def measure_values(self) -> tuple[int, ...]:
         """The allocation state while the step computes (after scheduling, before frees), as a
