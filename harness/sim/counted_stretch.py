@@ -212,6 +212,7 @@ class Stretch:
         "sched",
         "dec",
         "policy",
+        "counting",
         "paged",
         "plan",
         "bs",
@@ -226,17 +227,20 @@ class Stretch:
         "prefilling",
         "seen",
         "log",
+        "consts",
     )
 
     def __init__(self, sched: Scheduler[FastSeq], dec: Decoders) -> None:
         policy = sched.policy
         self.sched, self.dec, self.policy = sched, dec, policy
-        self.paged = isinstance(policy, CountingPagedPolicy)
+        # The policy as block counts (paged, virtual-contiguous, paged-prefix); None: contiguous.
+        self.counting = policy if isinstance(policy, CountingPagedPolicy) else None
+        self.paged = self.counting is not None
         self.bs = policy.block_size
         self.tick0 = dec.tick
         # The totals as the next row reads them. ``free``: free blocks (paged; a contiguous
         # policy's decoders never cross, so 0 blocks always fit), current, as the policy's.
-        self.free = policy.free_blocks() if isinstance(policy, CountingPagedPolicy) else 0
+        self.free = self.counting.free_blocks() if self.counting is not None else 0
         self.blocks = policy.allocated_blocks()
         self.alloc = policy.allocated_positions
         self.internal = policy.internal_positions  # the policy's, plus the decoders' deferred growth
@@ -253,25 +257,42 @@ class Stretch:
             if s.dec_tick >= 0:
                 self.plan.add(s)
         self.log = R.StepLog()
+        # What the plain steps read, fetched once (``_plain`` is entered at every event).
+        clock = sched.clock
+        assert clock is not None
+        plan = self.plan
+        self.consts = (
+            clock.price,
+            clock.take if type(clock).take is not Clock.take else None,  # a clock with memory
+            plan.now,
+            plan.delta,
+            plan.internal_at,
+            self.bs,
+            self.tick0,
+            self.bs if self.paged else 0,  # positions per block crossed (contiguous: none cross)
+            sched.waiting,
+            sched.pending,
+            dec.finish_ticks,
+            self.log,
+        )
 
     # -- events --------------------------------------------------------------------------
     def _refresh(self) -> None:
         """Read the allocation totals back from the policy after an event changed them."""
-        policy = self.policy
-        if isinstance(policy, CountingPagedPolicy):
-            self.free = free = policy.free_blocks()
-            self.blocks = blocks = policy.num_blocks - free
+        counting = self.counting
+        if counting is not None:
+            self.free = free = counting.free_blocks()
+            self.blocks = blocks = counting.num_blocks - free
             self.alloc = blocks * self.bs
         else:
-            self.blocks = policy.allocated_blocks()
-            self.alloc = policy.allocated_positions
+            self.blocks = self.policy.allocated_blocks()
+            self.alloc = self.policy.allocated_positions
 
     def _take(self, n: int) -> None:
         """``n`` free blocks taken by crossings (they fit): from the policy now, evicting as it must."""
-        policy = self.policy
-        assert isinstance(policy, CountingPagedPolicy)
+        assert self.counting is not None
         self.free -= n
-        policy.take(n)
+        self.counting.take(n)
 
     def _catch_up(self, s: FastSeq, tick: int) -> None:
         """Give decoder ``s`` the blocks its crossings up to ``tick`` took (taken from the policy then)."""
@@ -292,8 +313,8 @@ class Stretch:
         policy.free(s)
         self.internal += policy.internal_positions - internal
         self.used -= s.num_computed + policy.shared_excess_positions - shared
-        if isinstance(policy, CountingPagedPolicy):
-            self.free = policy.free_blocks()
+        if self.counting is not None:
+            self.free = self.counting.free_blocks()
 
     def _retire(self, s: FastSeq, end_s: float) -> None:
         """``s`` sampled its last token in the step ending at ``end_s``: freed, out of ``running``,
@@ -378,6 +399,8 @@ class Stretch:
                 lst = finishing.pop(tick, None)
                 if lst:
                     live.extend(Decoders.live(lst))
+        if not live:
+            return 0
         if len(live) > 1:
             live.sort(key=_RUN_POS)
         for s in live:
@@ -385,8 +408,7 @@ class Stretch:
             self.plan.forget(s)
             dec.unregister(s, at=tick)
             self._retire(s, end_s)
-        if live:
-            self._refresh()
+        self._refresh()
         return len(live)
 
     def _start_decoding(self, computed: list[FastSeq], tick: int, end_s: float) -> int:
@@ -423,21 +445,15 @@ class Stretch:
         refused. ``closed``: requests wait and none can be admitted until something finishes,
         so arrivals only join them. Returns the step and time reached, and whether the head is
         refused for memory now (None: as it was)."""
-        sched, plan, policy, log, dec = self.sched, self.plan, self.policy, self.log, self.dec
-        clock = sched.clock
-        assert clock is not None
-        price, extra = clock.price, clock.take if type(clock).take is not Clock.take else None
-        now, delta, internal_at = plan.now, plan.delta, plan.internal_at
-        bs, tick0, limit = self.bs, self.tick0, MAX_STEPS
-        per_block = bs if self.paged else 0
-        waiting, pending, heap = sched.waiting, sched.pending, dec.finish_ticks
+        sched, policy, counting, dec = self.sched, self.policy, self.counting, self.dec
+        price, extra, now, delta, internal_at, bs, tick0, per_block, waiting, pending, heap, log = self.consts
         c_ts, c_blocks, c_alloc = log.ts.append, log.blocks.append, log.alloc.append
         c_internal, c_used, c_cached = log.internal.append, log.used.append, log.cached.append
-        evicted = log.evicted
+        evicted, limit = log.evicted, MAX_STEPS
         refused: bool | None = None
         while True:  # a run of plain steps, from the state the last event left
             free, blocks, alloc, internal, used = self.free, self.blocks, self.alloc, self.internal, self.used
-            unc = policy.uncached_free() if isinstance(policy, CountingPagedPolicy) else 0
+            unc = counting.uncached_free() if counting is not None else 0
             cached = policy.cached_free_blocks()
             n, dec_sum = dec.count, dec.dec_sum
             fin = heap[0] if heap else -1
@@ -524,9 +540,8 @@ class Stretch:
     def _flush_taken(self, taken: int) -> None:
         """Take from the policy the blocks a run of plain steps counted (evicting what they
         counted as evicted: the same blocks in the same order, one call for the run)."""
-        policy = self.policy
-        assert isinstance(policy, CountingPagedPolicy)
-        self.seen += policy.take(taken)
+        assert self.counting is not None
+        self.seen += self.counting.take(taken)
 
     def run(self, recorder: RunRecorder) -> int:
         """Take steps while each can be taken whole (module docstring); record them; return how many."""
