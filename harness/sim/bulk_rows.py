@@ -71,52 +71,43 @@ def step_rows(
 
 class StepLog:
     """The rows of a counted stretch as it takes its steps: per step, the columns that may move
-    every step (start time; blocks, positions, internal fragmentation, used positions and cached
-    free blocks after scheduling); per *level*, the ones that move only at events (scheduled
-    tokens, running, waiting, external fragmentation), from the step a level starts; and the
-    events, sparse (step, value) pairs."""
+    every step (start time; blocks allocated, used positions and cached free blocks after
+    scheduling); per *level*, the ones that move only at events (scheduled tokens, running,
+    waiting, external and internal fragmentation, and the positions allocated beyond
+    ``per_block`` a block: a contiguous policy's reservations), from the step a level starts;
+    and the events, sparse (step, value) pairs."""
 
-    __slots__ = ("ts", "blocks", "alloc", "internal", "used", "cached", "levels", "events", "evicted")
+    __slots__ = ("per_block", "ts", "blocks", "used", "cached", "levels", "events", "evicted")
 
-    def __init__(self) -> None:
+    def __init__(self, per_block: int) -> None:
+        self.per_block = per_block
         self.ts: list[float] = []
         self.blocks: list[int] = []
-        self.alloc: list[int] = []
-        self.internal: list[int] = []
         self.used: list[int] = []
         self.cached: list[int] = []
-        # The levels, column by column: first step, scheduled tokens, running, waiting, external.
-        self.levels: tuple[list[int], ...] = ([], [], [], [], [])
+        # The levels, column by column: first step, scheduled tokens, running, waiting, external,
+        # internal, positions allocated beyond the blocks'.
+        self.levels: tuple[list[int], ...] = ([], [], [], [], [], [], [])
         self.events: dict[int, list[tuple[int, int]]] = {
             c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
         }
         self.evicted = self.events[EVICTED]  # the plain steps append to it directly
 
-    def row(
-        self,
-        t_s: float,
-        totals: tuple[int, int, int, int, int],
-        level: tuple[int, int, int, int, int],
-    ) -> None:
-        """One step, starting at ``t_s``: its per-step columns (blocks, positions, internal, used,
-        cached free blocks) and its level (``level``'s arguments, its own step first)."""
+    def row(self, t_s: float, blocks: int, used: int, cached: int, level: tuple[int, ...]) -> None:
+        """One step, starting at ``t_s``: its per-step columns and its level (``level``'s
+        arguments, its own step first)."""
         self.ts.append(t_s)
-        blocks, alloc, internal, used, cached = totals
         self.blocks.append(blocks)
-        self.alloc.append(alloc)
-        self.internal.append(internal)
         self.used.append(used)
         self.cached.append(cached)
-        self.level(*level)
+        for column, value in zip(self.levels, level):
+            column.append(value)
 
-    def level(self, step: int, scheduled: int, running: int, waiting: int, external: int) -> None:
-        """From ``step`` on (until the next level): these values."""
-        first, sched, run, wait, ext = self.levels
-        first.append(step)
-        sched.append(scheduled)
-        run.append(running)
-        wait.append(waiting)
-        ext.append(external)
+    def level(self, *level: int) -> None:
+        """From step ``level[0]`` on (until the next level): scheduled tokens, running, waiting,
+        external, internal, positions allocated beyond the blocks'."""
+        for column, value in zip(self.levels, level):
+            column.append(value)
 
     def event(self, col: int, step: int, value: int) -> None:
         """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""
@@ -135,14 +126,15 @@ class StepLog:
 
         first, *levels = map(ints, self.levels)
         repeats = np.diff(first, append=k)
-        sched, running, waiting, external = (np.repeat(v, repeats) for v in levels)
-        alloc, used, internal = ints(self.alloc), ints(self.used), ints(self.internal)
+        sched, running, waiting, external, internal, beyond = (np.repeat(v, repeats) for v in levels)
+        blocks, used = ints(self.blocks), ints(self.used)
+        alloc = blocks * self.per_block + beyond
         rows = step_rows(
             step0,
             ts,
             k,
             {
-                BLOCKS: ints(self.blocks),
+                BLOCKS: blocks,
                 ALLOCATED: alloc,
                 INTERNAL: internal,
                 USED: used,

@@ -256,7 +256,7 @@ class Stretch:
         for s in sched.running:
             if s.dec_tick >= 0:
                 self.plan.add(s)
-        self.log = R.StepLog()
+        self.log = R.StepLog(self.bs if self.paged else 0)
         # What the plain steps read, fetched once (``_plain`` is entered at every event).
         clock = sched.clock
         assert clock is not None
@@ -447,8 +447,7 @@ class Stretch:
         refused for memory now (None: as it was)."""
         sched, policy, counting, dec = self.sched, self.policy, self.counting, self.dec
         price, extra, now, delta, internal_at, bs, tick0, per_block, waiting, pending, heap, log = self.consts
-        c_ts, c_blocks, c_alloc = log.ts.append, log.blocks.append, log.alloc.append
-        c_internal, c_used, c_cached = log.internal.append, log.used.append, log.cached.append
+        c_ts, c_blocks, c_used, c_cached = log.ts.append, log.blocks.append, log.used.append, log.cached.append
         evicted, limit = log.evicted, MAX_STEPS
         refused: bool | None = None
         while True:  # a run of plain steps, from the state the last event left
@@ -458,7 +457,8 @@ class Stretch:
             n, dec_sum = dec.count, dec.dec_sum
             fin = heap[0] if heap else -1
             external = policy.external_frag(waiting[0] if waiting else None)
-            log.level(j, n, self.running, len(waiting), external)
+            beyond = alloc - blocks * per_block
+            log.level(j, n, self.running, len(waiting), external, internal, beyond)
             taken = 0
             finishing = False
             while j < limit:
@@ -468,7 +468,7 @@ class Stretch:
                     while pending and pending[0].arrival_s <= t:
                         waiting.append(pending.popleft())
                     next_arr = pending[0].arrival_s if pending else math.inf
-                    log.level(j, n, self.running, len(waiting), external)
+                    log.level(j, n, self.running, len(waiting), external, internal, beyond)
                 T = tick0 + 1 + j
                 p = T % bs
                 d = delta.get(T)
@@ -481,7 +481,6 @@ class Stretch:
                 if x:
                     free -= x
                     blocks += x
-                    alloc += x * per_block
                     taken += x
                     if x > unc:  # the uncached free blocks are gone: each block taken evicts one
                         evicted.append((j, x - unc))
@@ -490,13 +489,12 @@ class Stretch:
                     else:
                         unc -= x
                     ia = internal_at.get(T) if internal_at else None
-                    if ia:
+                    if ia:  # a decoder's last block: what it will never fill
                         internal += ia
+                        log.level(j, n, self.running, len(waiting), external, internal, beyond)
                 used += n
                 c_ts(t)
                 c_blocks(blocks)
-                c_alloc(alloc)
-                c_internal(internal)
                 c_used(used)
                 c_cached(cached)
                 ctx = dec_sum + T * n
@@ -507,7 +505,13 @@ class Stretch:
                     finishing = True  # decoders finish at the end of this step
                     break
                 t = t_end
-            self.free, self.blocks, self.alloc, self.internal, self.used = free, blocks, alloc, internal, used
+            self.free, self.blocks, self.alloc, self.internal, self.used = (
+                free,
+                blocks,
+                blocks * per_block + beyond,
+                internal,
+                used,
+            )
             if taken:
                 self._flush_taken(taken)
             if not finishing:
@@ -604,7 +608,8 @@ class Stretch:
                         self._evict(v, T)
                 if waiting and not blocked and not victims:  # admission, first come first served
                     admitted = self._admit(budget, t, scheduled)
-                    budget -= sum(n for _, n in scheduled)
+                    for _, n in scheduled:
+                        budget -= n
                     blocked = bool(waiting) and admission_open(budget, self.running, max_seqs)
                 self._refresh()
             if victims:
@@ -640,8 +645,18 @@ class Stretch:
                 log.event(R.EVICTED, j, evicted)
             log.row(
                 t,
-                (self.blocks, self.alloc, self.internal, self.used, policy.cached_free_blocks()),
-                (j, new, self.running, len(waiting), policy.external_frag(waiting[0] if waiting else None)),
+                self.blocks,
+                self.used,
+                policy.cached_free_blocks(),
+                (
+                    j,
+                    new,
+                    self.running,
+                    len(waiting),
+                    policy.external_frag(waiting[0] if waiting else None),
+                    self.internal,
+                    self.alloc - self.blocks * log.per_block,
+                ),
             )
             t_end = t + (price(new, ctx, pairs, seqs) + extra(new, seqs))
 
