@@ -12,20 +12,27 @@ block is cached only once every block before it is full) followed by a count of 
 content (``seq.allocated`` says how many blocks it holds).
 
 ``CachedBlocks`` holds that state: the uncached free count, the LRU of free cached handles
-(an ``OrderedDict``: O(1) touch, evict, append), each handle's key and reference count, and
-each key's handles in caching order. Every operation costs per block it touches, as the block
-table's do, but a stretch of steps can take many blocks at once (``take``: the uncached first,
-then evicting from the LRU's front) without naming the blocks a decoder grows into: a
-decoder's own blocks hold tokens only it has (its sampled tokens), so nothing can hit them
-before it frees them, and they are cached then (``free``; the block table caches each the step
-it fills). Equality with the block table is tested call for call
+(an ``OrderedDict``: O(1) touch, evict, append), each handle's key, each key's first cached
+handle (the one a hit takes; later ones with the same key, rare, wait in ``more``), and the
+references beyond the first of the handles several sequences hold (a held handle not there has
+one; a handle in the LRU has none). The common operations — a sequence's run of hits, caching
+a prompt's blocks, freeing a sequence that shares nothing, evicting a run from the LRU — go in
+bulk through the dictionaries' own loops. A stretch of steps takes many blocks at once
+(``take``: the uncached first, then evicting from the LRU's front) without naming the blocks a
+decoder grows into: a decoder's own blocks hold tokens only it has (its sampled tokens), so
+nothing can hit them before it frees them, and they are cached then (``free``; the block table
+caches each the step it fills). Equality with the block table is tested call for call
 (``tests/test_policy_properties.py``) and record for record through the simulator
 (``tests/test_fast_path.py``).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from functools import partial
+from itertools import repeat, takewhile
+from operator import is_not
+from typing import cast
 
 from ..sequence import Seq
 from .base import internal_of
@@ -35,19 +42,23 @@ from .paged import CountingPagedPolicy, ReuseLedger, cdiv
 class CachedBlocks:
     """The free queue and the content index as the block table keeps them, less the names of
     blocks without content (module docstring). A handle is a number below the pool's size,
-    given back when its block is evicted (at most that many blocks hold content at once), so
-    the index lives in lists."""
+    given back when its block is evicted (at most that many blocks hold content at once)."""
 
-    __slots__ = ("uncached", "lru", "key_of", "holders", "ref", "spare", "ledger")
+    __slots__ = ("uncached", "lru", "key_of", "first", "more", "shared", "spare", "ledger")
 
     def __init__(self, blocks: int, ledger: ReuseLedger) -> None:
         self.uncached = blocks  # free blocks without content: taken first
         self.lru: OrderedDict[int, None] = OrderedDict()  # free cached handles, least recently freed first
         self.key_of = [0] * blocks  # cached handle → its content key
-        self.holders: dict[int, list[int]] = {}  # key → its cached handles, in caching order
-        self.ref = [0] * blocks  # cached handle → sequences holding it (0: in the LRU)
+        self.first: dict[int, int] = {}  # key → its earliest cached handle (a hit takes it)
+        self.more: dict[int, list[int]] = {}  # key → its later cached handles, in caching order
+        self.shared: dict[int, int] = {}  # held handle → its references beyond one
         self.spare = list(range(blocks - 1, -1, -1))  # handles no cached block has, next last
         self.ledger = ledger
+
+    def hits(self, keys: list[int]) -> list[int]:
+        """The cached handles of the longest run of ``keys`` from the first."""
+        return cast(list[int], list(takewhile(_CACHED, map(self.first.get, keys, repeat(None)))))
 
     def take(self, n: int) -> int:
         """Take ``n`` free blocks (they fit): the uncached first, then evicting from the LRU's
@@ -57,45 +68,58 @@ class CachedBlocks:
             self.uncached = u - n
             return 0
         self.uncached = 0
-        evict, key_of, holders, spare = self.lru.popitem, self.key_of, self.holders, self.spare
-        forget = self.ledger.freed_at.pop
-        for _ in range(n - u):
-            h = evict(last=False)[0]
-            key = key_of[h]
-            forget(h, None)
-            same = holders[key]
-            if len(same) == 1:
-                del holders[key]
-            else:
-                same.remove(h)
-            spare.append(h)
+        evict = self.lru.popitem
+        gone = [evict(False)[0] for _ in range(n - u)]
+        keys = list(map(self.key_of.__getitem__, gone))
+        if self.more:
+            for h, key in zip(gone, keys):
+                self._forget(h, key)
+        else:  # every key has one handle: its own
+            deque(map(self.first.__delitem__, keys), maxlen=0)
+        self.spare.extend(gone)
         return n - u
+
+    def _forget(self, h: int, key: int) -> None:
+        """Handle ``h`` (of ``key``) is evicted: the next handle with ``key``, if any, is the first."""
+        first, more = self.first, self.more
+        later = more.get(key)
+        if first[key] == h:
+            if later:
+                first[key] = later.pop(0)
+                if not later:
+                    del more[key]
+            else:
+                del first[key]
+        else:
+            assert later is not None
+            later.remove(h)
+            if not later:
+                del more[key]
 
     def cache(self, seq: Seq, full: int) -> None:
         """Give ``seq``'s blocks up to its ``full``-th their content keys (they are held: one reference)."""
         start = seq.num_cached_blocks
         if full <= start:
             return
-        key_of, holders, ref, spare, handles, keys = (
-            self.key_of,
-            self.holders,
-            self.ref,
-            self.spare,
-            seq.blocks,
-            seq.block_keys,
-        )
-        for i in range(start, full):
-            h = spare.pop()
-            key = keys[i]
+        spare, key_of, first = self.spare, self.key_of, self.first
+        keys = seq.block_keys[start:full]
+        handles = spare[start - full :]
+        del spare[start - full :]
+        for h, key in zip(handles, keys):
             key_of[h] = key
-            same = holders.get(key)
-            if same is None:
-                holders[key] = [h]
-            else:
-                same.append(h)
-            ref[h] = 1
-            handles.append(h)
+        if first.keys().isdisjoint(keys):
+            first.update(zip(keys, handles))
+        else:  # content some other sequence computed too, apart: later handles of its key
+            for h, key in zip(handles, keys):
+                if key in first:
+                    self.more.setdefault(key, []).append(h)
+                else:
+                    first[key] = h
+        seq.blocks.extend(handles)
         seq.num_cached_blocks = full
+
+
+_CACHED = partial(is_not, None)  # a handle, not None: in C, one call per key
 
 
 class SharedPrefixPolicy(CountingPagedPolicy):
@@ -115,16 +139,10 @@ class SharedPrefixPolicy(CountingPagedPolicy):
     def prefix_hit(self, seq: Seq) -> int:
         """The longest run of cached blocks from the start (never the whole prompt), remembered
         for the next ``allocate``."""
-        hits: list[int] = []
-        seq.pending_hits = hits
         if seq.num_computed:
+            seq.pending_hits = []
             return 0
-        holders = self.pool.holders
-        for key in seq.block_keys[: (seq.num_tokens - 1) // self.block_size]:
-            same = holders.get(key)
-            if same is None:
-                break
-            hits.append(same[0])
+        seq.pending_hits = hits = self.pool.hits(seq.block_keys[: (seq.num_tokens - 1) // self.block_size])
         return len(hits) * self.block_size
 
     def _new_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> tuple[int, int]:
@@ -133,8 +151,7 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         bs = self.block_size
         hits = seq.pending_hits
         held = seq.allocated // bs
-        ref = self.pool.ref
-        evictable = sum(1 for h in hits if not ref[h]) if hits else 0
+        evictable = len(self.pool.lru.keys() & hits) if hits else 0
         free = self._free
         if must_fit and max(cdiv(must_fit, bs) - held - len(hits), 0) + evictable > free:
             return -1, evictable
@@ -155,18 +172,20 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         old = seq.allocated
         hits = seq.pending_hits
         if hits:
-            ref, lru, ledger = pool.ref, pool.lru, self.ledger
-            freed_at, waited_steps, waited_s = ledger.freed_at, ledger.steps, ledger.seconds
-            step, t_s = ledger.now
-            for h in hits:
-                if ref[h]:
-                    self.shared_excess_positions += bs
-                else:
-                    del lru[h]
-                    was = freed_at.pop(h)  # ``ReuseLedger.reused``, inlined: a hit per block
-                    waited_steps.append(step - was[0])
-                    waited_s.append(t_s - was[1])
-                ref[h] += 1
+            lru = pool.lru
+            waiting = [h for h in hits if h in lru]  # the hits no sequence holds: out of the LRU
+            if len(waiting) < len(hits):  # … the others gain a reference
+                shared = pool.shared
+                for h in hits:
+                    if h not in lru:
+                        shared[h] = shared.get(h, 0) + 1
+                self.shared_excess_positions += (len(hits) - len(waiting)) * bs
+            if waiting:
+                deque(map(lru.__delitem__, waiting), maxlen=0)
+                step, t_s = self.ledger.now
+                freed = list(map(self.ledger.freed_at.pop, waiting))  # ``ReuseLedger.reused``, per block
+                self.ledger.steps.extend([step - was[0] for was in freed])
+                self.ledger.seconds.extend([t_s - was[1] for was in freed])
             seq.blocks.extend(hits)
             seq.num_cached_blocks = len(seq.blocks)
             seq.pending_hits = []
@@ -203,16 +222,19 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         handles = seq.blocks
         pool.uncached += blocks - len(handles)
         freed = blocks - len(handles)
-        ref, lru, freed_at, now = pool.ref, pool.lru, self.ledger.freed_at, self.ledger.now
-        for h in reversed(handles):
-            r = ref[h] - 1
-            ref[h] = r
-            if r:
-                self.shared_excess_positions -= bs
+        shared = pool.shared
+        held = shared.keys() & handles if shared else ()  # blocks other sequences hold too: they stay
+        for h in held:
+            more = shared[h]
+            if more == 1:
+                del shared[h]
             else:
-                lru[h] = None
-                freed_at[h] = now  # ``ReuseLedger.freed``, inlined: a free per block
-                freed += 1
+                shared[h] = more - 1
+        back = [h for h in reversed(handles) if h not in held] if held else handles[::-1]
+        pool.lru.update(zip(back, repeat(None)))
+        self.ledger.freed_at.update(zip(back, repeat(self.ledger.now)))  # ``ReuseLedger.freed``, per block
+        self.shared_excess_positions -= len(held) * bs
+        freed += len(back)
         self._free += freed
         self.internal_positions -= internal_of(seq.allocated, seq.final_len)
         seq.blocks = []
@@ -221,4 +243,4 @@ class SharedPrefixPolicy(CountingPagedPolicy):
 
     def writable(self, seq: Seq, position: int) -> bool:
         i = position // self.block_size
-        return i >= len(seq.blocks) or self.pool.ref[seq.blocks[i]] == 1
+        return i >= len(seq.blocks) or seq.blocks[i] not in self.pool.shared
