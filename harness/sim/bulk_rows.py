@@ -93,21 +93,26 @@ class StepLog:
         }
         self.evicted = self.events[EVICTED]  # the plain steps append to it directly
 
-    def row(self, t_s: float, blocks: int, used: int, cached: int, level: tuple[int, ...]) -> None:
-        """One step, starting at ``t_s``: its per-step columns and its level (``level``'s
-        arguments, its own step first)."""
+    def row(self, t_s: float, blocks: int, used: int, cached: int) -> None:
+        """One step, starting at ``t_s``: its per-step columns (its level is the last ``level``)."""
         self.ts.append(t_s)
         self.blocks.append(blocks)
         self.used.append(used)
         self.cached.append(cached)
-        for column, value in zip(self.levels, level):
-            column.append(value)
 
-    def level(self, *level: int) -> None:
-        """From step ``level[0]`` on (until the next level): scheduled tokens, running, waiting,
-        external, internal, positions allocated beyond the blocks'."""
-        for column, value in zip(self.levels, level):
-            column.append(value)
+    def level(
+        self, step: int, scheduled: int, running: int, waiting: int, external: int, internal: int, beyond: int
+    ) -> None:
+        """From ``step`` on (until the next level): scheduled tokens, running, waiting, external
+        and internal fragmentation, positions allocated beyond the blocks'."""
+        first, sched, run, wait, ext, inter, extra = self.levels
+        first.append(step)
+        sched.append(scheduled)
+        run.append(running)
+        wait.append(waiting)
+        ext.append(external)
+        inter.append(internal)
+        extra.append(beyond)
 
     def event(self, col: int, step: int, value: int) -> None:
         """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""

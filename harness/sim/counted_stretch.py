@@ -560,6 +560,7 @@ class Stretch:
         heap = dec.finish_ticks
         ledger = sched.ledger
         base = sched.step_index
+        bs, now, delta = self.bs, plan.now, plan.delta
         blocked = False  # the head did not fit, and nothing has been freed since
         t = sched.now
         j = 0
@@ -582,7 +583,9 @@ class Stretch:
             if next_arr <= t:  # the driver releases the arrivals due before the step
                 while pending and pending[0].arrival_s <= t:
                     waiting.append(pending.popleft())
-            x = plan.count(T)
+            p = T % bs  # ``plan.count(T)``, inlined
+            x = now[p] + delta.pop(T, 0)
+            now[p] = x
             chunk = victims = 0
             scheduled: list[tuple[FastSeq, int]] = []
             admitted = _NOTHING
@@ -643,20 +646,15 @@ class Stretch:
             if evicted:
                 self.seen += evicted
                 log.event(R.EVICTED, j, evicted)
-            log.row(
-                t,
-                self.blocks,
-                self.used,
-                policy.cached_free_blocks(),
-                (
-                    j,
-                    new,
-                    self.running,
-                    len(waiting),
-                    policy.external_frag(waiting[0] if waiting else None),
-                    self.internal,
-                    self.alloc - self.blocks * log.per_block,
-                ),
+            log.row(t, self.blocks, self.used, policy.cached_free_blocks())
+            log.level(
+                j,
+                new,
+                self.running,
+                len(waiting),
+                policy.external_frag(waiting[0] if waiting else None),
+                self.internal,
+                self.alloc - self.blocks * log.per_block,
             )
             t_end = t + (price(new, ctx, pairs, seqs) + extra(new, seqs))
 
