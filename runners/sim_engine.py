@@ -36,7 +36,7 @@ class SimEngine:
     def __init__(self, sched: Scheduler, executor: StepExecutor | None = None) -> None:
         self.sched = sched
         self.executor = executor
-        # The fast path records runs of quiet steps in bulk; never with an executor, which needs every plan.
+        # The fast path records stretches of steps in bulk; never with an executor, which needs every plan.
         self._quiet = getattr(sched, "record_quiet_steps", None) if executor is None else None
         # With an executor every plan lists every request it computes, so each token's time (its
         # step's end) is known: the gaps are the run's itl_* columns. The fast path's plans do not.

@@ -27,8 +27,8 @@ Arrivals are not the scheduler's: as vLLM's front end adds requests to its
 scheduler, the runners' driver loop (``runners.driver``) releases them with
 ``Arrivals.release`` before every step, into ``waiting``. The scheduler holds
 the requests still to come (``pending``, shared with ``Arrivals``) only for the
-fast path's look-ahead: a quiet stretch ends at the next arrival, or admits it
-inside the stretch, at the step the driver would have released it.
+fast path: a counted stretch releases each arrival, a conversation's next turn
+among them, at the step the driver would have released it.
 """
 
 from __future__ import annotations
