@@ -35,6 +35,8 @@ Not a test (pytest does not collect ``benchmarks/``). Run from the repository ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import multiprocessing
 import resource
 import statistics
@@ -42,10 +44,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
+from kvbench.harness.spec.specs import ARENAS
 from kvbench.runners.base import Cell
 from kvbench.runners.sim import SimRunner
 
@@ -157,59 +162,68 @@ def part_a(args: argparse.Namespace) -> None:
             print(f"  reference vs vllm-sched: {med['vllm-sched'] / med['reference']:.1f}x")
 
 
-def _child_scale(workload: str, queue: multiprocessing.Queue) -> None:
-    cell = cell_for(workload, Path(tempfile.mkdtemp(prefix="bench-wl-")))
+# Parts b and c run these families of workloads (``--families``), each in a fresh child process.
+FAMILIES = {
+    "sharegpt": "synthetic sharegpt lengths, Poisson 5 req/s, 8 GiB, max_model_len 4096",
+    "hash-id": "a hash-id trace (Mooncake form, prompts <= 16k, 250 ms mean gaps), 3 GiB, max_model_len 16384",
+    "conversations": "conversations of 6 turns (suites/multi-turn.toml's), 0.5 sessions/s, 3 GiB, max_model_len 8192",
+}
+
+
+def family_cell(family: str, n: int, spread: float, where: Path) -> Cell:
+    """``family``'s cell of about ``n`` requests, its arrivals ``spread`` times slower, ``paged``."""
+    if family == "sharegpt":
+        return Row(family, sharegpt_workload(n, 5.0 / spread), "paged", "8GiB", 4096).cell()
+    if family == "hash-id":
+        trace = hash_id_trace(where / "hash-ids.jsonl", n)
+        return Row(family, hash_ids_workload(trace, spread), "paged").cell()
+    return Row(family, sessions_workload(n // 6, 0.5 / spread), "paged", max_len=8192).cell()
+
+
+def _child(family: str, n: int, spread: float, queue: multiprocessing.Queue) -> None:
+    cell = family_cell(family, n, spread, Path(tempfile.mkdtemp(prefix="bench-wl-")))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = run_once(cell, "fast")
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((r["steps"], r["computed_tokens"], r["wall_s"], r["end_to_end_s"], before, after))
+    queue.put((r["steps"], r["num_requests"], r["computed_tokens"], r["wall_s"], r["end_to_end_s"], before, after))
+
+
+def in_child(family: str, n: int, spread: float) -> tuple[int, int, int, float, float, int, int]:
+    """Run ``family_cell(family, n, spread)`` in a fresh interpreter (its peak RSS is its own)."""
+    queue = multiprocessing.get_context("spawn").Queue()
+    proc = multiprocessing.get_context("spawn").Process(target=_child, args=(family, n, spread, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return out
 
 
 def part_b(args: argparse.Namespace) -> None:
-    print("\n(b) scaling of the fast path: synthetic sharegpt lengths, Poisson 5 req/s, same model/budget/clock")
-    print(
-        "    each size in a fresh child process: its peak RSS is its own (the workload table, the requests, the loop)"
-    )
-    print(
-        f"  {'requests':>9}{'steps':>12}{'loop s':>9}{'e2e s':>8}{'tokens/s':>12}{'µs/request':>12}"
-        f"{'peak RSS MiB':>14}{'KiB/request':>13}"
-    )
-    ctx = multiprocessing.get_context("spawn")
-    for n in (x for x in (1_000, 10_000, 100_000, 1_000_000) if x <= args.max_requests):
-        q = ctx.Queue()
-        p = ctx.Process(target=_child_scale, args=(sharegpt_workload(n), q))
-        p.start()
-        steps, tokens, wall, e2e, before, after = q.get()
-        p.join()
+    for family in args.families.split(","):
+        print(f"\n(b) scaling of the fast path: {FAMILIES[family]}; paged, same model/clock")
+        print("    each size in a fresh child process: its peak RSS is its own (workload table, requests, loop)")
         print(
-            f"  {n:>9,}{steps:>12,}{wall:>9.2f}{e2e:>8.1f}{fmt_rate(tokens / wall):>12}{wall / n * 1e6:>12.1f}"
-            f"{after / 1024:>14.0f}{(after - before) / n:>13.2f}",
-            flush=True,
+            f"  {'requests':>9}{'steps':>12}{'loop s':>9}{'e2e s':>8}{'tokens/s':>12}{'µs/request':>12}"
+            f"{'peak RSS MiB':>14}{'KiB/request':>13}"
         )
-
-
-def _child_rss(workload: str, queue: multiprocessing.Queue) -> None:
-    cell = cell_for(workload, Path(tempfile.mkdtemp(prefix="bench-wl-")))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    r = run_once(cell, "fast")
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((r["steps"], r["num_requests"], before, after, r["wall_s"]))
+        for n in (x for x in (1_000, 10_000, 100_000, 1_000_000) if x <= args.max_requests):
+            steps, reqs, tokens, wall, e2e, before, after = in_child(family, n, 1.0)
+            print(
+                f"  {reqs:>9,}{steps:>12,}{wall:>9.2f}{e2e:>8.1f}{fmt_rate(tokens / wall):>12}"
+                f"{wall / reqs * 1e6:>12.1f}{after / 1024:>14.0f}{(after - before) / reqs:>13.2f}",
+                flush=True,
+            )
 
 
 def part_c(args: argparse.Namespace) -> None:
-    print(
-        "\n(c) memory: 2,000 sharegpt requests, steps grown by lowering the arrival rate (a fresh child process each)"
-    )
-    print(f"  {'rate/s':>7}{'steps':>11}{'requests':>10}{'RSS before MiB':>16}{'peak RSS MiB':>14}{'wall s':>8}")
-    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: peaks not inherited
-    for rate in (20.0, 2.0, 0.2):
-        q = ctx.Queue()
-        p = ctx.Process(target=_child_rss, args=(sharegpt_workload(2000, rate), q))
-        p.start()
-        steps, reqs, before, after, wall = q.get()
-        p.join()
-        print(f"  {rate:>7}{steps:>11,}{reqs:>10,}{before / 1024:>16.0f}{after / 1024:>14.0f}{wall:>8.2f}")
-    print("  (a steps table in memory would take steps x 20 columns x 8 bytes; the recorder holds one row group)")
+    for family in args.families.split(","):
+        print(f"\n(c) memory: about 2,000 requests, {FAMILIES[family]},")
+        print("    steps grown by spreading the arrivals 0.25x, 2.5x and 25x (a fresh child process each)")
+        print(f"  {'spread':>7}{'steps':>11}{'requests':>10}{'RSS before MiB':>16}{'peak RSS MiB':>14}{'wall s':>8}")
+        for spread in (0.25, 2.5, 25.0):
+            steps, reqs, _, wall, _, before, after = in_child(family, 2000, spread)
+            print(f"  {spread:>7}{steps:>11,}{reqs:>10,}{before / 1024:>16.0f}{after / 1024:>14.0f}{wall:>8.2f}")
+    print("  (a steps table in memory would take steps x 25 columns x 8 bytes; the recorder holds one row group)")
 
 
 PRESSURE = {
@@ -287,16 +301,178 @@ def part_p(args: argparse.Namespace) -> None:
     )
 
 
+# (w) The workloads users run: a hash-id trace, conversations, a prefill-heavy trace; contiguous policies.
+WORKLOAD_SUITE = (
+    SUITE.replace('kv_budget = "8GiB"', 'kv_budget = "{budget}"')
+    .replace("max_model_len = 4096", "max_model_len = {max_len}")
+    .replace('policy = ["paged"]', 'policy = ["{policy}"]')
+    .replace("block_size = [16]", "block_size = [{block}]\n{grid_extra}")
+)
+
+
+def hash_id_trace(path: Path, requests: int, seed: int = 0, block: int = 512) -> Path:
+    """A synthetic trace in the Mooncake JSONL form (timestamp ms, input_length, output_length,
+    hash_ids), prompts up to 32 hash blocks (16,384 tokens): six shared system prompts of 1-4
+    blocks (Zipf-like popularity), and half the requests extending an earlier request's ids by
+    1-2 blocks, as a conversation's next turn would; 250 ms mean gaps. Written row by row, so a
+    million rows stay small in memory (an earlier prompt is drawn from the last 4,096)."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 5, size=6)
+    starts = np.concatenate(([0], np.cumsum(lens)))
+    systems = [list(range(int(a), int(b))) for a, b in zip(starts, starts[1:])]
+    fresh = int(starts[-1])
+    pick = rng.choice(6, size=requests, p=(w := 1.0 / np.arange(1, 7)) / w.sum())
+    extend = rng.random(requests) < 0.5
+    new_blocks = rng.integers(1, 4, size=requests)
+    tails = rng.integers(1, block + 1, size=requests)
+    outputs = rng.integers(16, 513, size=requests)
+    gaps = rng.exponential(250.0, size=requests)
+    recent: list[list[int]] = []
+    t = 0.0
+    with path.open("w") as f:
+        for i in range(requests):
+            if recent and extend[i]:
+                ids = recent[int(rng.integers(len(recent)))] + list(range(fresh, fresh + int(new_blocks[i]) % 2 + 1))
+            else:
+                ids = systems[int(pick[i])] + list(range(fresh, fresh + int(new_blocks[i])))
+            fresh = max(fresh, ids[-1] + 1)
+            ids = ids[:32]
+            recent.append(ids)
+            if len(recent) > 4096:
+                recent.pop(0)
+            length = (len(ids) - 1) * block + int(tails[i])
+            row = {"timestamp": round(t), "input_length": length, "output_length": int(outputs[i]), "hash_ids": ids}
+            f.write(json.dumps(row) + "\n")
+            t += float(gaps[i])
+    return path
+
+
+def sessions_workload(sessions: int, rate: float = 0.5) -> str:
+    """The multi-turn suite's conversations (suites/multi-turn.toml), ``sessions`` of 6 turns."""
+    return (
+        f'source = "sessions"\nnum_sessions = {sessions}\nturns = 6\nthink_time_s = 4.0\nlengths = "uniform"\n'
+        "prompt_min = 200\nprompt_max = 1000\nmessage_min = 20\nmessage_max = 200\noutput_min = 50\n"
+        f'output_max = 400\narrival = "poisson"\nrate = {rate}\nseed = 0'
+    )
+
+
+def hash_ids_workload(trace: Path, time_scale: float = 1.0) -> str:
+    return f'source = "trace"\npath = "{trace}"\nhash_block_size = 512\narrival = "trace"\ntime_scale = {time_scale}'
+
+
+PREFILL_HEAVY = (
+    'source = "lognormal"\nprompt_mean = 2048.0\noutput_mean = 28.0\nnum_requests = 600\n'
+    'arrival = "poisson"\nrate = 20.0\nseed = 0'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of part w: a workload, a cell's settings and what the fast path is compared with."""
+
+    label: str
+    workload: str
+    policy: str
+    budget: str = "3GiB"
+    max_len: int = 16384
+    block: int = 16
+    grid_extra: str = ""
+    other: str = "vllm-sched"
+
+    def cell(self) -> Cell:
+        text = WORKLOAD_SUITE.format(
+            workload=self.workload,
+            budget=self.budget,
+            max_len=self.max_len,
+            policy=self.policy,
+            block=self.block,
+            grid_extra=self.grid_extra,
+        )
+        cells = build_cells(parse_suite(text, "bench.toml"), Path(tempfile.mkdtemp(prefix="bench-wl-")), lambda m: None)
+        assert len(cells) == 1
+        return cells[0]
+
+
+def workload_rows(trace: Path) -> list[Row]:
+    hash_ids = hash_ids_workload(trace)
+    hashed = "hash-id trace, 600 requests <= 16k, trace arrivals, 3 GiB"
+    talks = "64 conversations x 6 turns, 3 GiB"
+    rows = [
+        Row(hashed, hash_ids, "paged"),
+        Row(hashed, hash_ids, "paged-prefix"),
+        Row(talks, sessions_workload(64), "paged", max_len=8192),
+        Row(talks, sessions_workload(64), "paged-prefix", max_len=8192),
+        Row("prefill-heavy, 600 requests, prompt ~2k, output ~28, 1 GiB", PREFILL_HEAVY, "paged", "1GiB", 8192),
+    ]
+    for policy in ("contiguous-max", "contiguous-pow2", "contiguous-oracle"):
+        for arena in ARENAS:
+            for unit, other in (("position", "reference"), ("block", "vllm-sched")):
+                extra = f'arena = ["{arena}"]\ncontiguous_unit = "{unit}"'
+                label = f"Azure trace, 5,000 requests, 4 GiB ({arena}, {unit}s)"
+                rows.append(Row(label, trace_workload(5000), policy, "4GiB", 4096, 16, extra, other))
+    return rows
+
+
+def part_w(args: argparse.Namespace) -> None:
+    print("\n(w) the workloads users run: the fast path vs vllm-sched (or the reference where vLLM hosts no such cell)")
+    print(
+        "    Llama-3-8B fp16, block 16, 256 seqs, 2048 batched tokens, roofline A100-80GB; medians of interleaved runs"
+    )
+    print(f"  {'workload':<62}{'policy':<19}{'steps':>8}{'fast s':>16}{'other s':>16}{'ratio':>8}  vs")
+    trace = hash_id_trace(Path(tempfile.mkdtemp(prefix="bench-trace-")) / "hash-ids.jsonl", 600)
+    for row in workload_rows(trace):
+        text = f"{row.label} {row.policy} {row.grid_extra}"
+        if args.rows and not any(part in text for part in args.rows.split(",")):
+            continue
+        cell = row.cell()
+        fast_s, other_s = [], []
+        others = args.vllm_repeats if row.other == "vllm-sched" else args.repeats
+        steps = 0
+        for rep in range(args.repeats):  # interleaved: drift hits both sides alike
+            a = run_once(cell, "fast")
+            fast_s.append(a["wall_s"])
+            steps = a["steps"]
+            if rep < others:
+                b = run_once(cell, row.other)
+                other_s.append(b["wall_s"])
+                assert (a["steps"], a["preemptions"]) == (b["steps"], b["preemptions"]), (row.label, row.policy)
+        f, o = statistics.median(fast_s), statistics.median(other_s)
+        print(
+            f"  {row.label[:61]:<62}{row.policy:<19}{steps:>8,}{f:>8.3f} ±{spread(fast_s):>5.0%}"
+            f"{o:>8.3f} ±{spread(other_s):>5.0%}{o / f:>7.1f}x  {row.other}",
+            flush=True,
+        )
+
+
+def spread(values: list[float]) -> float:
+    """Half the range of ``values`` over their median: how far one run may sit from the median."""
+    return (max(values) - min(values)) / 2 / statistics.median(values)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="fast-path repeats (median); the reference runs fewer")
     ap.add_argument("--vllm-repeats", type=int, default=1, help="vllm-sched repeats (slow)")
     ap.add_argument("--skip-full-vllm", action="store_true", help="skip vllm-sched on the full trace (minutes)")
     ap.add_argument("--max-requests", type=int, default=1_000_000, help="largest size in the scaling table")
-    ap.add_argument("--parts", default="abc", help="which parts to run (a, b, c; p: under memory pressure)")
+    ap.add_argument(
+        "--families", default="sharegpt", help=f"parts b and c: workload families, from {', '.join(FAMILIES)} (a,b)"
+    )
+    ap.add_argument(
+        "--parts", default="abc", help="which parts to run (a, b, c; p: under memory pressure; w: workloads users run)"
+    )
+    ap.add_argument(
+        "--rows",
+        default="",
+        help="part w: only the rows whose workload, policy, arena or unit contain one of these (a,b)",
+    )
     args = ap.parse_args()
-    if not args.parts or set(args.parts) - set("abcp"):
-        ap.error(f"--parts takes letters from a, b, c and p, got {args.parts!r}")
+    if not args.parts or set(args.parts) - set("abcpw"):
+        ap.error(f"--parts takes letters from a, b, c, p and w, got {args.parts!r}")
+    if set(args.families.split(",")) - set(FAMILIES):
+        ap.error(f"--families takes names from {', '.join(FAMILIES)}, got {args.families!r}")
+    if "w" in args.parts:
+        part_w(args)
     if "p" in args.parts:
         part_p(args)
     if "a" in args.parts:

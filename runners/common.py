@@ -51,11 +51,6 @@ def expand_seqs(cell: Cell, seq_type: type[Seq] = Seq) -> list[Seq]:
     return seqs
 
 
-def has_sessions(cell: Cell) -> bool:
-    """Whether the workload's requests follow one another (multi-turn conversations)."""
-    return cell.workload.sessions is not None
-
-
 def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
     """The largest need no policy state could ever meet, if any."""
     spec = cell.spec

@@ -14,7 +14,7 @@ from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
 from ..harness.spec.feasibility import explain
 from .base import Cell, RunResult
-from .common import base_row, clock_for, expand_seqs, has_sessions, shortfall, write_status_only
+from .common import base_row, clock_for, expand_seqs, shortfall, write_status_only
 from .driver import drive
 
 
@@ -35,7 +35,7 @@ class SimEngine:
     def __init__(self, sched: Scheduler, executor: StepExecutor | None = None) -> None:
         self.sched = sched
         self.executor = executor
-        # The fast path records runs of quiet steps in bulk; never with an executor, which needs every plan.
+        # The fast path records stretches of steps in bulk; never with an executor, which needs every plan.
         self._quiet = getattr(sched, "record_quiet_steps", None) if executor is None else None
         # With an executor every plan lists every request it computes, so each token's time (its
         # step's end) is known: the gaps are the run's itl_* columns. The fast path's plans do not.
@@ -138,10 +138,6 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
-    if scheduler_cls is not Scheduler and has_sessions(cell):
-        # A conversation's turn arrives when the previous one finishes, which the fast path's
-        # look-ahead at arrivals cannot know: the reference, step by step.
-        scheduler_cls = Scheduler
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
     policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
     row = base_row(cell, runner)

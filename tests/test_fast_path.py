@@ -1,10 +1,12 @@
 """The simulator's fast path produces byte-identical steps and requests tables to the
 step-by-step reference scheduler, and the same run rows, on workloads that exercise every
-path: counted stretches (block counts: admissions, chunked prefill, finishes and preemptions
-inside them, recompute and swap), quiet stretches (contiguous arenas, first-fit and buddy),
-preemptions event by event and chunked prefill step by step (prefix caching, with
-evictions), every clock, Poisson, batch and trace arrivals, and runs long enough to span
-several Parquet row groups."""
+path: counted stretches (admissions, chunked prefill, finishes and preemptions inside them,
+recompute and swap) for every policy — block counts, prefix caching with and without shared
+blocks (hits, evictions), contiguous reservations in both arenas and both units —, a
+conversation's next turn released inside a stretch (closed-loop arrivals), hash-id traces,
+prefill-heavy work, preemptions event by event and chunked prefill step by step, every clock,
+Poisson, batch and trace arrivals, and runs long enough to span several Parquet row groups;
+then seeded variants of each workload users run."""
 
 from __future__ import annotations
 
@@ -22,10 +24,12 @@ from kvbench.harness.records.recorder import BATCH_ROWS, STEP_FIELDS, RunRecorde
 from kvbench.harness.records.schema import StepRow
 from kvbench.harness.sim import counted_stretch
 from kvbench.harness.sim.fast_scheduler import FastScheduler
+from kvbench.harness.sim.scheduler import Arrivals
 from kvbench.harness.spec.geometry import resolve_model
 from kvbench.runners.sim import SimRunner
 
-from tests.conftest import DATA
+from tests.conftest import DATA, ROOT
+from tests.test_workload_sources import mooncake_reuse_rows, write_jsonl
 
 ALL_POLICIES = (
     '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
@@ -54,6 +58,12 @@ block_size = {block_sizes}
 """
 
 AZURE = DATA / "azure-conv-slice.csv"
+MOONCAKE = ROOT / "suites" / "data" / "mooncake-reuse.jsonl"
+SESSIONS = (
+    'source = "sessions"\nnum_sessions = {sessions}\nturns = {turns}\nthink_time_s = {think}\nlengths = "uniform"\n'
+    "prompt_min = 50\nprompt_max = 600\nmessage_min = 10\nmessage_max = 150\noutput_min = 1\noutput_max = 200\n"
+    'arrival = "poisson"\nrate = 2.0\nseed = {seed}'
+)
 PROFILE = (
     DATA / "profile-opt-13b-fp16-b16-knee.json"
 )  # hand-written terms (every term > 0): a fixture, not a measurement
@@ -261,6 +271,60 @@ CASES = {
         workload='source = "uniform"\nprompt_min = 10\nprompt_max = 700\noutput_min = 1\n'
         'output_max = 400\nnum_requests = 150\narrival = "poisson"\nrate = 6.0\nseed = 3',
     ),
+    # Conversations: each turn released when the previous answer ends (closed-loop arrivals, inside
+    # stretches), every policy; paged-prefix hits the earlier turns' blocks.
+    "conversations": dict(
+        preset="llama-3-8b",
+        budget="1GiB",
+        max_len=4096,
+        seqs=32,
+        tokens=1024,
+        clock="roofline",
+        gpu="A100-80GB",
+        block_sizes="[16]",
+        grid_extra='arena = ["first-fit", "buddy"]',
+        workload=SESSIONS.format(sessions=12, turns=4, think=2.0, seed=1),
+    ),
+    # … under memory pressure, answered at once (think 0): preemptions, evictions of earlier turns.
+    "conversations-pressure": dict(
+        preset="llama-3-8b",
+        budget="300MiB",
+        max_len=4096,
+        seqs=32,
+        tokens=512,
+        clock="roofline",
+        policies='["paged", "paged-prefix"]',
+        block_sizes="[16, 32]",
+        grid_extra='preemption = ["recompute", "swap"]',
+        workload=SESSIONS.format(sessions=16, turns=5, think=0.0, seed=2),
+    ),
+    # A hash-id trace (the shipped Mooncake-form one): shared system prompts and extended prompts,
+    # under memory pressure; paged-prefix shares and evicts blocks inside stretches.
+    "hash-id-trace": dict(
+        preset="llama-3-8b",
+        budget="1200MiB",
+        max_len=8192,
+        seqs=64,
+        tokens=2048,
+        clock="roofline",
+        gpu="A100-80GB",
+        policies='["paged", "paged-prefix", "contiguous-oracle"]',
+        block_sizes="[16]",
+        workload=f'source = "trace"\npath = "{MOONCAKE}"\nhash_block_size = 512\narrival = "trace"\ntime_scale = 0.2',
+    ),
+    # Prefill-heavy: long prompts, short answers, every prompt in chunks of a small token budget.
+    "prefill-heavy": dict(
+        preset="llama-3-8b",
+        budget="600MiB",
+        max_len=4096,
+        seqs=32,
+        tokens=384,
+        clock="roofline",
+        policies='["paged", "paged-prefix", "contiguous-max"]',
+        block_sizes="[16]",
+        workload='source = "lognormal"\nprompt_mean = 1500.0\noutput_mean = 12.0\nnum_requests = 120\n'
+        'arrival = "poisson"\nrate = 40.0\nseed = 9',
+    ),
 }
 
 
@@ -290,19 +354,21 @@ WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step
 
 @pytest.fixture
 def bulk_counter(monkeypatch):
-    """Counts the steps the fast path records in bulk (quiet stretches)."""
+    """Counts what the fast path's counted stretches did: steps, and inside them admissions,
+    prompt chunks, finishes, preemptions, evictions, hits and conversation turns released."""
     counted = {
-        "steps": 0,
-        "finished": 0,
         "counted": 0,
+        "finished": 0,
         "counted_admissions": 0,
         "preempting": 0,
         "counted_preemptions": 0,
         "counted_chunks": 0,
         "counted_evictions": 0,
         "counted_hits": 0,
+        "counted_prefix_hits": 0,
+        "counted_turns": 0,
     }
-    real = FastScheduler.record_quiet_steps
+    inside = [False]
     real_preempting = FastScheduler._schedule_preempting
 
     def preempting(self, *args):
@@ -311,6 +377,14 @@ def bulk_counter(monkeypatch):
 
     monkeypatch.setattr(FastScheduler, "_schedule_preempting", preempting)
     real_counted = counted_stretch.run
+    real_finished = Arrivals.finished
+
+    def finished(self, seq, now):
+        if inside[0] and seq.index in self.held:
+            counted["counted_turns"] += 1  # a conversation's next turn released inside a stretch
+        real_finished(self, seq, now)
+
+    monkeypatch.setattr(Arrivals, "finished", finished)
 
     class Tap:  # the recorder, seen by the counted stretch: preemptions, evictions, hits in the rows it records
         def __init__(self, recorder):
@@ -321,24 +395,22 @@ def bulk_counter(monkeypatch):
             counted["counted_preemptions"] += int(rows[:, col("preempted")].sum())
             counted["counted_evictions"] += int(rows[:, col("evicted_blocks")].sum())
             counted["counted_hits"] += int(rows[:, col("recomputed_hit_tokens")].sum())
+            counted["counted_prefix_hits"] += int(rows[:, col("prefix_hit_tokens")].sum())
+            counted["finished"] += int(rows[:, col("finished")].sum())
             self.recorder.add_step_rows(rows)
 
     def counted_run(sched, dec, recorder):
         before, chunked = dec.stretch_admissions, dec.stretch_chunked
-        k = real_counted(sched, dec, Tap(recorder))
+        inside[0] = True
+        try:
+            k = real_counted(sched, dec, Tap(recorder))
+        finally:
+            inside[0] = False
         counted["counted"] += k  # steps of counted stretches (through admissions and preemptions)
         counted["counted_admissions"] += dec.stretch_admissions - before
         counted["counted_chunks"] += dec.stretch_chunked - chunked
         return k
 
-    def counting(self, recorder):
-        before = self.finished
-        k = real(self, recorder)
-        counted["steps"] += k
-        counted["finished"] += self.finished - before  # decoders finishing inside a stretch
-        return k
-
-    monkeypatch.setattr(FastScheduler, "record_quiet_steps", counting)
     monkeypatch.setattr(counted_stretch, "run", counted_run)
     return counted
 
@@ -381,33 +453,39 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         "prefix-evictions",
         "poisson-profile-preempting",
         "profile-cache-misses",
+        "conversations-pressure",
+        "hash-id-trace",
     ):
         assert preempted > 0  # the case really exercises preemption
-    if case in ("prefix-groups-and-samples", "prefix-evictions"):
-        # Preemptions taken event by event: the block table (prefix caching with shared blocks).
-        assert bulk_counter["preempting"] > 0
-    if case in ("prefix-evictions", "private-prefix-pressure"):
-        assert evicted > 0
+    if case in ("prefix-groups-and-samples", "prefix-evictions", "hash-id-trace", "conversations-pressure"):
+        # Prefix caching over shared blocks inside counted stretches: hits on other sequences' blocks,
+        # preemptions (and re-admissions on one's own cached blocks).
+        assert bulk_counter["counted_prefix_hits"] > 0 and bulk_counter["counted_preemptions"] > 0
+    if case in ("prefix-evictions", "private-prefix-pressure", "hash-id-trace", "conversations-pressure"):
+        assert evicted > 0 and bulk_counter["counted_evictions"] > 0
     if case == "private-prefix-pressure":
         # Prefix caching as counts: evictions and hits inside counted stretches, with preemptions and chunks.
-        assert bulk_counter["counted_evictions"] > 0 and bulk_counter["counted_hits"] > 0
+        assert bulk_counter["counted_hits"] > 0
         assert bulk_counter["counted_preemptions"] > 0 and bulk_counter["counted_chunks"] > 0
+    if case in ("conversations", "conversations-pressure"):
+        assert bulk_counter["counted_turns"] > 0  # turns released by finishes inside stretches
+        assert bulk_counter["counted_prefix_hits"] > 0  # … and hitting the earlier turns' blocks
     if case == "long-quiet":
         assert fewest_steps > BATCH_ROWS
-    if case in ("azure-trace-roofline", "long-quiet", "blocked-admission", "roomy-sharegpt"):
-        assert bulk_counter["steps"] > steps // 4  # quiet stretches really were recorded in bulk
+    if case in ("azure-trace-roofline", "long-quiet", "blocked-admission", "roomy-sharegpt", "prefill-heavy"):
+        assert bulk_counter["counted"] > steps // 2  # most steps were recorded in bulk
     if case in ("azure-trace-roofline", "long-quiet", "roomy-sharegpt", "finishes-in-stretches"):
         assert bulk_counter["finished"] > 0  # stretches really ran through finishes
-        # Both kinds of stretch ran: counted (paged, virtual-contiguous), quiet (contiguous).
-        assert 0 < bulk_counter["counted"] < bulk_counter["steps"]
     if case in (
         "azure-trace-roofline",
         "poisson-roofline",
         "finishes-in-stretches",
         "merged-admissions",
         "scaled-roofline",
+        "buddy-arena",
+        "block-reservations",
     ):
-        # Counted stretches ran on through admissions.
+        # Counted stretches ran on through admissions (contiguous reservations among them).
         assert bulk_counter["counted"] > 0 and bulk_counter["counted_admissions"] > 0
     if case in (
         "merged-admissions",
@@ -420,8 +498,10 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
     ):
         assert preempted > 0 and bulk_counter["counted_preemptions"] > 0  # preemptions inside counted stretches
         assert bulk_counter["counted_chunks"] > 0  # … and prompts admitted in chunks
-    if case == "buddy-arena":
-        assert arenas == {"buddy"} and bulk_counter["steps"] > 0  # quiet stretches on a buddy arena
+    if case == "prefill-heavy":
+        assert bulk_counter["counted_chunks"] > 0  # long prompts in chunks inside counted stretches
+    if case in ("buddy-arena", "conversations"):
+        assert "buddy" in arenas
 
 
 @pytest.mark.parametrize("scale", [1.0, 1.534])
@@ -555,3 +635,81 @@ def test_counted_stretches_agree_with_the_reference_on_random_settings(tmp_path,
                     table,
                 )
     assert ran >= 4  # the settings are feasible often enough to test something
+
+
+WORKLOAD_KINDS = ("hash-id trace", "conversations", "prefill-heavy")
+VARIANT_POLICIES = (
+    "paged",
+    "paged-prefix",
+    "virtual-contiguous",
+    "contiguous-max",
+    "contiguous-pow2",
+    "contiguous-oracle",
+)
+
+
+def _variant_suite(kind: str, rng: np.random.Generator, tmp_path) -> str:
+    """A seeded variant of one workload users run — a hash-id trace (a fresh Mooncake-form file),
+    conversations, or prefill-heavy work —, under a budget from starved to roomy, with two or three
+    policies (a contiguous one in a random arena and unit)."""
+    seed = int(rng.integers(0, 1000))
+    if kind == "hash-id trace":
+        block = int(rng.choice([64, 128]))
+        path = write_jsonl(
+            tmp_path / f"trace-{seed}.jsonl", mooncake_reuse_rows(seed, int(rng.integers(40, 120)), block)
+        )
+        scale = float(rng.choice([0.05, 0.5, 1.0]))
+        workload = (
+            f'source = "trace"\npath = "{path}"\nhash_block_size = {block}\narrival = "trace"\ntime_scale = {scale}'
+        )
+    elif kind == "conversations":
+        think = float(rng.choice([0.0, 0.5, 3.0]))
+        workload = SESSIONS.format(
+            sessions=int(rng.integers(4, 16)), turns=int(rng.integers(2, 6)), think=think, seed=seed
+        )
+    else:
+        workload = (
+            f'source = "lognormal"\nprompt_mean = {float(rng.choice([600, 1200, 2000]))}\n'
+            f"output_mean = {float(rng.choice([4, 12, 30]))}\nnum_requests = {int(rng.integers(40, 120))}\n"
+            f'arrival = "poisson"\nrate = {float(rng.choice([5.0, 40.0]))}\nseed = {seed}'
+        )
+    policies = rng.choice(VARIANT_POLICIES, size=int(rng.integers(2, 4)), replace=False)
+    arena, unit = rng.choice(["first-fit", "buddy"]), rng.choice(["position", "block"])
+    return _suite(
+        preset="llama-3-8b",
+        budget=f"{int(rng.choice([600, 1000, 2000]))}MiB",
+        max_len=4096,
+        seqs=int(rng.choice([16, 64])),
+        tokens=int(rng.choice([256, 1024, 2048])),
+        preemption=str(rng.choice(["recompute", "recompute", "swap"])),
+        clock="roofline",
+        policies="[" + ", ".join(f'"{p}"' for p in policies) + "]",
+        block_sizes=f"[{int(rng.choice([16, 32]))}]",
+        grid_extra=f'arena = ["{arena}"]\ncontiguous_unit = "{unit}"',
+        workload=workload,
+    )
+
+
+@pytest.mark.parametrize("seed", range(9))
+def test_workloads_users_run_agree_with_the_reference_on_seeded_variants(tmp_path, seed):
+    """A differential fuzz over the workloads users run (``WORKLOAD_KINDS``, one per seed in turn):
+    byte-identical files from the fast path and the reference."""
+    rng = np.random.default_rng(100 + seed)
+    suite = parse_suite(_variant_suite(WORKLOAD_KINDS[seed % 3], rng, tmp_path), "variant.toml")
+    fast, ref = tmp_path / "fast", tmp_path / "ref"
+    ref.mkdir()
+    ran = 0
+    for cell in build_cells(suite, fast, lambda m: None):
+        a = SimRunner().run(cell).row
+        b = SimRunner(reference=True).run(cell.__class__(spec=cell.spec, workload=cell.workload, out=ref)).row
+        assert a["status"] == b["status"], (a["error"], b["error"])
+        if b["status"] != "ok":
+            continue  # infeasible: no files
+        ran += 1
+        for table in ("steps", "requests"):
+            assert _path(fast, table, cell.run_id).read_bytes() == _path(ref, table, cell.run_id).read_bytes(), (
+                seed,
+                cell.spec.policy,
+                table,
+            )
+    assert ran >= 1

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from kvbench.harness.sim.block_keys import BlockKeys
 from kvbench.harness.sim.policies.arena import Arena, BuddyArena, top_blocks
 from kvbench.harness.sim.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPolicy, ContiguousPow2
-from kvbench.harness.sim.policies.counting_prefix import CachedRuns, CountingPrefixPolicy
+from kvbench.harness.sim.policies.counting_prefix import CountingPrefixPolicy
 from kvbench.harness.sim.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from kvbench.harness.sim.policies.shared_prefix import SharedPrefixPolicy
 from kvbench.harness.sim.sequence import Seq
 
 BUDGET = 600
@@ -163,11 +164,40 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
     nothing, driven as the scheduler drives them: a sequence is freed only between steps (its
     computed tokens short of its known ones), a preempted one is re-admitted on its cached
     blocks (recompute) or with its computed tokens (swap)."""
-    table, counts = PagedPrefixPolicy(BUDGET, block_size), CountingPrefixPolicy(BUDGET, block_size)
     twins = [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
-    keys = BlockKeys(block_size)
-    for seq in twins[0]:
-        seq.block_keys = keys.chain(_tokens(seq))
+    _drive_twins(PagedPrefixPolicy(BUDGET, block_size), CountingPrefixPolicy(BUDGET, block_size), twins, swap, ops)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    block_size=st.sampled_from([1, 4, 16]),
+    budget=st.sampled_from([96, 200, BUDGET]),
+    swap=st.booleans(),
+    specs=st.lists(seq_strategy, min_size=2, max_size=12),
+    ops=st.lists(op_strategy, min_size=20, max_size=300),
+)
+def test_shared_prefix_caching_is_the_block_table(block_size, budget, swap, specs, ops):
+    """Prefix caching as counts and content keys (``SharedPrefixPolicy``) answers every call as
+    the block table does on sequences that share blocks (a group's prefix, a request's samples):
+    hits on blocks other sequences hold or freed, the LRU's evictions, shared positions, reuse
+    distances, free and cached blocks, driven as the scheduler drives them."""
+    twins = []
+    for _ in range(2):
+        seqs = []
+        for i, (p, o, g, rid) in enumerate(specs):
+            prefix_len = min(48, p - 1) if g >= 0 and p > 1 else 0
+            seqs.append(Seq(i, rid * 100 + i if g < 0 else rid, 0, p, o, 0.0, g if prefix_len else -1, prefix_len))
+        twins.append(seqs)
+    _drive_twins(PagedPrefixPolicy(budget, block_size), SharedPrefixPolicy(budget, block_size), twins, swap, ops)
+
+
+def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None:
+    """The same operations on ``table`` (the block table) and ``counts``, each on its own copy of
+    the sequences: every answer and every total must agree."""
+    keys = BlockKeys(table.block_size)
+    for a, b in zip(*twins):
+        a.block_keys = b.block_keys = keys.chain(_tokens(a))
+    specs = twins[0]
     live: set[int] = set()
     done: set[int] = set()
 
@@ -190,6 +220,8 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
                     ss[i].num_computed = computed + n
         elif op == "grow" and i in live:
             if twins[0][i].num_computed == twins[0][i].num_tokens:
+                if twins[0][i].num_output + 1 >= twins[0][i].output_len:
+                    continue  # it would finish: a finished sequence is freed by "free"
                 for ss in twins:
                     ss[i].num_output += 1  # the step samples a token
             n = min(amount, twins[0][i].num_tokens - twins[0][i].num_computed)
@@ -211,44 +243,14 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
             lambda pol, ss: (
                 pol.free_blocks(),
                 pol.cached_free_blocks(),
-                len(pol.ledger.steps),
+                pol.ledger.steps,
                 pol.evictions,
                 pol.internal_positions,
                 pol.allocated_positions,
+                pol.shared_excess_positions,
                 [s.allocated for s in ss],
             )
         )
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    parks=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=10),
-    later=st.lists(st.tuples(st.sampled_from(["take", "hit"]), st.integers(0, 9), st.integers(0, 8)), max_size=8),
-    seed=st.integers(0, 10**6),
-)
-def test_a_previewed_hit_is_the_hit_after_the_operations(parks, later, seed):
-    """``CachedRuns.cached_after`` (a stretch decides a step's hits before changing anything)
-    equals ``cached`` after really taking the step's blocks and hits in between, in order."""
-    import copy
-    import random
-
-    rng = random.Random(seed)
-    seqs = [Seq(i, i, 0, 100, 10, 0.0) for i in range(len(parks))]
-    pool = CachedRuns(rng.randint(0, 8))
-    for seq, (blocks, cached) in zip(seqs, parks):
-        pool.park(seq, max(blocks, cached), cached)
-    target = seqs[rng.randrange(len(seqs))]
-    real = copy.deepcopy(pool)
-    evicted, hits = 0, []
-    for op, who, n in later:
-        s = seqs[who % len(seqs)]
-        if op == "take" and n <= real.uncached + real.queued:
-            e = real.take(n)
-            evicted += e
-        elif op == "hit" and s is not target and s.index not in {h.index for h, _ in hits} and real.cached(s):
-            hits.append((s, real.cached(s)))
-            real.hit(s, real.cached(s))
-    assert pool.cached_after(target, evicted, hits) == real.cached(target)
 
 
 # -- the buddy arena on its own --------------------------------------------------------------

@@ -8,6 +8,7 @@ as ``SimEngine.step`` would have recorded them one by one.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -20,7 +21,7 @@ _col = StepRow._fields.index
 STEP, T_S, DT_S, RUNNING, WAITING, ADMITTED, FINISHED, PREEMPTED, SCHEDULED = map(
     _col, ("step", "t_s", "dt_s", "running", "waiting", "admitted", "finished", "preempted", "scheduled_tokens")
 )
-BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, RECOMPUTED_HIT, CACHED_FREE = map(
+BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT, RECOMPUTED_HIT, CACHED_FREE = map(
     _col,
     (
         "allocated_blocks",
@@ -31,6 +32,7 @@ BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, RECOMPUTED
         "external_frag_positions",
         "free_positions",
         "evicted_blocks",
+        "prefix_hit_tokens",
         "recomputed_hit_tokens",
         "cached_free_blocks",
     ),
@@ -61,16 +63,94 @@ def step_rows(
     for col, values in columns.items():
         rows[:, col] = values
     for col, pairs in (events or {}).items():
-        for j, v in pairs:
-            rows[j, col] = v
+        if pairs:
+            at, values = zip(*pairs)
+            rows[list(at), col] = values
     return rows
 
 
-def paged_allocation(rows: np.ndarray, block_size: int, budget_positions: int) -> None:
-    """Fill the allocation columns that follow from blocks, used and internal positions:
-    allocated = blocks × block size, reserved = allocated − used − internal, free = budget − allocated."""
-    alloc = rows[:, ALLOCATED]
-    np.multiply(rows[:, BLOCKS], block_size, out=alloc)
-    np.subtract(alloc, rows[:, USED], out=rows[:, RESERVED])
-    rows[:, RESERVED] -= rows[:, INTERNAL]
-    np.subtract(budget_positions, alloc, out=rows[:, FREE])
+class StepLog:
+    """The rows of a counted stretch as it takes its steps: per step, the columns that may move
+    every step (start time; blocks allocated, used positions and cached free blocks after
+    scheduling); per *level*, the ones that move only at events (scheduled tokens, running,
+    waiting, external and internal fragmentation, and the positions allocated beyond
+    ``per_block`` a block: a contiguous policy's reservations), from the step a level starts;
+    and the events, sparse (step, value) pairs."""
+
+    __slots__ = ("per_block", "ts", "blocks", "used", "cached", "levels", "events", "evicted")
+
+    def __init__(self, per_block: int) -> None:
+        self.per_block = per_block
+        self.ts: list[float] = []
+        self.blocks: list[int] = []
+        self.used: list[int] = []
+        self.cached: list[int] = []
+        # The levels, column by column: first step, scheduled tokens, running, waiting, external,
+        # internal, positions allocated beyond the blocks'.
+        self.levels: tuple[list[int], ...] = ([], [], [], [], [], [], [])
+        self.events: dict[int, list[tuple[int, int]]] = {
+            c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
+        }
+        self.evicted = self.events[EVICTED]  # the plain steps append to it directly
+
+    def row(self, t_s: float, blocks: int, used: int, cached: int) -> None:
+        """One step, starting at ``t_s``: its per-step columns (its level is the last ``level``)."""
+        self.ts.append(t_s)
+        self.blocks.append(blocks)
+        self.used.append(used)
+        self.cached.append(cached)
+
+    def level(
+        self, step: int, scheduled: int, running: int, waiting: int, external: int, internal: int, beyond: int
+    ) -> None:
+        """From ``step`` on (until the next level): scheduled tokens, running, waiting, external
+        and internal fragmentation, positions allocated beyond the blocks'."""
+        first, sched, run, wait, ext, inter, extra = self.levels
+        first.append(step)
+        sched.append(scheduled)
+        run.append(running)
+        wait.append(waiting)
+        ext.append(external)
+        inter.append(internal)
+        extra.append(beyond)
+
+    def event(self, col: int, step: int, value: int) -> None:
+        """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""
+        if value:
+            self.events[col].append((step, value))
+
+    def rows(self, step0: int, t_end: float, budget_positions: int) -> np.ndarray:
+        """The logged steps as rows from ``step0`` on, the last ending at ``t_end``."""
+        k = len(self.ts)
+        ts = np.empty(k + 1)
+        ts[:k] = np.frombuffer(array("d", self.ts))  # a list of floats, converted in C
+        ts[k] = t_end
+
+        def ints(values: list[int]) -> np.ndarray:
+            return np.array(values, dtype=np.int64)
+
+        first, *levels = map(ints, self.levels)
+        repeats = np.diff(first, append=k)
+        sched, running, waiting, external, internal, beyond = (np.repeat(v, repeats) for v in levels)
+        blocks, used = ints(self.blocks), ints(self.used)
+        alloc = blocks * self.per_block + beyond
+        rows = step_rows(
+            step0,
+            ts,
+            k,
+            {
+                BLOCKS: blocks,
+                ALLOCATED: alloc,
+                INTERNAL: internal,
+                USED: used,
+                CACHED_FREE: ints(self.cached),
+                SCHEDULED: sched,
+                RUNNING: running,
+                WAITING: waiting,
+                EXTERNAL: external,
+                RESERVED: alloc - used - internal,
+                FREE: budget_positions - alloc,
+            },
+            self.events,
+        )
+        return rows

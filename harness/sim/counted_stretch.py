@@ -1,56 +1,60 @@
-"""Counted stretches: the paged fast path's run of many steps at once, through arrivals,
-admissions, finishes and preemptions.
+"""Counted stretches: the fast path's run of many steps at once, through arrivals (open and
+closed loop), admissions, prompt chunks, finishes and preemptions.
 
-With block counts only (``CountingPagedPolicy``: ``paged`` and ``virtual-contiguous``, and
-``paged-prefix`` where no two sequences share a block, ``CountingPrefixPolicy``), a run of
-steps in which every running request decodes needs no per-request work per step. Each decoder needs a new block every
-``block_size`` ticks, so its crossings are an arithmetic progression (``CrossingPlan``);
-the step's crossings are a count, its price the clock's formula (``Clock.price``), its row
-seven running totals (rows are built once per stretch, ``bulk_rows.step_rows``). Only the
-requests an event touches are touched:
+Where memory is block counts (``CountingPagedPolicy``: ``paged`` and ``virtual-contiguous``;
+``paged-prefix`` as ``SharedPrefixPolicy``, or ``CountingPrefixPolicy`` where no two sequences
+share a block) or a contiguous reservation made at admission (``ContiguousPolicy``, either
+arena, either unit), a run of steps in which every running request decodes needs no
+per-request work per step. Each decoder needs a new block every ``block_size`` ticks, so its
+crossings are an arithmetic progression (``CrossingPlan``; a contiguous reservation never
+crosses); the step's crossings are a count, its price the clock's formula (``Clock.price``),
+its row a few running totals (``bulk_rows.StepLog``; the rows are built once per stretch).
+Such a *plain* step costs a few operations (``Stretch._plain``). Only the requests an event
+touches are touched, through the policy's own calls and the reference's rule:
 
-- an **arrival** or a **waiting** request is admitted, first come first served, when its
-  sequence fits ``max_num_seqs`` and memory (``must_fit``, as in ``Scheduler._admit``): it
-  computes its prompt (re-admitted after a recompute preemption, its prompt and the tokens
-  it had sampled; after a swap, only what it lacks) in one step, or, longer than the token
-  budget left, in chunks — one request at a time prefills so, the tail of ``running`` —
-  and decodes from the tick after. A head that does not fit blocks admission for the step,
-  as in the reference. Under prefix caching a request re-admitted after a recompute
-  preemption first takes back its blocks still cached (a hit: those tokens are not
-  computed again), and every block taken comes from the free queue's uncached blocks first,
-  then evicts (``CachedRuns``), in the reference's order within the step;
-- a **finish** frees the finisher at the end of its step (under prefix caching its full
-  blocks join the free queue, cached, in running order);
-- a step whose crossings do not fit the free blocks **preempts**: only then are the
-  crossing decoders named (``CrossingPlan.crossers``); they ask for their block in running
-  order, and each failure preempts from the tail of ``running`` (memory freed; recompute
-  forgets the computed tokens, swap keeps them; to the front of ``waiting``) until the
-  request fits or is itself preempted, which ends the step's scheduling. A prefilling
-  tail whose next chunk does not fit preempts itself. Nothing is admitted in such a step.
+- an **arrival** is released into ``waiting`` at the step the driver would release it; a
+  conversation's next turn is filed (``Arrivals.finished``) when the turn before it finishes
+  inside the stretch, so it arrives there too;
+- **waiting** requests are admitted by ``Scheduler.admit_waiting`` (first come first served,
+  ``must_fit``, prefix hits, the policy's ``allocate``), the last perhaps in chunks — one
+  request at a time prefills so, the tail of ``running`` — and each decodes from the tick
+  after its prompt is done (or finishes at once, with one token to sample). A head refused for
+  memory stays refused until memory is freed or a prompt chunk caches blocks (its hits can only
+  shrink otherwise: evictions), so admission is not tried again until then;
+- a **finish** frees the finisher at the end of its step, in running order (the order of frees
+  is the free queue's);
+- a step whose crossings do not fit the free blocks **preempts**: only then are the crossing
+  decoders named (``CrossingPlan.crossers``); they ask for their block in running order, and
+  each failure preempts from the tail of ``running`` (memory freed; recompute forgets the
+  computed tokens, swap keeps them; to the front of ``waiting``) until the request fits or is
+  itself preempted, which ends the step's scheduling. A prefilling tail whose next chunk does
+  not fit preempts itself. Nothing is admitted in such a step.
 
-The stretch ends before a step it cannot take whole — a request that would finish in its
-admission step, or more decoders than the token budget — and the step-by-step path
-(``FastScheduler.schedule``) takes that step. Equality with the reference scheduler is
-tested record for record (``tests/test_fast_path.py``).
+Every block a crossing takes is taken from the policy at its step (evicting the least
+recently freed cached block once the uncached ones are gone); what is deferred to the end of
+the stretch, or to the decoder's preemption or finish, is only the decoder's own count of
+blocks (``CrossingPlan.grow``) and, under prefix caching, the keys of the blocks it filled
+(only it could hit them: they hold its sampled tokens). The stretch ends after ``MAX_STEPS``,
+before a step with more decoders than the token budget, or when nothing is left to run; the
+step-by-step path (``FastScheduler.schedule``) takes over. Equality with the reference
+scheduler is tested record for record (``tests/test_fast_path.py``).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from ..clock.clocks import Clock
 from . import bulk_rows as R
 from .decoders import Decoders, FastSeq
 from .policies.base import internal_of
-from .policies.counting_prefix import CountingPrefixPolicy
+from .policies.contiguous import ContiguousPolicy
 from .policies.paged import CountingPagedPolicy
-from .scheduling_rule import admission_chunk, admission_must_fit, admission_open, preempt_until_fits
-from .sequence import RUNNING, WAITING
+from .scheduling_rule import admission_open, preempt_until_fits
+from .sequence import FINISHED, RUNNING, WAITING
 
 if TYPE_CHECKING:
     from ..records.recorder import RunRecorder
@@ -58,7 +62,6 @@ if TYPE_CHECKING:
 
 MAX_STEPS = 8192  # steps per counted stretch (its rows are built at once)
 _RUN_POS = attrgetter("run_pos")
-_NO_HITS: list[int] = []  # a step admitting nothing (never written to)
 
 
 class CrossingPlan:
@@ -163,13 +166,13 @@ class CrossingPlan:
             delta[first] = delta.get(first, 0) - 1
         delta[L + bs] = delta.get(L + bs, 0) + 1
 
-    def grow(self, end: int, crossing: dict[int, list[tuple[FastSeq, int]]], tick0: int) -> tuple[int, int]:
-        """Give each planned decoder the blocks its crossings up to tick ``end`` took, and file
-        its next crossing after the stretch in ``crossing`` (a decoder that started decoding in
-        the stretch, after ``tick0``, has none filed yet). Returns (blocks taken, internal
-        fragmentation added)."""
+    def grow(self, end: int, crossing: dict[int, list[tuple[FastSeq, int]]], tick0: int) -> int:
+        """Give each planned decoder the blocks its crossings up to tick ``end`` took (taken from
+        the policy at each crossing), and file its next crossing after the stretch in
+        ``crossing`` (a decoder that started decoding in the stretch, after ``tick0``, has none
+        filed yet). Returns the internal fragmentation added."""
         bs = self.bs
-        grown = internal_add = 0
+        internal_add = 0
         for s, (c, f, L, _) in self.plans.items():
             last = L if L < end else end
             if c > last:
@@ -182,193 +185,162 @@ class CrossingPlan:
             if a_end > s.peak_allocated:
                 s.peak_allocated = a_end
             internal_add += internal_of(a_end, fl) - internal_of(a, fl)
-            grown += m
             nxt = c + m * bs
             if f > end and nxt <= L:
                 crossing.setdefault(nxt, []).append((s, s.epoch))
-        return grown, internal_add
+        return internal_add
 
 
 def eligible(sched: Scheduler[FastSeq]) -> bool:
-    """Whether ``sched``'s runs can take counted stretches: block counts and a clock (not measured)."""
-    return sched.clock is not None and isinstance(sched.policy, CountingPagedPolicy)
-
-
-def choose_admissions(
-    waiting: Iterable[FastSeq],
-    budget: int,
-    running: int,
-    free: int,
-    bs: int,
-    max_seqs: int,
-    mml: int,
-    prefix: CountingPrefixPolicy | None = None,
-    taken: int = 0,
-) -> tuple[list[FastSeq] | None, list[int], bool]:
-    """The waiting requests a step admits, first come first served, with ``budget`` tokens and
-    ``free`` blocks left after the running requests: the reference's ``_admit`` for block
-    counts. Returns them (the last may take the rest of the budget as its first chunk) — or
-    None when one would finish in its admission step or is longer than the model allows (a
-    step the stretch cannot take) —, the blocks each finds cached (prefix caching: ``prefix``,
-    from whose free queue the running requests take ``taken`` blocks first this step), and whether the
-    head was refused for memory (``must_fit``; a hit costs a free block too, so it is the same test)."""
-    cand: list[FastSeq] = []
-    hits: list[int] = []
-    pool = prefix.pool if prefix is not None else None
-    if pool is not None:  # the step's evictions so far, and the uncached blocks left to take first
-        evicted = taken - pool.uncached if taken > pool.uncached else 0
-        uncached = pool.uncached - taken + evicted
-        taking: list[tuple[FastSeq, int]] = []  # the hits of the requests before
-    for s in waiting:
-        if not admission_open(budget, running, max_seqs):
-            break
-        tokens = s.prompt_len + s.num_output
-        if -(-admission_must_fit(tokens, mml) // bs) > free:
-            return cand, hits, True  # it does not fit: it is the head next step, with no more memory
-        if s.output_len - s.num_output < 2 or s.prompt_len + s.output_len > mml:
-            return None, hits, False
-        h = prefix.hit_blocks(s, prefix.pool.cached_after(s, evicted, taking)) if prefix is not None else 0
-        computed = h * bs if h else s.num_computed  # a hit, or what a swap preemption kept
-        left = tokens - computed
-        cand.append(s)
-        hits.append(h)
-        if pool is not None:  # its new blocks: the uncached first, then evicting
-            new = -(-(computed + admission_chunk(tokens, computed, budget)) // bs) - h
-            if new > uncached:
-                evicted += new - uncached
-                uncached = 0
-            else:
-                uncached -= new
-            if h:
-                taking.append((s, h))
-        if left > budget:
-            break  # in chunks: it takes the rest of the budget
-        free -= -(-tokens // bs)
-        budget -= left
-        running += 1
-    return cand, hits, False
-
-
-def _first_step_whole(sched: Scheduler[FastSeq], dec: Decoders, free: int) -> bool:
-    """False when the stretch's first step would admit a request it cannot take whole, so the
-    stretch would end before it starts (not worth its set-up). Decided against an upper bound
-    on the step's crossings (its crossing events, some perhaps stale): whatever fits then fits
-    in the stretch, so False is never wrong; True may be (the stretch then ends at once)."""
-    crossers = dec.crossing.get(dec.tick + 1)
-    av = free - (len(crossers) if crossers else 0)
-    if not sched.waiting or av < 0:
-        return True  # nothing to admit, or the step may preempt (then nothing is admitted)
-    cfg = sched.config
-    policy = sched.policy
-    prefix = policy if isinstance(policy, CountingPrefixPolicy) else None
-    cand, _, _ = choose_admissions(
-        sched.waiting,
-        cfg.max_num_batched_tokens - dec.count,
-        len(sched.running),
-        av,
-        policy.block_size,
-        cfg.max_num_seqs,
-        sched.max_model_len,
-        prefix,
-        free - av,
-    )
-    return cand is not None
+    """Whether ``sched``'s runs can take counted stretches: a clock (not measured), memory as block
+    counts or contiguous reservations, and no request longer than the model allows (the workload
+    drops those: a stretch never cuts an output short at ``max_model_len``)."""
+    if sched.clock is None or not isinstance(sched.policy, (CountingPagedPolicy, ContiguousPolicy)):
+        return False
+    later = (s for follow in sched.arrivals.held.values() for s in follow)
+    return all(s.prompt_len + s.output_len <= sched.max_model_len for s in (*sched.pending, *later))
 
 
 class Stretch:
     """One counted stretch: the fast path's state it advances (``sched``, ``dec``), its crossing
-    plan, and the running totals the next step's row reads. What touches requests — a
-    preemption, an admission, a finish, a prompt done — is a method; ``run``'s loop counts."""
+    plan, the running totals the next step's row reads, and the rows so far (``log``). What
+    touches requests — an admission, a prompt chunk, a preemption, a finish — is a method; a
+    plain step (only decoders run: no prompt in flight, no admission possible, no arrival due,
+    the crossings fit) only counts, in ``_plain``."""
 
     __slots__ = (
         "sched",
         "dec",
         "policy",
-        "pool",
+        "counting",
+        "paged",
         "plan",
         "bs",
-        "swap",
         "tick0",
         "free",
         "blocks",
+        "alloc",
         "internal",
         "used",
-        "decoders",
-        "dec_sum",
         "running",
-        "taken",
-        "taken_internal",
+        "grown_internal",
         "prefilling",
-        "gone",
-        "evicted",
-        "recomputed",
+        "seen",
+        "log",
+        "consts",
     )
 
     def __init__(self, sched: Scheduler[FastSeq], dec: Decoders) -> None:
         policy = sched.policy
-        assert isinstance(policy, CountingPagedPolicy)  # eligible()
         self.sched, self.dec, self.policy = sched, dec, policy
-        # Prefix caching (as counts): every block taken comes from the pool, and may evict.
-        self.pool = policy.pool if isinstance(policy, CountingPrefixPolicy) else None
-        self.evicted = sched.pending_evictions()  # this step's evictions, so far
-        self.recomputed = 0  # … and its hit tokens (re-admissions after a preemption)
+        # The policy as block counts (paged, virtual-contiguous, paged-prefix); None: contiguous.
+        self.counting = policy if isinstance(policy, CountingPagedPolicy) else None
+        self.paged = self.counting is not None
         self.bs = policy.block_size
-        self.swap = sched.swap
         self.tick0 = dec.tick
-        # The totals as the next row reads them (positions used net of shared ones: none here).
-        self.free = policy.free_blocks()
+        # The totals as the next row reads them. ``free``: free blocks (paged; a contiguous
+        # policy's decoders never cross, so 0 blocks always fit), current, as the policy's.
+        self.free = self.counting.free_blocks() if self.counting is not None else 0
         self.blocks = policy.allocated_blocks()
-        self.internal = policy.internal_positions
+        self.alloc = policy.allocated_positions
+        self.internal = policy.internal_positions  # the policy's, plus the decoders' deferred growth
         self.used = sched.used_positions - policy.shared_excess_positions
-        self.decoders, self.dec_sum = dec.count, dec.dec_sum
         self.running = len(sched.running)
-        # Blocks (and internal positions) taken beside the plan's crossings — admissions, prompt
-        # chunks, victims' growth — told to the policy at the end with the crossings'.
-        self.taken = self.taken_internal = 0
-        self.prefilling: FastSeq | None = None  # admitted in chunks, still prefilling: the tail of running
-        self.gone: set[int] = set()  # finished, still listed in sched.running until the end
+        # Internal fragmentation the deferred growth of the finished and preempted added (the
+        # policy saw their blocks freed, never grown): told to the policy at the end.
+        self.grown_internal = 0
+        self.seen = policy.evictions - sched.pending_evictions()  # evictions in the rows so far
+        # A request admitted in chunks, still prefilling: the tail of running (``record_quiet_steps``).
+        self.prefilling: FastSeq | None = dec.explicit[0] if dec.explicit else None
         self.plan = CrossingPlan(self.bs)
         for s in sched.running:
-            self.plan.add(s)
+            if s.dec_tick >= 0:
+                self.plan.add(s)
+        self.log = R.StepLog(self.bs if self.paged else 0)
+        # What the plain steps read, fetched once (``_plain`` is entered at every event).
+        clock = sched.clock
+        assert clock is not None
+        plan = self.plan
+        self.consts = (
+            clock.price,
+            clock.take if type(clock).take is not Clock.take else None,  # a clock with memory
+            plan.now,
+            plan.delta,
+            plan.internal_at,
+            self.bs,
+            self.tick0,
+            self.bs if self.paged else 0,  # positions per block crossed (contiguous: none cross)
+            sched.waiting,
+            sched.pending,
+            dec.finish_ticks,
+            self.log,
+        )
 
     # -- events --------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Read the allocation totals back from the policy after an event changed them."""
+        counting = self.counting
+        if counting is not None:
+            self.free = free = counting.free_blocks()
+            self.blocks = blocks = counting.num_blocks - free
+            self.alloc = blocks * self.bs
+        else:
+            self.blocks = self.policy.allocated_blocks()
+            self.alloc = self.policy.allocated_positions
+
     def _take(self, n: int) -> None:
-        """``n`` free blocks taken (they fit): under prefix caching, from the pool, evicting."""
-        if self.pool is not None and n:
-            e = self.pool.take(n)
-            self.evicted += e
-            self.policy.evictions += e
+        """``n`` free blocks taken by crossings (they fit): from the policy now, evicting as it must."""
+        assert self.counting is not None
+        self.free -= n
+        self.counting.take(n)
+
+    def _catch_up(self, s: FastSeq, tick: int) -> None:
+        """Give decoder ``s`` the blocks its crossings up to ``tick`` took (taken from the policy then)."""
+        m = self.plan.blocks_by(s, tick)
+        if m:
+            fl = s.prompt_len + s.output_len
+            a0 = s.allocated
+            s.allocated = a = a0 + m * self.bs
+            if a > s.peak_allocated:
+                s.peak_allocated = a
+            self.grown_internal += internal_of(a, fl) - internal_of(a0, fl)
+
+    def _release(self, s: FastSeq) -> None:
+        """Free ``s``'s memory (its deferred growth already given) and count it out of the totals
+        (the free blocks at once; blocks and positions allocated by the caller's ``_refresh``)."""
+        policy = self.policy
+        internal, shared = policy.internal_positions, policy.shared_excess_positions
+        policy.free(s)
+        self.internal += policy.internal_positions - internal
+        self.used -= s.num_computed + policy.shared_excess_positions - shared
+        if self.counting is not None:
+            self.free = self.counting.free_blocks()
+
+    def _retire(self, s: FastSeq, end_s: float) -> None:
+        """``s`` sampled its last token in the step ending at ``end_s``: freed, out of ``running``,
+        and the requests that follow it (a conversation's next turn) arrive from then on."""
+        s.status = FINISHED
+        s.finished_s = end_s
+        self._release(s)
+        sched = self.sched
+        sched.running.remove(s)
+        self.running -= 1
+        sched.finished += 1
+        sched.arrivals.finished(s, end_s)
 
     def _evict(self, v: FastSeq, tick: int) -> None:
         """Preempt ``v`` (already popped from the tail of ``running``) at ``tick``: a decoder is
-        brought up to the tick before (its deferred growth taken), the prefilling tail is exact;
+        brought up to the tick before (its deferred growth given), the prefilling tail is exact;
         its memory is freed, recompute forgets its computed tokens, and it waits at the front."""
-        bs, policy = self.bs, self.policy
-        fl = v.prompt_len + v.output_len
         if v is self.prefilling:
-            a = v.allocated
-            ia = internal_of(a, fl)
             self.prefilling = None
         else:
-            a = v.allocated + self.plan.blocks_by(v, tick - 1) * bs
-            ia = internal_of(a, fl)
-            self.taken += a // bs - v.allocated // bs
-            self.taken_internal += ia - internal_of(v.allocated, fl)
+            self._catch_up(v, tick - 1)
             self.plan.drop(v, tick)
-            v.allocated = a
-            if a > v.peak_allocated:
-                v.peak_allocated = a
-            contrib = v.num_computed - v.dec_tick
             self.dec.unregister(v, at=tick - 1)
-            self.decoders -= 1
-            self.dec_sum -= contrib
         self.running -= 1
-        self.free += a // bs
-        self.blocks -= a // bs
-        self.internal -= ia
-        self.used -= v.num_computed
-        policy.free(v)  # the growth above reaches the policy at the end, with the others'
-        if not self.swap:
+        self._release(v)
+        if not self.sched.swap:
             v.num_computed = 0
         v.num_preemptions += 1
         v.status = WAITING
@@ -376,102 +348,54 @@ class Stretch:
 
     def _preempt_crossers(self, tick: int) -> int:
         """Memory runs out at ``tick``: the crossers ask for their block in running order, and
-        the preemption rule (``scheduling_rule.preempt_until_fits``) makes room over ``running``,
-        passing over the finished requests still listed. Returns the victims."""
-        running, gone = self.sched.running, self.gone
-
-        def pop_tail() -> FastSeq:
-            v = running.pop()
-            while id(v) in gone:
-                v = running.pop()
-            return v
-
+        the preemption rule (``scheduling_rule.preempt_until_fits``) makes room over ``running``.
+        Returns the victims."""
         victims: list[FastSeq] = []
         for s in self.plan.crossers(tick):
             if s.status != RUNNING:
                 break  # preempted as a victim of an earlier crosser: so is everything after it
             if self.free == 0 and not preempt_until_fits(
-                s, lambda: self.free > 0, pop_tail, lambda v: self._evict(v, tick), victims
+                s, lambda: self.free > 0, self.sched.running.pop, lambda v: self._evict(v, tick), victims
             ):
                 break
-            self.free -= 1
-            if self.pool is not None:
-                self._take(1)
-        x = self.plan.counted(tick)  # the crossers left: each took a block
-        self.blocks += x
-        if x:
+            self._take(1)
+        if self.plan.counted(tick):  # the crossers left: each took a block
             self.internal += self.plan.internal_at.get(tick, 0)
+        self._refresh()
         return len(victims)
 
-    def _grow_prefill(self, chunk: int, grow: int) -> None:
-        """The prefilling tail computes ``chunk`` more tokens, in ``grow`` more blocks (they fit)."""
-        s = self.prefilling
-        assert s is not None
-        if grow > 0:
-            fl = s.prompt_len + s.output_len
-            a = s.allocated + grow * self.bs
-            ia = internal_of(a, fl) - internal_of(s.allocated, fl)
-            s.allocated = a
-            if a > s.peak_allocated:
-                s.peak_allocated = a
-            self.free -= grow
-            self.blocks += grow
-            self.internal += ia
-            self.taken += grow
-            self.taken_internal += ia
+    def _chunk(self, s: FastSeq, chunk: int) -> bool:
+        """The prefilling tail computes ``chunk`` more prompt tokens, if its blocks fit."""
+        policy = self.policy
+        internal = policy.internal_positions
+        if not policy.allocate(s, s.num_computed + chunk):
+            return False
+        self.internal += policy.internal_positions - internal
         s.num_computed += chunk
+        return True
 
-    def _admit(self, cand: list[FastSeq], hits: list[int], t: float, budget: int) -> tuple[int, int, int]:
-        """Admit ``cand`` (chosen in ``run``, with the blocks each finds cached; the last may take
-        the rest of ``budget`` as its first chunk): its memory, its tokens. Returns (tokens,
-        context, attention pairs) added to the step."""
-        sched, bs, pool = self.sched, self.bs, self.pool
-        waiting = sched.waiting
-        new = ctx = pairs = 0
-        for s, h in zip(cand, hits):
-            waiting.popleft()
-            if h:  # nothing is shared: a hit is the request's own recomputation, counted apart
-                assert pool is not None
-                assert isinstance(self.policy, CountingPrefixPolicy)
-                self.policy.ledger.reused_run(h, pool.hit(s, h))
-                comp = h * bs
-                s.recomputed_hit_tokens += comp
-                self.recomputed += comp
-            else:
-                comp = s.num_computed  # kept by a swap preemption, else 0
-            n = admission_chunk(s.prompt_len + s.num_output, comp, budget)
-            budget -= n
-            nb = -(-(comp + n) // bs)
-            if pool is not None:
-                self._take(nb - h)  # its hits were free blocks too
-            a = nb * bs
-            ia = internal_of(a, s.prompt_len + s.output_len)
-            self.free -= nb
-            self.blocks += nb
-            self.internal += ia
-            self.taken += nb
-            self.taken_internal += ia
-            s.allocated = a
-            if a > s.peak_allocated:
-                s.peak_allocated = a
-            sched.start_running(s, t)
-            s.num_computed = c = comp + n
-            self.used += comp
-            new += n
-            ctx += c
-            pairs += n * c
-        self.running += len(cand)
-        return new, ctx, pairs
+    def _admit(self, budget: int, t: float, scheduled: list[tuple[FastSeq, int]]) -> tuple[int, int, int]:
+        """Admit waiting requests at ``t`` by the reference's own rule and policy calls
+        (``Scheduler.admit_waiting``), into ``scheduled``; (admitted, hit tokens, recomputed hit tokens)."""
+        sched, policy = self.sched, self.policy
+        sched.now = t
+        sched.used_positions = self.used + policy.shared_excess_positions
+        internal = policy.internal_positions
+        admitted = sched.admit_waiting(budget, scheduled)
+        self.internal += policy.internal_positions - internal
+        self.used = sched.used_positions - policy.shared_excess_positions
+        self.running += admitted[0]
+        self.dec.stretch_admissions += admitted[0]
+        return admitted
 
     def _finish(self, tick: int, end_s: float) -> int:
         """Decoders sampling their last token at ``tick`` (their step ending at ``end_s``): brought
-        up to date (their deferred growth taken) and freed now, in running order — the order of
-        frees is the free queue's. They leave ``sched.running`` when the stretch ends. Returns how many."""
-        heap, finishing, bs, plan = self.dec.finish_ticks, self.dec.finishing, self.bs, self.plan
+        up to date (their deferred growth given) and freed now, in running order — the order of
+        frees is the free queue's. Returns how many."""
+        heap, finishing, dec = self.dec.finish_ticks, self.dec.finishing, self.dec
         live: list[FastSeq] = []
         while heap and heap[0] <= tick:
-            tt = heapq.heappop(heap)
-            if tt == tick:
+            if heapq.heappop(heap) == tick:
                 lst = finishing.pop(tick, None)
                 if lst:
                     live.extend(Decoders.live(lst))
@@ -479,36 +403,22 @@ class Stretch:
             return 0
         if len(live) > 1:
             live.sort(key=_RUN_POS)
-        contrib = 0
         for s in live:
-            contrib += s.num_computed - s.dec_tick
-            fl = s.prompt_len + s.output_len
-            a = s.allocated + plan.blocks_by(s, tick) * bs
-            ia = internal_of(a, fl)
-            plan.forget(s)
-            self.taken += a // bs - s.allocated // bs
-            self.taken_internal += ia - internal_of(s.allocated, fl)
-            s.allocated = a
-            if a > s.peak_allocated:
-                s.peak_allocated = a
-            self.blocks -= a // bs
-            self.free += a // bs
-            self.internal -= ia
-            self.used -= s.num_computed + tick - s.dec_tick
-        self.dec.finish(live, tick, end_s, contrib, self.policy)
-        self.sched.finished += len(live)
-        self.decoders -= len(live)
-        self.dec_sum -= contrib
-        self.running -= len(live)
-        self.gone.update(map(id, live))
+            self._catch_up(s, tick)
+            self.plan.forget(s)
+            dec.unregister(s, at=tick)
+            self._retire(s, end_s)
+        self._refresh()
         return len(live)
 
-    def _start_decoding(self, computed: list[FastSeq], tick: int, end_s: float) -> None:
+    def _start_decoding(self, computed: list[FastSeq], tick: int, end_s: float) -> int:
         """The requests that computed prompt tokens at ``tick``: those whose prompt is done sample
-        their token and decode implicitly from the next tick on; one still short of it stays the
-        prefilling tail."""
+        their token and decode implicitly from the next tick on (or finish, freed after the
+        decoders that finished with them: running order); one still short of it stays the
+        prefilling tail. Returns how many finished."""
         dec = self.dec
         carried, self.prefilling = self.prefilling, None
+        done = 0
         for s in computed:
             if s.num_computed < s.prompt_len + s.num_output:
                 self.prefilling = s  # a chunk: no token yet (the last admitted, the tail of running)
@@ -518,218 +428,286 @@ class Stretch:
             s.num_output += 1
             if s.num_output == 1:
                 s.first_token_s = end_s
+            if s.num_output >= s.output_len:
+                self._retire(s, end_s)
+                done += 1
+                continue
             dec.start(s, tick)
-            self.decoders += 1
-            self.dec_sum += s.num_computed - tick
             self.plan.add(s)
+        if done:
+            self._refresh()
+        return done
 
     # -- the loop --------------------------------------------------------------------------
+    def _plain(self, j: int, t: float, next_arr: float, closed: bool) -> tuple[int, float, bool | None]:
+        """Plain steps from the stretch's step ``j`` (starting at ``t``) while the next one is
+        plain; a finish ends them (after its step) unless the head of ``waiting``, if any, stays
+        refused. ``closed``: requests wait and none can be admitted until something finishes,
+        so arrivals only join them. Returns the step and time reached, and whether the head is
+        refused for memory now (None: as it was)."""
+        sched, policy, counting, dec = self.sched, self.policy, self.counting, self.dec
+        price, extra, now, delta, internal_at, bs, tick0, per_block, waiting, pending, heap, log = self.consts
+        c_ts, c_blocks, c_used, c_cached = log.ts.append, log.blocks.append, log.used.append, log.cached.append
+        evicted, limit = log.evicted, MAX_STEPS
+        refused: bool | None = None
+        while True:  # a run of plain steps, from the state the last event left
+            free, blocks, alloc, internal, used = self.free, self.blocks, self.alloc, self.internal, self.used
+            unc = counting.uncached_free() if counting is not None else 0
+            cached = policy.cached_free_blocks()
+            n, dec_sum = dec.count, dec.dec_sum
+            fin = heap[0] if heap else -1
+            external = policy.external_frag(waiting[0] if waiting else None)
+            beyond = alloc - blocks * per_block
+            log.level(j, n, self.running, len(waiting), external, internal, beyond)
+            taken = 0
+            finishing = False
+            while j < limit:
+                if t >= next_arr:  # the driver releases the arrivals due before the step
+                    if not closed:
+                        break  # one may be admitted: the general step takes it
+                    while pending and pending[0].arrival_s <= t:
+                        waiting.append(pending.popleft())
+                    next_arr = pending[0].arrival_s if pending else math.inf
+                    log.level(j, n, self.running, len(waiting), external, internal, beyond)
+                T = tick0 + 1 + j
+                p = T % bs
+                d = delta.get(T)
+                x = now[p] + d if d else now[p]
+                if x > free:
+                    break  # a preemption: the general step takes it
+                if d is not None:
+                    now[p] = x
+                    del delta[T]
+                if x:
+                    free -= x
+                    blocks += x
+                    taken += x
+                    if x > unc:  # the uncached free blocks are gone: each block taken evicts one
+                        evicted.append((j, x - unc))
+                        cached -= x - unc
+                        unc = 0
+                    else:
+                        unc -= x
+                    ia = internal_at.get(T) if internal_at else None
+                    if ia:  # a decoder's last block: what it will never fill
+                        internal += ia
+                        log.level(j, n, self.running, len(waiting), external, internal, beyond)
+                used += n
+                c_ts(t)
+                c_blocks(blocks)
+                c_used(used)
+                c_cached(cached)
+                ctx = dec_sum + T * n
+                dt = price(n, ctx, ctx, n)
+                t_end = t + (dt + extra(n, n) if extra is not None else dt)
+                j += 1
+                if 0 <= fin <= T:
+                    finishing = True  # decoders finish at the end of this step
+                    break
+                t = t_end
+            self.free, self.blocks, self.alloc, self.internal, self.used = (
+                free,
+                blocks,
+                blocks * per_block + beyond,
+                internal,
+                used,
+            )
+            if taken:
+                self._flush_taken(taken)
+            if not finishing:
+                return j, t, refused
+            if sched.ledger is not None:
+                sched.ledger.now = (sched.step_index + j - 1, t)
+            done = self._finish(T, t_end)
+            log.event(R.FINISHED, j - 1, done)
+            t = t_end
+            if not dec.count:
+                return j, t, False  # nothing is left to run
+            if waiting:
+                if self._head_fits():
+                    return j, t, False  # the general step admits it
+                closed = refused = True  # until the next finish, memory only shrinks
+            next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
+
+    def _head_fits(self) -> bool:
+        """Whether the head of ``waiting`` could be admitted now, before the next step's crossings
+        take their blocks (so False stays False through them): room under ``max_num_seqs`` and
+        the token budget, and memory for it as ``Scheduler.admit_waiting`` asks."""
+        sched = self.sched
+        budget = sched.config.max_num_batched_tokens - self.dec.count
+        if not admission_open(budget, self.running, sched.config.max_num_seqs):
+            return False
+        head = sched.waiting[0]
+        _, target, must_fit = sched.admission(head, budget)
+        return self.policy.can_allocate(head, target, must_fit=must_fit)
+
+    def _flush_taken(self, taken: int) -> None:
+        """Take from the policy the blocks a run of plain steps counted (evicting what they
+        counted as evicted: the same blocks in the same order, one call for the run)."""
+        assert self.counting is not None
+        self.seen += self.counting.take(taken)
+
     def run(self, recorder: RunRecorder) -> int:
         """Take steps while each can be taken whole (module docstring); record them; return how many."""
-        sched, plan = self.sched, self.plan
+        sched, plan, policy, dec, log = self.sched, self.plan, self.policy, self.dec, self.log
         clock = sched.clock
         assert clock is not None
-        price, take = clock.price, clock.take
-        bs = self.bs
+        price, extra = clock.price, clock.take
         cfg = sched.config
-        B, max_seqs, mml = cfg.max_num_batched_tokens, cfg.max_num_seqs, sched.max_model_len
+        B, max_seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
         tick0 = self.tick0
         waiting, pending = sched.waiting, sched.pending
-        next_arr = pending[0].arrival_s if pending else math.inf
-        heap = self.dec.finish_ticks
-        internal_at = plan.internal_at
-        count = plan.count
-        blocked = False  # the head did not fit, and nothing has been freed or admitted since
-        t = sched.now
-        c_ts: list[float] = []
-        c_blocks: list[int] = []
-        c_internal: list[int] = []
-        c_used: list[int] = []
-        c_sched: list[int] = []
-        c_run: list[int] = []
-        c_wait: list[int] = []
-        ev_fin: list[tuple[int, int]] = []
-        ev_adm: list[tuple[int, int]] = []
-        ev_pre: list[tuple[int, int]] = []
-        ev_evict: list[tuple[int, int]] = []
-        ev_hit: list[tuple[int, int]] = []
-        c_cached: list[int] = []  # cached free blocks (prefix caching)
-        pool = self.pool
-        ledger = self.policy.ledger if isinstance(self.policy, CountingPrefixPolicy) else None
+        heap = dec.finish_ticks
+        ledger = sched.ledger
         base = sched.step_index
-        prefix = self.policy if isinstance(self.policy, CountingPrefixPolicy) else None
+        bs, now, delta = self.bs, plan.now, plan.delta
+        blocked = False  # the head did not fit, and nothing has been freed since
+        t = sched.now
         j = 0
-        while j < MAX_STEPS and self.decoders <= B:
+        while j < MAX_STEPS and dec.count <= B:
+            next_arr = pending[0].arrival_s if pending else math.inf
+            # Requests wait and none can be admitted until something finishes: arrivals only join them.
+            closed = bool(waiting) and (blocked or not admission_open(B - dec.count, self.running, max_seqs))
+            if self.prefilling is None and (closed or (not waiting and t < next_arr)):
+                j0 = j
+                j, t, refused = self._plain(j, t, next_arr, closed)
+                if refused is not None:
+                    blocked = refused  # decoders finished: the head was tried again
+                if j > j0:
+                    if dec.count == 0 and self.prefilling is None and (not waiting or blocked):
+                        break
+                    continue
             T = tick0 + 1 + j
             if ledger is not None:
                 ledger.now = (base + j, t)
-            x = count(T)
             if next_arr <= t:  # the driver releases the arrivals due before the step
                 while pending and pending[0].arrival_s <= t:
                     waiting.append(pending.popleft())
-                next_arr = pending[0].arrival_s if pending else math.inf
-            cand: list[FastSeq] | None = None
-            hits: list[int] = _NO_HITS
+            p = T % bs  # ``plan.count(T)``, inlined
+            x = now[p] + delta.pop(T, 0)
+            now[p] = x
             chunk = victims = 0
+            scheduled: list[tuple[FastSeq, int]] = []
+            admitted = _NOTHING
+            s = self.prefilling
             if x > self.free:
-                victims = self._preempt_crossers(T)
+                victims = self._preempt_crossers(T)  # nothing is admitted in this step
             else:
-                # Decided first, changed after: a step the stretch cannot take leaves no trace.
-                av = self.free - x  # free after this tick's crossings
-                budget = B - self.decoders
-                grow = 0  # blocks the prefilling tail's next chunk takes
-                s = self.prefilling
+                if x:
+                    self._take(x)
+                    self.internal += plan.internal_at.get(T, 0)
+                budget = B - dec.count
                 if s is not None and budget > 0:
                     # The tail of running goes on with its prompt: as much as the budget allows.
-                    chunk = s.prompt_len + s.num_output - s.num_computed
-                    if chunk > budget:
-                        chunk = budget
-                    grow = -(-(s.num_computed + chunk) // bs) - s.allocated // bs
-                    if grow > av:
-                        chunk = grow = 0
-                        victims = 1  # it does not fit: it preempts itself (the tail)
-                    else:
+                    chunk = min(s.prompt_len + s.num_output - s.num_computed, budget)
+                    if self._chunk(s, chunk):
                         budget -= chunk
-                        av -= grow
+                        blocked = False  # its blocks, cached, may be the head's hits
+                    else:
+                        chunk = 0
+                        victims = 1  # it does not fit: it preempts itself (the tail)
+                        v = sched.running.pop()
+                        assert v is s
+                        self._evict(v, T)
                 if waiting and not blocked and not victims:  # admission, first come first served
-                    cand, hits, blocked = choose_admissions(
-                        waiting, budget, self.running, av, bs, max_seqs, mml, prefix, x + grow
-                    )
-                    if cand is None:
-                        break  # the step-by-step path takes this step
-                self.free -= x
-                if pool is not None:
-                    self._take(x + grow)  # the crossers', then the prefilling tail's
-                self.blocks += x
-                if x:
-                    self.internal += internal_at.get(T, 0)
-                if victims:
-                    v = sched.running.pop()
-                    assert v is self.prefilling
-                    self._evict(v, T)
-                elif chunk:
-                    self._grow_prefill(chunk, grow)
+                    admitted = self._admit(budget, t, scheduled)
+                    for _, n in scheduled:
+                        budget -= n
+                    blocked = bool(waiting) and admission_open(budget, self.running, max_seqs)
+                self._refresh()
             if victims:
-                ev_pre.append((j, victims))
+                log.event(R.PREEMPTED, j, victims)
                 blocked = False
 
             # The step: every decoder's token, the prefill chunk, the admitted prompts.
-            nn = self.decoders
-            ctx = self.dec_sum + T * nn
+            nn = dec.count
+            ctx = dec.dec_sum + T * nn
             new = seqs = nn
             pairs = ctx
             if chunk:
-                c = self.prefilling.num_computed  # type: ignore[union-attr]
+                assert s is not None
+                c = s.num_computed
                 seqs += 1
                 new += chunk
                 ctx += c
                 pairs += chunk * c
-            if cand:
-                n_, ctx_, pairs_ = self._admit(cand, hits, t, B - new)
-                new += n_
-                ctx += ctx_
-                pairs += pairs_
-                seqs += len(cand)
-                ev_adm.append((j, len(cand)))
-            if pool is not None:
-                if self.evicted:
-                    ev_evict.append((j, self.evicted))
-                    self.evicted = 0
-                if self.recomputed:
-                    ev_hit.append((j, self.recomputed))
-                    self.recomputed = 0
-                c_cached.append(pool.queued)
+            for a, n in scheduled:
+                a.num_computed = c = a.num_computed + n
+                new += n
+                ctx += c
+                pairs += n * c
+            seqs += len(scheduled)
             self.used += new
-            c_ts.append(t)
-            c_blocks.append(self.blocks)
-            c_internal.append(self.internal)
-            c_used.append(self.used)
-            c_sched.append(new)
-            c_run.append(self.running)
-            c_wait.append(len(waiting))
-            t_end = t + (price(new, ctx, pairs, seqs) + take(new, seqs))
+            if scheduled:
+                log.event(R.ADMITTED, j, admitted[0])
+                log.event(R.PREFIX_HIT, j, admitted[1])
+                log.event(R.RECOMPUTED_HIT, j, admitted[2])
+            evicted = policy.evictions - self.seen
+            if evicted:
+                self.seen += evicted
+                log.event(R.EVICTED, j, evicted)
+            log.row(t, self.blocks, self.used, policy.cached_free_blocks())
+            log.level(
+                j,
+                new,
+                self.running,
+                len(waiting),
+                policy.external_frag(waiting[0] if waiting else None),
+                self.internal,
+                self.alloc - self.blocks * log.per_block,
+            )
+            t_end = t + (price(new, ctx, pairs, seqs) + extra(new, seqs))
 
             # The end of the step: finishers freed, then the requests done with their prompt decode.
-            if heap and heap[0] <= T:
-                done = self._finish(T, t_end)
-                if done:
-                    ev_fin.append((j, done))
-                    blocked = False
-            if chunk or cand:
-                computed = [self.prefilling] if chunk else []
-                self._start_decoding(computed + cand if cand else computed, T, t_end)  # type: ignore[arg-type]
+            done = self._finish(T, t_end) if heap and heap[0] <= T else 0
+            if chunk or scheduled:
+                computed = [a for a, _ in scheduled]
+                if chunk and s is not None:
+                    computed.insert(0, s)
+                done += self._start_decoding(computed, T, t_end)
+            if done:
+                log.event(R.FINISHED, j, done)
+                blocked = False
             t = t_end
             j += 1
-            if self.decoders == 0 and self.prefilling is None:
+            if dec.count == 0 and self.prefilling is None and (not waiting or blocked):
                 break
         if j == 0:
             return 0
-        c_ts.append(t)
-        cols = np.array((c_blocks, c_internal, c_used, c_sched, c_run, c_wait), dtype=np.float64)
-        step0 = base
         self._close(j, t)
-        policy = self.policy
-        sched.take_evictions()  # counted in the rows below, step by step
-        # PagedBase.external_frag: the budget's tail no block fits, while anything waits.
-        tail = float(policy.budget_positions - policy.num_blocks * bs)
-        rows = R.step_rows(
-            step0,
-            np.array(c_ts),
-            j,
-            {
-                R.BLOCKS: cols[0],
-                R.INTERNAL: cols[1],
-                R.USED: cols[2],
-                R.SCHEDULED: cols[3],
-                R.RUNNING: cols[4],
-                R.WAITING: cols[5],
-                R.EXTERNAL: (cols[5] > 0) * tail,
-                R.CACHED_FREE: np.array(c_cached, dtype=np.float64) if pool is not None else 0.0,
-            },
-            {
-                R.FINISHED: ev_fin,
-                R.ADMITTED: ev_adm,
-                R.PREEMPTED: ev_pre,
-                R.EVICTED: ev_evict,
-                R.RECOMPUTED_HIT: ev_hit,
-            },
-        )
-        R.paged_allocation(rows, bs, policy.budget_positions)
+        rows = log.rows(base, t, policy.budget_positions)
         recorder.add_step_rows(rows)
-        self.dec.stretch_admissions += sum(cnt for _, cnt in ev_adm)
         return j
 
     def _close(self, k: int, t: float) -> None:
-        """Hand the state after ``k`` steps back: every decoder's crossings up to then taken, the
-        finished out of ``running``, the clocks and counters moved on."""
+        """Hand the state after ``k`` steps back: every decoder's crossings up to then given, the
+        clocks and counters moved on, the policy's totals checked against the rows'."""
         sched, dec, policy = self.sched, self.dec, self.policy
         end = self.tick0 + k
         crossing = dec.crossing
         for tk in range(self.tick0 + 1, end + 1):
             crossing.pop(tk, None)
-        grown, internal_add = self.plan.grow(end, crossing, self.tick0)
-        policy.take_blocks(grown + self.taken, internal_add + self.taken_internal)
-        if self.gone:
-            sched.running = [s for s in sched.running if id(s) not in self.gone]
+        internal_add = self.plan.grow(end, crossing, self.tick0)
+        policy.internal_positions += internal_add + self.grown_internal
         dec.explicit = [self.prefilling] if self.prefilling is not None else []
-        assert (policy.free_blocks(), policy.internal_positions, len(sched.running)) == (
-            self.free,
+        self._refresh()
+        assert (policy.internal_positions, len(sched.running), policy.evictions) == (
             self.internal,
             self.running,
+            self.seen,
         ), "a counted stretch drifted from the policy's counts"
-        assert self.pool is None or self.pool.uncached + self.pool.queued == self.free, "… or from its free queue"
+        sched.take_evictions()  # counted in the rows, step by step
         dec.tick = end
         sched.used_positions = self.used + policy.shared_excess_positions
         sched.now = t
         sched.step_index += k
 
 
+_NOTHING = (0, 0, 0)
+
+
 def run(sched: Scheduler[FastSeq], dec: Decoders, recorder: RunRecorder) -> int:
     """Run and record as many steps as can be taken whole (module docstring) from the state of
-    ``sched`` (the fast path's), in which every running request decodes implicitly (``dec``);
-    return how many (0: none)."""
-    policy = sched.policy
-    assert isinstance(policy, CountingPagedPolicy)  # eligible()
-    if not _first_step_whole(sched, dec, policy.free_blocks()):
-        return 0  # the step-by-step path takes it: not worth the plan's set-up
+    ``sched`` (the fast path's), in which every running request decodes implicitly (``dec``)
+    but perhaps the last, prefilling; return how many (0: none)."""
     return Stretch(sched, dec).run(recorder)

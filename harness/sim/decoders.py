@@ -11,7 +11,7 @@ bumps the epoch, so stale events are recognised and dropped where they are read.
 
 ``Decoders`` is that state, shared by the step-by-step fast path
 (``harness.sim.fast_scheduler``) and the stretches that record many steps at once
-(``harness.sim.quiet_stretches``, ``harness.sim.counted_stretch``).
+(``harness.sim.counted_stretch``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import heapq
 from collections import defaultdict
 from typing import Any
 
-from .policies.base import Policy
-from .sequence import FINISHED, Seq
+from .sequence import Seq
 
 
 class FastSeq(Seq):
@@ -110,30 +109,3 @@ class Decoders:
         self.finishing.clear()
         self.finish_ticks.clear()
         self.explicit = []
-
-    def finish(self, live: list[FastSeq], tick: int, end_s: float, contrib: int, policy: Policy) -> int:
-        """Decoders that sampled their last token at ``tick`` (step end ``end_s``): bring them up
-        to date, free them in the given (running) order, stop tracking them; ``contrib`` is their
-        Σ (computed − dec_tick). Removing them from ``running`` and counting them finished are
-        the caller's. Returns the positions they held, for the used-positions count."""
-        held = 0
-        for seq in live:
-            d = tick - seq.dec_tick
-            seq.num_computed += d
-            seq.num_output += d
-            seq.dec_tick = -1
-            seq.epoch += 1
-            policy.free(seq)
-            held += seq.num_computed
-            seq.status = FINISHED
-            seq.finished_s = end_s
-        self.count -= len(live)
-        self.dec_sum -= contrib
-        return held
-
-    def restore_finishes(self, events: list[tuple[int, list[FastSeq], int]], tick0: int) -> None:
-        """Put back finish events (step j after ``tick0``, finishers, Σ) taken from the heap but not reached."""
-        for j, live, _ in events:
-            t = tick0 + 1 + j
-            self.finishing[t] = [(s, s.epoch) for s in live]
-            heapq.heappush(self.finish_ticks, t)

@@ -12,10 +12,12 @@ a finish). Any other step (the budget runs short: chunked prefill) materialises 
 decoder and runs the reference ``Scheduler.schedule`` unchanged.
 
 Before each step the driver asks for a run of steps at once (``record_quiet_steps``): a
-counted stretch (``harness.sim.counted_stretch``) where blocks are counts (``paged``,
-``virtual-contiguous``, and ``paged-prefix`` on a workload that shares no block:
-``harness.sim.policies.counting_prefix``), a quiet stretch (``harness.sim.quiet_stretches``) for the
-contiguous policies; prefix caching over shared blocks goes step by step.
+counted stretch (``harness.sim.counted_stretch``) wherever the policy keeps no block ids —
+block counts (``paged``, ``virtual-contiguous``), prefix caching as counts and content keys
+(``paged-prefix``: ``harness.sim.policies.shared_prefix``, or
+``harness.sim.policies.counting_prefix`` where no two sequences share a block) and the
+contiguous reservations — and the clock is a model; the step-by-step path takes the steps a
+stretch cannot (more decoders than the token budget) and every step of a measured clock.
 
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in
@@ -29,7 +31,7 @@ from __future__ import annotations
 from ..clock.clocks import Clock
 from ..records.recorder import RunRecorder
 from ..spec.specs import SchedulerSpec
-from . import counted_stretch, quiet_stretches
+from . import counted_stretch
 from .decoders import Decoders, FastSeq
 from .policies.base import Policy
 from .policies.paged import PagedBase, PagedPolicy
@@ -81,11 +83,14 @@ class FastScheduler(Scheduler[FastSeq]):
         return how many (0: the next step goes one by one)."""
         dec = self.dec
         n = dec.count
-        if self._caching or dec.explicit or n == 0 or n > self.config.max_num_batched_tokens:
+        if not self._counted or n > self.config.max_num_batched_tokens:
             return 0
-        if self._counted:
-            return counted_stretch.run(self, dec, recorder)
-        return quiet_stretches.run(self, dec, recorder)
+        explicit = dec.explicit
+        if explicit and (len(explicit) > 1 or explicit[0] is not self.running[-1]):
+            return 0  # a stretch carries one prefilling request, the tail of running
+        if n == 0 and not explicit and not self.waiting:
+            return 0
+        return counted_stretch.run(self, dec, recorder)
 
     # -- scheduling ----------------------------------------------------------------------
     def schedule(self) -> StepPlan[FastSeq]:
@@ -131,7 +136,7 @@ class FastScheduler(Scheduler[FastSeq]):
             budget -= n
         budget -= dec.count
         dec.tick = tick
-        admitted, hit_tokens, recomputed = self._admit(budget, scheduled)
+        admitted, hit_tokens, recomputed = self.admit_waiting(budget, scheduled)
 
         decoders = dec.count
         implicit = dec.dec_sum + tick * decoders  # Σ computed of the decoders after this step

@@ -27,12 +27,13 @@ Arrivals are not the scheduler's: as vLLM's front end adds requests to its
 scheduler, the runners' driver loop (``runners.driver``) releases them with
 ``Arrivals.release`` before every step, into ``waiting``. The scheduler holds
 the requests still to come (``pending``, shared with ``Arrivals``) only for the
-fast path's look-ahead: a quiet stretch ends at the next arrival, or admits it
-inside the stretch, at the step the driver would have released it.
+fast path: a counted stretch releases each arrival, a conversation's next turn
+among them, at the step the driver would have released it.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -60,6 +61,11 @@ class StepPlan(Generic[S]):
     work: StepWork
 
 
+def _arrival_key(s: Seq) -> tuple[float, int]:
+    """The order of arrivals: time, then index."""
+    return s.arrival_s, s.index
+
+
 class Arrivals(Generic[S]):
     """The requests still to arrive, in arrival order, and the one rule every runner releases
     them by, against its run's clock: an idle engine jumps to the next arrival; then every
@@ -78,7 +84,7 @@ class Arrivals(Generic[S]):
                 self.held.setdefault(s.after, []).append(s)
             else:
                 first.append(s)
-        self.pending: deque[S] = deque(sorted(first, key=lambda s: (s.arrival_s, s.index)))
+        self.pending: deque[S] = deque(sorted(first, key=_arrival_key))
 
     def release(self, now: float, idle: bool, admit: Callable[[S], None]) -> float:
         """Hand every request arrived by ``now`` to ``admit``; return the clock (moved on to the
@@ -98,16 +104,12 @@ class Arrivals(Generic[S]):
         pending = self.pending
         for nxt in self.held.pop(seq.index, ()):
             nxt.arrival_s = max(nxt.arrival_s, now + nxt.think_s)
-            key = (nxt.arrival_s, nxt.index)
-            i = len(pending)
-            while i and (pending[i - 1].arrival_s, pending[i - 1].index) > key:
-                i -= 1
-            pending.insert(i, nxt)
+            pending.insert(bisect.bisect_right(pending, _arrival_key(nxt), key=_arrival_key), nxt)
 
 
 class Scheduler(Generic[S]):
     """The reference scheduler. Its public hooks — ``start_running``, ``preempt``,
-    ``make_room``, ``take_evictions`` — are what the fast path (``harness.sim.fast_scheduler``
+    ``make_room``, ``admit_waiting``, ``take_evictions`` — are what the fast path (``harness.sim.fast_scheduler``
     and its stretches) builds on; the rule itself is ``harness.sim.scheduling_rule``."""
 
     needs_block_ids = True  # the reference may be driven with an executor that reads block tables
@@ -196,7 +198,7 @@ class Scheduler(Generic[S]):
             budget -= num_new
             i += 1
 
-        admitted, hit_tokens, recomputed = self._admit(budget, scheduled) if not preempted else (0, 0, 0)
+        admitted, hit_tokens, recomputed = self.admit_waiting(budget, scheduled) if not preempted else (0, 0, 0)
 
         return StepPlan(
             self.step_index, self.now, scheduled, admitted, preempted, hit_tokens, recomputed, self._compute(scheduled)
@@ -215,23 +217,24 @@ class Scheduler(Generic[S]):
         self.used_positions += new_tokens
         return StepWork(new_tokens, context, pairs, seqs + len(scheduled))
 
-    def _admit(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
-        """Admit waiting requests while the rule allows (``scheduling_rule``); append them to
-        ``scheduled``; return (admitted, hit tokens at first admissions, hit tokens at
-        re-admissions after a preemption: vLLM counts these apart, never as prefix-cache hits)."""
+    def admit_waiting(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
+        """Admit waiting requests at ``now`` while the rule allows (``scheduling_rule``), with
+        ``budget`` tokens left; append them to ``scheduled`` (each with the tokens it computes,
+        its ``num_computed`` its hit or what a swap kept); return (admitted, hit tokens at first
+        admissions, hit tokens at re-admissions after a preemption: vLLM counts these apart,
+        never as prefix-cache hits)."""
         policy = self.policy
         running = self.running
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
-        max_len = self.max_model_len
         admitted = hit_tokens = recomputed = 0
         while waiting and admission_open(budget, len(running), max_seqs):
             seq = waiting[0]
-            hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
-            computed = seq.num_computed + hit
-            num_new = admission_chunk(seq.num_tokens, computed, budget)
-            if not policy.allocate(seq, computed + num_new, must_fit=admission_must_fit(seq.num_tokens, max_len)):
+            hit, target, must_fit = self.admission(seq, budget)
+            if not policy.allocate(seq, target, must_fit=must_fit):
                 break
+            computed = seq.num_computed + hit
+            num_new = target - computed
             waiting.popleft()
             self.start_running(seq, self.now)
             seq.num_computed = computed
@@ -246,6 +249,15 @@ class Scheduler(Generic[S]):
             budget -= num_new
             admitted += 1
         return admitted, hit_tokens, recomputed
+
+    def admission(self, seq: S, budget: int) -> tuple[int, int, int]:
+        """What admitting ``seq`` with ``budget`` tokens left asks of the policy: (its hit tokens,
+        the positions to back, the positions that must fit). The policy remembers the hit
+        (``prefix_hit``) for the ``allocate`` that follows."""
+        hit = self.policy.prefix_hit(seq) if seq.num_computed == 0 else 0
+        computed = seq.num_computed + hit
+        target = computed + admission_chunk(seq.num_tokens, computed, budget)
+        return hit, target, admission_must_fit(seq.num_tokens, self.max_model_len)
 
     def measure_values(self) -> tuple[int, ...]:
         """The allocation state while the step computes (after scheduling, before frees), as a

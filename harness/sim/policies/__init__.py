@@ -12,6 +12,7 @@ from .base import Policy
 from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
 from .counting_prefix import CountingPrefixPolicy
 from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from .shared_prefix import SharedPrefixPolicy
 
 
 def page_tokens(spec: RunSpec) -> int:
@@ -39,9 +40,11 @@ assert tuple(POLICIES) == capabilities.POLICIES, "harness/spec/capabilities.py a
 assert tuple(ARENA_TYPES) == ARENAS, "harness/spec/specs.py's ARENAS and the arena registry disagree"
 
 
-# Block-count-only variants, for callers that never read block ids (the sim's fast path).
+# Variants without block ids, for callers that never read them (the sim's fast path): block counts,
+# and prefix caching as counts and content keys.
 COUNTING: dict[str, Callable[[RunSpec], Policy]] = {
     "paged": lambda s: CountingPagedPolicy(s.budget_positions, s.block_size),
+    "paged-prefix": lambda s: SharedPrefixPolicy(s.budget_positions, s.block_size),
     "virtual-contiguous": lambda s: CountingPagedPolicy(s.budget_positions, page_tokens(s), "virtual-contiguous"),
 }
 # … and those exact only where no two sequences share a block (no shared prefixes, one sample each).

@@ -26,7 +26,6 @@ workload shares nothing (``policies.make_policy``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 
 from ..sequence import Seq
 from .base import internal_of
@@ -94,26 +93,6 @@ class CachedRuns:
         r = self.by_seq.get(seq.index)
         return r.left if r is not None else 0
 
-    def cached_after(self, seq: Seq, evicted: int, hits: Sequence[tuple[Seq, int]]) -> int:
-        """What ``cached(seq)`` will be once ``evicted`` more blocks have been evicted and the
-        sequences of ``hits`` have taken theirs (in between, in order: ``(sequence, blocks)``).
-        Evictions reach a run only when every block ahead of it is evicted or taken by a hit."""
-        r = self.by_seq.get(seq.index)
-        if r is None:
-            return 0
-        if not evicted:
-            return r.left
-        hit = {s.index: h for s, h in hits}
-        ahead = 0  # the blocks ahead of ``r`` that evictions must take before they reach it
-        for q in self.runs:
-            if q is r:
-                break
-            ahead += q.left - (hit.get(q.seq, 0) if self.by_seq.get(q.seq) is q else 0)
-        eaten = evicted - ahead
-        if eaten <= 0:
-            return r.left
-        return r.left - eaten if eaten < r.left else 0
-
     def hit(self, seq: Seq, blocks: int) -> tuple[int, float]:
         """``seq`` takes its ``blocks`` cached blocks back out of the queue: all of them. Returns
         when they were freed."""
@@ -134,6 +113,15 @@ class CountingPrefixPolicy(CountingPagedPolicy):
 
     def cached_free_blocks(self) -> int:
         return self.pool.queued
+
+    def uncached_free(self) -> int:
+        return self.pool.uncached
+
+    def take(self, n: int) -> int:
+        self._free -= n
+        evicted = self.pool.take(n)
+        self.evictions += evicted
+        return evicted
 
     def hit_blocks(self, seq: Seq, cached: int) -> int:
         """The blocks a hit on ``cached`` cached blocks gives ``seq`` at admission: at least one

@@ -344,11 +344,15 @@ class CountingPagedPolicy(PagedBase):
     def writable(self, seq: Seq, position: int) -> bool:
         return True  # nothing is ever shared without prefix caching
 
-    def take_blocks(self, blocks: int, internal: int) -> None:
-        """Account for ``blocks`` blocks the caller has added to sequences' ``allocated``
-        (checked to fit), raising internal fragmentation by ``internal`` positions."""
-        self._free -= blocks
-        self.internal_positions += internal
+    def take(self, n: int) -> int:
+        """``n`` free blocks taken for sequences whose ``allocated`` the caller grows (they fit:
+        a counted stretch's crossings). Returns the cached blocks this evicted (none here)."""
+        self._free -= n
+        return 0
+
+    def uncached_free(self) -> int:
+        """Free blocks ``take`` hands out before it must evict (all of them here)."""
+        return self._free
 
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         bs = self.block_size
