@@ -11,7 +11,8 @@ they cannot drift apart:
   one comparison group of the report;
 - **cell** (``CELL``): on top of the work, what one comparison varies: the
   runner, the policy, its block size, the device the runner computed on, the
-  page size of ``virtual-contiguous`` and the arena of the contiguous policies.
+  page size of ``virtual-contiguous``, the arena of the contiguous policies and vLLM's
+  hybrid KV cache manager (models whose layers are not all full attention).
   Runs that share work and cell are repetitions of one cell: compare and the
   report pool them;
 - **run** (``RUN``): the cell plus the repetition index: what a run id hashes.
