@@ -38,7 +38,7 @@ from ..harness.spec.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, Schedul
 from ..harness.spec.units import parse_size
 from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
 
-MODEL_KEYS = ("preset", "config", "kv_dtype")
+MODEL_KEYS = ("preset", "config", "kv_dtype", "hybrid_kv")
 MEMORY_KEYS = ("kv_budget", "max_model_len")
 # [parallel]: held by SchedulerSpec (its identity is the scheduler's), written in a table of its own.
 PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "num_gpus")
@@ -197,6 +197,7 @@ class Suite:
                 scheduler=scheduler,
                 page_bytes=page_bytes,
                 arena=arena,
+                hybrid_kv=s.get("hybrid_kv", True),
                 repeat=s.get("repeat", 0),
                 device=s.get("device", "auto"),
                 suite=self.name,

@@ -24,6 +24,11 @@ others, side by side, interleaved, with the preemptions each run took (``--parts
 ``paged-prefix`` where blocks are shared (the ShareGPT-like batch with 8 common 256-token
 prefixes, and with 2 samples per request): the block table step by step, not counted.
 
+(h) KV cache groups: the hybrid agreement cases of ``tests/test_agreement_hybrid.py`` (gpt-oss-20b
+and a Gemma-3-like model with the hybrid manager on and off, an MLA and a gated-delta-net model),
+at their 30 requests and at 300, sim (its reference scheduler: the fast path does not take KV cache
+groups) against vllm-sched, interleaved (``--parts h``).
+
 (c) Memory: peak RSS (``resource.getrusage``) of runs whose step count grows 10× and
 100× while the request count stays the same, each in a fresh child process so peaks are separate.
 
@@ -449,6 +454,79 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / 2 / statistics.median(values)
 
 
+# The hybrid agreement cases (tests/test_agreement_hybrid.py): vLLM's KV cache groups, which sim
+# runs on its reference scheduler (GroupedPagedPolicy).
+HYBRID_MODELS = ROOT / "tests" / "data" / "models"
+HYBRID_SUITE = """
+name = "bench-hybrid"
+[model]
+preset = "gpt-oss-20b"
+kv_dtype = "bf16"
+{model}
+[memory]
+kv_budget = "{budget}"
+max_model_len = 1024
+[workload]
+source = "uniform"
+prompt_min = 100
+prompt_max = 400
+output_min = 200
+output_max = 600
+num_requests = {n}
+arrival = "batch"
+seed = 3
+[scheduler]
+max_num_seqs = 64
+max_num_batched_tokens = 256
+[grid]
+runner = ["sim"]
+policy = ["paged"]
+block_size = [16]
+"""
+
+
+def _config(name: str) -> str:
+    return f'config = "{HYBRID_MODELS / name / "config.json"}"'
+
+
+HYBRID_CASES: dict[str, tuple[str, str]] = {
+    "gpt-oss-20b, hybrid on": ("hybrid_kv = true", "64MiB"),
+    "gpt-oss-20b, hybrid off": ("hybrid_kv = false", "64MiB"),
+    "Gemma-3-like, hybrid on": (_config("tiny-gemma3") + "\nhybrid_kv = true", "1MiB"),
+    "Gemma-3-like, hybrid off": (_config("tiny-gemma3") + "\nhybrid_kv = false", "2MiB"),
+    "MLA (DeepSeek-V2-like)": (_config("tiny-dsv2"), "2500KiB"),
+    "state layers (Qwen3-Next-like)": (_config("tiny-qwen3next"), "1200KiB"),
+}
+
+
+def part_h(args: argparse.Namespace) -> None:
+    print("\n(h) KV cache groups: sim (reference scheduler) vs vllm-sched, the hybrid agreement cases")
+    print(f"  {'case':<34}{'requests':>9}{'steps':>8}{'preempt':>8}{'sim s':>9}{'vllm s':>9}{'ratio':>9}")
+    for label, (model, budget) in HYBRID_CASES.items():
+        for n in (30, 300):
+            text = HYBRID_SUITE.format(model=model, budget=budget, n=n)
+            cells = build_cells(
+                parse_suite(text, "bench.toml"), Path(tempfile.mkdtemp(prefix="bench-h-")), lambda m: None
+            )
+            (cell,) = cells
+            sim_s, vllm_s, rows = [], [], []
+            for rep in range(args.repeats):  # interleaved: drift hits both sides alike
+                a = run_once(cell, "fast")
+                sim_s.append(a["wall_s"])
+                rows.append(a)
+                if rep < args.vllm_repeats:
+                    b = run_once(cell, "vllm-sched")
+                    vllm_s.append(b["wall_s"])
+                    assert (a["steps"], a["preemptions"]) == (b["steps"], b["preemptions"]), label
+            f, o = statistics.median(sim_s), statistics.median(vllm_s)
+            first = rows[0]
+            print(
+                f"  {label:<34}{n:>9,}{first['steps']:>8,}{first['preemptions']:>8,}{f:>9.3f}{o:>9.3f}{o / f:>8.1f}x",
+                flush=True,
+            )
+    print("  (goal: >= 50x vllm-sched; wall_s is the step loop, vLLM's start-up excluded on both sides)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="fast-path repeats (median); the reference runs fewer")
@@ -459,7 +537,9 @@ def main() -> None:
         "--families", default="sharegpt", help=f"parts b and c: workload families, from {', '.join(FAMILIES)} (a,b)"
     )
     ap.add_argument(
-        "--parts", default="abc", help="which parts to run (a, b, c; p: under memory pressure; w: workloads users run)"
+        "--parts",
+        default="abc",
+        help="which parts to run (a, b, c; p: under memory pressure; w: workloads users run; h: KV cache groups)",
     )
     ap.add_argument(
         "--rows",
@@ -467,10 +547,12 @@ def main() -> None:
         help="part w: only the rows whose workload, policy, arena or unit contain one of these (a,b)",
     )
     args = ap.parse_args()
-    if not args.parts or set(args.parts) - set("abcpw"):
-        ap.error(f"--parts takes letters from a, b, c, p and w, got {args.parts!r}")
+    if not args.parts or set(args.parts) - set("abcpwh"):
+        ap.error(f"--parts takes letters from a, b, c, p, w and h, got {args.parts!r}")
     if set(args.families.split(",")) - set(FAMILIES):
         ap.error(f"--families takes names from {', '.join(FAMILIES)}, got {args.families!r}")
+    if "h" in args.parts:
+        part_h(args)
     if "w" in args.parts:
         part_w(args)
     if "p" in args.parts:

@@ -11,6 +11,7 @@ import pandas as pd
 from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published, goodput_table
 from .decomposition import decompose, gap_sentence
+from .hybrid import hybrid_table
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
 from .prefix_reuse import prefix_reuse_table
 from .records import code_note, workload_tag
@@ -45,6 +46,7 @@ class ReportTables:
     goodput: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # per run of a sweep under an SLO
     prefix_reuse: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # paged-prefix against budget
     serve_check: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # serve: steps against /metrics
+    hybrid: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # the hybrid KV cache manager on vs off
 
 
 def drift_to_show(table: pd.DataFrame) -> Drift | None:
@@ -77,6 +79,7 @@ def report_tables(
     steps: pd.DataFrame | None = None,
     slo: pd.DataFrame | None = None,
     metrics: pd.DataFrame | None = None,
+    kv_groups: pd.DataFrame | None = None,
 ) -> ReportTables:
     baseline = choose_baseline(runs)
     cells = summary(runs)
@@ -127,4 +130,5 @@ def report_tables(
         goodput=goodput,
         prefix_reuse=prefix_reuse_table(cells),
         serve_check=serve_check(runs, steps, metrics),
+        hybrid=hybrid_table(runs, steps, kv_groups),
     )

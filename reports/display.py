@@ -20,6 +20,7 @@ CELL_COLUMNS: tuple[Column, ...] = (
     ("block_size", "block", "block"),
     ("device", "device", "text"),  # these two only where they differ (VARYING_ONLY)
     ("arena", "arena", "text"),
+    ("hybrid_kv", "hybrid KV", "text"),
     ("status", "status", "text"),
     ("token_states_frac", "token states %", "pct"),
     ("reservation_frac", "reservation %", "pct"),
@@ -171,6 +172,32 @@ PREFIX_REUSE_COLUMNS: tuple[Column, ...] = (
     ("prefix_over_paged", "÷ paged", "ratio"),
     ("contiguous_budget_bytes", "contiguous needs", "bytes"),
     ("contiguous_note", "", "note"),
+)
+HYBRID_COLUMNS: tuple[Column, ...] = (
+    ("model", "model", "text"),
+    ("workload", "workload", "text"),
+    ("runner", "runner", "text"),
+    ("policy", "policy", "text"),
+    ("budget_bytes", "KV budget", "bytes"),
+    ("kv_groups_on", "groups (on)", "note"),
+    ("peak_running_on", "peak running on", "f0"),
+    ("peak_running_off", "off", "f0"),
+    ("mean_running_on", "mean running on", "f1"),
+    ("mean_running_off", "off", "f1"),
+    ("preemptions_on", "preemptions on", "f0"),
+    ("preemptions_off", "off", "f0"),
+    ("tokens_per_s_ratio", "tokens/s on ÷ off", "ratio"),
+    ("waste_on", "waste by kind, on", "note"),
+    ("waste_off", "off", "note"),
+    ("paging_ratio", "paged (off) ÷ contiguous, tokens/s", "ratio"),
+)
+HYBRID_NOTE = (
+    "Per model, workload and budget: vLLM's hybrid KV cache manager on (its default: one KV cache group per "
+    "layer kind, a sliding window's blocks freed once they leave it) against off (every sliding or chunked "
+    "layer sized as full attention), on identical work. Waste by kind is the time-weighted share of the budget "
+    "a kind of group held without its layers reading it (blocks out of a window still held, the last block's "
+    "tail, padding). The last column is what paging changed on the same work, where a contiguous policy ran "
+    "(contiguous policies do not run models of other layer kinds: '-')."
 )
 PREFIX_REUSE_NOTE = (
     "Per KV budget where paged-prefix ran: its prefix-cache hit rate (hit tokens at first admission ÷ prompt "
@@ -396,7 +423,7 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     return str(value)
 
 
-VARYING_ONLY = ("device", "arena")  # cell keys shown only in a table where they take two values
+VARYING_ONLY = ("device", "arena", "hybrid_kv")  # cell keys shown only in a table where they take two values
 
 
 def with_setup(columns: Sequence[Column], table: pd.DataFrame) -> list[Column]:

@@ -149,6 +149,10 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
         parts.append("<h2>Prefix reuse against KV budget</h2>")
         parts.append(f"<p>{_e(display.PREFIX_REUSE_NOTE)}</p>")
         parts.append(table(display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse))
+    if len(tables.hybrid):
+        parts.append("<h2>Hybrid KV cache manager</h2>")
+        parts.append(f"<p>{_e(display.HYBRID_NOTE)}</p>")
+        parts.append(table(display.HYBRID_COLUMNS, tables.hybrid))
     if len(tables.serve_check):
         parts.append("<h2>Server: steps against /metrics</h2>")
         parts.append(f"<p>{_e(display.SERVE_CHECK_NOTE)}</p>")
@@ -197,7 +201,13 @@ def write_report(out: Path) -> Path:
     out = Path(out)
     records = load(out)
     tables = report_tables(
-        records.runs, records.reference, records.reference_problem, records.steps, records.slo, records.metrics
+        records.runs,
+        records.reference,
+        records.reference_problem,
+        records.steps,
+        records.slo,
+        records.metrics,
+        records.kv_groups,
     )
     plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition, records.slo)
     pngs = {p.stem: png_bytes(p) for p in plots if p.figure is not None}

@@ -114,6 +114,9 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     if len(tables.prefix_reuse):
         out += ["## Prefix reuse against KV budget", "", display.PREFIX_REUSE_NOTE, ""]
         out += table(display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse) + [""]
+    if len(tables.hybrid):
+        out += ["## Hybrid KV cache manager", "", display.HYBRID_NOTE, ""]
+        out += table(display.HYBRID_COLUMNS, tables.hybrid) + [""]
     if len(tables.serve_check):
         out += ["## Server: steps against /metrics", "", display.SERVE_CHECK_NOTE, ""]
         out += table(display.visible(display.SERVE_CHECK_COLUMNS, tables.serve_check, runners), tables.serve_check)

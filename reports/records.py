@@ -38,6 +38,7 @@ class Records:
     reference_problem: str | None = None  # why out/reference.parquet could not be used
     slo: pd.DataFrame | None = None  # out/slo.parquet: the suites' latency bounds for capacity
     metrics: pd.DataFrame | None = None  # a served engine's /metrics scrapes (serve runs); None: no metrics/
+    kv_groups: pd.DataFrame | None = None  # KV cache groups per step (models not all full attention); None: none
 
 
 def load(out: Path) -> Records:
@@ -57,6 +58,7 @@ def load(out: Path) -> Records:
     requests = read_table(out, "requests", set(runs["run_id"])) if (out / "requests").is_dir() else pd.DataFrame()
     # Only serve runs write metrics/: a directory without it reads as before.
     metrics = read_table(out, "metrics", set(runs["run_id"])) if (out / "metrics").is_dir() else None
+    groups = read_table(out, "kv_groups", set(runs["run_id"])) if (out / "kv_groups").is_dir() else None
     reference, problem = read_reference(out / "reference.parquet")
     slo_path = out / "slo.parquet"
     try:
@@ -70,7 +72,7 @@ def load(out: Path) -> Records:
     )
     if len(requests):
         requests = requests.assign(slo_met=slo_met(requests, runs, slo))
-    return Records(with_keys(runs), steps, requests, reference, problem, slo, metrics)
+    return Records(with_keys(runs), steps, requests, reference, problem, slo, metrics, groups)
 
 
 def read_reference(path: Path) -> tuple[pd.DataFrame | None, str | None]:

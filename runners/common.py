@@ -16,6 +16,7 @@ from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import REQUESTS
 from ..harness.sim.latency import latency_summary
 from ..harness.sim.policies.base import Policy
+from ..harness.sim.policies.grouped import GroupedPagedPolicy
 from ..harness.sim.sequence import FINISHED, Seq
 from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.feasibility import Shortfall
@@ -66,6 +67,23 @@ def shortfall(cell: Cell, seqs: list[Seq], policy: Policy) -> Shortfall | None:
             spec.scheduler.pipeline_parallel_size,
         )
     usable = (policy.budget_positions // policy.block_size) * policy.block_size
+    if isinstance(policy, GroupedPagedPolicy):  # whole block ids, the null block left out
+        use = policy.use
+        usable = use.usable_positions
+        max_len = spec.memory.max_model_len
+        if use.admission_blocks(max_len) > use.usable_blocks:
+            # vLLM's engine refuses a KV cache that cannot hold one request of max_model_len
+            # (check_enough_kv_cache_memory, over its groups' blocks).
+            return Shortfall(
+                f"one request of max_model_len ({max_len}) tokens, which vLLM needs to start",
+                f"a max_model_len below {max_len}",
+                use.positions(use.admission_blocks(max_len)),
+                policy.budget_positions,
+                spec.kv_bytes_per_token,
+                spec.memory.kv_budget_bytes,
+                spec.scheduler.tensor_parallel_size,
+                spec.scheduler.pipeline_parallel_size,
+            )
     worst = max(seqs, key=policy.needs_positions)
     need = policy.needs_positions(worst)
     if need > usable:
@@ -135,7 +153,21 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         "started_at": _dt.datetime.now(_dt.UTC),
         "spec_json": spec.to_json(),
         **provenance(),
+        **layout_columns(spec),
     }
+
+
+def layout_columns(spec: RunSpec) -> dict[str, object]:
+    """The run row's KV cache group columns: null for a model of full attention only."""
+    if spec.geometry.is_uniform_full:
+        return {}
+    layout = spec.layout
+    groups = " | ".join(
+        f"{g.kind}×{len(g.layers)}{f'+{g.padding_layers} pad' if g.padding_layers else ''}"
+        f"{f' w{g.window}' if g.window else ''} b{g.block_size}"
+        for g in layout.groups
+    )
+    return {"hybrid_kv": spec.hybrid_kv, "kv_bytes_per_block": layout.bytes_per_block, "kv_groups": groups}
 
 
 def clock_columns(spec: RunSpec) -> dict[str, object]:

@@ -86,6 +86,8 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
     max_stall = spec.scheduler.max_stall_steps
     pending = arrivals.pending
     recorder = RunRecorder(cell.out, cell.run_id, spec.budget_positions)
+    # An engine over KV cache groups hands each step's group rows over after the step.
+    take_groups = getattr(engine, "take_kv_groups", None) if not spec.geometry.is_uniform_full else None
     beat = Heartbeat(f"{row['runner']} {spec.policy}", seqs) if cell.progress else None
     steps = stall = 0
     status, error = "ok", None
@@ -113,6 +115,8 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
                     break
                 continue
             recorder.add_step(step)
+            if take_groups is not None:
+                recorder.add_kv_groups(take_groups())
             steps += 1
             # Livelock guard: steps that compute nothing while work waits.
             stall = stall + 1 if step.scheduled_tokens == 0 and not pending else 0

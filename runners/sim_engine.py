@@ -9,6 +9,7 @@ from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.latency import itl_summary
 from ..harness.sim.policies import make_policy
+from ..harness.sim.policies.grouped import GroupedPagedPolicy
 from ..harness.sim.policies.paged import reuse_distance_columns
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
@@ -41,6 +42,10 @@ class SimEngine:
         # step's end) is known: the gaps are the run's itl_* columns. The fast path's plans do not.
         self._token_times: dict[int, list[float]] | None = {} if executor is not None else None
         self._sampled: dict[int, Seq] = {}
+        # A policy over KV cache groups: each step's group rows (kv_groups), read with its row.
+        policy = sched.policy
+        self._grouped = policy if isinstance(policy, GroupedPagedPolicy) else None
+        self._group_rows: list[tuple[int, int, str, int, int]] = []
 
     @property
     def now(self) -> float:
@@ -66,6 +71,12 @@ class SimEngine:
         (running, waiting, blocks, allocated, used, reserved, internal, external, free, evicted, cached) = (
             sched.measure_values()
         )
+        grouped = self._grouped
+        if grouped is not None:
+            self._group_rows = [
+                (plan.step, i, g.kind, blocks, used)
+                for i, (g, (blocks, used)) in enumerate(zip(grouped.groups, grouped.last_groups))
+            ]
         wall, kv_bytes = self.executor.execute(plan) if self.executor is not None else (None, None)
         times = self._token_times
         before = [(seq, seq.num_output) for seq, _ in plan.scheduled] if times is not None else ()
@@ -105,6 +116,10 @@ class SimEngine:
             attention_pairs=work.attention_pairs if measured else None,
         )
 
+    def take_kv_groups(self) -> list[tuple[int, int, str, int, int]]:
+        """The last step's KV cache group rows (none for a model of full attention only)."""
+        return self._group_rows
+
     def finish(self) -> dict[str, object]:
         ledger = self.sched.ledger
         columns: dict[str, object] = {}
@@ -138,6 +153,8 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
+    if scheduler_cls is not Scheduler and not spec.geometry.is_uniform_full:
+        scheduler_cls = Scheduler  # KV cache groups run on the reference scheduler, step by step
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
     policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
     row = base_row(cell, runner)

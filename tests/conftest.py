@@ -49,7 +49,7 @@ name = "{name}"
 [model]
 preset = "{preset}"
 kv_dtype = "{kv_dtype}"
-[memory]
+{model_extra}[memory]
 kv_budget = "{budget}"
 max_model_len = {max_model_len}
 [workload]
@@ -79,6 +79,7 @@ def one_workload_suite(**settings: object) -> str:
         policy="paged",
         arena="first-fit",
         contiguous_unit="block",
+        model_extra="",
     )
     filled.update(settings)
     filled.setdefault("policies", f'["{filled["policy"]}"]')

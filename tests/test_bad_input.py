@@ -518,6 +518,21 @@ REFUSED_SUITES = {
         ("prefix_len (150) must be below prompt_len (100)",),
     ),
     "config_is_a_device": (('preset = "opt-13b"', 'config = "/dev/zero"'), ("/dev/zero", "not a regular file")),
+    "hybrid_kv_off_with_state_layers": (
+        (
+            'policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"]',
+            'policy = ["paged"]\n[runners.sim]\npreset = "qwen3-next-80b"\nhybrid_kv = false',
+        ),
+        ("qwen3-next-80b", "Failed to promote local KV cache specs to one unified type"),
+    ),
+    "hybrid_kv_not_a_bool": (
+        ('preset = "opt-13b"', 'preset = "gpt-oss-20b"\nhybrid_kv = "off"'),
+        ("hybrid_kv", "'off'"),
+    ),
+    "a_hybrid_model_on_a_contiguous_policy": (
+        ('preset = "opt-13b"', 'preset = "gpt-oss-20b"'),
+        ("gpt-oss-20b", "12 sliding, 12 full layers", "contiguous-max sizes every layer as full attention"),
+    ),
     "profile_is_a_device": (
         (
             "max_num_batched_tokens = 2048",

@@ -61,15 +61,31 @@ def test_run_ids_of_existing_specs_did_not_change() -> None:
 
 def test_run_id_hashes_every_identity_key_and_only_where_it_applies() -> None:
     canon = spec(runner="torch", policy="virtual-contiguous").canonical("w")
-    # Every key but the arena (contiguous policies only, and only when not first-fit) and the
-    # server URL (the serve runner only, and only when it attaches).
-    assert set(canon) == {identity.RUN_ID_NAMES.get(k.column, k.column) for k in identity.RUN} - {"arena", "serve_url"}
+    # Every key but the arena (contiguous policies only, and only when not first-fit), the
+    # server URL (the serve runner only, and only when it attaches) and the hybrid KV cache
+    # manager (models whose layers are not all full attention only).
+    assert set(canon) == {identity.RUN_ID_NAMES.get(k.column, k.column) for k in identity.RUN} - {
+        "arena",
+        "serve_url",
+        "hybrid_kv",
+    }
     assert "device" not in spec().canonical("w") and "page_bytes" not in spec().canonical("w")
     # The device counts for torch, not for sim; the page size for virtual-contiguous only.
     assert spec(runner="torch", device="cpu").run_id("w") != spec(runner="torch", device="cuda").run_id("w")
     assert spec(device="cpu").run_id("w") == spec(device="cuda").run_id("w")
     assert spec(page_bytes=2**20).run_id("w") == spec(page_bytes=2**21).run_id("w")
     assert spec(repeat=1).run_id("w") != spec().run_id("w")  # each repetition is a run of its own
+
+
+def test_the_hybrid_manager_counts_only_for_a_model_of_other_layer_kinds() -> None:
+    """Off or on changes nothing for full attention (run ids of such cells stay what they were);
+    for a sliding-window hybrid both settings count."""
+    assert "hybrid_kv" not in spec().canonical("w")
+    assert spec(hybrid_kv=False).run_id("w") == spec().run_id("w")
+    gpt_oss = ModelSpec(preset="gpt-oss-20b", kv_dtype="bf16")
+    on, off = spec(model=gpt_oss), spec(model=gpt_oss, hybrid_kv=False)
+    assert on.canonical("w")["hybrid_kv"] is True and off.canonical("w")["hybrid_kv"] is False
+    assert on.run_id("w") != off.run_id("w")
 
 
 def test_the_arena_counts_for_contiguous_policies_only_and_only_when_not_first_fit() -> None:

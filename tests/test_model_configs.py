@@ -80,9 +80,17 @@ def test_new_geometry_fields_enter_identity_only_away_from_full_attention() -> N
     assert g.replace(layers=(LayerRun("full", 32),)) == g
 
 
-def test_a_model_that_is_not_all_full_attention_does_not_run_in_a_cell() -> None:
-    with pytest.raises(KvbenchError, match="12 sliding, 12 full layers.*kvbench calc"):
-        spec(ModelSpec(preset="gpt-oss-20b"))
+def test_a_model_that_is_not_all_full_attention_runs_only_where_kv_cache_groups_are_kept() -> None:
+    spec(ModelSpec(preset="gpt-oss-20b"))  # sim, paged: vLLM's KV cache groups
+    with pytest.raises(KvbenchError, match="12 sliding, 12 full layers.*runner torch.*kvbench calc"):
+        spec(ModelSpec(preset="gpt-oss-20b")).replace(runner="torch")
+    with pytest.raises(KvbenchError, match="policy contiguous-max sizes every layer as full attention"):
+        spec(ModelSpec(preset="gpt-oss-20b")).replace(policy="contiguous-max", block_size=1)
+
+
+def test_hybrid_kv_off_for_a_model_with_state_layers_is_vllms_refusal() -> None:
+    with pytest.raises(KvbenchError, match="Failed to promote local KV cache specs to one unified type"):
+        spec(ModelSpec(preset="qwen3-next-80b", kv_dtype="bf16")).replace(hybrid_kv=False)
 
 
 # -- presets against their configs -----------------------------------------------------------

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from ..errors import StorageError, storage_error
 from . import store
-from .schema import METRICS, REQUESTS, RUNS, STEPS, StepRow, with_version
+from .schema import KV_GROUPS, METRICS, REQUESTS, RUNS, STEPS, StepRow, with_version
 
 BATCH_ROWS = 16_384
 STEP_FIELDS: tuple[str, ...] = StepRow._fields  # STEPS's columns (checked where StepRow is declared)
@@ -179,6 +179,7 @@ class RunRecorder:
         self._buf = np.tile(self._blank, (2 * BATCH_ROWS, 1))
         self._n = 0
         self._summarized = 0  # rows of the buffer already in the summary
+        self._groups: list[tuple[int, int, str, int, int]] = []  # kv_groups rows (KV_GROUPS's columns)
 
     @property
     def summary(self) -> StepSummary:
@@ -232,6 +233,10 @@ class RunRecorder:
         self._n += n
         if self._n >= BATCH_ROWS:
             self._flush()
+
+    def add_kv_groups(self, rows: Sequence[tuple[int, int, str, int, int]]) -> None:
+        """Record a step's KV cache group rows (``KV_GROUPS``'s columns, in order)."""
+        self._groups.extend(rows)
 
     def _flush(self, final: bool = False) -> None:
         """Summarise the buffer and write it as row groups of ``BATCH_ROWS`` rows (and, when
@@ -301,10 +306,18 @@ class RunRecorder:
             if metrics is not None:
                 tmps.append(store.write_temp_partition(self.out, "metrics", self.run_id, metrics.cast(METRICS)))
                 tables.append("metrics")
+            if self._groups:
+                columns = list(zip(*self._groups))
+                groups = pa.Table.from_arrays(
+                    [pa.array(c, f.type) for c, f in zip(columns, KV_GROUPS)], schema=KV_GROUPS
+                )
+                tmps.append(store.write_temp_partition(self.out, "kv_groups", self.run_id, groups))
+                tables.append("kv_groups")
             row = {name: run_row.get(name) for name in RUNS.names}
             # What the run's partitions hold: how a reader tells a whole run from one that lost a file.
             row["steps_rows"] = self._summary.steps
             row["requests_rows"] = req_table.num_rows
+            row["kv_groups_rows"] = len(self._groups) if self._groups else None
             for key, value in row.items():  # NaN → null: a missing measurement, not a number
                 if isinstance(value, float) and math.isnan(value):
                     row[key] = None
@@ -314,6 +327,8 @@ class RunRecorder:
             store.unpublish_run(self.out, self.run_id)  # a rerun: the old run stops existing first
             if metrics is None:
                 store.drop_partition(self.out, "metrics", self.run_id)  # an older run's scrapes
+            if not self._groups:
+                store.drop_partition(self.out, "kv_groups", self.run_id)
             for table, tmp in zip((*tables, "runs"), tmps):
                 store.publish(tmp, store.partition_dir(self.out, table, self.run_id))
                 published.append(table)

@@ -259,6 +259,13 @@ RUNS = pa.schema(
         # both partitions are there with these counts (harness.records.store.incomplete_runs; null: older kvbench).
         ("steps_rows", pa.int64()),
         ("requests_rows", pa.int64()),
+        # A model whose layers are not all full attention (null otherwise): vLLM's hybrid KV cache
+        # manager on or off, one block id's bytes across all groups, the groups in one line
+        # ("kind×layers/block" each), and the rows of its kv_groups partition.
+        ("hybrid_kv", pa.bool_()),
+        ("kv_bytes_per_block", pa.int64()),
+        ("kv_groups", pa.string()),
+        ("kv_groups_rows", pa.int64()),
     ]
 )
 
@@ -282,7 +289,25 @@ METRICS = pa.schema(
     ]
 )
 
-TABLES: dict[str, pa.Schema] = {"runs": RUNS, "steps": STEPS, "requests": REQUESTS, "metrics": METRICS}
+# A model's KV cache groups, per step (docs/records.md, "KV cache groups"): written only for a model
+# whose layers are not all full attention. One row per step and group, read at the step row's point.
+KV_GROUPS = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("group", pa.int32()),  # the group's index, in vLLM's order
+        ("kind", pa.string()),  # the group's spec kind (full, sliding, chunked, mla, mamba1, mamba2, gdn)
+        ("allocated_blocks", pa.int64()),  # real (non-null) blocks its block tables hold
+        ("used_bytes", pa.int64()),  # bytes its layers still read, each layer by its own kind
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "runs": RUNS,
+    "steps": STEPS,
+    "requests": REQUESTS,
+    "metrics": METRICS,
+    "kv_groups": KV_GROUPS,
+}
 
 
 def with_version(schema: pa.Schema) -> pa.Schema:

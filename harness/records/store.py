@@ -4,6 +4,7 @@
     DIR/steps/run_id=<id>/part-0.parquet      one row per scheduler step
     DIR/requests/run_id=<id>/part-0.parquet   one row per request (sample)
     DIR/metrics/run_id=<id>/part-0.parquet    one row per /metrics scrape (serve runner only)
+    DIR/kv_groups/run_id=<id>/part-0.parquet  one row per step and KV cache group (hybrid layouts only)
     DIR/workloads/<workload_id>.parquet       the exact workload used
 
 Partitions are written under a dot-prefixed temporary name, made exclusively with a
@@ -72,10 +73,16 @@ def incomplete_runs(out: Path, run_ids: set[str] | None = None) -> dict[str, str
         rows = read_table(out, "runs", ids)
     except KvbenchError as exc:
         return {rid: str(exc) for rid in ids}
-    counts = {r["run_id"]: r for r in rows[["run_id", "steps_rows", "requests_rows"]].to_dict("records")}
+    counts = {
+        r["run_id"]: r for r in rows[["run_id", "steps_rows", "requests_rows", "kv_groups_rows"]].to_dict("records")
+    }
     problems: dict[str, str] = {}
     for rid in sorted(ids):
-        for table in ("steps", "requests"):
+        grouped = counts.get(rid, {}).get("kv_groups_rows")
+        tables = (
+            ("steps", "requests", "kv_groups") if grouped is not None and grouped == grouped else ("steps", "requests")
+        )
+        for table in tables:
             path = partition_dir(out, table, rid) / PART
             if not path.is_file():
                 problems[rid] = f"{path.relative_to(out)} is missing"
@@ -186,7 +193,7 @@ def clean_stale_temps(out: Path) -> None:
         runs = existing_run_ids(out)
     except StorageError:
         return  # cannot tell whole runs from orphans: leave them
-    for table in ("steps", "requests", "metrics"):
+    for table in ("steps", "requests", "metrics", "kv_groups"):
         d = out / table
         try:
             if d.is_symlink() or not d.is_dir():

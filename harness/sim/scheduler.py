@@ -133,6 +133,8 @@ class Scheduler(Generic[S]):
         self.step_index = 0
         self.finished = 0
         self.used_positions = 0  # Σ computed positions over sequences holding memory
+        # A policy over KV cache groups measures use itself (bytes-equivalent positions).
+        self._measure_use: Callable[[], tuple[int, int]] | None = getattr(policy, "measure_use", None)
         self._evictions_seen = 0
 
     # -- the hooks -----------------------------------------------------------------------
@@ -266,8 +268,11 @@ class Scheduler(Generic[S]):
         policy = self.policy
         blocks = policy.allocated_blocks()
         allocated = policy.allocated_positions
-        used = self.used_positions - policy.shared_excess_positions
-        internal = policy.internal_positions
+        if self._measure_use is None:
+            used = self.used_positions - policy.shared_excess_positions
+            internal = policy.internal_positions
+        else:
+            used, internal = self._measure_use()
         waiting = self.waiting
         evictions = self.take_evictions()
         return (

@@ -43,6 +43,7 @@ class Seq:
         "rounding",
         "first_block",
         "block_runs",
+        "group_tables",
     )
 
     def __init__(
@@ -89,6 +90,7 @@ class Seq:
         self.alloc_start = -1
         self.pending_hits: list[int] = []
         self.num_cached_blocks = 0
+        self.group_tables: list[list[int]] = []  # KV cache groups: per group [table length, null blocks]
 
     @property
     def final_len(self) -> int:

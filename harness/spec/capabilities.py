@@ -177,6 +177,12 @@ TOKEN_TIME_RUNNERS: tuple[str, ...] = ("vllm-sched", "vllm", "torch", "serve")
 # rank's KV (its share of the KV heads and layers) from one GPU's budget; vllm and serve pass the
 # sizes to the engine (on the CUDA build). torch computes on one device's tensors.
 PARALLEL_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm", "serve")
+# Runners and policies that hold vLLM's KV cache groups, so run models whose layers are not all
+# full attention (sliding window, chunked local, MLA, state layers: docs/models.md): sim's paged
+# policy, vLLM's own scheduler and its engine (from the model's config.json; on CPU full and sliding
+# layers only). The others size every layer as full attention K and V.
+LAYOUT_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm")
+LAYOUT_POLICIES: tuple[str, ...] = ("paged",)
 
 
 def is_contiguous(policy: str) -> bool:

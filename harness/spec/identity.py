@@ -11,7 +11,8 @@ they cannot drift apart:
   one comparison group of the report;
 - **cell** (``CELL``): on top of the work, what one comparison varies: the
   runner, the policy, its block size, the device the runner computed on, the
-  page size of ``virtual-contiguous`` and the arena of the contiguous policies.
+  page size of ``virtual-contiguous``, the arena of the contiguous policies and vLLM's
+  hybrid KV cache manager (models whose layers are not all full attention).
   Runs that share work and cell are repetitions of one cell: compare and the
   report pool them;
 - **run** (``RUN``): the cell plus the repetition index: what a run id hashes.
@@ -70,6 +71,9 @@ CELL: tuple[Key, ...] = (
     Key("page_bytes", "page size"),
     Key("arena", "arena"),  # contiguous policies: first-fit or buddy placement
     Key("serve_url", "server"),  # the serve runner attached to a running server: another server is another run
+    # vLLM's hybrid KV cache manager on or off: null (not counted) for a model whose layers are all
+    # full attention, where it changes nothing.
+    Key("hybrid_kv", "hybrid KV cache manager"),
 )
 REPEAT = Key("repeat", "repetition")  # in the run id (each repetition is a run), never in a cell
 RUN: tuple[Key, ...] = (*WORK, *CELL, REPEAT)
@@ -108,7 +112,7 @@ RUN_ID_NAMES: dict[str, str] = {"model": "geometry"}
 
 # Keys added to the identity after run ids were first written: their default is what every
 # earlier run did, so a key at its default is left out (the run id stays what it was).
-DEFAULTS: dict[str, object] = {"arena": "first-fit", "serve_url": None}
+DEFAULTS: dict[str, object] = {"arena": "first-fit", "serve_url": None, "hybrid_kv": None}
 
 # Geometry fields added after run ids were first written (layer kinds, MLA's latent, a state),
 # left out of the model's identity at their default: every layer full attention, as every

@@ -17,8 +17,17 @@ from typing import TYPE_CHECKING, Any
 from ..clock.model import GPU_PRESETS
 from ..errors import KvbenchError
 from . import identity
-from .capabilities import BLOCK_TABLE_POLICIES, MEASURING_RUNNERS, PARALLEL_RUNNERS, POLICIES
+from .capabilities import (
+    BLOCK_TABLE_POLICIES,
+    LAYOUT_POLICIES,
+    LAYOUT_RUNNERS,
+    MEASURING_RUNNERS,
+    PARALLEL_RUNNERS,
+    POLICIES,
+)
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
+from .kv_layout import KVLayout, kv_layout
+from .kv_use import KVUse
 from .workload_spec import WorkloadSpec
 
 if TYPE_CHECKING:
@@ -154,6 +163,10 @@ class RunSpec:
     scheduler: SchedulerSpec
     page_bytes: int = 2 * 2**20  # virtual-contiguous only
     arena: str = ARENAS[0]  # contiguous policies only: first-fit or buddy placement (ignored by the others)
+    # vLLM's hybrid KV cache manager (on by default, as in vLLM; off: ``disable_hybrid_kv_cache_manager``,
+    # every sliding or chunked layer sized as full attention). Read only for a model whose layers
+    # are not all full attention, and part of the run's identity only there.
+    hybrid_kv: bool = True
     repeat: int = 0  # repetition index, for timed metrics' spread
     device: str = "auto"  # torch / vllm runners: cpu, cuda or auto
     suite: str = "adhoc"
@@ -199,13 +212,10 @@ class RunSpec:
                 )
         tp, pp = self.scheduler.tensor_parallel_size, self.scheduler.pipeline_parallel_size
         self.geometry.check_parallel(tp, pp)
-        g = self.geometry
-        if not g.is_uniform_full:
-            kinds = ", ".join(f"{g.layer_count(k)} {k}" for k in g.kinds)
-            raise KvbenchError(
-                f"model {g.name!r} ({kinds} layers): the runners and policies size every layer as full "
-                f"attention K and V, so its cells do not run; `kvbench calc --model` gives its KV layout"
-            )
+        if not isinstance(self.hybrid_kv, bool):
+            raise KvbenchError(f"cell: hybrid_kv must be true or false, got {self.hybrid_kv!r}")
+        if not self.geometry.is_uniform_full:
+            self._check_layout()
         if tp * pp > 1 and self.runner not in PARALLEL_RUNNERS:
             raise KvbenchError(
                 f"runner {self.runner}: computes on one device's tensors, so tensor_parallel_size {tp} × "
@@ -227,10 +237,64 @@ class RunSpec:
                 f"clock profile {self.scheduler.clock_profile}",
             )
 
+    def _check_layout(self) -> None:
+        """A model whose layers are not all full attention runs where vLLM's KV cache groups are
+        kept (``capabilities.LAYOUT_RUNNERS``, ``LAYOUT_POLICIES``), as vLLM runs it."""
+        g = self.geometry
+        kinds = ", ".join(f"{g.layer_count(k)} {k}" for k in g.kinds)
+        where = f"model {g.name!r} ({kinds} layers)"
+        if self.runner not in LAYOUT_RUNNERS or self.policy not in LAYOUT_POLICIES:
+            what = f"runner {self.runner}" if self.runner not in LAYOUT_RUNNERS else f"policy {self.policy}"
+            raise KvbenchError(
+                f"{where}: {what} sizes every layer as full attention K and V, so its cells do not run "
+                f"(runners: {', '.join(LAYOUT_RUNNERS)}; policies: {', '.join(LAYOUT_POLICIES)}); "
+                f"`kvbench calc --model` gives its KV layout"
+            )
+        sched = self.scheduler
+        if sched.preemption != "recompute":
+            raise KvbenchError(f"{where}: its KV cache groups are preempted by recompute only, as vLLM's v1 does")
+        if sched.pipeline_parallel_size != 1:
+            raise KvbenchError(f"{where}: its KV cache groups run at pipeline_parallel_size 1 only")
+        if self.kv_bytes_per_token <= 0:
+            raise KvbenchError(f"{where}: no attention layer keeps KV per token; kvbench's positions need one")
+        try:
+            _ = self.layout  # vLLM's refusals (state layers with the hybrid manager off) now, not mid-sweep
+        except KvbenchError as exc:
+            raise KvbenchError(f"{where}: {exc}") from None
+
     # -- derived quantities every runner must agree on --------------------
+    @property
+    def layout(self) -> KVLayout:
+        """vLLM's KV cache groups and block pool for this cell (``harness.spec.kv_layout``)."""
+        sched = self.scheduler
+        return kv_layout(
+            self.geometry,
+            self.model.kv_dtype,
+            self.block_size,
+            max_model_len=self.memory.max_model_len,
+            hybrid=self.hybrid_kv,
+            max_num_batched_tokens=sched.max_num_batched_tokens,
+            tensor_parallel_size=sched.tensor_parallel_size,
+            pipeline_parallel_size=sched.pipeline_parallel_size,
+            prefix_caching=self.policy == "paged-prefix",
+        )
+
     @property
     def geometry(self) -> ModelGeometry:
         return self.model.geometry()
+
+    @property
+    def kv_use(self) -> KVUse:
+        """The layout's blocks in the step columns' terms (``harness.spec.kv_use``)."""
+        sched = self.scheduler
+        return KVUse.build(
+            self.geometry,
+            self.layout,
+            self.model.kv_dtype,
+            self.memory.kv_budget_bytes,
+            self.kv_bytes_per_token,
+            sched.tensor_parallel_size,
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -266,6 +330,7 @@ class RunSpec:
                 "device": self.device,  # as requested: "auto" resumes as the same cell on any machine
                 "page_bytes": self.page_bytes,
                 "arena": self.arena,
+                "hybrid_kv": None if self.geometry.is_uniform_full else self.hybrid_kv,
                 "repeat": self.repeat,
                 "serve_url": self.serve_url,
             }

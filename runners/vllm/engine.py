@@ -102,7 +102,18 @@ from ..common import base_row, expand_seqs, host_available_bytes, shortfall, wri
 from ..driver import drive
 from ..oom import is_oom
 from . import build as vllm_build
-from .readings import CacheWatcher, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule, request_blocks
+from .kv_specs import groups_of
+from .readings import (
+    CacheWatcher,
+    GroupTables,
+    Occupancy,
+    StepOut,
+    VllmStep,
+    read_group_occupancy,
+    read_occupancy,
+    read_schedule,
+    request_blocks,
+)
 from .sched import install_contiguous
 from .steps import VllmStepEngine
 
@@ -114,6 +125,20 @@ POLICY_ERROR = f"the vllm runner hosts only {hosted_policies_phrase('vllm')}; th
 UNSUPPORTED_KV_DTYPES: dict[str, tuple[str, ...]] = {"cuda": ("int8", "fp32"), "cpu": ("int8",)}
 CPU_BLOCK_MULTIPLE = 32
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# Layer kinds the engine runs on vLLM's CPU build for a model of KV cache groups, and why the
+# others are not run there.
+CPU_LAYER_KINDS = ("full", "sliding")
+_STATE_REASON = (
+    "vLLM's CPU build raises the attention block size beside a state to its 32-token kernel block, so its "
+    "pool is not the one sim and vllm-sched draw"
+)
+CPU_LAYER_REASONS = {
+    "mla": 'vLLM: "CPU MLA backend requires block_size=16", and its CPU attention backend takes multiples of 32',
+    "chunked": "vLLM's CPU build has no chunked local attention backend here",
+    "mamba1": _STATE_REASON,
+    "mamba2": _STATE_REASON,
+    "gdn": _STATE_REASON,
+}
 ENGINE_SEED = 0  # vLLM's seed: the dummy weights and its sampler (greedy here)
 MAX_GPU_MEMORY_UTILIZATION = 0.9
 MIN_GPU_MEMORY_UTILIZATION = 0.05
@@ -288,13 +313,46 @@ def kv_settings(spec: RunSpec, device: str) -> tuple[str, str]:
 
 
 def num_gpu_blocks(spec: RunSpec) -> int:
-    """The block pool vLLM gets: the budget's whole blocks + its null block (as ``vllm-sched``)."""
+    """The block pool vLLM gets: the budget's whole blocks + its null block (as ``vllm-sched``);
+    for a model of KV cache groups, the blocks vLLM's own split of the budget gives (null included)."""
+    if not spec.geometry.is_uniform_full:
+        return spec.layout.num_blocks(spec.memory.kv_budget_bytes)
     return spec.budget_blocks + 1
 
 
+def pool_bytes(spec: RunSpec) -> int:
+    """The KV pool's bytes: its blocks × one block id's bytes."""
+    per_block = (
+        spec.block_size * spec.kv_bytes_per_token if spec.geometry.is_uniform_full else spec.layout.bytes_per_block
+    )
+    return num_gpu_blocks(spec) * per_block
+
+
+def check_layout(spec: RunSpec, device: str) -> None:
+    """A model of other layer kinds than full attention: the engine loads its own config.json
+    (a preset has none) and, on CPU, only the layer kinds vLLM's CPU build runs for kvbench here."""
+    g = spec.geometry
+    config = spec.model.config
+    if config is None:
+        raise KvbenchError(
+            f"the vllm runner: model {g.name!r} ({', '.join(g.kinds)} layers) runs from its own config.json "
+            f"([model] config), which a preset does not have"
+        )
+    if device == "cpu":
+        refused = [k for k in g.kinds if k not in CPU_LAYER_KINDS]
+        if refused:
+            raise KvbenchError(
+                f"the vllm runner on CPU: {', '.join(refused)} layers are not run here "
+                f"({CPU_LAYER_REASONS[refused[0]]}); sim and vllm-sched run them"
+            )
+
+
 def check_max_model_len(cell: Cell) -> str | None:
-    """vLLM refuses to start unless one ``max_model_len`` request fits the usable blocks."""
+    """vLLM refuses to start unless one ``max_model_len`` request fits the usable blocks (for a
+    model of KV cache groups ``shortfall`` says so first)."""
     spec = cell.spec
+    if not spec.geometry.is_uniform_full:
+        return None
     need = -(-spec.memory.max_model_len // spec.block_size)
     if spec.budget_blocks >= need:
         return None
@@ -312,7 +370,7 @@ def check_host_memory(spec: RunSpec, available: int) -> str | None:
     g = spec.geometry
     _, _, model_dtype = vllm_build.kv_dtype_of(spec)
     weights = g.weight_bytes(MODEL_DTYPE_BYTES[model_dtype])
-    kv = num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token
+    kv = pool_bytes(spec)
     need = weights + kv + ENGINE_RUNTIME_BYTES
     usable = int(available * HOST_MEMORY_HEADROOM)
     if need <= usable:
@@ -327,9 +385,15 @@ def check_host_memory(spec: RunSpec, available: int) -> str | None:
 
 
 def model_dir(spec: RunSpec, scratch: Path) -> Path:
-    """The model directory vLLM loads: the suite's own directory as is, else a generated one."""
+    """The model directory vLLM loads: the suite's own directory as is, a directory holding the
+    suite's config.json for a model of other layer kinds, else a generated one."""
     if spec.model.config is not None and Path(spec.model.config).is_dir():
         return Path(spec.model.config).resolve()
+    if spec.model.config is not None and not spec.geometry.is_uniform_full:
+        directory = scratch / "model"
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_bytes(Path(spec.model.config).read_bytes())
+        return directory.resolve()
     return vllm_build.write_model_dir(spec, scratch / "model").resolve()
 
 
@@ -364,9 +428,7 @@ def engine_args(
     per_device: dict[str, Any]
     if device == "cpu":
         # Exactly the pool's bytes: the block override sets the count, this the space it lives in.
-        per_device = dict(
-            kv_cache_memory_bytes=num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token, enforce_eager=True
-        )
+        per_device = dict(kv_cache_memory_bytes=pool_bytes(spec), enforce_eager=True)
     else:
         per_device = dict(gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager)
     return EngineArgs(
@@ -390,6 +452,7 @@ def engine_args(
         disable_log_stats=True,
         seed=ENGINE_SEED,
         **per_device,
+        **({} if spec.geometry.is_uniform_full else {"disable_hybrid_kv_cache_manager": not spec.hybrid_kv}),
     )
 
 
@@ -508,9 +571,10 @@ class EngineSteps:
         self.scheduler = sched = handle.scheduler
         self.device = device
         self.block_size = spec.block_size
-        self.usable_blocks = spec.budget_blocks
+        self.usable_blocks = num_gpu_blocks(spec) - 1
         self.block_bytes = block_bytes
-        self._req_blocks = request_blocks(sched)
+        self.use = None if spec.geometry.is_uniform_full else spec.kv_use
+        self._req_blocks = request_blocks(sched) if self.use is None else GroupTables(sched)
         self.cache = CacheWatcher(sched.kv_cache_manager.block_pool) if spec.policy == "paged-prefix" else None
         self.reservations = install_contiguous(sched, spec)
         self._index: dict[str, int] = {}  # vLLM's internal request id -> sequence index
@@ -522,13 +586,16 @@ class EngineSteps:
 
         def schedule(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            self._read.append(
-                (
-                    read_schedule(out, sched.requests, self._req_blocks, self._index.__getitem__, self.reservations),
-                    read_occupancy(
-                        sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks, self.reservations
-                    ),
+            tables = self._req_blocks
+            occupancy = (
+                read_group_occupancy(sched, tables, self._final_len, self.use)
+                if isinstance(tables, GroupTables) and self.use is not None
+                else read_occupancy(
+                    sched, tables, self._final_len, self.block_size, self.usable_blocks, self.reservations
                 )
+            )
+            self._read.append(
+                (read_schedule(out, sched.requests, tables, self._index.__getitem__, self.reservations), occupancy)
             )
             return out
 
@@ -616,6 +683,8 @@ class VllmRunner:
             raise KvbenchError(vllm_build.NOT_INSTALLED)
         device = device_for(build)
         check_spec(spec, device.kind)
+        if not spec.geometry.is_uniform_full:
+            check_layout(spec, device.kind)
         seqs = expand_seqs(cell)
         row = base_row(cell, self.name)
         short = shortfall(cell, seqs, make_policy(spec))
@@ -681,13 +750,24 @@ class VllmRunner:
     ) -> RunResult:
         spec = cell.spec
         bs = spec.block_size
-        usable = spec.budget_blocks
-        pool = handle.scheduler.kv_cache_config.num_blocks
+        usable = num_gpu_blocks(spec) - 1
+        kcc = handle.scheduler.kv_cache_config
+        pool = kcc.num_blocks
         if pool != usable + 1:
             raise KvbenchError(
                 f"vLLM's engine made a pool of {pool} blocks, expected {usable + 1} "
                 f"(the budget's {usable} + its null block)"
             )
+        if not spec.geometry.is_uniform_full:
+            ours = [(g.kind, g.layers, g.block_size, g.page_bytes) for g in spec.layout.groups]
+            if groups_of(kcc) != ours:
+                raise KvbenchError(
+                    f"vLLM's engine formed KV cache groups {groups_of(kcc)}, kvbench's layout {ours}: "
+                    f"the runs would not share one pool"
+                )
+            source = EngineSteps(handle, spec, device, spec.layout.bytes_per_block)
+            arrivals = Arrivals(seqs)
+            return drive(cell, seqs, arrivals, VllmStepEngine(cell, seqs, source, arrivals), row)
         block_bytes = kv_bytes_per_block(handle.scheduler)
         if block_bytes != bs * spec.kv_bytes_per_token:
             raise KvbenchError(

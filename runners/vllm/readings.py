@@ -5,9 +5,10 @@ evictions and reuse distances (``CacheWatcher``)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ...harness.spec.kv_use import KVUse
 from .contiguous import ContiguousReservations
 
 
@@ -34,6 +35,10 @@ class Occupancy:
     internal_positions: int  # Σ max(0, blocks × block_size − final length)
     external_positions: int | None = None  # contiguous: free positions in runs too short for the waiting head
     cached_free_blocks: int = 0  # free blocks still holding a content hash (prefix caching)
+    # KV cache groups (harness.spec.kv_use): used positions measured by the layout (bytes-equivalent),
+    # and each group's (real blocks, used bytes); None for a model of full attention only.
+    used_positions: int | None = None
+    groups: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +114,58 @@ def cached_free_block_count(pool: Any) -> int:
 def request_blocks(scheduler: Any) -> dict[str, list[Any]]:
     """The scheduler's request id -> blocks map (one KV cache group: kvbench's models have one)."""
     return scheduler.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+
+class GroupTables(Mapping[str, list[Any]]):
+    """Every KV cache group's block tables (each group manager's ``req_to_blocks``), read as one
+    table per request holding its real blocks across groups (the null block left out)."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.tables: list[Mapping[str, list[Any]]] = [
+            m.req_to_blocks for m in scheduler.kv_cache_manager.coordinator.single_type_managers
+        ]
+
+    def __getitem__(self, rid: str) -> list[Any]:
+        if not any(rid in t for t in self.tables):
+            raise KeyError(rid)
+        return [b for t in self.tables for b in t.get(rid, ()) if not b.is_null]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({rid for t in self.tables for rid in t})
+
+    def __len__(self) -> int:
+        return len({rid for t in self.tables for rid in t})
+
+    def lengths(self, rid: str) -> tuple[list[int], list[int]]:
+        """Per group: the request's table length and its real blocks."""
+        tables = [t.get(rid, ()) for t in self.tables]
+        return [len(b) for b in tables], [sum(1 for x in b if not x.is_null) for b in tables]
+
+
+def read_group_occupancy(scheduler: Any, tables: GroupTables, final_len: Mapping[str, int], use: KVUse) -> Occupancy:
+    """The allocation state right after ``schedule()`` over KV cache groups: as ``read_occupancy``,
+    with used and internal positions from the layout's one formula (``KVUse.measure``)."""
+    requests = []
+    held = 0
+    for req in scheduler.running:
+        rid = req.request_id
+        lengths, reals = tables.lengths(rid)
+        held += sum(reals)
+        requests.append((req.num_computed_tokens, final_len[rid], lengths, reals))
+    used, internal, groups = use.measure(requests)
+    running, waiting = scheduler.get_request_counts()
+    pool = scheduler.kv_cache_manager.block_pool
+    return Occupancy(
+        running=running,
+        waiting=waiting,
+        allocated_blocks=pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
+        computed_tokens=sum(r[0] for r in requests),
+        held_blocks=held,
+        internal_positions=internal // use.unit,
+        cached_free_blocks=cached_free_block_count(pool),
+        used_positions=used // use.unit,
+        groups=tuple(groups),
+    )
 
 
 def read_schedule(

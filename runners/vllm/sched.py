@@ -28,7 +28,19 @@ from ..common import base_row, expand_seqs, shortfall, write_status_only
 from ..driver import drive
 from . import build
 from .contiguous import ContiguousReservations
-from .readings import CacheWatcher, Occupancy, StepOut, VllmStep, read_occupancy, read_schedule, request_blocks
+from .kv_specs import groups_of, layer_specs
+from .kv_specs import kv_cache_config as planned_kv_cache_config
+from .readings import (
+    CacheWatcher,
+    GroupTables,
+    Occupancy,
+    StepOut,
+    VllmStep,
+    read_group_occupancy,
+    read_occupancy,
+    read_schedule,
+    request_blocks,
+)
 from .steps import VllmStepEngine
 
 
@@ -37,6 +49,45 @@ def install_contiguous(scheduler: Any, spec: RunSpec) -> ContiguousReservations 
     if not is_contiguous(spec.policy):
         return None
     return ContiguousReservations(scheduler, spec.policy, spec.arena, spec.block_size, spec.memory.max_model_len)
+
+
+def grouped_kv_cache_config(spec: RunSpec, vllm_config: Any) -> tuple[Any, int, int]:
+    """vLLM's ``KVCacheConfig`` for a model whose layers are not all full attention, built as the
+    engine builds it (every layer's spec, vLLM's grouping and block split over the KV budget),
+    with its scheduler and hash block sizes. The hybrid manager is set after the config is built,
+    as the platform resolves it there (on the CUDA build without a GPU vLLM turns it off).
+    Checked against kvbench's ``kv_layout``: the simulator must draw the same pool."""
+    from .kv_specs import block_sizes
+
+    layout = spec.layout
+    cc = vllm_config.cache_config
+    if cc.kv_cache_layout is None:
+        cc.kv_cache_layout = "LBNHC"  # layer-outermost, as vLLM's CPU backend resolves it
+    cc.block_size = layout.block_size  # after the Mamba rule, as the platform raises it
+    vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = not spec.hybrid_kv
+    cc.mamba_cache_mode = layout.mamba_cache_mode
+    state = [grp for grp in layout.groups if grp.is_state]
+    cc.mamba_block_size = state[0].block_size if state else None
+    cc.mamba_page_size_padded = state[0].page_bytes if state else None
+    _, cache_dtype, _ = build.kv_dtype_of(spec)
+    specs = layer_specs(
+        spec.geometry,
+        spec.model.kv_dtype,
+        block_size=layout.block_size,
+        vc=vllm_config,
+        tensor_parallel_size=spec.scheduler.tensor_parallel_size,
+        cache_dtype=cache_dtype,
+    )
+    kcc = planned_kv_cache_config(vllm_config, [specs], spec.memory.kv_budget_bytes)
+    ours = [(grp.kind, grp.layers, grp.block_size, grp.page_bytes) for grp in layout.groups]
+    expected = layout.num_blocks(spec.memory.kv_budget_bytes)
+    if groups_of(kcc) != ours or kcc.num_blocks != expected:
+        raise KvbenchError(
+            f"vLLM formed {len(kcc.kv_cache_groups)} KV cache groups of {kcc.num_blocks} blocks where kvbench's "
+            f"layout has {len(ours)} of {expected}; unsupported vLLM grouping"
+        )
+    scheduler_bs, hash_bs = block_sizes(kcc, vllm_config)
+    return kcc, scheduler_bs, hash_bs
 
 
 class VllmScheduler:
@@ -106,12 +157,18 @@ class VllmScheduler:
                         )
                     ],
                 )
+                hash_bs = None
+                if not g.is_uniform_full:  # vLLM's KV cache groups, from every layer's spec
+                    kv_cache_config, bs, hash_bs = grouped_kv_cache_config(spec, vllm_config)
+                    self.num_blocks = kv_cache_config.num_blocks
+                    self.usable_blocks = self.num_blocks - 1
                 vllm_config.cache_config.num_gpu_blocks = self.num_blocks
                 self.sched = Scheduler(
                     vllm_config=vllm_config,
                     kv_cache_config=kv_cache_config,
                     structured_output_manager=StructuredOutputManager(vllm_config),
                     block_size=bs,
+                    hash_block_size=hash_bs,
                     log_stats=False,
                 )
             except KvbenchError:
@@ -123,7 +180,8 @@ class VllmScheduler:
         self.cache_dtype = self.sched.cache_config.cache_dtype
         manager = self.sched.kv_cache_manager
         self.pool = manager.block_pool
-        self._req_blocks = request_blocks(self.sched)
+        self.use = None if g.is_uniform_full else spec.kv_use
+        self._req_blocks = request_blocks(self.sched) if self.use is None else GroupTables(self.sched)
         if self.pool.get_num_free_blocks() != self.usable_blocks:
             raise KvbenchError(
                 f"vLLM's block pool lends {self.pool.get_num_free_blocks()} blocks, "
@@ -191,6 +249,9 @@ class VllmScheduler:
         return read_schedule(self.sched.schedule(), self.requests, self._req_blocks, int, self.reservations)
 
     def occupancy(self) -> Occupancy:
+        if isinstance(self._req_blocks, GroupTables):
+            assert self.use is not None
+            return read_group_occupancy(self.sched, self._req_blocks, self._final_len, self.use)
         return read_occupancy(
             self.sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks, self.reservations
         )

@@ -85,7 +85,11 @@ class VllmStepEngine:
         self.seqs = seqs
         self.block_size = spec.block_size
         self.budget = spec.budget_positions
-        self.external_when_waiting = self.budget - source.usable_blocks * self.block_size
+        # A model of KV cache groups counts bytes-equivalent positions (harness.spec.kv_use).
+        self.use = None if spec.geometry.is_uniform_full else spec.kv_use
+        usable = source.usable_blocks * self.block_size if self.use is None else self.use.usable_positions
+        self.external_when_waiting = self.budget - usable
+        self._group_rows: list[tuple[int, int, str, int, int]] = []
         self.clock = clock_for(spec.scheduler, spec.geometry, spec.kv_bytes_per_token)  # None: measured step time
         self.tokens = SequenceTokens(cell)
         self.now = 0.0
@@ -136,8 +140,9 @@ class VllmStepEngine:
             context += computed
             pairs += n * computed
             seq = seqs[idx]
-            if blocks * bs > seq.peak_allocated:
-                seq.peak_allocated = blocks * bs
+            held = blocks * bs if self.use is None else self.use.positions(blocks)
+            if held > seq.peak_allocated:
+                seq.peak_allocated = held
         work = StepWork(out.scheduled_tokens, context, pairs, len(out.scheduled))
         if self.clock is not None:
             now = t_s + (self.clock.step_time(work) + self.clock.take(work.scheduled_tokens, work.scheduled_seqs))
@@ -160,9 +165,18 @@ class VllmStepEngine:
         if done.wall_s is not None:
             self.measured_s += done.wall_s
 
-        allocated = occ.allocated_blocks * bs
-        shared_excess = max(0, occ.held_blocks - occ.allocated_blocks) * bs
-        used = occ.computed_tokens - shared_excess
+        if occ.used_positions is None:
+            allocated = occ.allocated_blocks * bs
+            shared_excess = max(0, occ.held_blocks - occ.allocated_blocks) * bs
+            used = occ.computed_tokens - shared_excess
+        else:
+            assert self.use is not None and occ.groups is not None
+            allocated = self.use.positions(occ.allocated_blocks)
+            used = occ.used_positions
+            self._group_rows = [
+                (self.step_index, i, g.kind, blocks, used_bytes)
+                for i, (g, (blocks, used_bytes)) in enumerate(zip(self.use.groups, occ.groups))
+            ]
         internal = occ.internal_positions
         evictions = self.source.evictions
         evicted, self.evictions_seen = evictions - self.evictions_seen, evictions
@@ -195,6 +209,10 @@ class VllmStepEngine:
         )
         self.step_index += 1
         return row
+
+    def take_kv_groups(self) -> list[tuple[int, int, str, int, int]]:
+        """The last step's KV cache group rows (none for a model of full attention only)."""
+        return self._group_rows
 
     def finish(self) -> dict[str, object]:
         for seq in self.seqs:  # vLLM's own count is the record

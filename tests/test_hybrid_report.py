@@ -1,0 +1,78 @@
+"""The report's "Hybrid KV cache manager" table: waste by kind on hand-made records, and the
+table from a real run of the manager on and off (sim on a Gemma-3-like model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from kvbench.app.suite import parse_suite
+from kvbench.reports.contents import report_tables
+from kvbench.reports.hybrid import hybrid_table, waste_by_kind
+from kvbench.reports.records import load
+
+from tests.conftest import DATA, ROOT, one_workload_suite, run_suite_text
+
+
+def test_waste_by_kind_is_time_weighted_over_the_budget() -> None:
+    # One block id = 100 B, budget 1,000 B; two steps of 1 s and 3 s.
+    runs = pd.DataFrame({"run_id": ["r"], "kv_bytes_per_block": [100], "budget_bytes": [1000]})
+    steps = pd.DataFrame({"run_id": ["r", "r"], "step": [0, 1], "dt_s": [1.0, 3.0]})
+    groups = pd.DataFrame(
+        {
+            "run_id": ["r"] * 4,
+            "step": [0, 0, 1, 1],
+            "group": [0, 1, 0, 1],
+            "kind": ["sliding", "full", "sliding", "full"],
+            "allocated_blocks": [2, 1, 4, 3],
+            "used_bytes": [150, 100, 250, 290],
+        }
+    )
+    out = waste_by_kind(runs, steps, groups).set_index("kind")
+    # sliding: held (200·1 + 400·3) / (4 s · 1,000 B) = 0.35; waste (50·1 + 150·3) / 4,000 = 0.125
+    assert out.loc["sliding", "held_frac"] == pytest.approx(0.35)
+    assert out.loc["sliding", "waste_frac"] == pytest.approx(0.125)
+    # full: held (100 + 900) / 4,000 = 0.25; waste (0 + 10·3) / 4,000 = 0.0075
+    assert out.loc["full", "waste_frac"] == pytest.approx(0.0075)
+
+
+def test_the_report_sets_the_manager_on_against_off(tmp_path: Path) -> None:
+    text = one_workload_suite(
+        name="hybrid-report",
+        preset="tiny",
+        model_extra=f'config = "{DATA / "models" / "tiny-gemma3" / "config.json"}"\n',
+        kv_dtype="bf16",
+        workload='source = "uniform"\nprompt_min = 100\nprompt_max = 400\noutput_min = 200\noutput_max = 600\n'
+        'num_requests = 30\narrival = "batch"\nseed = 3',
+        budget="2MiB",
+        max_model_len=1024,
+        max_num_seqs=64,
+        max_num_batched_tokens=256,
+        runners='["sim"]',
+        block_size=16,
+    ).replace('arena = "first-fit"', 'arena = "first-fit"\nhybrid_kv = [true, false]')
+    rows, _ = run_suite_text(text, tmp_path)
+    assert {r["hybrid_kv"] for r in rows} == {True, False} and all(r["status"] == "ok" for r in rows)
+    records = load(tmp_path)
+    table = hybrid_table(records.runs, records.steps, records.kv_groups)
+    (row,) = table.to_dict("records")
+    on = next(r for r in rows if r["hybrid_kv"])
+    off = next(r for r in rows if not r["hybrid_kv"])
+    assert (row["peak_running_on"], row["peak_running_off"]) == (on["peak_running"], off["peak_running"])
+    assert (row["preemptions_on"], row["preemptions_off"]) == (on["preemptions"], off["preemptions"])
+    assert row["mean_running_on"] > row["mean_running_off"]  # the manager frees what left the windows
+    assert row["waste_off"].startswith("full ") and "sliding" in row["waste_on"]
+    tables = report_tables(records.runs, steps=records.steps, kv_groups=records.kv_groups)
+    assert len(tables.hybrid) == 1
+
+
+def test_the_shipped_hybrid_models_suite_sets_each_model_on_against_off() -> None:
+    path = ROOT / "suites" / "hybrid-models.toml"
+    suite = parse_suite(path.read_text(encoding="utf-8"), str(path))
+    cells = [spec for spec, _ in suite.cells()]
+    models = {spec.geometry.name for spec in cells}
+    assert models == {"gpt-oss-20b", "gemma-3-27b", "deepseek-v3"}
+    for model in models:
+        for runner in ("sim", "vllm-sched"):
+            assert {s.hybrid_kv for s in cells if s.geometry.name == model and s.runner == runner} == {True, False}
