@@ -179,10 +179,15 @@ TOKEN_TIME_RUNNERS: tuple[str, ...] = ("vllm-sched", "vllm", "torch", "serve")
 PARALLEL_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm", "serve")
 # Runners and policies that hold vLLM's KV cache groups, so run models whose layers are not all
 # full attention (sliding window, chunked local, MLA, state layers: docs/models.md): sim's paged
-# policy, vLLM's own scheduler and its engine (from the model's config.json; on CPU full and sliding
-# layers only). The others size every layer as full attention K and V.
+# policies (paged-prefix on full, MLA and sliding layers only: ``PREFIX_LAYOUT_KINDS``), vLLM's own
+# scheduler and its engine (from the model's config.json; on CPU full and sliding layers only). The
+# others size every layer as full attention K and V.
 LAYOUT_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm")
-LAYOUT_POLICIES: tuple[str, ...] = ("paged",)
+LAYOUT_POLICIES: tuple[str, ...] = ("paged", "paged-prefix")
+# Layer kinds whose prefix caching kvbench mirrors (vLLM's FullAttentionManager, SlidingWindowManager);
+# MambaManager's "align" mode (block-aligned prefill chunks, state checkpoints) and chunked local
+# attention's manager are not mirrored.
+PREFIX_LAYOUT_KINDS: tuple[str, ...] = ("full", "mla", "sliding")
 
 
 def is_contiguous(policy: str) -> bool:

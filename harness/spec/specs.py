@@ -24,6 +24,7 @@ from .capabilities import (
     MEASURING_RUNNERS,
     PARALLEL_RUNNERS,
     POLICIES,
+    PREFIX_LAYOUT_KINDS,
 )
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .kv_layout import KVLayout, kv_layout
@@ -261,6 +262,24 @@ class RunSpec:
             _ = self.layout  # vLLM's refusals (state layers with the hybrid manager off) now, not mid-sweep
         except KvbenchError as exc:
             raise KvbenchError(f"{where}: {exc}") from None
+        if self.policy == "paged-prefix":
+            self._check_prefix_layout(where)
+
+    def _check_prefix_layout(self, where: str) -> None:
+        """Prefix caching over KV cache groups: the layer kinds whose vLLM managers kvbench mirrors
+        (``capabilities.PREFIX_LAYOUT_KINDS``), every group at the run's block size."""
+        other = [k for k in self.geometry.kinds if k not in PREFIX_LAYOUT_KINDS]
+        if other:
+            raise KvbenchError(
+                f"{where}: paged-prefix on {other[0]} layers is not modelled (kvbench mirrors vLLM's prefix "
+                f"caching on {', '.join(PREFIX_LAYOUT_KINDS)} layers; run policy paged)"
+            )
+        sizes = sorted({g.block_size for g in self.layout.groups})
+        if sizes != [self.block_size]:
+            raise KvbenchError(
+                f"{where}: paged-prefix needs every KV cache group at block_size {self.block_size}; vLLM forms "
+                f"groups of block size {', '.join(map(str, sizes))} (pages of different sizes)"
+            )
 
     # -- derived quantities every runner must agree on --------------------
     @property

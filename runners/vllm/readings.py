@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ...harness.spec.kv_shared_use import NULL_BLOCK, measure_shared
 from ...harness.spec.kv_use import KVUse
 from .contiguous import ContiguousReservations
 
@@ -141,6 +142,10 @@ class GroupTables(Mapping[str, list[Any]]):
         tables = [t.get(rid, ()) for t in self.tables]
         return [len(b) for b in tables], [sum(1 for x in b if not x.is_null) for b in tables]
 
+    def ids(self, rid: str) -> list[list[int]]:
+        """Per group: the request's block ids (the null block's is ``NULL_BLOCK``)."""
+        return [[NULL_BLOCK if b.is_null else b.block_id for b in t.get(rid, ())] for t in self.tables]
+
 
 def read_group_occupancy(scheduler: Any, tables: GroupTables, final_len: Mapping[str, int], use: KVUse) -> Occupancy:
     """The allocation state right after ``schedule()`` over KV cache groups: as ``read_occupancy``,
@@ -152,9 +157,16 @@ def read_group_occupancy(scheduler: Any, tables: GroupTables, final_len: Mapping
         lengths, reals = tables.lengths(rid)
         held += sum(reals)
         requests.append((req.num_computed_tokens, final_len[rid], lengths, reals))
-    used, internal, groups = use.measure(requests)
-    running, waiting = scheduler.get_request_counts()
     pool = scheduler.kv_cache_manager.block_pool
+    if pool.enable_caching:  # a block shared between requests counts once (``kv_shared_use``)
+        ids = [
+            (req.num_computed_tokens, final_len[req.request_id], tables.ids(req.request_id))
+            for req in scheduler.running
+        ]
+        used, internal, groups = measure_shared(use, ids)
+    else:
+        used, internal, groups = use.measure(requests)
+    running, waiting = scheduler.get_request_counts()
     return Occupancy(
         running=running,
         waiting=waiting,

@@ -196,7 +196,8 @@ class VllmScheduler:
 
             hash_fn = get_hash_fn_by_name(cache_config.prefix_caching_hash_algo)
             init_none_hash(hash_fn)
-            self._block_hasher = get_request_block_hasher(bs, hash_fn)
+            # Content hashed per hash block (a grouped layout's, resolved by vLLM; else the block).
+            self._block_hasher = get_request_block_hasher(hash_bs or bs, hash_fn)
         from vllm.sampling_params import SamplingParams
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request

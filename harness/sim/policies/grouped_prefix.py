@@ -1,0 +1,352 @@
+"""``paged-prefix`` over vLLM's KV cache groups: prefix caching on a model whose layers are not
+all full attention, with block ids, as vLLM 0.32's ``HybridKVCacheCoordinator`` (one group:
+``UnitaryKVCacheCoordinator``) does it over one ``BlockPool``.
+
+- **Lookup** (``find_longest_cache_hit``): groups of one spec are looked up together, full
+  attention (MLA included) first. A full group hits the longest run of cached blocks from the
+  start; a sliding group searches from the right for ``cdiv(window − 1, block)`` contiguous
+  cached blocks (or a run from the start), the blocks before them the null block. Each finder
+  takes the length the previous one left; with two specs (full and one other) one pass decides,
+  else passes repeat until the length holds. The full groups' blocks are then cut to it. At most
+  ``num_tokens − 1`` tokens hit. A full group's run longer than the hit marks a shared prefix
+  the other groups have not cached (``shared_prefix_boundary``).
+- **Caching** (``cache_blocks``): a group's new full blocks are keyed by content (``(key, group)``:
+  the same content is a separate entry per group). A full group caches every full block; a
+  sliding group, under vLLM's default ``prefix_cache_retention_interval`` 0, only the
+  ``cdiv(window − 1, block)`` blocks ending at the prompt's last whole block before its final
+  token and at the shared prefix boundary: the only places a later lookup can end.
+- **Blocks**: one free queue for every group (uncached frees at its front, cached frees at its
+  back, a cached block evicted when popped), reference counts, hits touched out of the queue;
+  blocks that leave a sliding window freed at the next step as ``GroupedPagedPolicy`` frees them
+  (here by id, so a shared block stays while another table holds it).
+
+State (Mamba, gated delta net) and chunked local layers are not modelled here: the cell is
+refused (``RunSpec``). Every group has the run's block size (no state layers: equal pages).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+from ...spec.kv_layout import cdiv
+from ...spec.kv_shared_use import NULL_BLOCK, RequestTables, measure_shared
+from ...spec.kv_use import KVUse
+from ...spec.layer_kinds import FULL, MLA, SLIDING
+from ..sequence import Seq
+from .grouped import GroupedPagedPolicy
+from .paged import ReuseLedger
+
+FULL_SPECS = (FULL, MLA)  # vLLM's FullAttentionSpec and its subclass MLAAttentionSpec: FullAttentionManager
+
+
+class GroupedPrefixPolicy(GroupedPagedPolicy):
+    """vLLM's KV cache groups over one pool with prefix caching (module docstring)."""
+
+    name = "paged-prefix"
+
+    def __init__(self, use: KVUse, max_model_len: int) -> None:
+        super().__init__(use, max_model_len)
+        sizes = set(self.block_sizes)
+        assert len(sizes) == 1 and self.groups[0].kind in (*FULL_SPECS, SLIDING), "RunSpec refuses other layouts"
+        self.bs = self.block_sizes[0]
+        # Groups of one spec are looked up together, full attention first (a stable sort, as vLLM's).
+        specs: dict[tuple[str, int, int], list[int]] = {}
+        for i, g in enumerate(self.groups):
+            specs.setdefault((g.kind, g.window, g.page_bytes), []).append(i)
+        self.spec_groups = sorted(specs.items(), key=lambda item: item[0][0] not in FULL_SPECS)
+        self.simple = len(self.spec_groups) == 2 and self.spec_groups[0][0][0] in FULL_SPECS
+        # The pool: free queue in three parts popped in order (as ``PagedPolicy``'s): uncached frees,
+        # never-used ids (``next_fresh`` on; id 0 is the null block), cached frees (LRU).
+        self.front: deque[int] = deque()
+        self.next_fresh = 1
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.ref: dict[int, int] = {}
+        self.block_hash: dict[int, tuple[int, int]] = {}  # block -> (content key, group)
+        self.cache: dict[tuple[int, int], list[int]] = {}  # (content key, group) -> blocks, first inserted first
+        self.ledger = ReuseLedger()
+        self.tables: dict[int, list[list[int]]] = {}  # by sequence index: per group its block ids
+        self.num_cached: dict[int, list[int]] = {}  # per group, blocks already offered to the cache
+        self.boundary: dict[int, int] = {}  # shared_prefix_boundary of the last lookup
+        self.hits: dict[int, tuple[list[list[int]], int]] = {}  # the last lookup's blocks and length
+
+    # -- what the scheduler reads ------------------------------------------------------------
+    def cached_free_blocks(self) -> int:
+        return len(self.lru)
+
+    def measure_use(self) -> tuple[int, int]:
+        requests: list[RequestTables] = [
+            (seq.num_computed, seq.final_len, self.tables[i]) for i, seq in self.live.items()
+        ]
+        used, internal, self.last_groups = measure_shared(self.use, requests)
+        unit = self.use.unit
+        return used // unit, internal // unit
+
+    # -- the pool ----------------------------------------------------------------------------
+    def _pop(self, n: int) -> list[int]:
+        """``get_new_blocks``: ``n`` blocks from the front of the free queue, a cached one evicted."""
+        out = []
+        for _ in range(n):
+            if self.front:
+                b = self.front.popleft()
+            elif self.next_fresh <= self.num_blocks:
+                b = self.next_fresh
+                self.next_fresh += 1
+            else:
+                b, _ = self.lru.popitem(last=False)
+                key = self.block_hash.pop(b)
+                holders = self.cache[key]
+                holders.remove(b)
+                if not holders:
+                    del self.cache[key]
+                self.ledger.freed_at.pop(b, None)
+                self.evictions += 1
+            self.ref[b] = 1
+            out.append(b)
+        self._free -= n
+        return out
+
+    def _release(self, blocks: list[int]) -> None:
+        """``free_blocks``: one reference less each; a block no table holds goes to the front of the
+        free queue (uncached, in the given order) or to its back (cached)."""
+        first = []
+        for b in blocks:
+            if b == NULL_BLOCK:
+                continue
+            r = self.ref[b] - 1
+            self.ref[b] = r
+            if r:
+                continue
+            self._free += 1
+            if b in self.block_hash:
+                self.lru[b] = None
+                self.ledger.freed(b)
+            else:
+                first.append(b)
+        self.front.extendleft(reversed(first))
+
+    def _touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if b == NULL_BLOCK:
+                continue
+            if self.ref[b] == 0:
+                del self.lru[b]
+                self.ledger.reused(b)
+                self._free -= 1
+            self.ref[b] += 1
+
+    def _cached(self, key: int, gids: list[int]) -> list[int] | None:
+        out = []
+        for g in gids:
+            holders = self.cache.get((key, g))
+            if not holders:
+                return None
+            out.append(holders[0])
+        return out
+
+    # -- lookup ------------------------------------------------------------------------------
+    def _find_full(self, keys: list[int], max_len: int, gids: list[int]) -> list[list[int]]:
+        found: list[list[int]] = [[] for _ in gids]
+        for key in keys[: max_len // self.bs]:
+            cached = self._cached(key, gids)
+            if cached is None:
+                break
+            for f, b in zip(found, cached):
+                f.append(b)
+        return found
+
+    def _find_sliding(self, keys: list[int], max_len: int, gids: list[int], window: int) -> list[list[int]]:
+        need = cdiv(window - 1, self.bs)
+        n = max_len // self.bs
+        found = [[NULL_BLOCK] * n for _ in gids]
+        run = 0
+        for i in range(n - 1, -1, -1):
+            cached = self._cached(keys[i], gids)
+            if cached is None:
+                run = 0
+                continue
+            for f, b in zip(found, cached):
+                f[i] = b
+            run += 1
+            if run >= need:
+                return [f[: i + run] for f in found]
+        return [f[:run] for f in found]
+
+    def prefix_hit(self, seq: Seq) -> int:
+        """``find_longest_cache_hit`` over the groups (module docstring); remembered for ``allocate``."""
+        seq.pending_hits = []
+        if seq.num_computed:
+            return 0
+        keys = seq.block_keys
+        hit = seq.num_tokens - 1
+        longest = 0
+        blocks: list[list[int] | None] = [None] * len(self.groups)
+        lengths = [0] * len(self.groups)
+        while True:
+            curr = hit
+            for (kind, window, _), gids in self.spec_groups:
+                if kind in FULL_SPECS and blocks[gids[0]] is not None:
+                    curr = min(curr, lengths[gids[0]])  # a full group's run only shortens
+                    continue
+                if kind in FULL_SPECS:
+                    found = self._find_full(keys, curr, gids)
+                else:
+                    found = self._find_sliding(keys, curr, gids, window)
+                curr = len(found[0]) * self.bs
+                for g, f in zip(gids, found):
+                    blocks[g] = f
+                    lengths[g] = curr
+                longest = max(longest, curr)
+            if curr >= hit:
+                break
+            hit = curr
+            if self.simple:
+                break
+        n = cdiv(hit, self.bs)
+        out = []
+        for group, found_blocks in zip(self.groups, blocks):
+            b = found_blocks if found_blocks is not None else []
+            out.append(b[:n] if group.kind in FULL_SPECS else b)
+        self.hits[seq.index] = (out, hit)
+        self.boundary[seq.index] = longest if longest > hit else 0
+        return hit
+
+    # -- allocation --------------------------------------------------------------------------
+    def _needs(self, seq: Seq, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
+        """``get_num_blocks_to_allocate`` summed over groups."""
+        tables = self.tables.get(seq.index)
+        if tables is not None:
+            return sum(max(cdiv(num_tokens, self.bs) - len(t), 0) for t in tables)
+        total = 0
+        for g, h in zip(self.groups, hits):
+            required = cdiv(num_tokens, self.bs)
+            if cap and g.admission_blocks is not None:
+                required = min(required, g.admission_blocks)
+            skipped = g.skipped_tokens(computed) // self.bs
+            total += max(required - max(skipped, len(h)), 0)
+            total += sum(1 for b in h[skipped:] if b != NULL_BLOCK and self.ref[b] == 0)
+        return total
+
+    def _skip(self, seq: Seq) -> None:
+        """``remove_skipped_blocks``: per group, the blocks of tokens no layer reads any more freed
+        from the last one back to the first null, the null block put in their place."""
+        computed = min(seq.num_computed, self.max_model_len)
+        for g, table in zip(self.groups, self.tables[seq.index]):
+            skipped = min(g.skipped_tokens(computed) // self.bs, len(table))
+            freed = []
+            for i in range(skipped - 1, -1, -1):
+                if table[i] == NULL_BLOCK:
+                    break
+                freed.append(table[i])
+                table[i] = NULL_BLOCK
+            if freed:
+                self._release(freed)
+
+    def _skippable(self, seq: Seq) -> int:
+        tables = self.tables.get(seq.index)
+        if tables is None:
+            return 0
+        computed = min(seq.num_computed, self.max_model_len)
+        n = 0
+        for g, table in zip(self.groups, tables):
+            for i in range(min(g.skipped_tokens(computed) // self.bs, len(table)) - 1, -1, -1):
+                if table[i] == NULL_BLOCK:
+                    break
+                n += self.ref[table[i]] == 1
+        return n
+
+    def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        hits, hit = self.hits.get(seq.index, ([[] for _ in self.groups], 0))
+        if seq.index in self.tables:
+            hits, hit = [[] for _ in self.groups], 0
+        computed = min(seq.num_computed + hit, self.max_model_len)
+        if must_fit and seq.index not in self.tables and self._needs(seq, must_fit, computed, hits, True) > self._free:
+            return False
+        return self._needs(seq, num_tokens, computed, hits, False) <= self._free + self._skippable(seq)
+
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        """``allocate_slots``: the admission gate (with the hit), the skipped blocks freed, the new
+        blocks if they fit (the hit touched first), then the full blocks offered to the cache."""
+        idx = seq.index
+        tables = self.tables.get(idx)
+        hits, hit = ([[] for _ in self.groups], 0) if tables is not None else self.hits.get(idx, ([], 0))
+        if tables is None and not hits:
+            hits = [[] for _ in self.groups]
+        computed = seq.num_computed + hit
+        if must_fit and tables is None:
+            if self._needs(seq, must_fit, min(computed, self.max_model_len), hits, True) > self._free:
+                return False
+        if tables is not None:
+            self._skip(seq)
+        slot = min(num_tokens, self.max_model_len)
+        if self._needs(seq, slot, computed, hits, False) > self._free:
+            return False
+        if tables is None:
+            tables = []
+            total = min(computed, self.max_model_len)
+            for g, h in zip(self.groups, hits):
+                skipped = g.skipped_tokens(total) // self.bs
+                kept = h[skipped:]
+                self._touch(kept)
+                tables.append([NULL_BLOCK] * skipped + kept)
+            self.tables[idx] = tables
+            self.num_cached[idx] = [len(t) for t in tables]
+            self.live[idx] = seq
+            self.hits.pop(idx, None)
+        for t in tables:
+            new = cdiv(slot, self.bs) - len(t)
+            if new > 0:
+                t.extend(self._pop(new))
+        self._cache(seq, min(num_tokens, seq.num_tokens))
+        held = sum(1 for t in tables for b in t if b != NULL_BLOCK)
+        seq.allocated = self.use.positions(held)
+        if seq.allocated > seq.peak_allocated:
+            seq.peak_allocated = seq.allocated
+        return True
+
+    def _cache(self, seq: Seq, num_tokens: int) -> None:
+        """``cache_blocks``: each group's new full blocks keyed; a sliding group's only where a
+        later lookup can end (module docstring)."""
+        idx = seq.index
+        full = num_tokens // self.bs
+        done = self.num_cached[idx]
+        keys = seq.block_keys
+        boundaries = [seq.prompt_len - 1]
+        if self.boundary.get(idx):
+            boundaries.append(self.boundary[idx])
+        for gid, (g, table) in enumerate(zip(self.groups, self.tables[idx])):
+            start = done[gid]
+            if start >= full:
+                continue
+            wanted: set[int] | None = None
+            if g.kind == SLIDING:
+                need = cdiv(g.window - 1, self.bs)
+                wanted = set()
+                for tokens in boundaries:
+                    end = tokens // self.bs
+                    wanted.update(range(max(start, end - need), min(full, end)))
+            for i in range(start, full):
+                b = table[i]
+                if b == NULL_BLOCK or (wanted is not None and i not in wanted):
+                    continue
+                key = (keys[i], gid)
+                self.block_hash[b] = key
+                self.cache.setdefault(key, []).append(b)
+            done[gid] = full
+
+    def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
+        tables = self.tables.get(seq.index)
+        if tables is None:
+            return len(self.groups) * cdiv(num_tokens, self.bs)
+        return sum(max(cdiv(num_tokens, self.bs) - len(t), 0) for t in tables)
+
+    def free(self, seq: Seq) -> None:
+        """Each group's table released last block first, group by group (``coordinator.free``)."""
+        tables = self.tables.pop(seq.index, None)
+        if tables is not None:
+            for t in tables:
+                self._release(t[::-1])
+            del self.num_cached[seq.index]
+            del self.live[seq.index]
+        self.hits.pop(seq.index, None)
+        seq.allocated = 0
+        seq.pending_hits = []
