@@ -29,8 +29,11 @@ WORKLOAD = (
 )
 
 
-def suite(tmp_path: Path, model: str, runners: str, budget: str, block_size: int = 32) -> list[dict]:
+def suite(
+    tmp_path: Path, model: str, runners: str, budget: str, block_size: int = 32, policy: str = "paged"
+) -> list[dict]:
     text = one_workload_suite(
+        policy=policy,
         name="engine-hybrid",
         preset="tiny",  # the config below takes its place
         model_extra=f'config = "{DATA / "models" / model / "config.json"}"\n',
@@ -84,4 +87,10 @@ def test_a_layer_kind_the_cpu_build_does_not_run_is_a_one_line_failed_row(
 ) -> None:
     (row,) = suite(tmp_path, model, '["vllm"]', "4MiB", block_size)
     assert row["status"] == "failed" and reason in row["error"] and "\n" not in row["error"]
+    assert row["steps"] == 0
+
+
+def test_prefix_caching_over_kv_cache_groups_on_the_engine_is_a_one_line_failed_row(tmp_path: Path) -> None:
+    (row,) = suite(tmp_path, "tiny-gemma3", '["vllm"]', "4MiB", policy="paged-prefix")
+    assert row["status"] == "failed" and "paged-prefix on model" in row["error"] and "\n" not in row["error"]
     assert row["steps"] == 0

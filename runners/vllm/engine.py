@@ -338,6 +338,12 @@ def check_layout(spec: RunSpec, device: str) -> None:
             f"the vllm runner: model {g.name!r} ({', '.join(g.kinds)} layers) runs from its own config.json "
             f"([model] config), which a preset does not have"
         )
+    if spec.policy == "paged-prefix":
+        # Prefix caching over KV cache groups is checked against sim on vllm-sched only.
+        raise KvbenchError(
+            f"the vllm runner: paged-prefix on model {g.name!r} ({', '.join(g.kinds)} layers) is not "
+            f"checked against sim; sim and vllm-sched run it"
+        )
     if device == "cpu":
         refused = [k for k in g.kinds if k not in CPU_LAYER_KINDS]
         if refused:
