@@ -31,7 +31,7 @@ from __future__ import annotations
 from ..clock.clocks import Clock
 from ..records.recorder import RunRecorder
 from ..spec.specs import SchedulerSpec
-from . import counted_stretch
+from . import counted_stretch, grouped_stretch
 from .decoders import Decoders, FastSeq
 from .policies.base import Policy
 from .policies.counting_grouped import CountingGroupedPolicy
@@ -86,6 +86,8 @@ class FastScheduler(Scheduler[FastSeq]):
     def record_quiet_steps(self, recorder: RunRecorder) -> int:
         """Run and record a run of steps at once, where one can be taken (module docstring);
         return how many (0: the next step goes one by one)."""
+        if self._groups is not None:
+            return grouped_stretch.run(self, self._groups, recorder)
         dec = self.dec
         n = dec.count
         if not self._counted or n > self.config.max_num_batched_tokens:

@@ -80,6 +80,16 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         compute one more token each; their own frees not subtracted, so an upper bound."""
         return sum(self._new_blocks(s, s.num_computed + 1) for s in seqs)
 
+    def crossing_net(self, seqs: Iterable[Seq]) -> int:
+        """What the free count loses when the decoders ``seqs`` compute one more token each:
+        their new blocks less the blocks they skip first (``allocate``'s order)."""
+        return sum(self._new_blocks(s, s.num_computed + 1) - self._skippable(s) for s in seqs)
+
+    def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
+        """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``."""
+        new = self._new_blocks(seq, num_tokens)
+        return max(new, self._admission_need(must_fit)) if must_fit else new
+
     # -- the running totals -------------------------------------------------------------
     def _unline(self, index: int) -> None:
         line = self._lines.pop(index, None)
