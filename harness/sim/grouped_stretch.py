@@ -20,10 +20,13 @@ arrival due. Equality with the reference scheduler is tested record for record
 
 from __future__ import annotations
 
+import math
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..clock.clocks import Clock
 from . import bulk_rows as R
 from .decoders import FastSeq
 from .policies.counting_grouped import CountingGroupedPolicy
@@ -34,11 +37,7 @@ if TYPE_CHECKING:
     from .fast_scheduler import FastScheduler
 
 MAX_STEPS = 8192  # steps per stretch (its rows are built at once)
-# The step columns ``Scheduler.measure_values`` gives that move in a stretch, in its order
-# (external fragmentation stays put; nothing is evicted or cached without prefix caching).
-_MEASURED = (R.RUNNING, R.WAITING, R.BLOCKS, R.ALLOCATED, R.USED, R.RESERVED, R.INTERNAL)
-
-
+_RUN_POS = attrgetter("run_pos")
 def _head_blocks(sched: FastScheduler, policy: CountingGroupedPolicy) -> int:
     """The free blocks (after the step's acts) the head of ``waiting`` needs to be admitted,
     with the budget the decoders leave (``Scheduler.admit_waiting``'s test); −1: the step
@@ -59,85 +58,143 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
     if clock is None or dec.explicit or not dec.count:
         return 0
     budget = sched.config.max_num_batched_tokens
-    price, take = clock.price, clock.take
+    price = clock.price
+    take = clock.take if type(clock).take is not Clock.take else None  # a clock with memory
     waiting, pending, crossing, finishing = sched.waiting, sched.pending, dec.crossing, dec.finishing
-    kinds = [g.kind for g in policy.groups]
-    step0 = sched.step_index
+    next_arr = pending[0].arrival_s if pending else math.inf
+    step0, measured0, num_blocks = sched.step_index, policy.steps, policy.num_blocks
     t = sched.now
     ts: list[float] = []
-    values: list[tuple[int, ...]] = []
-    scheduled: list[int] = []
+    levels: list[_Level] = []
     finished: list[tuple[int, int]] = []
-    group_rows: list[tuple[int, int, str, int, int]] = []
     head_key: tuple[FastSeq, int, int] | None = None  # what ``head_need`` was worked out for
     head_need = -1
-    # The step columns that stay put while only decoders run: their row is the policy's measures.
-    use = policy.use
-    bpb, unit = use.layout.bytes_per_block, use.unit
-    external = policy.external_frag(waiting[0]) if waiting else 0
-    num_blocks, budget_positions = policy.num_blocks, policy.budget_positions
+    n = base = computed = 0  # decoders, their Σ (computed − dec_tick), tokens computed in the stretch
+    changed = True  # the state moved since the last level
     j = 0
-    while j < MAX_STEPS and 0 < dec.count <= budget and not dec.explicit:
-        if pending and pending[0].arrival_s <= t:
-            break  # the driver releases it before the step
+    while j < MAX_STEPS and t < next_arr:  # an arrival due: the driver releases it before the step
         T = dec.tick + 1
-        events = crossing.get(T)
-        acting = dec.live(events) if events else []
-        for s in acting:
-            dec.materialize(s)
-        free = policy.free_blocks()
-        if acting:
-            if policy.crossing_need(acting) > free:
-                break  # they may not fit: the step-by-step path preempts event by event
-            free -= policy.crossing_net(acting)
-        if waiting:
-            key = (waiting[0], dec.count, len(sched.running))
-            if key != head_key:
-                head_key, head_need = key, _head_blocks(sched, policy)
-            if 0 <= head_need <= free:
-                break  # an admission: the step-by-step path takes it
-        # The step: the acting decoders allocate, every decoder computes one token.
-        crossing.pop(T, None)
-        for s in acting:
-            s.dec_tick = dec.tick
-            policy.allocate(s, s.num_computed + 1)
-            nxt = policy.reach(s) - s.num_computed + dec.tick + 1
-            if nxt <= s.output_len - s.num_output + dec.tick:
-                crossing[nxt].append((s, s.epoch))
+        if changed or T in crossing:
+            if not 0 < dec.count <= budget:
+                break
+            events = crossing.get(T)
+            acting = dec.live(events) if events else []
+            for s in acting:
+                dec.materialize(s)
+            free = policy.free_blocks()
+            if acting:
+                if policy.crossing_need(acting) > free:
+                    break  # they may not fit: the step-by-step path preempts event by event
+                free -= policy.crossing_net(acting)
+            if waiting:
+                key = (waiting[0], dec.count, len(sched.running))
+                if key != head_key:
+                    head_key, head_need = key, _head_blocks(sched, policy)
+                if 0 <= head_need <= free:
+                    break  # an admission: the step-by-step path takes it
+            # The acting decoders allocate (all of them fit, in any order) and file their next act.
+            crossing.pop(T, None)
+            policy.steps = measured0 + j
+            for s in acting:
+                s.dec_tick = dec.tick
+                policy.allocate(s, s.num_computed + 1)
+                nxt = policy.reach(s) - s.num_computed + dec.tick + 1
+                if nxt <= s.output_len - s.num_output + dec.tick:
+                    crossing[nxt].append((s, s.epoch))
+            n, base = dec.count, dec.dec_sum
+            totals = policy.totals()
+            levels.append((j, n, len(sched.running), len(waiting), num_blocks - policy.free_blocks(), *totals))
+            changed = False
+        # The step: every decoder computes one token.
         dec.tick = T
-        n = dec.count
-        ctx = dec.dec_sum + T * n
-        sched.used_positions += n
-        used, internal = policy.measure_use()
-        blocks = num_blocks - policy.free_blocks()
-        alloc = blocks * bpb // unit
-        row = (len(sched.running), len(waiting), blocks, alloc, used, alloc - used - internal, internal)
-        step = step0 + j
-        group_rows.extend((step, i, kinds[i], b, u) for i, (b, u) in enumerate(policy.last_groups))
+        ctx = base + T * n
         ts.append(t)
-        values.append(row)
-        scheduled.append(n)
-        t = t + price(n, ctx, ctx, n) + take(n, n)
-        sched.now = t
-        # The end of the step: the decoders that sampled their last token, freed in running order.
+        dt = price(n, ctx, ctx, n)
+        t = t + (dt + take(n, n) if take is not None else dt)
+        computed += n
         ends = finishing.pop(T, None)
-        done = dec.live(ends) if ends else []
-        if done:
-            for s in done:
-                dec.unregister(s)
-            done.sort(key=lambda s: s.run_pos)
-            sched._retire(done)  # the reference's free, as ``finish_step`` calls it
-            finished.append((j, len(done)))
+        if ends:  # the decoders that sampled their last token, freed in running order
+            done = dec.live(ends)
+            if done:
+                sched.now = t
+                sched.used_positions += computed
+                computed = 0
+                for s in done:
+                    dec.unregister(s)
+                done.sort(key=_RUN_POS)
+                sched._retire(done)  # the reference's free, as ``finish_step`` calls it
+                finished.append((j, len(done)))
+                changed = True
+                next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
         j += 1
+    sched.used_positions += computed
+    policy.steps = measured0 + j
     if j == 0:
         return 0
     ts.append(t)
-    cols = np.array(values, dtype=np.int64)
-    columns: dict[int, np.ndarray] = {c: cols[:, i] for i, c in enumerate(_MEASURED)}
-    columns[R.SCHEDULED] = np.array(scheduled, dtype=np.int64)
-    columns[R.FREE] = budget_positions - columns[R.ALLOCATED]
-    columns[R.EXTERNAL] = np.full(j, external, dtype=np.int64)
-    recorder.add_step_rows(R.step_rows(step0, np.array(ts), j, columns, {R.FINISHED: finished}))
-    recorder.add_kv_groups(group_rows)
+    sched.now = t
+    external = policy.external_frag(waiting[0] if waiting else None)  # put: waiting moves only at a break
+    _record(recorder, policy, step0, measured0, ts, levels, finished, external)
     sched.step_index += j
     return j
+
+
+# A level: from its first step on, until the next: scheduled tokens, running, waiting, blocks
+# allocated, and ``CountingGroupedPolicy.totals``.
+_Level = tuple[int, int, int, int, int, list[int], list[int], list[int], int]
+
+
+def _record(
+    recorder: RunRecorder,
+    policy: CountingGroupedPolicy,
+    step0: int,
+    measured0: int,
+    ts: list[float],
+    levels: list[_Level],
+    finished: list[tuple[int, int]],
+    external: int,
+) -> None:
+    """The stretch's step rows and KV cache group rows, from its levels, as the reference
+    records them step by step (``SimEngine.step``, ``Scheduler.measure_values``)."""
+    k = len(ts) - 1
+    g = len(policy.groups)
+    # One matrix, one row per level: its first step, four scalars, then per group the real
+    # blocks, the line's constant and slope, and last the internal bytes; repeated per step.
+    levels_m = np.array([(*lv[:5], *lv[5], *lv[6], *lv[7], lv[8]) for lv in levels], dtype=np.int64)
+    per_step = np.repeat(levels_m, np.diff(levels_m[:, 0], append=k), axis=0)
+    sched_tokens, running, waiting, blocks = per_step[:, 1], per_step[:, 2], per_step[:, 3], per_step[:, 4]
+    group_blocks = per_step[:, 5 : 5 + g]
+    at = measured0 + 1 + np.arange(k, dtype=np.int64)  # each step's measure (``measure_use``'s count)
+    group_used = per_step[:, 5 + g : 5 + 2 * g] + per_step[:, 5 + 2 * g : 5 + 3 * g] * at[:, None]
+    use = policy.use
+    unit = use.unit
+    used = group_used.sum(axis=1) // unit
+    internal = per_step[:, 5 + 3 * g] // unit
+    alloc = blocks * use.layout.bytes_per_block // unit
+    columns = {
+        R.SCHEDULED: sched_tokens,
+        R.RUNNING: running,
+        R.WAITING: waiting,
+        R.BLOCKS: blocks,
+        R.ALLOCATED: alloc,
+        R.USED: used,
+        R.RESERVED: alloc - used - internal,
+        R.INTERNAL: internal,
+        R.EXTERNAL: external,
+        R.FREE: policy.budget_positions - alloc,
+    }
+    recorder.add_step_rows(R.step_rows(step0, np.array(ts), k, columns, {R.FINISHED: finished}))
+    steps = range(step0, step0 + k)
+    kinds = [grp.kind for grp in policy.groups]
+    if g == 1:
+        rows = zip(steps, [0] * k, kinds * k, group_blocks[:, 0].tolist(), group_used[:, 0].tolist())
+    else:
+        rows = zip(
+            [st for st in steps for _ in range(g)],
+            list(range(g)) * k,
+            kinds * k,
+            group_blocks.ravel().tolist(),
+            group_used.ravel().tolist(),
+        )
+    recorder.add_kv_groups(list(rows))
+    policy.last_groups = list(zip(group_blocks[-1].tolist(), group_used[-1].tolist()))

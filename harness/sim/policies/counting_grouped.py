@@ -145,6 +145,11 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         for seq in self.live.values():
             self._line(seq, seq.num_computed)
 
+    def totals(self) -> tuple[list[int], list[int], list[int], int]:
+        """Per group the real blocks held and the used-bytes line's constant and slope (the
+        bytes used at step ``at``: ``const + slope × at``); the internal fragmentation in bytes."""
+        return list(self._real), list(self._const), list(self._slope), self._internal
+
     # -- what the scheduler reads ---------------------------------------------------------
     def measure_use(self) -> tuple[int, int]:
         self.steps = at = self.steps + 1
