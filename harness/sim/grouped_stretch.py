@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 MAX_STEPS = 8192  # steps per stretch (its rows are built at once)
 _RUN_POS = attrgetter("run_pos")
+
+
 def _head_blocks(sched: FastScheduler, policy: CountingGroupedPolicy) -> int:
     """The free blocks (after the step's acts) the head of ``waiting`` needs to be admitted,
     with the budget the decoders leave (``Scheduler.admit_waiting``'s test); −1: the step
@@ -83,9 +85,10 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
                 dec.materialize(s)
             free = policy.free_blocks()
             if acting:
-                if policy.crossing_need(acting) > free:
+                need, net = policy.acts_need(acting)
+                if need > free:
                     break  # they may not fit: the step-by-step path preempts event by event
-                free -= policy.crossing_net(acting)
+                free -= net
             if waiting:
                 key = (waiting[0], dec.count, len(sched.running))
                 if key != head_key:
@@ -97,7 +100,7 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
             policy.steps = measured0 + j
             for s in acting:
                 s.dec_tick = dec.tick
-                policy.allocate(s, s.num_computed + 1)
+                policy.act(s)
                 nxt = policy.reach(s) - s.num_computed + dec.tick + 1
                 if nxt <= s.output_len - s.num_output + dec.tick:
                     crossing[nxt].append((s, s.epoch))

@@ -19,37 +19,69 @@ its ``allocate`` changes nothing, so the fast path leaves a decoder implicit unt
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
-from ...spec.kv_layout import cdiv
+from ...spec.kv_layout import KVGroup, cdiv
 from ...spec.kv_use import GroupUse, KVUse
 from ...spec.layer_kinds import CHUNKED, SLIDING, STATE_KINDS
 from ..sequence import Seq
 from .grouped import GroupedPagedPolicy
 
+# How a group frees blocks its layers no longer read (``KVGroup.skipped_tokens``).
+_KEEP, _WINDOW, _CHUNK, _STATE = range(4)
 
-def read_line(g: GroupUse, tokens: int) -> tuple[int, int, int]:
-    """A group's used bytes at ``tokens`` computed tokens as a line in the tokens to come:
-    (bytes now, bytes per further token, the last token count the line holds for, or −1: always)."""
+
+@dataclasses.dataclass(frozen=True)
+class GroupLine:
+    """One group's arithmetic for ``CountingGroupedPolicy._line``, fetched once: its block size,
+    how it skips blocks (and its window), what a held block wastes, and its reads by shape —
+    bytes per token read for every token (full, MLA), per state, and per sliding window and
+    per chunk (``GroupUse.used_bytes``'s terms)."""
+
+    block_size: int
+    skips: int
+    window: int
+    block_overhead: int
+    token_bytes: int
+    linear: int
+    state: int
+    sliding: tuple[tuple[int, int], ...]
+    chunked: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, g: KVGroup, gu: GroupUse) -> GroupLine:
+        skips = _WINDOW if g.kind == SLIDING else _CHUNK if g.kind == CHUNKED else _STATE if g.is_state else _KEEP
+        reads = gu.reads
+        return cls(
+            g.block_size,
+            skips,
+            g.window,
+            gu.block_overhead,
+            gu.token_bytes,
+            sum(b for k, _, b in reads if k not in STATE_KINDS and k not in (SLIDING, CHUNKED)),
+            sum(b for k, _, b in reads if k in STATE_KINDS),
+            tuple((w, b) for k, w, b in reads if k == SLIDING),
+            tuple((w, b) for k, w, b in reads if k == CHUNKED),
+        )
+
+
+def _skipped_blocks(p: GroupLine, computed: int, length: int) -> int:
+    """The blocks of a table of ``length`` a group frees once ``computed`` tokens are computed
+    (``KVGroup.skipped_tokens`` in blocks, as ``remove_skipped_blocks`` counts them)."""
+    skips = p.skips
+    if skips == _KEEP:
+        return 0
+    if skips == _WINDOW:
+        tokens = computed - p.window + 1
+    elif skips == _CHUNK:
+        tokens = computed // p.window * p.window
+    else:
+        tokens = computed - 1
     if tokens <= 0:
-        return 0, 0, 0
-    slope = 0
-    until = -1
-    for kind, window, nbytes in g.reads:
-        if kind in STATE_KINDS:
-            continue
-        if kind == SLIDING:
-            if tokens >= window - 1:
-                continue  # the window is full: its reads stay put
-            last = window - 1
-        elif kind == CHUNKED:
-            last = (tokens // window + 1) * window - 1  # the chunk's end: the reads restart at 0
-        else:
-            last = -1
-        slope += nbytes
-        if last >= 0 and (until < 0 or last < until):
-            until = last
-    return g.used_bytes(tokens), slope, until
+        return 0
+    blocks = tokens // p.block_size
+    return blocks if blocks < length else length
 
 
 class CountingGroupedPolicy(GroupedPagedPolicy):
@@ -66,6 +98,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         # Per request (index): its lines' (consts, slopes), its real blocks and internal bytes.
         self._lines: dict[int, tuple[list[int], list[int], list[int], int]] = {}
         self._reach: dict[int, int] = {}  # per request: the last position before its next act
+        self._params = [GroupLine.of(g, gu) for g, gu in zip(self.groups, use.groups)]
 
     def free_blocks(self) -> int:
         return self._free
@@ -80,10 +113,48 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         compute one more token each; their own frees not subtracted, so an upper bound."""
         return sum(self._new_blocks(s, s.num_computed + 1) for s in seqs)
 
-    def crossing_net(self, seqs: Iterable[Seq]) -> int:
-        """What the free count loses when the decoders ``seqs`` compute one more token each:
-        their new blocks less the blocks they skip first (``allocate``'s order)."""
-        return sum(self._new_blocks(s, s.num_computed + 1) - self._skippable(s) for s in seqs)
+    def acts_need(self, seqs: Iterable[Seq]) -> tuple[int, int]:
+        """``crossing_need`` of the decoders ``seqs``, and what the free count loses when they
+        act (``act``): their new blocks less the blocks they skip first."""
+        need = net = 0
+        limit = self.max_model_len
+        for seq in seqs:
+            c = seq.num_computed
+            computed = c if c < limit else limit
+            for p, (t0, t1) in zip(self._params, seq.group_tables):
+                new = -(-(c + 1) // p.block_size) - t0
+                if new > 0:
+                    need += new
+                    net += new
+                skip = _skipped_blocks(p, computed, t0) - t1
+                if skip > 0:
+                    net -= skip
+        return need, net
+
+    def act(self, seq: Seq) -> None:
+        """A decoder computing one more token acts, its blocks known to fit: ``allocate`` to
+        ``num_computed + 1`` (the skipped blocks freed, then the new ones taken), in one pass."""
+        c = seq.num_computed
+        computed = c if c < self.max_model_len else self.max_model_len
+        free = self._free
+        held = 0
+        for p, t in zip(self._params, seq.group_tables):
+            t0, t1 = t
+            skip = _skipped_blocks(p, computed, t0)
+            if skip > t1:
+                free += skip - t1
+                t[1] = t1 = skip
+            need = -(-(c + 1) // p.block_size)
+            if need > t0:
+                free -= need - t0
+                t[0] = t0 = need
+            held += t0 - t1
+        assert free >= 0, "a decoder acted on blocks that were not free"
+        self._free = free
+        seq.allocated = self.use.positions(held)
+        if seq.allocated > seq.peak_allocated:
+            seq.peak_allocated = seq.allocated
+        self._line(seq, c + 1)
 
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``."""
@@ -103,38 +174,57 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         self._internal -= internal
 
     def _line(self, seq: Seq, tokens: int) -> None:
-        """``seq``'s lines from ``tokens`` computed tokens at the next step measured; its next act."""
+        """``seq``'s lines from ``tokens`` computed tokens at the next step measured (a group's
+        used bytes: ``GroupUse.used_bytes``, growing by ``slope`` a token until ``until``); its
+        next act: a block needed, a block skipped, or a line's end."""
         self._unline(seq.index)
         at = self.steps + 1
         consts, slopes, reals = [], [], []
         internal = 0
         final_len = seq.final_len
         act = tokens + 1 + self.max_model_len  # past any act
-        for i, (g, gu, t) in enumerate(zip(self.groups, self.use.groups, seq.group_tables)):
-            used, slope, until = read_line(gu, tokens)
-            consts.append(used - slope * at)
+        sum_const, sum_slope, sum_real = self._const, self._slope, self._real
+        for i, (p, t) in enumerate(zip(self._params, seq.group_tables)):
+            if tokens > 0:
+                used = p.linear * tokens + p.state
+                slope = p.linear
+                for w, b in p.sliding:
+                    if tokens >= w - 1:
+                        used += (w - 1) * b  # the window is full: its reads stay put
+                    else:
+                        used += tokens * b
+                        slope += b
+                        act = min(act, w)
+                for w, b in p.chunked:
+                    used += (tokens - tokens // w * w) * b
+                    slope += b
+                    act = min(act, (tokens // w + 1) * w)  # the chunk's end: the reads restart at 0
+            else:
+                used = slope = 0
+            c = used - slope * at
+            consts.append(c)
             slopes.append(slope)
-            self._const[i] += used - slope * at
-            self._slope[i] += slope
-            real = t[0] - t[1]
+            sum_const[i] += c
+            sum_slope[i] += slope
+            t0, t1 = t
+            real = t0 - t1
             reals.append(real)
-            self._real[i] += real
-            internal += real * gu.block_overhead
-            over = t[0] * g.block_size - final_len
-            if over > 0 and gu.token_bytes:
-                internal += over * gu.token_bytes
-            # The next act: a block needed, a block skipped, or the line's end.
-            bs = g.block_size
-            nxt = t[0] * bs + 1
-            if g.kind == SLIDING:
-                nxt = min(nxt, (t[1] + 1) * bs + g.window)
-            elif g.kind == CHUNKED:
-                nxt = min(nxt, cdiv((t[1] + 1) * bs, g.window) * g.window + 1)
-            elif g.is_state:
-                nxt = min(nxt, (t[1] + 1) * bs + 2)
-            if until >= 0:
-                nxt = min(nxt, until + 1)
-            act = min(act, nxt)
+            sum_real[i] += real
+            internal += real * p.block_overhead
+            bs = p.block_size
+            over = t0 * bs - final_len
+            if over > 0 and p.token_bytes:
+                internal += over * p.token_bytes
+            nxt = t0 * bs + 1
+            skips = p.skips
+            if skips == _WINDOW:
+                nxt = min(nxt, (t1 + 1) * bs + p.window)
+            elif skips == _CHUNK:
+                nxt = min(nxt, cdiv((t1 + 1) * bs, p.window) * p.window + 1)
+            elif skips == _STATE:
+                nxt = min(nxt, (t1 + 1) * bs + 2)
+            if nxt < act:
+                act = nxt
         self._internal += internal
         self._lines[seq.index] = (consts, slopes, reals, internal)
         self._reach[seq.index] = max(act, tokens + 1) - 1
