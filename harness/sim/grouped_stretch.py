@@ -57,18 +57,21 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
     return how many (0: the next step goes one by one)."""
     dec = sched.dec
     clock = sched.clock
-    if clock is None or dec.explicit or not dec.count:
+    if clock is None or not (sched.running or sched.waiting):
         return 0
     budget = sched.config.max_num_batched_tokens
     price = clock.price
     take = clock.take if type(clock).take is not Clock.take else None  # a clock with memory
     waiting, pending, crossing, finishing = sched.waiting, sched.pending, dec.crossing, dec.finishing
     next_arr = pending[0].arrival_s if pending else math.inf
-    step0, measured0, num_blocks = sched.step_index, policy.steps, policy.num_blocks
+    step0, measured0 = sched.step_index, policy.steps
     t = sched.now
     ts: list[float] = []
     levels: list[_Level] = []
-    finished: list[tuple[int, int]] = []
+    events: dict[int, list[tuple[int, int]]] = {
+        c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
+    }
+    finished = events[R.FINISHED]
     head_key: tuple[FastSeq, int, int] | None = None  # what ``head_need`` was worked out for
     head_need = -1
     n = base = computed = 0  # decoders, their Σ (computed − dec_tick), tokens computed in the stretch
@@ -76,28 +79,57 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
     j = 0
     while j < MAX_STEPS and t < next_arr:  # an arrival due: the driver releases it before the step
         T = dec.tick + 1
-        if changed or T in crossing:
-            if not 0 < dec.count <= budget:
-                break
-            events = crossing.get(T)
-            acting = dec.live(events) if events else []
-            for s in acting:
-                dec.materialize(s)
-            free = policy.free_blocks()
-            if acting:
-                need, net = policy.acts_need(acting)
-                if need > free:
-                    break  # they may not fit: the step-by-step path preempts event by event
-                free -= net
-            if waiting:
-                key = (waiting[0], dec.count, len(sched.running))
-                if key != head_key:
-                    head_key, head_need = key, _head_blocks(sched, policy)
-                if 0 <= head_need <= free:
-                    break  # an admission: the step-by-step path takes it
+        if changed or dec.explicit or T in crossing:
+            general = bool(dec.explicit) or not 0 < dec.count <= budget
+            acting: list[FastSeq] = []
+            if not general:
+                ends = crossing.get(T)
+                acting = dec.live(ends) if ends else []
+                for s in acting:
+                    dec.materialize(s)
+                free = policy.free_blocks()
+                if acting:
+                    need, net = policy.acts_need(acting)
+                    general = need > free  # they may not fit: preemptions, event by event
+                    free -= net
+                if waiting and not general:
+                    key = (waiting[0], dec.count, len(sched.running))
+                    if key != head_key:
+                        head_key, head_need = key, _head_blocks(sched, policy)
+                    general = 0 <= head_need <= free  # an admission
+            policy.steps = measured0 + j
+            if general:
+                if not (sched.running or waiting):
+                    break  # idle: the driver moves the clock on to the next arrival
+                # The fast path's own step (``FastScheduler.schedule``), recorded as a level.
+                sched.used_positions += computed
+                computed = 0
+                sched.now, sched.step_index = t, step0 + j
+                plan = sched.schedule()
+                work = plan.work
+                levels.append(_level(sched, policy, j, work.scheduled_tokens))
+                for col, value in (
+                    (R.ADMITTED, plan.admitted),
+                    (R.PREEMPTED, len(plan.preempted)),
+                    (R.PREFIX_HIT, plan.prefix_hit_tokens),
+                    (R.RECOMPUTED_HIT, plan.recomputed_hit_tokens),
+                ):
+                    if value:
+                        events[col].append((j, value))
+                ts.append(t)
+                done = sched.finish_step(plan)
+                policy.steps = measured0 + j + 1
+                if done:
+                    finished.append((j, len(done)))
+                t = sched.now
+                next_arr = pending[0].arrival_s if pending else math.inf
+                changed = True
+                j += 1
+                if not work.scheduled_tokens:
+                    break  # a step without work: the driver's livelock guard sees the next
+                continue
             # The acting decoders allocate (all of them fit, in any order) and file their next act.
             crossing.pop(T, None)
-            policy.steps = measured0 + j
             for s in acting:
                 s.dec_tick = dec.tick
                 policy.act(s)
@@ -105,8 +137,7 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
                 if nxt <= s.output_len - s.num_output + dec.tick:
                     crossing[nxt].append((s, s.epoch))
             n, base = dec.count, dec.dec_sum
-            totals = policy.totals()
-            levels.append((j, n, len(sched.running), len(waiting), num_blocks - policy.free_blocks(), *totals))
+            levels.append(_level(sched, policy, j, n))
             changed = False
         # The step: every decoder computes one token.
         dec.tick = T
@@ -132,19 +163,32 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
         j += 1
     sched.used_positions += computed
     policy.steps = measured0 + j
+    sched.step_index = step0 + j
     if j == 0:
         return 0
     ts.append(t)
     sched.now = t
-    external = policy.external_frag(waiting[0] if waiting else None)  # put: waiting moves only at a break
-    _record(recorder, policy, step0, measured0, ts, levels, finished, external)
-    sched.step_index += j
+    _record(recorder, policy, step0, measured0, ts, levels, events)
     return j
 
 
+def _level(sched: FastScheduler, policy: CountingGroupedPolicy, step: int, scheduled: int) -> _Level:
+    """The step columns from ``step`` on, as they stand after scheduling."""
+    waiting = sched.waiting
+    return (
+        step,
+        scheduled,
+        len(sched.running),
+        len(waiting),
+        policy.allocated_blocks(),
+        policy.external_frag(waiting[0] if waiting else None),
+        *policy.totals(),
+    )
+
+
 # A level: from its first step on, until the next: scheduled tokens, running, waiting, blocks
-# allocated, and ``CountingGroupedPolicy.totals``.
-_Level = tuple[int, int, int, int, int, list[int], list[int], list[int], int]
+# allocated, external fragmentation, and ``CountingGroupedPolicy.totals``.
+_Level = tuple[int, int, int, int, int, int, list[int], list[int], list[int], int]
 
 
 def _record(
@@ -154,8 +198,7 @@ def _record(
     measured0: int,
     ts: list[float],
     levels: list[_Level],
-    finished: list[tuple[int, int]],
-    external: int,
+    events: dict[int, list[tuple[int, int]]],
 ) -> None:
     """The stretch's step rows and KV cache group rows, from its levels, as the reference
     records them step by step (``SimEngine.step``, ``Scheduler.measure_values``)."""
@@ -163,16 +206,17 @@ def _record(
     g = len(policy.groups)
     # One matrix, one row per level: its first step, four scalars, then per group the real
     # blocks, the line's constant and slope, and last the internal bytes; repeated per step.
-    levels_m = np.array([(*lv[:5], *lv[5], *lv[6], *lv[7], lv[8]) for lv in levels], dtype=np.int64)
+    levels_m = np.array([(*lv[:6], *lv[6], *lv[7], *lv[8], lv[9]) for lv in levels], dtype=np.int64)
     per_step = np.repeat(levels_m, np.diff(levels_m[:, 0], append=k), axis=0)
     sched_tokens, running, waiting, blocks = per_step[:, 1], per_step[:, 2], per_step[:, 3], per_step[:, 4]
-    group_blocks = per_step[:, 5 : 5 + g]
+    g6 = 6 + g
+    group_blocks = per_step[:, 6:g6]
     at = measured0 + 1 + np.arange(k, dtype=np.int64)  # each step's measure (``measure_use``'s count)
-    group_used = per_step[:, 5 + g : 5 + 2 * g] + per_step[:, 5 + 2 * g : 5 + 3 * g] * at[:, None]
+    group_used = per_step[:, g6 : g6 + g] + per_step[:, g6 + g : g6 + 2 * g] * at[:, None]
     use = policy.use
     unit = use.unit
     used = group_used.sum(axis=1) // unit
-    internal = per_step[:, 5 + 3 * g] // unit
+    internal = per_step[:, g6 + 2 * g] // unit
     alloc = blocks * use.layout.bytes_per_block // unit
     columns = {
         R.SCHEDULED: sched_tokens,
@@ -183,10 +227,10 @@ def _record(
         R.USED: used,
         R.RESERVED: alloc - used - internal,
         R.INTERNAL: internal,
-        R.EXTERNAL: external,
+        R.EXTERNAL: per_step[:, 5],
         R.FREE: policy.budget_positions - alloc,
     }
-    recorder.add_step_rows(R.step_rows(step0, np.array(ts), k, columns, {R.FINISHED: finished}))
+    recorder.add_step_rows(R.step_rows(step0, np.array(ts), k, columns, events))
     steps = range(step0, step0 + k)
     kinds = [grp.kind for grp in policy.groups]
     if g == 1:
