@@ -18,6 +18,9 @@ block counts (``paged``, ``virtual-contiguous``), prefix caching as counts and c
 ``harness.sim.policies.counting_prefix`` where no two sequences share a block) and the
 contiguous reservations — and the clock is a model; the step-by-step path takes the steps a
 stretch cannot (more decoders than the token budget) and every step of a measured clock.
+A policy over vLLM's KV cache groups (``CountingGroupedPolicy``) takes its own stretches
+(``harness.sim.grouped_stretch``); its decoders act where the policy says (``reach``), and a
+step it takes whole from the reference redraws the policy's lines (``resync``).
 
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in

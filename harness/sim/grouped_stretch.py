@@ -1,21 +1,22 @@
-"""Decoding stretches over vLLM's KV cache groups: the fast path's run of steps, recorded at once,
-for a policy of several block tables per request (``CountingGroupedPolicy``).
+"""Stretches over vLLM's KV cache groups: the fast path's run of steps, recorded at once, for a
+policy of several block tables per request (``CountingGroupedPolicy``).
 
-A step is taken here when only decoders run (no prompt in flight, no arrival due, no more
-decoders than the token budget), no waiting request is admitted in it and the blocks its
-acting decoders ask for fit the free ones whatever their own frees. It is the fast path's
-simple step (``FastScheduler.schedule``): each decoder whose ``reach`` ends acts (``allocate``,
-in any order: all of them fit) and files its next act; the others only count. The step's
-measures are the policy's running totals (O(groups)); its decoders that sample their last
-token are freed at its end in running order. Its step row and KV cache group rows are kept
-and recorded once per stretch (``bulk_rows.step_rows``), so a step costs a few operations
-plus its acts and finishes, whatever the batch.
+A *plain* step — only decoders run, none acts (``reach``) or finishes, nothing is admitted —
+only counts: its time is the clock's formula, its row the level the last event left. A step in
+which decoders act is taken here when their new blocks fit the free ones whatever their own
+frees and the waiting head would not be admitted after them (its blocks counted after the
+acts' frees and takes, as ``allocate`` counts them): each acting decoder ``act``s (in any
+order: all of them fit) and files its next act; the decoders that sample their last token are
+freed at the step's end in running order. Every other step — an admission, a prompt chunk, a
+preemption, more decoders than the token budget — is the fast path's own
+(``FastScheduler.schedule`` and ``finish_step``). Each non-plain step starts a *level*: the
+step columns and the policy's group totals (``CountingGroupedPolicy.totals``) from that step
+on; a step's used bytes per group are its level's ``const + slope × step``. The step rows and
+KV cache group rows are built from the levels once per stretch (``bulk_rows.step_rows``).
 
-The stretch ends before a step that does not qualify: a waiting request the step would
-admit (its blocks counted after the acts' frees and takes, exactly as ``allocate`` counts
-them), acts that may not fit (the step-by-step path preempts), a prompt in flight, an
-arrival due. Equality with the reference scheduler is tested record for record
-(``tests/test_fast_path_hybrid.py``).
+A stretch ends where the driver must act: an arrival due, nothing left to run, a step that
+computed nothing, or ``MAX_STEPS``. Equality with the reference scheduler is tested record for
+record (``tests/test_fast_path_hybrid.py``).
 """
 
 from __future__ import annotations
