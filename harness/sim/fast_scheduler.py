@@ -90,7 +90,7 @@ class FastScheduler(Scheduler[FastSeq]):
         """Run and record a run of steps at once, where one can be taken (module docstring);
         return how many (0: the next step goes one by one)."""
         if self._groups is not None:
-            return grouped_stretch.run(self, self._groups, recorder)
+            return grouped_stretch.run(self, self.dec, self._groups, recorder)
         dec = self.dec
         n = dec.count
         if not self._counted or n > self.config.max_num_batched_tokens:

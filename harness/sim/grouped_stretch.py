@@ -29,23 +29,23 @@ import numpy as np
 
 from ..clock.clocks import Clock
 from . import bulk_rows as R
-from .decoders import FastSeq
+from .decoders import Decoders, FastSeq
 from .policies.counting_grouped import CountingGroupedPolicy
 from .scheduling_rule import admission_open
 
 if TYPE_CHECKING:
     from ..records.recorder import RunRecorder
-    from .fast_scheduler import FastScheduler
+    from .scheduler import Scheduler
 
 MAX_STEPS = 8192  # steps per stretch (its rows are built at once)
 _RUN_POS = attrgetter("run_pos")
 
 
-def _head_blocks(sched: FastScheduler, policy: CountingGroupedPolicy) -> int:
+def _head_blocks(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy) -> int:
     """The free blocks (after the step's acts) the head of ``waiting`` needs to be admitted,
     with the budget the decoders leave (``Scheduler.admit_waiting``'s test); −1: the step
     admits nothing whatever is free."""
-    budget = sched.config.max_num_batched_tokens - sched.dec.count
+    budget = sched.config.max_num_batched_tokens - dec.count
     if not admission_open(budget, len(sched.running), sched.config.max_num_seqs):
         return -1
     head = sched.waiting[0]
@@ -53,10 +53,9 @@ def _head_blocks(sched: FastScheduler, policy: CountingGroupedPolicy) -> int:
     return policy.admission_blocks(head, target, must_fit)
 
 
-def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecorder) -> int:
-    """Take and record the steps that qualify from the state of ``sched`` (module docstring);
-    return how many (0: the next step goes one by one)."""
-    dec = sched.dec
+def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy, recorder: RunRecorder) -> int:
+    """Take and record steps from the state of ``sched`` (the fast path's, its decoders ``dec``;
+    module docstring); return how many (0: the next step goes one by one)."""
     clock = sched.clock
     if clock is None or not (sched.running or sched.waiting):
         return 0
@@ -96,7 +95,7 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
                 if waiting and not general:
                     key = (waiting[0], dec.count, len(sched.running))
                     if key != head_key:
-                        head_key, head_need = key, _head_blocks(sched, policy)
+                        head_key, head_need = key, _head_blocks(sched, dec, policy)
                     general = 0 <= head_need <= free  # an admission
             policy.steps = measured0 + j
             if general:
@@ -173,7 +172,7 @@ def run(sched: FastScheduler, policy: CountingGroupedPolicy, recorder: RunRecord
     return j
 
 
-def _level(sched: FastScheduler, policy: CountingGroupedPolicy, step: int, scheduled: int) -> _Level:
+def _level(sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, scheduled: int) -> _Level:
     """The step columns from ``step`` on, as they stand after scheduling."""
     waiting = sched.waiting
     return (
