@@ -99,6 +99,8 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         self._lines: dict[int, tuple[list[int], list[int], list[int], int]] = {}
         self._reach: dict[int, int] = {}  # per request: the last position before its next act
         self._params = [GroupLine.of(g, gu) for g, gu in zip(self.groups, use.groups)]
+        # Per group: whether it is the group before's twin (the same arithmetic: the same table)
+        self._same = [i > 0 and p == self._params[i - 1] for i, p in enumerate(self._params)]
 
     def free_blocks(self) -> int:
         return self._free
@@ -184,50 +186,63 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         final_len = seq.final_len
         act = tokens + 1 + self.max_model_len  # past any act
         sum_const, sum_slope, sum_real = self._const, self._slope, self._real
+        same = self._same
+        prev: list[int] = []
+        c = slope = real = waste = 0
         for i, (p, t) in enumerate(zip(self._params, seq.group_tables)):
-            if tokens > 0:
-                used = p.linear * tokens + p.state
-                slope = p.linear
-                for w, b in p.sliding:
-                    if tokens >= w - 1:
-                        used += (w - 1) * b  # the window is full: its reads stay put
-                    else:
-                        used += tokens * b
-                        slope += b
-                        act = min(act, w)
-                for w, b in p.chunked:
-                    used += (tokens - tokens // w * w) * b
-                    slope += b
-                    act = min(act, (tokens // w + 1) * w)  # the chunk's end: the reads restart at 0
-            else:
-                used = slope = 0
-            c = used - slope * at
+            if not (same[i] and t == prev):  # else: a group like the one before, its table too
+                prev = t
+                c, slope, real, waste, nxt = self._group_line(p, t, tokens, at, final_len)
+                if nxt < act:
+                    act = nxt
             consts.append(c)
             slopes.append(slope)
+            reals.append(real)
             sum_const[i] += c
             sum_slope[i] += slope
-            t0, t1 = t
-            real = t0 - t1
-            reals.append(real)
             sum_real[i] += real
-            internal += real * p.block_overhead
-            bs = p.block_size
-            over = t0 * bs - final_len
-            if over > 0 and p.token_bytes:
-                internal += over * p.token_bytes
-            nxt = t0 * bs + 1
-            skips = p.skips
-            if skips == _WINDOW:
-                nxt = min(nxt, (t1 + 1) * bs + p.window)
-            elif skips == _CHUNK:
-                nxt = min(nxt, cdiv((t1 + 1) * bs, p.window) * p.window + 1)
-            elif skips == _STATE:
-                nxt = min(nxt, (t1 + 1) * bs + 2)
-            if nxt < act:
-                act = nxt
+            internal += waste
         self._internal += internal
         self._lines[seq.index] = (consts, slopes, reals, internal)
         self._reach[seq.index] = max(act, tokens + 1) - 1
+
+    @staticmethod
+    def _group_line(p: GroupLine, t: list[int], tokens: int, at: int, final_len: int) -> tuple[int, int, int, int, int]:
+        """One group's share of ``_line``: its line's constant and slope, its real blocks, its
+        internal bytes, and its next act."""
+        act = 1 << 62  # past any act
+        if tokens > 0:
+            used = p.linear * tokens + p.state
+            slope = p.linear
+            for w, b in p.sliding:
+                if tokens >= w - 1:
+                    used += (w - 1) * b  # the window is full: its reads stay put
+                else:
+                    used += tokens * b
+                    slope += b
+                    act = min(act, w)
+            for w, b in p.chunked:
+                used += (tokens - tokens // w * w) * b
+                slope += b
+                act = min(act, (tokens // w + 1) * w)  # the chunk's end: the reads restart at 0
+        else:
+            used = slope = 0
+        t0, t1 = t
+        real = t0 - t1
+        waste = real * p.block_overhead
+        bs = p.block_size
+        over = t0 * bs - final_len
+        if over > 0 and p.token_bytes:
+            waste += over * p.token_bytes
+        nxt = t0 * bs + 1
+        skips = p.skips
+        if skips == _WINDOW:
+            nxt = min(nxt, (t1 + 1) * bs + p.window)
+        elif skips == _CHUNK:
+            nxt = min(nxt, cdiv((t1 + 1) * bs, p.window) * p.window + 1)
+        elif skips == _STATE:
+            nxt = min(nxt, (t1 + 1) * bs + 2)
+        return used - slope * at, slope, real, waste, min(act, nxt)
 
     def resync(self) -> None:
         """Redraw every request's lines from its computed tokens (after a step that did not
