@@ -26,8 +26,8 @@ prefixes, and with 2 samples per request): the block table step by step, not cou
 
 (h) KV cache groups: the hybrid agreement cases of ``tests/test_agreement_hybrid.py`` (gpt-oss-20b
 and a Gemma-3-like model with the hybrid manager on and off, an MLA and a gated-delta-net model),
-at their 30 requests and at 300, sim (its reference scheduler: the fast path does not take KV cache
-groups) against vllm-sched, interleaved (``--parts h``).
+at their 30 requests and at 300, sim (the fast path over KV cache groups) against vllm-sched,
+interleaved (``--parts h``).
 
 (c) Memory: peak RSS (``resource.getrusage``) of runs whose step count grows 10× and
 100× while the request count stays the same, each in a fresh child process so peaks are separate.
@@ -455,7 +455,7 @@ def spread(values: list[float]) -> float:
 
 
 # The hybrid agreement cases (tests/test_agreement_hybrid.py): vLLM's KV cache groups, which sim
-# runs on its reference scheduler (GroupedPagedPolicy).
+# runs on its fast path (CountingGroupedPolicy, harness/sim/grouped_stretch.py).
 HYBRID_MODELS = ROOT / "tests" / "data" / "models"
 HYBRID_SUITE = """
 name = "bench-hybrid"
@@ -500,7 +500,7 @@ HYBRID_CASES: dict[str, tuple[str, str]] = {
 
 
 def part_h(args: argparse.Namespace) -> None:
-    print("\n(h) KV cache groups: sim (reference scheduler) vs vllm-sched, the hybrid agreement cases")
+    print("\n(h) KV cache groups: sim (fast path) vs vllm-sched, the hybrid agreement cases")
     print(f"  {'case':<34}{'requests':>9}{'steps':>8}{'preempt':>8}{'sim s':>9}{'vllm s':>9}{'ratio':>9}")
     for label, (model, budget) in HYBRID_CASES.items():
         for n in (30, 300):

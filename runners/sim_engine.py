@@ -9,6 +9,7 @@ from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.latency import itl_summary
 from ..harness.sim.policies import make_policy
+from ..harness.sim.policies.counting_grouped import CountingGroupedPolicy
 from ..harness.sim.policies.grouped import GroupedPagedPolicy
 from ..harness.sim.policies.paged import reuse_distance_columns
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
@@ -153,10 +154,12 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
-    if scheduler_cls is not Scheduler and not spec.geometry.is_uniform_full:
-        scheduler_cls = Scheduler  # KV cache groups run on the reference scheduler, step by step
+    if scheduler_cls is not Scheduler and not spec.geometry.is_uniform_full and spec.policy != "paged":
+        scheduler_cls = Scheduler  # KV cache groups take the fast path as plain paged only
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
     policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
+    if type(policy) is GroupedPagedPolicy and not scheduler_cls.needs_block_ids:
+        policy = CountingGroupedPolicy(policy.use, policy.max_model_len)  # its measures as running totals
     row = base_row(cell, runner)
     short = shortfall(cell, seqs, policy)
     if short is not None:

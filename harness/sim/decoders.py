@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from .sequence import Seq
@@ -51,6 +52,8 @@ class Decoders:
         self.explicit: list[FastSeq] = []  # running requests still prefilling, in running order
         self.stretch_admissions = 0  # requests admitted inside counted stretches
         self.stretch_chunked = 0  # … of them, admitted in chunks
+        # The last position a decoder computes before it next needs ``allocate`` (None: its allocation).
+        self.reach: Callable[[FastSeq], int] | None = None
 
     def register(self, seq: FastSeq, at: int | None = None) -> None:
         """Make a decoding sequence implicit from tick ``at`` on (the current tick by default),
@@ -59,7 +62,8 @@ class Decoders:
         self.start(seq, d)
         # Tick T computes position num_computed + (T − 1 − d): a block is needed when that
         # reaches the allocation.
-        c = seq.allocated - seq.num_computed + d + 1
+        reach = seq.allocated if self.reach is None else self.reach(seq)
+        c = reach - seq.num_computed + d + 1
         if c <= seq.output_len - seq.num_output + d:
             self.crossing[c].append((seq, seq.epoch))
 

@@ -18,6 +18,9 @@ block counts (``paged``, ``virtual-contiguous``), prefix caching as counts and c
 ``harness.sim.policies.counting_prefix`` where no two sequences share a block) and the
 contiguous reservations — and the clock is a model; the step-by-step path takes the steps a
 stretch cannot (more decoders than the token budget) and every step of a measured clock.
+A policy over vLLM's KV cache groups (``CountingGroupedPolicy``) takes its own stretches
+(``harness.sim.grouped_stretch``); its decoders act where the policy says (``reach``), and a
+step it takes whole from the reference redraws the policy's lines (``resync``).
 
 Equality with the reference is tested record for record (``tests/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in
@@ -31,9 +34,10 @@ from __future__ import annotations
 from ..clock.clocks import Clock
 from ..records.recorder import RunRecorder
 from ..spec.specs import SchedulerSpec
-from . import counted_stretch
+from . import counted_stretch, grouped_stretch
 from .decoders import Decoders, FastSeq
 from .policies.base import Policy
+from .policies.counting_grouped import CountingGroupedPolicy
 from .policies.paged import PagedBase, PagedPolicy
 from .scheduler import Arrivals, Scheduler, StepPlan
 from .sequence import RUNNING
@@ -60,6 +64,10 @@ class FastScheduler(Scheduler[FastSeq]):
         self._simple = False
         self._caching = isinstance(policy, PagedPolicy) and policy.enable_caching
         self._counted = counted_stretch.eligible(self)
+        # KV cache groups: a decoder acts where the policy says (``reach``), not at its allocation.
+        self._groups = policy if isinstance(policy, CountingGroupedPolicy) else None
+        if self._groups is not None:
+            self.dec.reach = self._groups.reach
 
     def start_running(self, seq: FastSeq, now: float) -> None:
         self._next_pos += 1
@@ -81,6 +89,8 @@ class FastScheduler(Scheduler[FastSeq]):
     def record_quiet_steps(self, recorder: RunRecorder) -> int:
         """Run and record a run of steps at once, where one can be taken (module docstring);
         return how many (0: the next step goes one by one)."""
+        if self._groups is not None:
+            return grouped_stretch.run(self, self.dec, self._groups, recorder)
         dec = self.dec
         n = dec.count
         if not self._counted or n > self.config.max_num_batched_tokens:
@@ -103,11 +113,18 @@ class FastScheduler(Scheduler[FastSeq]):
         crossers = dec.live(dec.crossing.pop(tick, []))
         need_tokens = dec.count
         need_blocks = len(crossers)
+        groups = self._groups
+        if groups is not None:  # a crosser may need several blocks, or none
+            for seq in crossers:
+                dec.materialize(seq)
+            need_blocks = groups.crossing_need(crossers)
         for seq in dec.explicit:
             n = seq.num_tokens - seq.num_computed
             need_tokens += n
             need_blocks += policy.blocks_needed(seq, seq.num_computed + n)
-        free = policy.free_blocks() if isinstance(policy, PagedBase) else need_blocks  # contiguous: no blocks
+        free = need_blocks  # contiguous: no blocks
+        if isinstance(policy, (PagedBase, CountingGroupedPolicy)):
+            free = policy.free_blocks()
         self._simple = need_tokens <= budget and need_blocks <= free
         if need_tokens <= budget and not self._simple:
             # Memory runs out this step but the budget does not: preempt event by event.
@@ -119,13 +136,17 @@ class FastScheduler(Scheduler[FastSeq]):
                 if seq.dec_tick >= 0:
                     self._unregister(seq)
             dec.clear()  # every pending event belonged to a decoder just handed over
-            return super().schedule()
+            plan = super().schedule()
+            if groups is not None:
+                groups.resync()  # the requests the short budget left out did not advance
+            return plan
 
         for seq in crossers:  # a new block each, in any order: all of them fit
             dec.materialize(seq)
             seq.dec_tick = dec.tick
             policy.allocate(seq, seq.num_computed + 1)
-            nxt = seq.allocated - seq.num_computed + dec.tick + 1
+            reach = seq.allocated if groups is None else groups.reach(seq)
+            nxt = reach - seq.num_computed + dec.tick + 1
             if nxt <= seq.output_len - seq.num_output + dec.tick:
                 dec.crossing[nxt].append((seq, seq.epoch))
         scheduled: list[tuple[FastSeq, int]] = []
@@ -173,9 +194,11 @@ class FastScheduler(Scheduler[FastSeq]):
             if not policy.allocate(seq, target) and not self.make_room(seq, target, preempted):
                 break
             allocated.append(seq)
+        groups = self._groups
         for seq in allocated:
             if seq.dec_tick >= 0:  # a crossing decoder: its next crossing from here
-                nxt = seq.allocated - seq.num_computed + dec.tick + 1
+                reach = seq.allocated if groups is None else groups.reach(seq)
+                nxt = reach - seq.num_computed + dec.tick + 1
                 if nxt <= seq.output_len - seq.num_output + dec.tick:
                     dec.crossing[nxt].append((seq, seq.epoch))
         scheduled: list[tuple[FastSeq, int]] = []
@@ -186,15 +209,19 @@ class FastScheduler(Scheduler[FastSeq]):
         dec.explicit = [s for s, _ in scheduled]
         dec.tick = tick
         decoders = dec.count
+        admitted = hit_tokens = recomputed = 0
+        if not preempted:  # KV cache groups: the blocks skipped on the way made room for all
+            budget = self.config.max_num_batched_tokens - decoders - sum(n for _, n in scheduled)
+            admitted, hit_tokens, recomputed = self.admit_waiting(budget, scheduled)
         implicit_sum = dec.dec_sum + tick * decoders
         return StepPlan(
             self.step_index,
             self.now,
             scheduled,
-            0,
+            admitted,
             preempted,
-            0,
-            0,
+            hit_tokens,
+            recomputed,
             self._compute(scheduled, decoders, implicit_sum, implicit_sum, decoders),
         )
 

@@ -1,0 +1,247 @@
+"""Stretches over vLLM's KV cache groups: the fast path's run of steps, recorded at once, for a
+policy of several block tables per request (``CountingGroupedPolicy``).
+
+A *plain* step — only decoders run, none acts (``reach``) or finishes, nothing is admitted —
+only counts: its time is the clock's formula, its row the level the last event left. A step in
+which decoders act is taken here when their new blocks fit the free ones whatever their own
+frees and the waiting head would not be admitted after them (its blocks counted after the
+acts' frees and takes, as ``allocate`` counts them): each acting decoder ``act``s (in any
+order: all of them fit) and files its next act; the decoders that sample their last token are
+freed at the step's end in running order. Every other step — an admission, a prompt chunk, a
+preemption, more decoders than the token budget — is the fast path's own
+(``FastScheduler.schedule`` and ``finish_step``). Each non-plain step starts a *level*: the
+step columns and the policy's group totals (``CountingGroupedPolicy.totals``) from that step
+on; a step's used bytes per group are its level's ``const + slope × step``. The step rows and
+KV cache group rows are built from the levels once per stretch (``bulk_rows.step_rows``).
+
+A stretch ends where the driver must act: an arrival due, nothing left to run, a step that
+computed nothing, or ``MAX_STEPS``. Equality with the reference scheduler is tested record for
+record (``tests/test_fast_path_hybrid.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..clock.clocks import Clock
+from . import bulk_rows as R
+from .decoders import Decoders, FastSeq
+from .policies.counting_grouped import CountingGroupedPolicy
+from .scheduling_rule import admission_open
+
+if TYPE_CHECKING:
+    from ..records.recorder import RunRecorder
+    from .scheduler import Scheduler
+
+MAX_STEPS = 8192  # steps per stretch (its rows are built at once)
+_RUN_POS = attrgetter("run_pos")
+
+
+def _head_blocks(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy) -> int:
+    """The free blocks (after the step's acts) the head of ``waiting`` needs to be admitted,
+    with the budget the decoders leave (``Scheduler.admit_waiting``'s test); −1: the step
+    admits nothing whatever is free."""
+    budget = sched.config.max_num_batched_tokens - dec.count
+    if not admission_open(budget, len(sched.running), sched.config.max_num_seqs):
+        return -1
+    head = sched.waiting[0]
+    _, target, must_fit = sched.admission(head, budget)
+    return policy.admission_blocks(head, target, must_fit)
+
+
+def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy, recorder: RunRecorder) -> int:
+    """Take and record steps from the state of ``sched`` (the fast path's, its decoders ``dec``;
+    module docstring); return how many (0: the next step goes one by one)."""
+    clock = sched.clock
+    if clock is None or not (sched.running or sched.waiting):
+        return 0
+    budget = sched.config.max_num_batched_tokens
+    price = clock.price
+    take = clock.take if type(clock).take is not Clock.take else None  # a clock with memory
+    waiting, pending, crossing, finishing = sched.waiting, sched.pending, dec.crossing, dec.finishing
+    next_arr = pending[0].arrival_s if pending else math.inf
+    step0, measured0 = sched.step_index, policy.steps
+    t = sched.now
+    ts: list[float] = []
+    levels: list[_Level] = []
+    events: dict[int, list[tuple[int, int]]] = {
+        c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
+    }
+    finished = events[R.FINISHED]
+    head_key: tuple[FastSeq, int, int] | None = None  # what ``head_need`` was worked out for
+    head_need = -1
+    n = base = computed = 0  # decoders, their Σ (computed − dec_tick), tokens computed in the stretch
+    changed = True  # the state moved since the last level
+    j = 0
+    while j < MAX_STEPS and t < next_arr:  # an arrival due: the driver releases it before the step
+        T = dec.tick + 1
+        if changed or dec.explicit or T in crossing:
+            general = bool(dec.explicit) or not 0 < dec.count <= budget
+            acting: list[FastSeq] = []
+            if not general:
+                ends = crossing.get(T)
+                acting = dec.live(ends) if ends else []
+                for s in acting:
+                    dec.materialize(s)
+                free = policy.free_blocks()
+                if acting:
+                    need, net = policy.acts_need(acting)
+                    general = need > free  # they may not fit: preemptions, event by event
+                    free -= net
+                if waiting and not general:
+                    key = (waiting[0], dec.count, len(sched.running))
+                    if key != head_key:
+                        head_key, head_need = key, _head_blocks(sched, dec, policy)
+                    general = 0 <= head_need <= free  # an admission
+            policy.steps = measured0 + j
+            if general:
+                if not (sched.running or waiting):
+                    break  # idle: the driver moves the clock on to the next arrival
+                # The fast path's own step (``FastScheduler.schedule``), recorded as a level.
+                sched.used_positions += computed
+                computed = 0
+                sched.now, sched.step_index = t, step0 + j
+                plan = sched.schedule()
+                work = plan.work
+                levels.append(_level(sched, policy, j, work.scheduled_tokens))
+                for col, value in (
+                    (R.ADMITTED, plan.admitted),
+                    (R.PREEMPTED, len(plan.preempted)),
+                    (R.PREFIX_HIT, plan.prefix_hit_tokens),
+                    (R.RECOMPUTED_HIT, plan.recomputed_hit_tokens),
+                ):
+                    if value:
+                        events[col].append((j, value))
+                ts.append(t)
+                done = sched.finish_step(plan)
+                policy.steps = measured0 + j + 1
+                if done:
+                    finished.append((j, len(done)))
+                t = sched.now
+                next_arr = pending[0].arrival_s if pending else math.inf
+                changed = True
+                j += 1
+                if not work.scheduled_tokens:
+                    break  # a step without work: the driver's livelock guard sees the next
+                continue
+            # The acting decoders allocate (all of them fit, in any order) and file their next act.
+            crossing.pop(T, None)
+            for s in acting:
+                s.dec_tick = dec.tick
+                policy.act(s)
+                nxt = policy.reach(s) - s.num_computed + dec.tick + 1
+                if nxt <= s.output_len - s.num_output + dec.tick:
+                    crossing[nxt].append((s, s.epoch))
+            n, base = dec.count, dec.dec_sum
+            levels.append(_level(sched, policy, j, n))
+            changed = False
+        # The step: every decoder computes one token.
+        dec.tick = T
+        ctx = base + T * n
+        ts.append(t)
+        dt = price(n, ctx, ctx, n)
+        t = t + (dt + take(n, n) if take is not None else dt)
+        computed += n
+        ends = finishing.pop(T, None)
+        if ends:  # the decoders that sampled their last token, freed in running order
+            done = dec.live(ends)
+            if done:
+                sched.now = t
+                sched.used_positions += computed
+                computed = 0
+                for s in done:
+                    dec.unregister(s)
+                done.sort(key=_RUN_POS)
+                sched._retire(done)  # the reference's free, as ``finish_step`` calls it
+                finished.append((j, len(done)))
+                changed = True
+                next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
+        j += 1
+    sched.used_positions += computed
+    policy.steps = measured0 + j
+    sched.step_index = step0 + j
+    if j == 0:
+        return 0
+    ts.append(t)
+    sched.now = t
+    _record(recorder, policy, step0, measured0, ts, levels, events)
+    return j
+
+
+def _level(sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, scheduled: int) -> _Level:
+    """The step columns from ``step`` on, as they stand after scheduling."""
+    waiting = sched.waiting
+    return (
+        step,
+        scheduled,
+        len(sched.running),
+        len(waiting),
+        policy.allocated_blocks(),
+        policy.external_frag(waiting[0] if waiting else None),
+        *policy.totals(),
+    )
+
+
+# A level: from its first step on, until the next: scheduled tokens, running, waiting, blocks
+# allocated, external fragmentation, and ``CountingGroupedPolicy.totals``.
+_Level = tuple[int, int, int, int, int, int, list[int], list[int], list[int], int]
+
+
+def _record(
+    recorder: RunRecorder,
+    policy: CountingGroupedPolicy,
+    step0: int,
+    measured0: int,
+    ts: list[float],
+    levels: list[_Level],
+    events: dict[int, list[tuple[int, int]]],
+) -> None:
+    """The stretch's step rows and KV cache group rows, from its levels, as the reference
+    records them step by step (``SimEngine.step``, ``Scheduler.measure_values``)."""
+    k = len(ts) - 1
+    g = len(policy.groups)
+    # One matrix, one row per level: its first step, four scalars, then per group the real
+    # blocks, the line's constant and slope, and last the internal bytes; repeated per step.
+    levels_m = np.array([(*lv[:6], *lv[6], *lv[7], *lv[8], lv[9]) for lv in levels], dtype=np.int64)
+    per_step = np.repeat(levels_m, np.diff(levels_m[:, 0], append=k), axis=0)
+    sched_tokens, running, waiting, blocks = per_step[:, 1], per_step[:, 2], per_step[:, 3], per_step[:, 4]
+    g6 = 6 + g
+    group_blocks = per_step[:, 6:g6]
+    at = measured0 + 1 + np.arange(k, dtype=np.int64)  # each step's measure (``measure_use``'s count)
+    group_used = per_step[:, g6 : g6 + g] + per_step[:, g6 + g : g6 + 2 * g] * at[:, None]
+    use = policy.use
+    unit = use.unit
+    used = group_used.sum(axis=1) // unit
+    internal = per_step[:, g6 + 2 * g] // unit
+    alloc = blocks * use.layout.bytes_per_block // unit
+    columns = {
+        R.SCHEDULED: sched_tokens,
+        R.RUNNING: running,
+        R.WAITING: waiting,
+        R.BLOCKS: blocks,
+        R.ALLOCATED: alloc,
+        R.USED: used,
+        R.RESERVED: alloc - used - internal,
+        R.INTERNAL: internal,
+        R.EXTERNAL: per_step[:, 5],
+        R.FREE: policy.budget_positions - alloc,
+    }
+    recorder.add_step_rows(R.step_rows(step0, np.array(ts), k, columns, events))
+    steps = range(step0, step0 + k)
+    kinds = [grp.kind for grp in policy.groups]
+    if g == 1:
+        rows = zip(steps, [0] * k, kinds * k, group_blocks[:, 0].tolist(), group_used[:, 0].tolist())
+    else:
+        rows = zip(
+            [st for st in steps for _ in range(g)],
+            list(range(g)) * k,
+            kinds * k,
+            group_blocks.ravel().tolist(),
+            group_used.ravel().tolist(),
+        )
+    recorder.add_kv_groups(list(rows))
+    policy.last_groups = list(zip(group_blocks[-1].tolist(), group_used[-1].tolist()))

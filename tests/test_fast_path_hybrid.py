@@ -1,0 +1,228 @@
+"""The fast path over vLLM's KV cache groups is the reference scheduler, record for record.
+
+Models whose layers are not all full attention run ``paged`` on the fast path with
+``CountingGroupedPolicy``: byte-identical steps, requests and KV cache group tables to the
+reference scheduler (``GroupedPagedPolicy``) on seeded variants of the hybrid agreement cases
+(gpt-oss's 1:1 and Gemma-3's 5:1 sliding/full interleave with the hybrid manager on and off,
+an MLA model, state layers of two kinds, Llama-4's chunked local attention), each under a
+budget that preempts; and the counting policy against ``GroupedPagedPolicy`` under the same
+random operations, where it calls ``allocate`` only at the acts it names (``reach``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells
+from kvbench.harness.records import store
+from kvbench.harness.sim.policies.counting_grouped import CountingGroupedPolicy
+from kvbench.harness.sim.policies.grouped import GroupedPagedPolicy
+from kvbench.harness.sim.sequence import Seq
+from kvbench.runners.base import Cell
+from kvbench.runners.sim import SimRunner
+
+from tests.conftest import DATA
+
+SUITE = """
+name = "fast-hybrid"
+[model]
+preset = "gpt-oss-20b"
+kv_dtype = "bf16"
+{model}
+[memory]
+kv_budget = "{budget}"
+max_model_len = {max_len}
+[workload]
+source = "uniform"
+prompt_min = {prompt_min}
+prompt_max = {prompt_max}
+output_min = {output_min}
+output_max = {output_max}
+num_requests = {requests}
+arrival = "{arrival}"
+{rate}seed = {seed}
+[scheduler]
+max_num_seqs = {seqs}
+max_num_batched_tokens = {tokens}
+preemption = "{preemption}"
+[grid]
+runner = ["sim"]
+policy = ["paged"]
+block_size = [16]
+"""
+
+
+def config(path: Path) -> str:
+    return f'config = "{path}"\n'
+
+
+def chunked_config(where: Path) -> Path:
+    """Llama-4 Scout's config with 8 layers and chunks of 96 tokens: chunk ends inside a short run."""
+    text = json.loads((DATA / "models" / "llama-4-scout-17b-16e-instruct" / "config.json").read_text())
+    text["text_config"].update(attention_chunk_size=96, num_hidden_layers=8)
+    path = where / "llama-4-chunk96.json"
+    path.write_text(json.dumps(text))
+    return path
+
+
+def model_lines(case: str, where: Path) -> str:
+    name, extra, _ = CASES[case]
+    if not name:
+        return extra
+    path = chunked_config(where) if name == "chunk96" else DATA / "models" / name / "config.json"
+    return config(path) + extra
+
+
+# (test data config or "chunk96" (``chunked_config``), other [model] lines, KV budget) per
+# case; each budget preempts under the variants' workloads.
+CASES: dict[str, tuple[str, str, str]] = {
+    "gpt-oss-hybrid-on": ("", "hybrid_kv = true\n", "64MiB"),
+    "gpt-oss-hybrid-off": ("", "hybrid_kv = false\n", "64MiB"),
+    "gemma3-hybrid-on": ("tiny-gemma3", "hybrid_kv = true\n", "1MiB"),
+    "gemma3-hybrid-off": ("tiny-gemma3", "hybrid_kv = false\n", "2MiB"),
+    "mla": ("tiny-dsv2", "", "2500KiB"),
+    "state-gdn": ("tiny-qwen3next", "", "1200KiB"),
+    "state-mamba2": ("tiny-granite4h", "", "3MiB"),
+    "chunked": ("chunk96", "", "30MiB"),
+}
+
+
+def _variant(case: str, seed: int, where: Path, budget: str | None = None) -> str:
+    rng = np.random.default_rng([seed, *case.encode()])
+    prompt_min = int(rng.integers(20, 200))
+    output_min = int(rng.integers(50, 250))
+    poisson = bool(rng.integers(0, 2))
+    return SUITE.format(
+        model=model_lines(case, where),
+        budget=budget or CASES[case][2],
+        max_len=1024,
+        prompt_min=prompt_min,
+        prompt_max=prompt_min + int(rng.integers(0, 300)),
+        output_min=output_min,
+        output_max=output_min + int(rng.integers(0, 350)),
+        requests=int(rng.integers(20, 40)),
+        arrival="poisson" if poisson else "batch",
+        rate="rate = 40.0\n" if poisson else "",
+        seed=seed,
+        seqs=int(rng.integers(8, 65)),
+        tokens=int(rng.choice([128, 256, 512])),
+        preemption="recompute",  # vLLM preempts KV cache groups by recompute only
+    )
+
+
+def _run_both(tmp_path: Path, text: str) -> tuple[dict, dict, Cell]:
+    fast, ref = tmp_path / "fast", tmp_path / "ref"
+    ref.mkdir()
+    (cell,) = build_cells(parse_suite(text, "fast-hybrid.toml"), fast, lambda m: None)
+    a = SimRunner().run(cell).row
+    b = SimRunner(reference=True).run(Cell(spec=cell.spec, workload=cell.workload, out=ref)).row
+    return a, b, cell
+
+
+def _part(out: Path, table: str, run_id: str) -> bytes:
+    return (store.partition_dir(out, table, run_id) / store.PART).read_bytes()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_path_on_kv_cache_groups_is_the_reference_byte_for_byte(tmp_path: Path, case: str) -> None:
+    preempted = 0
+    for seed in (1, 2):
+        (tmp_path / str(seed)).mkdir()
+        text = _variant(case, seed, tmp_path / str(seed))
+        a, b, cell = _run_both(tmp_path / str(seed), text)
+        assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
+        for table in ("steps", "requests", "kv_groups"):
+            fast = _part(tmp_path / str(seed) / "fast", table, cell.run_id)
+            assert fast == _part(tmp_path / str(seed) / "ref", table, cell.run_id), (case, seed, table)
+        preempted += b["preemptions"]
+    assert preempted > 0  # the budget really preempts
+
+
+# -- the counting policy against the block tables, operation for operation -------------------
+
+
+def _layouts(where: Path) -> list[tuple[str, Cell]]:
+    out = []
+    for case in ("gpt-oss-hybrid-on", "gemma3-hybrid-off", "state-gdn", "state-mamba2", "chunked", "mla"):
+        text = _variant(case, 0, where, budget="1GiB")
+        (cell,) = build_cells(parse_suite(text, "p.toml"), where / case, lambda m: None)
+        out.append((case, cell))
+    return out
+
+
+def _state(policy: GroupedPagedPolicy, seqs: list[Seq]) -> tuple[object, ...]:
+    return (
+        policy.allocated_blocks(),
+        policy.allocated_positions,
+        [(s.allocated, s.peak_allocated, s.group_tables) for s in seqs],
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_counting_grouped_policy_is_the_block_tables_under_random_operations(tmp_path: Path, seed: int) -> None:
+    """Each step every request holding blocks computes one token (the reference calls
+    ``allocate``; the counting policy only at the acts it named, by ``act`` where
+    ``acts_need`` says it fits), a chunk, or nothing (then ``resync``), or is freed; new
+    requests are admitted with vLLM's gate. Every step's measures, group rows, free blocks
+    and tables must agree."""
+    rng = np.random.default_rng(seed)
+    for case, cell in _layouts(tmp_path):
+        use = cell.spec.kv_use
+        for fill in (0.02, 0.1):  # a pool that preempts often, and one that rarely does
+            budget_blocks = max(4, int(use.usable_blocks * fill))
+            ref = GroupedPagedPolicy(use, 1024)
+            cnt = CountingGroupedPolicy(use, 1024)
+            ref.num_blocks = cnt.num_blocks = budget_blocks
+            ref._free = cnt._free = budget_blocks
+            twins: list[tuple[Seq, Seq]] = []
+            live: list[tuple[Seq, Seq]] = []
+            for step in range(300):
+                stalled = False
+                for r, c in list(live):
+                    u = rng.random()
+                    if u < 0.04:  # finished or preempted
+                        ref.free(r)
+                        cnt.free(c)
+                        live.remove((r, c))
+                        continue
+                    if u < 0.08:
+                        stalled = True  # a short budget left it out of this step
+                        continue
+                    n = int(rng.integers(2, 60)) if u < 0.15 else 1
+                    target = min(r.num_computed + n, 1023)
+                    free = cnt.free_blocks()
+                    ok = ref.allocate(r, target)
+                    if n == 1 and target > cnt.reach(c) and cnt.acts_need([c])[0] <= free:
+                        net = cnt.acts_need([c])[1]
+                        cnt.act(c)  # a decoder's act, known to fit, as a stretch takes it
+                        assert ok and cnt.free_blocks() == free - net, (case, step)
+                    elif n > 1 or target > cnt.reach(c):
+                        assert ok == cnt.allocate(c, target), (case, step)
+                    else:
+                        assert ok, (case, step)  # between acts nothing is asked
+                    if not ok:
+                        ref.free(r)
+                        cnt.free(c)
+                        live.remove((r, c))
+                        continue
+                    r.num_computed = c.num_computed = target
+                if rng.random() < 0.5:
+                    i = len(twins)
+                    prompt = int(rng.integers(1, 600))
+                    output = int(rng.integers(1, 1024 - prompt))
+                    r, c = Seq(i, i, 0, prompt, output, 0.0), Seq(i, i, 0, prompt, output, 0.0)
+                    chunk = min(prompt, int(rng.integers(1, 257)))
+                    ok = ref.allocate(r, chunk, must_fit=prompt)
+                    assert ok == cnt.allocate(c, chunk, must_fit=prompt), (case, step)
+                    if ok:
+                        r.num_computed = c.num_computed = chunk
+                        twins.append((r, c))
+                        live.append((r, c))
+                if stalled:
+                    cnt.resync()
+                assert ref.measure_use() == cnt.measure_use(), (case, step)
+                assert ref.last_groups == cnt.last_groups, (case, step)
+                assert _state(ref, [r for r, _ in live]) == _state(cnt, [c for _, c in live]), (case, step)
