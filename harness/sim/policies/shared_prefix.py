@@ -12,7 +12,8 @@ block is cached only once every block before it is full) followed by a count of 
 content (``seq.allocated`` says how many blocks it holds).
 
 ``CachedBlocks`` holds that state: the uncached free count, the LRU of free cached handles
-(an ``OrderedDict``: O(1) touch, evict, append), each handle's key, each key's first cached
+(an ``OrderedDict``: O(1) touch, evict, append; each with when it was freed, for the reuse
+distances), each handle's key, each key's first cached
 handle (the one a hit takes; later ones with the same key, rare, wait in ``more``), and the
 references beyond the first of the handles several sequences hold (a held handle not there has
 one; a handle in the LRU has none). The common operations — a sequence's run of hits, caching
@@ -48,7 +49,8 @@ class CachedBlocks:
 
     def __init__(self, blocks: int, ledger: ReuseLedger) -> None:
         self.uncached = blocks  # free blocks without content: taken first
-        self.lru: OrderedDict[int, None] = OrderedDict()  # free cached handles, least recently freed first
+        # Free cached handles, least recently freed first, each with when it was freed (step, seconds).
+        self.lru: OrderedDict[int, tuple[int, float]] = OrderedDict()
         self.key_of = [0] * blocks  # cached handle → its content key
         self.first: dict[int, int] = {}  # key → its earliest cached handle (a hit takes it)
         self.more: dict[int, list[int]] = {}  # key → its later cached handles, in caching order
@@ -201,9 +203,8 @@ class SharedPrefixPolicy(CountingPagedPolicy):
                     shared[h] = shared.get(h, 0) + 1
                 self.shared_excess_positions += (len(hits) - len(waiting)) * bs
             if waiting:
-                deque(map(lru.__delitem__, waiting), maxlen=0)
                 step, t_s = self.ledger.now
-                freed = list(map(self.ledger.freed_at.pop, waiting))  # ``ReuseLedger.reused``, per block
+                freed = list(map(lru.pop, waiting))  # ``ReuseLedger.reused``, per block
                 self.ledger.steps.extend([step - was[0] for was in freed])
                 self.ledger.seconds.extend([t_s - was[1] for was in freed])
             seq.blocks.extend(hits)
@@ -251,8 +252,7 @@ class SharedPrefixPolicy(CountingPagedPolicy):
             else:
                 shared[h] = more - 1
         back = [h for h in reversed(handles) if h not in held] if held else handles[::-1]
-        pool.lru.update(zip(back, repeat(None)))
-        self.ledger.freed_at.update(zip(back, repeat(self.ledger.now)))  # ``ReuseLedger.freed``, per block
+        pool.lru.update(zip(back, repeat(self.ledger.now)))  # ``ReuseLedger.freed``, per block
         self.shared_excess_positions -= len(held) * bs
         freed += len(back)
         self._free += freed
