@@ -191,6 +191,30 @@ def test_shared_prefix_caching_is_the_block_table(block_size, budget, swap, spec
     _drive_twins(PagedPrefixPolicy(budget, block_size), SharedPrefixPolicy(budget, block_size), twins, swap, ops)
 
 
+def test_a_refused_head_asked_again_after_evictions_loses_the_evicted_hits():
+    """A head refused for memory is asked for its hits again at each finish; blocks evicted in
+    between (here by a decoder's growth) are no longer hits, as in the block table."""
+    specs = [(40, 5, 0, 0), (80, 5, 0, 1), (56, 20, -1, 2)]  # 0 and 1 share 9 blocks of 4 tokens
+    twins = [
+        [
+            Seq(i, rid if g >= 0 else rid * 100 + i, 0, p, o, 0.0, g, min(48, p - 1) if g >= 0 else 0)
+            for i, (p, o, g, rid) in enumerate(specs)
+        ]
+        for _ in range(2)
+    ]
+    ops = [
+        ("admit", 0, 40),
+        ("free", 0, 1),
+        ("admit", 2, 56),
+        ("admit", 1, 80),
+        *[("grow", 2, 1)] * 5,
+        ("admit", 1, 80),
+    ]
+    table, counts = PagedPrefixPolicy(96, 4), SharedPrefixPolicy(96, 4)
+    _drive_twins(table, counts, twins, False, ops)
+    assert counts.evictions == 2 and counts.prefix_hit(twins[1][1]) == 8 * 4
+
+
 def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None:
     """The same operations on ``table`` (the block table) and ``counts``, each on its own copy of
     the sequences: every answer and every total must agree."""
@@ -211,6 +235,8 @@ def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None
         if i in done:
             continue
         if op == "admit" and i not in live:
+            # Asked first whether it fits (a stretch's refused head, asked again at each finish), then admitted.
+            both(lambda pol, ss: (pol.prefix_hit(ss[i]), pol.can_allocate(ss[i], ss[i].num_tokens, ss[i].num_tokens)))
             hit = both(lambda pol, ss: pol.prefix_hit(ss[i]))
             computed = twins[0][i].num_computed + hit
             n = min(amount, twins[0][i].num_tokens - computed)

@@ -12,7 +12,8 @@ block is cached only once every block before it is full) followed by a count of 
 content (``seq.allocated`` says how many blocks it holds).
 
 ``CachedBlocks`` holds that state: the uncached free count, the LRU of free cached handles
-(an ``OrderedDict``: O(1) touch, evict, append), each handle's key, each key's first cached
+(an ``OrderedDict``: O(1) touch, evict, append; each with when it was freed, for the reuse
+distances), each handle's key, each key's first cached
 handle (the one a hit takes; later ones with the same key, rare, wait in ``more``), and the
 references beyond the first of the handles several sequences hold (a held handle not there has
 one; a handle in the LRU has none). The common operations — a sequence's run of hits, caching
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from functools import partial
-from itertools import repeat, takewhile
+from itertools import filterfalse, repeat, takewhile
 from operator import is_not
 from typing import cast
 
@@ -44,17 +45,19 @@ class CachedBlocks:
     blocks without content (module docstring). A handle is a number below the pool's size,
     given back when its block is evicted (at most that many blocks hold content at once)."""
 
-    __slots__ = ("uncached", "lru", "key_of", "first", "more", "shared", "spare", "ledger")
+    __slots__ = ("uncached", "lru", "key_of", "first", "more", "shared", "spare", "ledger", "evicted")
 
     def __init__(self, blocks: int, ledger: ReuseLedger) -> None:
         self.uncached = blocks  # free blocks without content: taken first
-        self.lru: OrderedDict[int, None] = OrderedDict()  # free cached handles, least recently freed first
+        # Free cached handles, least recently freed first, each with when it was freed (step, seconds).
+        self.lru: OrderedDict[int, tuple[int, float]] = OrderedDict()
         self.key_of = [0] * blocks  # cached handle → its content key
         self.first: dict[int, int] = {}  # key → its earliest cached handle (a hit takes it)
         self.more: dict[int, list[int]] = {}  # key → its later cached handles, in caching order
         self.shared: dict[int, int] = {}  # held handle → its references beyond one
         self.spare = list(range(blocks - 1, -1, -1))  # handles no cached block has, next last
         self.ledger = ledger
+        self.evicted = 0  # blocks evicted so far: ``first`` loses keys only then
 
     def hits(self, keys: list[int]) -> list[int]:
         """The cached handles of the longest run of ``keys`` from the first."""
@@ -68,6 +71,7 @@ class CachedBlocks:
             self.uncached = u - n
             return 0
         self.uncached = 0
+        self.evicted += n - u
         evict = self.lru.popitem
         gone = [evict(False)[0] for _ in range(n - u)]
         keys = list(map(self.key_of.__getitem__, gone))
@@ -129,6 +133,8 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         super().__init__(budget_positions, block_size, "paged-prefix")
         self.ledger = ReuseLedger()
         self.pool = CachedBlocks(self.num_blocks, self.ledger)
+        # The last ``prefix_hit`` answered: (sequence, keys looked at, evictions then, hits).
+        self._last: tuple[Seq, int, int, list[int]] | None = None
 
     def cached_free_blocks(self) -> int:
         return len(self.pool.lru)
@@ -142,7 +148,21 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         if seq.num_computed:
             seq.pending_hits = []
             return 0
-        seq.pending_hits = hits = self.pool.hits(seq.block_keys[: (seq.num_tokens - 1) // self.block_size])
+        pool = self.pool
+        limit = (seq.num_tokens - 1) // self.block_size
+        last = self._last
+        if last is not None and last[0] is seq and last[1] == limit and last[2] == pool.evicted:
+            # Asked again (a head tried at every finish) with nothing evicted since: keys are
+            # only added to the index then, so the run so far holds and can only grow.
+            hits = last[3]
+            if len(hits) < limit:
+                more = pool.hits(seq.block_keys[len(hits) : limit])
+                if more:
+                    hits = hits + more
+        else:
+            hits = pool.hits(seq.block_keys[:limit])
+        self._last = (seq, limit, pool.evicted, hits)
+        seq.pending_hits = hits
         return len(hits) * self.block_size
 
     def _new_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> tuple[int, int]:
@@ -150,14 +170,17 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         ``PagedPolicy._new_blocks`` (a hit in the free queue costs a free block too)."""
         bs = self.block_size
         hits = seq.pending_hits
-        held = seq.allocated // bs
-        evictable = len(self.pool.lru.keys() & hits) if hits else 0
+        held = seq.allocated // bs + len(hits)
         free = self._free
-        if must_fit and max(cdiv(must_fit, bs) - held - len(hits), 0) + evictable > free:
-            return -1, evictable
-        new = cdiv(num_tokens, bs) - held - len(hits)
+        need = max(cdiv(must_fit, bs) - held, 0) if must_fit else 0
+        new = cdiv(num_tokens, bs) - held
         if new < 0:
             new = 0
+        if need > free or new > free:
+            return -1, 0  # refused whatever the hits in the free queue add
+        evictable = len(self.pool.lru.keys() & hits) if hits else 0
+        if need + evictable > free:
+            return -1, evictable
         return (new if new + evictable <= free else -1), evictable
 
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
@@ -173,17 +196,15 @@ class SharedPrefixPolicy(CountingPagedPolicy):
         hits = seq.pending_hits
         if hits:
             lru = pool.lru
-            waiting = [h for h in hits if h in lru]  # the hits no sequence holds: out of the LRU
+            waiting = list(filter(lru.__contains__, hits))  # the hits no sequence holds: out of the LRU
             if len(waiting) < len(hits):  # … the others gain a reference
                 shared = pool.shared
-                for h in hits:
-                    if h not in lru:
-                        shared[h] = shared.get(h, 0) + 1
+                for h in filterfalse(lru.__contains__, hits):
+                    shared[h] = shared.get(h, 0) + 1
                 self.shared_excess_positions += (len(hits) - len(waiting)) * bs
             if waiting:
-                deque(map(lru.__delitem__, waiting), maxlen=0)
                 step, t_s = self.ledger.now
-                freed = list(map(self.ledger.freed_at.pop, waiting))  # ``ReuseLedger.reused``, per block
+                freed = list(map(lru.pop, waiting))  # ``ReuseLedger.reused``, per block
                 self.ledger.steps.extend([step - was[0] for was in freed])
                 self.ledger.seconds.extend([t_s - was[1] for was in freed])
             seq.blocks.extend(hits)
@@ -231,8 +252,7 @@ class SharedPrefixPolicy(CountingPagedPolicy):
             else:
                 shared[h] = more - 1
         back = [h for h in reversed(handles) if h not in held] if held else handles[::-1]
-        pool.lru.update(zip(back, repeat(None)))
-        self.ledger.freed_at.update(zip(back, repeat(self.ledger.now)))  # ``ReuseLedger.freed``, per block
+        pool.lru.update(zip(back, repeat(self.ledger.now)))  # ``ReuseLedger.freed``, per block
         self.shared_excess_positions -= len(held) * bs
         freed += len(back)
         self._free += freed
