@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ...harness.clock.model import TOKEN_KNEE
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path, output_file
+from ...harness.records.schema import OK
 from ...harness.spec.capabilities import MEASURING_RUNNERS
 from .base import Command
 
@@ -55,7 +56,7 @@ def _engine(row: dict[str, Any]) -> str:
 
 
 def select_runs(runs: pd.DataFrame, runner: str | None, policy: str, where: str) -> pd.DataFrame:
-    ok = runs[(runs["status"] == "ok") & runs["runner"].isin(MEASURING_RUNNERS)]
+    ok = runs[(runs["status"] == OK) & runs["runner"].isin(MEASURING_RUNNERS)]
     if ok.empty:
         raise KvbenchError(
             f"{where}: no ok runs of a runner that measures steps ({', '.join(MEASURING_RUNNERS)}); "
