@@ -352,7 +352,7 @@ def run_sweep(
     rows = run(todo, jobs)
     suite = prepared.suite
     if suite.slo is not None and suite.slo.refine:
-        from .capacity import refine
+        from .capacity_search import refine
 
         state.stage = "refining the capacities"
         refine(suite, out, cells, lambda more: run(more, options.jobs), log)

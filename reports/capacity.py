@@ -69,7 +69,7 @@ COLUMNS: tuple[str, ...] = (
 
 def setup_label(model: object, scheduler: object) -> str:
     """The model and, where above 1, its tensor / pipeline parallel size: ``opt-66b TP 4``."""
-    from .records import scheduler_settings
+    from .labels import scheduler_settings
 
     settings = scheduler_settings(scheduler)
     label = str(model)

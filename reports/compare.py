@@ -26,7 +26,7 @@ from ..harness.formats.vllm_bench import IMPORTED_RUNNER, imported_block
 from ..harness.records.schema import OK
 from ..harness.spec import identity
 from ..harness.spec.units import format_bytes
-from .records import cell_label, code_versions, describe_versions, with_keys
+from .labels import cell_label, code_versions, describe_versions, with_keys
 
 MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
 NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says

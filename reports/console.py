@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..harness.records.schema import OK
 from ..harness.spec.capabilities import is_contiguous
-from .records import code_note, workload_tag
+from .labels import code_note, workload_tag
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -246,7 +246,8 @@ def summary(
     recorded): the cells' table, the published-vs-reproduced table when the suite has published
     numbers, goodput and capacity under its SLO; with the runs of ``run_ids`` in that order."""
     from ..harness.records import store
-    from .records import read_reference, with_keys
+    from .labels import with_keys
+    from .loading import read_reference
     from .suite_tables import capacity_report, suite_runs
     from .tables import published_vs_reproduced
 

@@ -13,9 +13,9 @@ from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published, goodput_table
 from .decomposition import decompose, gap_sentence
 from .hybrid import hybrid_table
+from .labels import code_note, workload_tag
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
 from .prefix_reuse import prefix_reuse_table
-from .records import code_note, workload_tag
 from .serve_check import serve_check
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 

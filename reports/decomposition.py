@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..harness.records.schema import OK
 from ..harness.spec.capabilities import MEASURING_RUNNERS, is_contiguous
-from .records import workload_tag
+from .labels import workload_tag
 from .tables import mismatches
 
 KEYS: tuple[str, ...] = ("workload_id", "kv_dtype", "budget_bytes")

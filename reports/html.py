@@ -20,7 +20,7 @@ from . import display, markdown
 from .contents import ReportTables, report_tables
 from .display import Column
 from .figures import Plot, all_plots
-from .records import load
+from .loading import load
 from .report_files import MANIFEST, check_replaceable, manifest_bytes, replace_report
 
 FIGURE_DPI = 110

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..harness.records.schema import OK
 from ..harness.spec.capabilities import is_contiguous
-from .records import CELL_KEYS, GROUP_KEYS
+from .labels import CELL_KEYS, GROUP_KEYS
 
 # What a pair shares: the work and the cell but the manager.
 PAIR_KEYS: tuple[str, ...] = tuple(k for k in GROUP_KEYS + CELL_KEYS if k != "hybrid_kv")

@@ -38,7 +38,7 @@ from ..harness.errors import KvbenchError
 from ..harness.records.schema import OK
 from ..harness.spec import identity
 from ..harness.spec.capabilities import MEASURING_RUNNERS
-from .records import with_keys
+from .labels import with_keys
 
 # A sim run and an engine run pair when they did the same work (harness.spec.identity) with the same
 # policy and block size; their clocks differ by design (a profile beside a measured one), so the

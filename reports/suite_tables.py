@@ -29,7 +29,7 @@ def capacities(out: Path, suite: str, slo: Slo | None, ids: set[str] | None = No
     with ``ids``, from those runs only."""
     from ..harness.records.slo import slo_frame
     from .capacity import capacity_table
-    from .records import with_keys
+    from .labels import with_keys
 
     if slo is None:
         return pd.DataFrame()
@@ -42,7 +42,8 @@ def capacities(out: Path, suite: str, slo: Slo | None, ids: set[str] | None = No
 def capacity_report(out: Path, suite: str, slo: Slo | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The capacity table, the capacity ratios and the published ratios beside them, from ``out``."""
     from .capacity import capacity_ratios, capacity_vs_published
-    from .records import read_reference, with_keys
+    from .labels import with_keys
+    from .loading import read_reference
 
     table = capacities(out, suite, slo)
     ratios = capacity_ratios(table)

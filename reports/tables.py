@@ -24,7 +24,8 @@ import pandas as pd
 from ..harness.records.reference import SWEEP_METRICS
 from ..harness.records.schema import ADDED_LATENCY_COLUMNS, OK
 from ..harness.spec import identity
-from .records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
+from .labels import CELL_KEYS, GROUP_KEYS, group_label
+from .loading import REFERENCE_COLUMNS
 
 # Per-cell metrics the summary keeps (medians over ok repetitions).
 METRICS: tuple[str, ...] = (

@@ -132,7 +132,7 @@ def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
 
 def _geometry(run: dict[str, Any], where: str) -> ModelGeometry:
     from ...harness.spec.geometry import resolve_model
-    from ...reports.records import parse_spec
+    from ...reports.labels import parse_spec
 
     model = parse_spec(run.get("spec_json")).get("model") or {}
     try:
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from ...harness.clock.fit import DISTURBED_RATIO, DISTURBED_WARN, fit
     from ...harness.clock.profile import profile_document
     from ...harness.records.provenance import provenance
-    from ...reports.records import workload_label
+    from ...reports.labels import workload_label
 
     dirs: list[Path] = args.dirs
     where = ", ".join(map(str, dirs))

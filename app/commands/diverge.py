@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ...harness.records import store
     from ...harness.records.schema import STEPS
     from ...reports.divergence import first_divergence
-    from ...reports.records import with_keys, work_differences
+    from ...reports.labels import with_keys, work_differences
 
     out: Path = args.dir
     if not out.is_dir():

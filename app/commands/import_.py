@@ -89,7 +89,7 @@ def like_run(like: Path, run_id: str | None) -> tuple[dict[str, Any], Any]:
     """The kvbench run the imports stand beside, and its requests."""
     from ...harness.formats.vllm_bench import IMPORTED_RUNNER
     from ...harness.records.store import check_complete, read_table
-    from ...reports.records import with_keys
+    from ...reports.labels import with_keys
 
     if not (like / "runs").is_dir():
         raise KvbenchError(f"--like {like}: not a kvbench results directory (no runs/)")

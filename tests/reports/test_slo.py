@@ -29,7 +29,7 @@ from kvbench.harness.sim.latency import latency_summary
 from kvbench.harness.sim.sequence import FINISHED, RUNNING, Seq
 from kvbench.reports.capacity import capacity_table
 from kvbench.reports.figures import goodput_curves, slo_latency
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from kvbench.reports.tables import summary
 from reportkit import run, runs_frame, workload
 

@@ -16,7 +16,7 @@ from kvbench.app.suite import parse_suite
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.capacity import capacity_ratios, capacity_table, capacity_vs_published
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from reportkit import run, runs_frame, workload
 
 from tests.conftest import assert_one_line_error, kvbench
