@@ -1,12 +1,10 @@
 """``kvbench doctor --gpu``: a couple of minutes on a GPU that exercise every timed runner.
 
-One in-process suite, run with ``harness.sweep.build_cells``/``run_cells``:
+One in-process suite, run with ``app.sweep.build_cells``/``run_cells`` (docs/ci.md, "The GPU check"):
 
-- model: Llama-3-8B's layer shapes (32 query heads, 8 KV heads of dim 128, so
-  vLLM's default attention kernels apply) cut to 2 layers with a 32k
-  vocabulary: 8 KiB of fp16 KV per token, about 0.7 B parameters (dummy
-  weights for vLLM, seeded random ones for torch), written as a
-  ``config.json`` into the results directory; nothing is downloaded;
+- model: Llama-3-8B's layer shapes (so vLLM's default attention kernels apply) cut to 2
+  layers with a 32k vocabulary, written as a ``config.json`` into the results directory;
+  nothing is downloaded;
 - workload: 96 requests, prompts 32–512 and outputs 16–192 tokens (uniform),
   all arriving at once; 128 MiB of KV (16,384 positions), ``max_model_len``
   1024, so ``contiguous-max`` holds 16 requests at once and paging about
@@ -39,6 +37,7 @@ import time
 import types
 from pathlib import Path
 
+from ..harness.records.schema import OK
 from ..harness.spec.capabilities import MEASURING_RUNNERS
 
 NO_CUDA_LINE = "kvbench doctor --gpu: no CUDA device (torch.cuda.is_available() is False); the GPU smoke test needs one"
@@ -227,14 +226,14 @@ def _smoke(out: Path) -> int:
     )
     print(table(records, CELL_COLUMNS))
     for r in records:
-        if r.get("runner") in MEASURING_RUNNERS and r.get("status") == "ok":
+        if r.get("runner") in MEASURING_RUNNERS and r.get("status") == OK:
             peak = r.get("peak_kv_bytes_allocated")
             peak_text = "-" if peak is None or peak != peak else f"{int(peak):,} B"
             print(
                 f"  {r['runner']}/{r['policy']}: device {r.get('device')}, attention {r.get('attention_backend')}, "
                 f"peak KV allocated {peak_text}"
             )
-        if r.get("status") != "ok":
+        if r.get("status") != OK:
             problems.append(f"{r.get('runner')}/{r.get('policy')} {r.get('status')}: {r.get('error')}")
             print(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('status')}: {r.get('error')}")
     from ..reports.decomposition import decompose, gap_sentence

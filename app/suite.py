@@ -156,20 +156,22 @@ class Suite:
             model = ModelSpec(
                 preset=s.get("preset") if s.get("config") is None else None,
                 config=s.get("config"),
-                kv_dtype=s.get("kv_dtype", "fp16"),
+                kv_dtype=s.get("kv_dtype", ModelSpec.kv_dtype),
             )
             memory = MemorySpec(
-                kv_budget_bytes=parse_size(s.get("kv_budget", "12GiB"), "[memory] kv_budget"),
-                max_model_len=s.get("max_model_len", 2048),
+                kv_budget_bytes=parse_size(s["kv_budget"], "[memory] kv_budget")
+                if "kv_budget" in s
+                else MemorySpec.kv_budget_bytes,
+                max_model_len=s.get("max_model_len", MemorySpec.max_model_len),
             )
             sched = {k: s[k] for k in SCHEDULER_KEYS + PARALLEL_KEYS if k in s}
             if s["runner"] == "serve":
                 sched["clock"] = self._serve_clock(s)
-            if sched.get("clock", "steps") != "profile":
+            if sched.get("clock", SchedulerSpec.clock) != "profile":
                 # A suite-wide profile does not concern a runner on another clock (an engine
                 # timing its own steps beside sim on the profile): not part of its spec.
                 sched.pop("clock_profile", None)
-            if sched.get("clock", "steps") != "roofline" and self.settings.get("clock") == "roofline":
+            if sched.get("clock", SchedulerSpec.clock) != "roofline" and self.settings.get("clock") == "roofline":
                 # Likewise a suite-wide roofline's factor, for a runner that overrides the clock
                 # (without a roofline anywhere, SchedulerSpec refuses it: a misplaced setting).
                 sched.pop("roofline_scale", None)
@@ -180,8 +182,8 @@ class Suite:
             scheduler = SchedulerSpec(**sched)
             policy = s["policy"]
             block_size = contiguous_block_size(s["runner"], policy, s["block_size"], s.get("contiguous_unit"))
-            page_bytes = parse_size(s.get("page_bytes", 2 * 2**20), "page_bytes")
-            arena = s.get("arena", ARENAS[0])
+            page_bytes = parse_size(s.get("page_bytes", RunSpec.page_bytes), "page_bytes")
+            arena = s.get("arena", RunSpec.arena)
             check_arena(arena, "cell")  # a typo is an error whatever the cell's policy
             if not (isinstance(policy, str) and is_contiguous(policy)):
                 # The arena places contiguous reservations only: a suite-wide arena is ignored by

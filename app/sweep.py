@@ -19,23 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..harness.errors import KvbenchError
+from ..harness.records.schema import FAILURES
 from ..runners.base import Cell
 from .cell import run_cell
+from .resume import Resume, keep_workload, plan_resume
 from .signals import raise_pending
 from .suite import Suite
 
 if TYPE_CHECKING:
     from ..harness.spec.specs import RunSpec
     from ..workloads.table import Workload
-
-
-def keep_workload(workload: Workload, out: Path) -> None:
-    """Write the workload to ``out/workloads/<id>.parquet`` once (its id is its content)."""
-    from ..workloads import write_workload
-
-    path = out / "workloads" / f"{workload.workload_id}.parquet"
-    if not path.exists():
-        write_workload(workload, path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,43 +146,6 @@ def build_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> list[Cel
     return prepared.cells
 
 
-@dataclasses.dataclass(frozen=True)
-class Resume:
-    """Which cells a run runs, and why the others are not run."""
-
-    todo: list[Cell]  # the rest are recorded by this code (or kept as asked): skipped
-    stale_rerun: int  # recorded by other code (or by a kvbench that did not say which): run again
-    stale_kept: int  # recorded by other code, kept as asked (--keep-stale)
-    incomplete: dict[str, str] = dataclasses.field(default_factory=dict)  # run id → what is missing: run again
-
-
-def plan_resume(
-    cells: list[Cell], out: Path, rerun: bool = False, keep_stale: bool = False, code: str | None = None
-) -> Resume:
-    """Skip the cells already recorded in ``out`` by this code (``code``: the current
-    ``code_digest`` by default); run the rest. A cell recorded by other code is run again, its
-    partitions replaced as ``--rerun`` replaces them, unless ``keep_stale``; so is a cell whose
-    records are not whole (``store.incomplete_runs``)."""
-    from ..harness.records import store
-    from ..harness.records.code_identity import code_digest
-
-    if rerun:
-        return Resume(list(cells), 0, 0)
-    # Whole runs only: a run whose steps or requests partition is missing or short is run again.
-    present = store.existing_run_ids(out) & {c.run_id for c in cells}
-    incomplete = store.incomplete_runs(out, present)
-    on_disk = present - set(incomplete)
-    recorded_by: dict[str, object] = {}
-    if on_disk:
-        runs = store.read_table(out, "runs", on_disk)
-        recorded_by = dict(zip(runs["run_id"], runs["code_digest"]))
-    current = code or code_digest()
-    stale = {rid for rid in on_disk if recorded_by.get(rid) != current}
-    skip = on_disk if keep_stale else on_disk - stale
-    todo = [c for c in cells if c.run_id not in skip]
-    return Resume(todo, 0 if keep_stale else len(stale), len(stale) if keep_stale else 0, incomplete)
-
-
 class Progress:
     """Cells done / failed / remaining with an ETA, on one live line (or a line each off a TTY)."""
 
@@ -201,7 +157,7 @@ class Progress:
 
     def update(self, row: dict[str, object], label: str) -> None:
         self.done += 1
-        if row.get("status") in ("failed", "oom"):
+        if row.get("status") in FAILURES:
             self.failed += 1
         if self.quiet:
             return
@@ -318,3 +274,86 @@ def _stop(pool: ProcessPoolExecutor) -> None:
             pass  # already gone
     for proc in processes:
         proc.join(timeout=30)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """How ``kvbench run`` runs a sweep (its command-line options)."""
+
+    jobs: int = 1
+    quiet: bool = False
+    executor: str = "local"
+    address: str | None = None
+    rerun: bool = False
+    keep_stale: bool = False
+
+
+@dataclasses.dataclass
+class SweepState:
+    """How far a sweep got: the end of the one line an interrupted or faulted run prints."""
+
+    cells: list[Cell] = dataclasses.field(default_factory=list)
+    stage: str = "before any cell ran"
+
+
+def plan_sweep(prepared: Prepared, out: Path, options: SweepOptions, log: Callable[[str], None]) -> Resume:
+    """Which cells to run (``plan_resume``), with the suite's inputs written to ``out`` and the
+    reasons for running or keeping recorded cells said on stderr."""
+    plan = plan_resume(prepared.cells, out, rerun=options.rerun, keep_stale=options.keep_stale)
+    keep_inputs(prepared, out)
+    if plan.incomplete:
+        rid, why = next(iter(plan.incomplete.items()))
+        print(
+            f"{len(plan.incomplete)} cell(s) in {out} have incomplete records (run {rid}: {why}); running them again",
+            file=sys.stderr,
+        )
+    # Not progress: these say what the results will mean, so they are printed even with --quiet.
+    if plan.stale_rerun:
+        print(
+            f"{plan.stale_rerun} cell(s) in {out} were recorded by other kvbench code; running them "
+            f"again (--keep-stale keeps them)",
+            file=sys.stderr,
+        )
+    if plan.stale_kept:
+        print(
+            f"keeping {plan.stale_kept} cell(s) in {out} recorded by other kvbench code (--keep-stale); "
+            f"the report says which runs come from which code",
+            file=sys.stderr,
+        )
+    return plan
+
+
+def run_sweep(
+    prepared: Prepared,
+    plan: Resume,
+    out: Path,
+    options: SweepOptions,
+    check: Callable[[], None],
+    log: Callable[[str], None],
+    state: SweepState,
+) -> list[dict[str, object]]:
+    """Run the planned cells, then refine the capacities when the suite asks (``[slo] refine``);
+    the rows of the planned cells. ``state`` follows the stages for the caller's error line."""
+    cells, todo = prepared.cells, plan.todo
+    state.cells = cells
+    if len(todo) < len(cells):
+        log(f"{len(cells) - len(todo)} of {len(cells)} cells already in {out}; skipping them (--rerun to force)")
+    log(f"suite {prepared.suite.name}: running {len(todo)} cell(s) into {out}")
+    jobs = options.jobs
+    if options.executor == "local" and jobs > max(1, len(todo)):
+        jobs = max(1, len(todo))
+        log(f"--jobs {options.jobs}: {len(todo)} cell(s) to run, so {jobs} worker process(es)")
+
+    def run(some: list[Cell], jobs: int) -> list[dict[str, object]]:
+        return run_cells(
+            some, jobs=jobs, quiet=options.quiet, executor=options.executor, address=options.address, check=check
+        )
+
+    rows = run(todo, jobs)
+    suite = prepared.suite
+    if suite.slo is not None and suite.slo.refine:
+        from .capacity_search import refine
+
+        state.stage = "refining the capacities"
+        refine(suite, out, cells, lambda more: run(more, options.jobs), log)
+    return rows

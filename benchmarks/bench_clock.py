@@ -35,8 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from kvbench.reports.loading import load
 from kvbench.reports.prediction import prediction_drift, prediction_summary, prediction_table
-from kvbench.reports.records import load
 
 GOAL_TOTAL = 0.10
 GOAL_STEP_MEDIAN = 0.25

@@ -30,7 +30,7 @@ trace, and every contiguous policy on every arena and unit, the fast path agains
 or the reference where vLLM hosts no such cell, interleaved (``--parts w``; ``--rows`` picks
 rows by a word of their workload, policy, arena or unit).
 
-(h) KV cache groups: the hybrid agreement cases of ``tests/test_agreement_hybrid.py`` (gpt-oss-20b
+(h) KV cache groups: the hybrid agreement cases of ``tests/runners/test_agreement_hybrid.py`` (gpt-oss-20b
 and a Gemma-3-like model with the hybrid manager on and off, an MLA and a gated-delta-net model),
 at their 30 requests and at 300, sim (the fast path over KV cache groups) against vllm-sched,
 interleaved (``--parts h``).
@@ -461,7 +461,7 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / 2 / statistics.median(values)
 
 
-# The hybrid agreement cases (tests/test_agreement_hybrid.py): vLLM's KV cache groups, which sim
+# The hybrid agreement cases (tests/runners/test_agreement_hybrid.py): vLLM's KV cache groups, which sim
 # runs on its fast path (CountingGroupedPolicy, harness/sim/grouped_stretch.py).
 HYBRID_MODELS = ROOT / "tests" / "data" / "models"
 HYBRID_SUITE = """

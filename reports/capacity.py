@@ -28,6 +28,7 @@ import math
 import pandas as pd
 
 from ..harness.records.goodput import FLOOR, Bounds, pressure, suite_bounds, within_slo
+from ..harness.records.schema import OK
 from ..harness.spec.capabilities import is_contiguous
 
 # Everything a line holds fixed but the rate (the work without its rate, and the cell).
@@ -68,7 +69,7 @@ COLUMNS: tuple[str, ...] = (
 
 def setup_label(model: object, scheduler: object) -> str:
     """The model and, where above 1, its tensor / pipeline parallel size: ``opt-66b TP 4``."""
-    from .records import scheduler_settings
+    from .labels import scheduler_settings
 
     settings = scheduler_settings(scheduler)
     label = str(model)
@@ -107,7 +108,7 @@ def capacity_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
     least slack at capacity. ``metric``, ``bound`` and ``metric_at_capacity`` are the binding
     bound's."""
     rows = []
-    ok = runs[(runs["status"] == "ok") & runs["rate"].notna()] if len(runs) else runs
+    ok = runs[(runs["status"] == OK) & runs["rate"].notna()] if len(runs) else runs
     for suite, (bounds, floor) in suite_bounds(slo).items():
         mine = ok[ok["suite"] == suite] if len(ok) else ok
         if mine.empty or any(c not in mine or mine[c].isna().all() for c, _ in bounds):
@@ -167,7 +168,7 @@ def goodput_table(runs: pd.DataFrame, slo: pd.DataFrame) -> pd.DataFrame:
     bound, and whether the run is within the SLO; by line and rate."""
     cols = [*LINE_KEYS, "family_label", "rate", "goodput_rps", "slo_met_frac", "within", "run_id"]
     rows = []
-    ok = runs[(runs["status"] == "ok") & runs["rate"].notna()] if len(runs) else runs
+    ok = runs[(runs["status"] == OK) & runs["rate"].notna()] if len(runs) else runs
     for suite, (bounds, floor) in suite_bounds(slo).items():
         mine = ok[ok["suite"] == suite] if len(ok) else ok
         for r in mine.to_dict("records"):

@@ -1,40 +1,16 @@
-"""``compare``: two results directories, cell by cell — the nightly gate.
+"""``compare``: two results directories, cell by cell — the nightly gate (docs/ci.md, "The gate").
 
-Cells are matched by what they measure — ``harness.spec.identity``'s work and cell:
-runner, policy, block size, the device the runner computed on, page size,
-precision, budget, max_model_len, model, workload content id and the scheduler
-settings (a profile clock by the profile's content, not its path) — never by run
-id, suite name, provenance, code version or repetition index. Each metric's
-change gets a verdict:
+Cells are matched by what they measure, ``harness.spec.identity``'s work and cell, never by run
+id, suite name, provenance, code version or repetition index. Each metric's change gets a
+verdict: capacity and throughput down, or waste, preemptions and latency up, beyond
+``tolerance`` is a regression; waste changes are absolute (a share of the budget), preemptions
+relative to max(base, 1); timed metrics must also move beyond the spread (every candidate
+repetition worse than every base one), and need ``MIN_REPEATS`` per side. A metric on one side
+only is not compared but named; a cell on one side only is listed; a cell ok in base and not in
+the candidate is a regression.
 
-- capacity (``mean_running``, ``peak_running``) and throughput
-  (``tokens_per_s``) down, or waste (``*_frag_frac``, ``reservation_frac``),
-  ``preemptions`` and latency (time to first token, time per output token, the gaps
-  between tokens and end-to-end latency, p50, p90, p95 and p99) up, beyond
-  ``tolerance`` is a regression;
-- waste is a share of the KV budget, so its change is absolute (0.02 = 2
-  points of the budget): a relative change of a share near zero means nothing;
-- preemptions are a count: the change is relative to max(base, 1);
-- timed metrics (``wall_tokens_per_s``, ``mean_step_wall_s``: measured by
-  the ``torch`` runner and the full ``vllm`` engine; and throughput and latency
-  of a run on the ``measured`` clock, an engine timing its own steps) must be
-  beyond the tolerance *and* beyond the spread: every candidate repetition
-  worse than every base repetition. With fewer than ``MIN_REPEATS`` per side
-  they are "too few repetitions to judge";
-- a metric measured on one side only (null on the other: a column an older kvbench did
-  not record, or one the runner does not produce) is not compared, and the columns
-  are named (``uncompared_columns``);
-- a run imported from ``vllm bench serve`` with ``kvbench import --like`` is matched as the
-  runner of the kvbench run it was imported like (docs/formats.md); it has no allocation
-  columns, and a matched cell holding one in which no metric could be judged fails the gate
-  (``unjudged_imported_cells``);
-- a cell on one side only is listed, never dropped;
-- a cell that was ok in base and is not in the candidate is a regression.
-
-``compare`` returns a DataFrame; ``to_markdown`` and ``to_json`` render it, with
-``code_notes``: base and candidate normally ran different code (that is what a
-regression gate compares), but a directory whose runs come from several versions
-of the code is said out loud, since its cells' repetitions may not agree.
+``compare`` returns a DataFrame; ``to_markdown`` and ``to_json`` render it, with ``code_notes``
+saying when a directory's runs come from several versions of the code.
 """
 
 from __future__ import annotations
@@ -47,9 +23,10 @@ from typing import Any
 import pandas as pd
 
 from ..harness.formats.vllm_bench import IMPORTED_RUNNER, imported_block
+from ..harness.records.schema import OK
 from ..harness.spec import identity
 from ..harness.spec.units import format_bytes
-from .records import cell_label, code_versions, describe_versions, with_keys
+from .labels import cell_label, code_versions, describe_versions, with_keys
 
 MATCH_KEYS: tuple[str, ...] = (*identity.CELL_COLUMNS, *identity.WORK_COLUMNS)
 NAMED_KEYS: tuple[str, ...] = ("runner", "policy", "block_size")  # what cell_label already says
@@ -203,7 +180,7 @@ def compare(base_runs: pd.DataFrame, cand_runs: pd.DataFrame, tolerance: float) 
 
 
 def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, tolerance: float) -> list[dict[str, Any]]:
-    b_ok, c_ok = b[b["status"] == "ok"], c[c["status"] == "ok"]
+    b_ok, c_ok = b[b["status"] == OK], c[c["status"] == OK]
     counts = {"n_base": len(b_ok), "n_cand": len(c_ok)}
     if b_ok.empty or c_ok.empty:
         b_st, c_st = "/".join(sorted(set(b["status"]))), "/".join(sorted(set(c["status"])))

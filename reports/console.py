@@ -1,16 +1,21 @@
 """What ``kvbench run`` prints: the per-cell summary table and, for a suite with published
-numbers, the published-vs-reproduced table; renderers over run rows."""
+numbers, the published-vs-reproduced table, goodput and capacity under its SLO (``summary``);
+renderers over run rows."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..harness.records.schema import OK
 from ..harness.spec.capabilities import is_contiguous
-from .records import code_note, workload_tag
+from .labels import code_note, workload_tag
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ..harness.records.slo import Slo
 
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("runner", "runner"),
@@ -63,7 +68,7 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
                 "  " + "  ".join(v.rjust(w) if i >= 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
             )
         for r in members:
-            if r.get("status") != "ok" and r.get("error"):
+            if r.get("status") != OK and r.get("error"):
                 out.append(f"  ! {r.get('runner')}/{r.get('policy')}: {r.get('error')}")
         out.append("")
     code = code_note(r.get("code_digest") for r in rows)
@@ -112,7 +117,7 @@ def render_goodput(runs: pd.DataFrame) -> str:
     run's clock, and their share; one line per run, by policy line and rate."""
     if runs.empty or "goodput_rps" not in runs or runs["goodput_rps"].isna().all():
         return ""
-    ok = runs[(runs["status"] == "ok") & runs["goodput_rps"].notna()]
+    ok = runs[(runs["status"] == OK) & runs["goodput_rps"].notna()]
     ok = ok.assign(_workload=ok["workload_name"].fillna("") if "workload_name" in ok else "")
     ok = ok.assign(setup=[_setup(r) for r in ok.to_dict("records")])
     model = _varies(ok)
@@ -232,3 +237,32 @@ def _aligned(rows: list[list[str]], right: set[int]) -> list[str]:
         "  " + "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
         for row in rows
     ]
+
+
+def summary(
+    out: Path, suite: str, run_ids: Sequence[str], reference: bool, slo: Slo | None, log: Callable[[str], None]
+) -> tuple[str, pd.DataFrame]:
+    """What ``kvbench run`` prints after a sweep, read back from disk (what is printed is what was
+    recorded): the cells' table, the published-vs-reproduced table when the suite has published
+    numbers, goodput and capacity under its SLO; with the runs of ``run_ids`` in that order."""
+    from ..harness.records import store
+    from .labels import with_keys
+    from .loading import read_reference
+    from .suite_tables import capacity_report, suite_runs
+    from .tables import published_vs_reproduced
+
+    runs = store.read_table(out, "runs", set(run_ids))
+    order = {rid: i for i, rid in enumerate(run_ids)}
+    runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
+    text = render_rows(runs.to_dict("records")) + "\n"
+    if reference:
+        published, problem = read_reference(out / "reference.parquet")
+        if published is not None:
+            published = published[published["suite"] == suite]
+            text += render_reference(published_vs_reproduced(published, with_keys(runs))) + "\n"
+        elif problem:
+            log(f"published values not shown: {problem}")
+    if slo is not None:
+        text += render_goodput(suite_runs(out, suite, slo))
+        text += render_capacity(*capacity_report(out, suite, slo)) + "\n"
+    return text, runs

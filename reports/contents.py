@@ -8,20 +8,21 @@ import dataclasses
 
 import pandas as pd
 
+from ..harness.records.schema import FAILURES, OK
 from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published, goodput_table
 from .decomposition import decompose, gap_sentence
 from .hybrid import hybrid_table
+from .labels import code_note, workload_tag
 from .prediction import Drift, disturbed_warning, prediction_drift, prediction_summary, prediction_table
 from .prefix_reuse import prefix_reuse_table
-from .records import code_note, workload_tag
 from .serve_check import serve_check
 from .tables import POLICY_ORDER, geomean, mismatches, published_vs_reproduced, ratios, summary
 
 
 def choose_baseline(runs: pd.DataFrame) -> str | None:
     """``contiguous-max`` when present, else the first contiguous policy run, else none."""
-    policies = set(runs.loc[runs["status"] == "ok", "policy"]) if len(runs) else set()
+    policies = set(runs.loc[runs["status"] == OK, "policy"]) if len(runs) else set()
     for p in POLICY_ORDER:
         if p in policies and is_contiguous(p):
             return p
@@ -94,7 +95,7 @@ def report_tables(
     code = code_note(runs["code_digest"] if "code_digest" in runs else [])
     if code:  # results of different code side by side: said first, it qualifies every table below
         warnings.insert(0, code)
-    bad = runs[runs["status"].isin(("failed", "oom"))]
+    bad = runs[runs["status"].isin(FAILURES)]
     if len(bad):
         warnings.append(f"{len(bad)} run(s) failed or ran out of memory; their rows show the error")
     if reference_problem:

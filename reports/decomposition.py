@@ -1,41 +1,16 @@
-"""The allocation × runtime decomposition (docs/records.md, docs/runners.md), per workload × precision × budget:
+"""The allocation × runtime decomposition, per workload × precision × budget × block size ×
+contiguous baseline (docs/records.md, "The decomposition"; docs/runners.md, "Time and the
+decomposition"):
 
     vllm/paged vs torch/contiguous-*     (naive: what a plain comparison shows)
       = torch/paged vs torch/contiguous-*  (allocation effect, same runtime)
       × vllm/paged  vs torch/paged         (runtime effect, same allocation)
 
-for throughput (``tokens_per_s``, ``wall_tokens_per_s``) and capacity
-(``mean_running``, ``peak_running``). Beside the torch allocation effect sits
-the same effect measured inside the full vLLM engine, ``vllm/paged vs
-vllm/contiguous-*`` (``vllm_allocation``), and how far apart the two are
-(``allocation_gap`` = vllm_allocation ÷ allocation). Then the runtime-free
-figures: ``sim``'s capacity for the same two policies, ``vllm-sched``'s
-capacity for paged, and preemptions from every side.
-
-``serve/paged vs vllm/paged`` (``serving`` = serve_paged ÷ vllm_paged): the same engine on the
-same work, served over HTTP (``serve``: the API process, streaming, the client's open-loop
-replay) against driven in-process (``vllm``), so what the server adds over the engine itself;
-``serve_paged_preemptions`` beside ``vllm_paged_preemptions``.
-
-``tokens_per_s`` is on kvbench's clock in every runner; ``torch`` and
-``vllm`` take the same steps on the same work (their allocation columns agree
-step for step), so on that clock the runtime factor is 1 by construction and
-the allocation factor is the whole story. ``wall_tokens_per_s`` (generated
-tokens per measured second of step time in both runners) carries the
-measured runtime effect.
-
-A contiguous baseline is matched to the paged block size N per runner: the
-runs that reserve whole blocks of N (block size N, as vLLM's engine does)
-where that runner has an ok one, else the runs that reserve token positions
-(block size 1). The two forms are never pooled; ``*_contiguous_unit`` says
-which form each side used, and the row warns when torch's, vllm's and sim's
-forms differ (their allocation factors then measure different allocations).
-
-``naive`` is defined as ``allocation × runtime``, so the identity holds exactly
-(it equals ``vllm_paged / torch_contiguous`` up to one rounding). A factor
-whose runs are missing (or not ok) is NaN; a group with no torch and no vllm
-run has no rows. Nothing is filled in. A cell repeated several times counts
-as the median of its ok repetitions.
+beside the allocation effect inside the full engine (``vllm_allocation``, ``allocation_gap``),
+sim's and vllm-sched's runtime-free capacities, preemptions from every side, and ``serving``
+(serve/paged ÷ vllm/paged: what the server adds over the engine). ``naive`` is defined as
+``allocation × runtime``, so the identity holds exactly. A cell counts as the median of its ok
+repetitions; a factor whose runs are missing or not ok is NaN: nothing is filled in.
 """
 
 from __future__ import annotations
@@ -47,8 +22,9 @@ from typing import Any
 
 import pandas as pd
 
+from ..harness.records.schema import OK
 from ..harness.spec.capabilities import MEASURING_RUNNERS, is_contiguous
-from .records import workload_tag
+from .labels import workload_tag
 from .tables import mismatches
 
 KEYS: tuple[str, ...] = ("workload_id", "kv_dtype", "budget_bytes")
@@ -102,7 +78,7 @@ def _ok(record: Mapping[str, Any], runner: str, policy: str, block_size: int) ->
     return (
         record["runner"] == runner
         and record["policy"] == policy
-        and record["status"] == "ok"
+        and record["status"] == OK
         and record["block_size"] == block_size
     )
 

@@ -411,7 +411,7 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     if kind == "id":
         return str(value)[:8]
     if kind == "workload":
-        from .records import workload_tag
+        from .labels import workload_tag
 
         return workload_tag({**(row or {}), "workload_id": value})
     if kind == "time":

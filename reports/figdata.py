@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..harness.spec.capabilities import BLOCK_TABLE_POLICIES, PAGE_SIZED_POLICIES
 from ..harness.spec.units import format_bytes
-from .records import CELL_KEYS, GROUP_KEYS, cell_label, scheduler_settings
+from .labels import CELL_KEYS, GROUP_KEYS, cell_label, scheduler_settings
 
 MAX_GROUP_PANELS = 6
 MAX_TIMELINES = 9

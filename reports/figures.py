@@ -24,8 +24,8 @@ from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 from . import figdata
 from .decomposition import gap_sentence
+from .labels import cell_label, throughput_note, time_axis_label, workload_tag
 from .prefix_reuse import LINE_KEYS
-from .records import cell_label, throughput_note, time_axis_label, workload_tag
 
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
     ("token_states_frac", "token states (K/V of computed tokens)", "#3a8a3a"),

@@ -15,11 +15,12 @@ import pandas as pd
 
 from ..harness.errors import storage_error
 from ..harness.records.atomic import temp_folder
+from ..harness.records.schema import OK
 from . import display, markdown
 from .contents import ReportTables, report_tables
 from .display import Column
 from .figures import Plot, all_plots
-from .records import load
+from .loading import load
 from .report_files import MANIFEST, check_replaceable, manifest_bytes, replace_report
 
 FIGURE_DPI = 110
@@ -98,7 +99,7 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
         parts += [
             f'<p class="error">{_e(display.failure(r))}</p>'
             for r in sub.to_dict("records")
-            if r["status"] != "ok" and r["error"]
+            if r["status"] != OK and r["error"]
         ]
     if len(tables.geomean) and cells["group"].nunique() > 1:
         parts.append(f"<h2>Across all groups: geometric mean of the ratios to {_e(base)}</h2>")

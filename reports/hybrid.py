@@ -13,8 +13,9 @@ import math
 
 import pandas as pd
 
+from ..harness.records.schema import OK
 from ..harness.spec.capabilities import is_contiguous
-from .records import CELL_KEYS, GROUP_KEYS
+from .labels import CELL_KEYS, GROUP_KEYS
 
 # What a pair shares: the work and the cell but the manager.
 PAIR_KEYS: tuple[str, ...] = tuple(k for k in GROUP_KEYS + CELL_KEYS if k != "hybrid_kv")
@@ -57,10 +58,10 @@ def hybrid_table(runs: pd.DataFrame, steps: pd.DataFrame | None, groups: pd.Data
     without one. Values are the first repetition's (``repeat`` 0 where there are several)."""
     if runs.empty or "hybrid_kv" not in runs or runs["hybrid_kv"].isna().all():
         return pd.DataFrame()
-    ok = runs[(runs["status"] == "ok") & runs["hybrid_kv"].notna()].sort_values("repeat", kind="stable")
+    ok = runs[(runs["status"] == OK) & runs["hybrid_kv"].notna()].sort_values("repeat", kind="stable")
     waste = waste_by_kind(ok, steps if steps is not None else pd.DataFrame(), groups)
     keys = [k for k in PAIR_KEYS if k in ok and k != "budget_bytes"] + ["budget_bytes"]
-    contiguous = runs[(runs["status"] == "ok") & runs["policy"].map(lambda p: is_contiguous(str(p)))]
+    contiguous = runs[(runs["status"] == OK) & runs["policy"].map(lambda p: is_contiguous(str(p)))]
     rows = []
     for _, pair in ok.groupby(keys, sort=False, dropna=False):
         flags = pair["hybrid_kv"].map(bool)  # a column of bools (nulls dropped above)

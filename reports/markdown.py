@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
+from ..harness.records.schema import OK
 from . import display
 from .contents import ReportTables
 from .display import Column
@@ -70,7 +71,7 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     for g, sub in cells.groupby("group", sort=True):
         out += [f"## Group {g + 1}: {sub['group_label'].iloc[0]}", ""]
         out += table(display.cell_columns(sub, runners), sub)
-        errors = [f"- {display.failure(r)}" for r in sub.to_dict("records") if r["status"] != "ok" and r["error"]]
+        errors = [f"- {display.failure(r)}" for r in sub.to_dict("records") if r["status"] != OK and r["error"]]
         out += ([""] + errors if errors else []) + [""]
     if len(tables.geomean) and n_groups > 1:
         out += [f"## Across all {n_groups} groups: geometric mean of the ratios to {base}", ""]

@@ -15,12 +15,8 @@ pair it gives:
   property of the clock, not of which steps happened;
 - TTFT and end-to-end latency p50/p90, predicted and measured.
 
-``prediction_drift`` splits the total error into what the machine did and what the model
-does, from the same rows: per repeat (one round of engine runs made together), the median
-over workloads of the profile's step-sum error (its price of the engine's own steps,
-summed, against their measured sum) is the machine's speed in that round against the
-profile; per workload, the median over rounds of its step-sum error less its round's is the
-model's own error on that workload, which no amount of repetition removes.
+``prediction_drift`` splits the step-sum error into the machine (per round) and the model (per
+workload) (docs/clock.md, "What the error is made of").
 
 Several engine repeats give one row each in ``prediction_table``; ``prediction_summary``
 sets the prediction beside their median, with their range: an engine's own run-to-run
@@ -39,9 +35,10 @@ import pandas as pd
 from ..harness.clock.fit import DISTURBED_RATIO, DISTURBED_WARN, FEATURES, disturbed_share, error_stats, predict
 from ..harness.clock.profile import parse_profile
 from ..harness.errors import KvbenchError
+from ..harness.records.schema import OK
 from ..harness.spec import identity
 from ..harness.spec.capabilities import MEASURING_RUNNERS
-from .records import with_keys
+from .labels import with_keys
 
 # A sim run and an engine run pair when they did the same work (harness.spec.identity) with the same
 # policy and block size; their clocks differ by design (a profile beside a measured one), so the
@@ -73,7 +70,7 @@ def _rel(predicted: float, measured: float) -> float:
 
 def prediction_table(runs: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (sim profile run, measured engine run) pair; empty when there is none."""
-    ok = runs[runs["status"] == "ok"]
+    ok = runs[runs["status"] == OK]
     sims = ok[(ok["runner"] == "sim") & (ok["clock"] == "profile")]
     engines = ok[ok["runner"].isin(MEASURING_RUNNERS) & (ok["clock"] == "measured")]
     if sims.empty or engines.empty:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
-from .records import GROUP_KEYS
+from .labels import GROUP_KEYS
 
 # Everything that makes two cells the same work but the budget (a budget sweep is one line).
 LINE_KEYS: tuple[str, ...] = (*(k for k in GROUP_KEYS if k != "budget_bytes"), "runner")

@@ -2,45 +2,12 @@
 server (``runners.serve.scheduler``) against the server's own Prometheus ``/metrics``, scraped
 from outside while the workload replayed (the ``metrics`` table).
 
-Alignment, from how each side is measured:
-
-- one clock: a step's ``t_s`` is the wall clock (``time.time()``, in the engine core) when its
-  ``schedule()`` began, less the client's wall clock at the start of the replay; its ``dt_s``
-  runs to the end of its outputs. A scrape's ``t_s`` is the client's ``perf_counter()`` when it
-  began the request, less its ``perf_counter()`` at the start of the replay; the two starts are
-  taken one after the other. Both are seconds from the start of the replay on one host, so
-  they are compared as they are.
-- one sampling point: vLLM builds the statistics that ``/metrics`` reports at the end of a
-  step's ``update_from_output`` (``Scheduler.make_stats``), after the step's finished requests
-  left the running queue and freed their blocks; its frontend publishes them as that step's
-  outputs arrive. A step row is read right after ``schedule()``, before the outputs. So a
-  scrape is compared with the state *after* the last step that ended at or before it
-  (``t_s + dt_s <= scrape t_s``): running = the row's ``running − finished``, waiting = its
-  ``waiting`` (requests join the queue between steps, and the gauge moves only at a step's
-  end), allocated blocks = its ``allocated_blocks`` when the step finished nothing, 0 when
-  nothing is left running, and otherwise only bounded (0 to the row's count: the blocks the
-  finished requests freed are not in the step rows). Before the first step, everything is 0.
-- blocks: ``vllm:kv_cache_usage_perc`` is ``1 − free ÷ (num_gpu_blocks − 1)``
-  (``BlockPool.get_usage``: the null block is not usable), and the step rows'
-  ``allocated_blocks`` is ``usable − free`` of the same pool, whose usable blocks are the
-  budget's (``budget_positions ÷ block_size``; the server is started with that + the null
-  block). So usage × usable blocks is the allocated block count.
-- preemptions: vLLM's counter counts a preemption when the preempted request's events reach
-  the frontend, with its next output; mid-run it may lag the steps' cumulative count (the lag
-  column), and once every request has finished (the last scrape comes after the replay) the
-  two and the run row's ``preemptions`` must be equal.
-
-A scrape's ``t_s`` is taken when the scraper begins its request; the server answers it later
-(on a loaded host much later: the client, the server's API process and the engine share the
-CPUs), and a step that ends in between changes what it reads. The scraper waits for each
-answer before it begins the next, so a scrape reads the state after the step before it, or
-after a later step that ended before the next scrape began. Verdicts: ``agree`` (every scrape
-reads the state after the step before it), ``agree (some answered late)`` (the others read the
-state after such a later step; the note gives the largest delay), ``differ`` (a scrape reads
-neither, the last scrape disagrees, or the preemption totals differ; the note says which).
-
-Attached runs (``[runners.serve] url``) have no steps: allocation is not visible from outside
-a server, so they get a row that says so, with the scrape count only.
+Both are timed from the start of the replay. vLLM reports its statistics at the end of a step,
+after its finished requests freed their blocks, and a step row is read right after
+``schedule()``; so each scrape is compared with the state *after* the last step that ended at or
+before it, and one answered late may read a later step's (docs/records.md, "A served engine's
+/metrics", says how each side is timed and read, and the verdicts). Attached runs
+(``[runners.serve] url``) have no steps: they get a row that says so, with the scrape count only.
 """
 
 from __future__ import annotations

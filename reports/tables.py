@@ -22,9 +22,10 @@ import numpy as np
 import pandas as pd
 
 from ..harness.records.reference import SWEEP_METRICS
-from ..harness.records.schema import ADDED_LATENCY_COLUMNS
+from ..harness.records.schema import ADDED_LATENCY_COLUMNS, OK
 from ..harness.spec import identity
-from .records import CELL_KEYS, GROUP_KEYS, REFERENCE_COLUMNS, group_label
+from .labels import CELL_KEYS, GROUP_KEYS, group_label
+from .loading import REFERENCE_COLUMNS
 
 # Per-cell metrics the summary keeps (medians over ok repetitions).
 METRICS: tuple[str, ...] = (
@@ -100,7 +101,7 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
     keys = list(GROUP_KEYS + CELL_KEYS)
     rows = []
     for key, cell in runs.groupby(keys, sort=True, dropna=False):
-        ok = cell[cell["status"] == "ok"]
+        ok = cell[cell["status"] == OK]
         # The run figures draw time series from: the first ok repetition.
         first = (ok if len(ok) else cell).sort_values("repeat", kind="stable").iloc[0]
         statuses = sorted(set(cell["status"]))
@@ -234,7 +235,7 @@ def published_vs_reproduced(reference: pd.DataFrame, runs: pd.DataFrame) -> pd.D
     baseline policy's run of the same runner on the same workload. A reference row no run
     matches is kept with ``reproduced`` NaN: missing is shown as missing, never filled in."""
     rows = []
-    ok = runs[runs["status"] == "ok"]
+    ok = runs[runs["status"] == OK]
     for ref in reference.to_dict("records"):
         if ref["metric"] in SWEEP_METRICS:
             continue  # a whole sweep's number: the capacity table sets it beside the published one

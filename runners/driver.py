@@ -23,7 +23,7 @@ import time
 from typing import Protocol
 
 from ..harness.records.recorder import RunRecorder
-from ..harness.records.schema import StepRow
+from ..harness.records.schema import FAILED, OK, StepRow
 from ..harness.sim.scheduler import Arrivals
 from ..harness.sim.sequence import FINISHED, Seq
 from .base import Cell, RunResult
@@ -90,7 +90,7 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
     take_groups = getattr(engine, "take_kv_groups", None) if not spec.geometry.is_uniform_full else None
     beat = Heartbeat(f"{row['runner']} {spec.policy}", seqs) if cell.progress else None
     steps = stall = 0
-    status, error = "ok", None
+    status, error = OK, None
     t0 = time.perf_counter()
     # The objects made before the loop (the requests, an engine) outlive it: frozen, the cyclic GC
     # stops re-scanning them on every collection the loop's own allocations trigger. Collections
@@ -111,7 +111,7 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
             if step is None:
                 stall += 1
                 if stall > max_stall:
-                    status, error = "failed", f"livelock: {stall} engine steps without scheduler work"
+                    status, error = FAILED, f"livelock: {stall} engine steps without scheduler work"
                     break
                 continue
             recorder.add_step(step)
@@ -121,7 +121,7 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
             # Livelock guard: steps that compute nothing while work waits.
             stall = stall + 1 if step.scheduled_tokens == 0 and not pending else 0
             if stall > max_stall:
-                status = "failed"
+                status = FAILED
                 error = (
                     f"livelock: {stall} steps without progress with {step.waiting} waiting and {step.running} running"
                 )

@@ -5,7 +5,7 @@
 
 So every sample of a request has the same prompt and requests share exactly the tokens the
 workload says they share, which is what the prefix-caching policy's block keys assume. Id 0 is
-left out (``tests/test_vllm_sched.py`` pins the range); what a runner records depends only on which
+left out (``tests/runners/test_vllm_sched.py`` pins the range); what a runner records depends only on which
 prompts share tokens, never on the ids' values."""
 
 from __future__ import annotations

@@ -100,15 +100,16 @@ def run_suite_text(text: str, out: Path) -> tuple[list[dict], dict[str, pd.DataF
     return rows, steps
 
 
-def kvbench(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """The real CLI in a subprocess."""
-    env = dict(os.environ)
+def kvbench(
+    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess (``cwd`` defaults to the repository; ``env`` adds to the environment)."""
     return subprocess.run(
-        [sys.executable, "-m", "kvbench.app.cli", *args],
+        [sys.executable, "-m", "kvbench.app.cli", *map(str, args)],
         capture_output=True,
         text=True,
         cwd=cwd or ROOT,
-        env=env,
+        env=dict(os.environ, **(env or {})),
         timeout=timeout,
     )
 

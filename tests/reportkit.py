@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -222,22 +219,9 @@ def write_records(
 
 def runs_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The rows as ``read_table`` would return them (for the pure functions)."""
-    from kvbench.reports.records import with_keys
+    from kvbench.reports.labels import with_keys
 
     return with_keys(pd.DataFrame(rows))
-
-
-def kvbench(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess."""
-    env = dict(os.environ)
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench.app.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=timeout,
-    )
 
 
 # -- the golden record set -------------------------------------------------------

@@ -1,35 +1,15 @@
 """Request lengths drawn from published length data: ShareGPT as the vLLM paper measured it,
 and Alpaca's shape scaled to the paper's means (sources ``sharegpt-quantiles`` and
-``alpaca-quantiles``).
+``alpaca-quantiles``; docs/workloads.md gives the sources, licences and what each is not).
 
 Each dataset is a table of quantiles, not the data: the input length's quantiles at every
 0.5% (201 values), and, for each of 20 bins of the input's rank (5% of the requests each),
 the output length's quantiles at every 1% (101 values). Sampling draws a uniform u, takes
 the input from its quantiles (linear between neighbours, rounded), then the output from the
 quantiles of u's bin with a second uniform: the marginals and the dependence between prompt
-and answer (ShareGPT: Spearman +0.21, longer prompts get longer answers; Alpaca: -0.19) come
-from the data, up to the bins' resolution.
-
-ShareGPT (``SHAREGPT_*``): computed from ``datasets/sharegpt_opt_text_completion_length.pkl``
-of the paper's artifact (github.com/sosp-ae-39/sosp-ae-astra, commit 3180d2f8c2a2aa17,
-blob 7b73c93b): 84,226 (input, output) token counts of the first round of ShareGPT
-conversations collected in March 2023, OPT tokenizer, of which the 79,731 with
-input + output ≤ 2048 are kept (the paper's max length): their means are 161.31 and 337.99,
-exactly the paper's (§6.1). The artifact carries no licence, so the file itself is not
-shipped; these quantiles are statistics of it. Outputs are capped at 2048 − input, the
-filter the data passed.
-
-Alpaca (``ALPACA_*``): the paper's Alpaca lengths are not public as lengths. The shape comes
-from the length-only files of Helix (github.com/Thesys-lab/Helix-ASPLOS25, Apache-2.0,
-``simulator/trace_generator/length_data/alpaca_{input,output}.pkl``, 47,379 pairs, tokenizer
-unstated; the text is Stanford Alpaca's, CC BY-NC 4.0): their means are 13.91 and 48.34, not
-the paper's 19.31 and 58.45, so every length is scaled by the ratio of the means
-(``ALPACA_SCALE``) — the log-shape is Helix's, the means the paper's. It is *not* the
-paper's data.
-
-What neither is: real arrival patterns (arrivals come from the workload's ``arrival``), or
-multi-turn conversations (first rounds only). ``docs/workloads.md`` compares them with the
-lognormal fits of ``sharegpt`` and ``alpaca``.
+and answer (ShareGPT: Spearman +0.21; Alpaca: -0.19) come from the data, up to the bins'
+resolution. ShareGPT's outputs are capped at 2048 − input, the filter the data passed;
+Alpaca's lengths are scaled by ``ALPACA_SCALE`` (the paper's means over the table's).
 """
 
 from __future__ import annotations

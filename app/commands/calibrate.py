@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ...harness.clock.model import TOKEN_KNEE
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path, output_file
+from ...harness.records.schema import OK
 from ...harness.spec.capabilities import MEASURING_RUNNERS
 from .base import Command
 
@@ -55,7 +56,7 @@ def _engine(row: dict[str, Any]) -> str:
 
 
 def select_runs(runs: pd.DataFrame, runner: str | None, policy: str, where: str) -> pd.DataFrame:
-    ok = runs[(runs["status"] == "ok") & runs["runner"].isin(MEASURING_RUNNERS)]
+    ok = runs[(runs["status"] == OK) & runs["runner"].isin(MEASURING_RUNNERS)]
     if ok.empty:
         raise KvbenchError(
             f"{where}: no ok runs of a runner that measures steps ({', '.join(MEASURING_RUNNERS)}); "
@@ -131,7 +132,7 @@ def measured_steps(where: str, runs: pd.DataFrame) -> pd.DataFrame:
 
 def _geometry(run: dict[str, Any], where: str) -> ModelGeometry:
     from ...harness.spec.geometry import resolve_model
-    from ...reports.records import parse_spec
+    from ...reports.labels import parse_spec
 
     model = parse_spec(run.get("spec_json")).get("model") or {}
     try:
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from ...harness.clock.fit import DISTURBED_RATIO, DISTURBED_WARN, fit
     from ...harness.clock.profile import profile_document
     from ...harness.records.provenance import provenance
-    from ...reports.records import workload_label
+    from ...reports.labels import workload_label
 
     dirs: list[Path] = args.dirs
     where = ", ".join(map(str, dirs))

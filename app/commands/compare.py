@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path
+from ...harness.records.schema import OK
 from .base import Command
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def _runs(path: Path, which: str) -> pd.DataFrame:
 
 def unmeasured(runs: pd.DataFrame) -> str | None:
     """Why a side measured nothing (every run infeasible, failed or out of memory), or None."""
-    if (runs["status"] == "ok").any():
+    if (runs["status"] == OK).any():
         return None
     counts = runs["status"].value_counts()
     return ", ".join(f"{n} {status}" for status, n in counts.items())

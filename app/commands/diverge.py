@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path
+from ...harness.records.schema import OK
 from .base import Command
 
 # What must match for a step-by-step comparison to mean anything: the work (harness.spec.identity),
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ...harness.records import store
     from ...harness.records.schema import STEPS
     from ...reports.divergence import first_divergence
-    from ...reports.records import with_keys, work_differences
+    from ...reports.labels import with_keys, work_differences
 
     out: Path = args.dir
     if not out.is_dir():
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         if codes[0] != codes[1]:
             print(f"note: not the same code: code_digest {codes[0] or 'not recorded'} vs {codes[1] or 'not recorded'}")
     for run_id in (run_a, run_b):
-        if run_id in runs.index and runs.loc[run_id, "status"] != "ok":
+        if run_id in runs.index and runs.loc[run_id, "status"] != OK:
             print(
                 f"note: run {run_id} ({name(run_id)}) has status {runs.loc[run_id, 'status']}: "
                 f"{runs.loc[run_id, 'error']}"

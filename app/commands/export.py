@@ -17,6 +17,7 @@ from typing import Any
 
 from ...harness.errors import KvbenchError, storage_error
 from ...harness.records.safe_paths import nonempty_path, output_file
+from ...harness.records.schema import OK
 from .base import Command
 
 FORMATS: tuple[str, ...] = ("vllm-bench", "pytorch-oss")
@@ -57,7 +58,7 @@ def _select(out: Path, run: str | None) -> list[dict[str, Any]]:
         if runs.empty:
             raise KvbenchError(f"{out}: no run {run}")
     rows = runs.sort_values("run_id").to_dict("records")
-    bad = [r for r in rows if r["status"] != "ok"]
+    bad = [r for r in rows if r["status"] != OK]
     if bad:
         names = ", ".join(f"{r['run_id']} ({r['status']})" for r in bad[:3]) + (" …" if len(bad) > 3 else "")
         raise KvbenchError(f"{out}: only ok runs can be exported, not {names}; choose one with --run")

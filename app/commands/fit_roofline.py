@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_text
+from ...harness.records.schema import OK
 from .base import Command
 
 if TYPE_CHECKING:  # runners.base loads pandas: not while the CLI builds its parser
@@ -91,7 +92,7 @@ def metric_at(cell: Cell, scale: float, metric: str) -> float:
             Cell(spec=cell.spec.replace(scheduler=scheduler), workload=cell.workload, out=Path(tmp))
         )
     row = result.row
-    if row.get("status") != "ok":
+    if row.get("status") != OK:
         raise KvbenchError(f"sim at roofline_scale {scale:g}: {row.get('status')} ({row.get('error')})")
     value = row.get(metric)
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:

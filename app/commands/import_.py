@@ -18,6 +18,7 @@ from typing import Any
 from ...harness import __version__
 from ...harness.errors import KvbenchError, storage_error
 from ...harness.records.safe_paths import nonempty_path
+from ...harness.records.schema import OK
 from .base import Command
 
 # `--save-detailed` keeps every request's ITLs: a large benchmark's file runs to hundreds of MB.
@@ -88,13 +89,13 @@ def like_run(like: Path, run_id: str | None) -> tuple[dict[str, Any], Any]:
     """The kvbench run the imports stand beside, and its requests."""
     from ...harness.formats.vllm_bench import IMPORTED_RUNNER
     from ...harness.records.store import check_complete, read_table
-    from ...reports.records import with_keys
+    from ...reports.labels import with_keys
 
     if not (like / "runs").is_dir():
         raise KvbenchError(f"--like {like}: not a kvbench results directory (no runs/)")
     check_complete(like)
     runs = read_table(like, "runs")
-    runs = runs[(runs["status"] == "ok") & (runs["runner"] != IMPORTED_RUNNER)]
+    runs = runs[(runs["status"] == OK) & (runs["runner"] != IMPORTED_RUNNER)]
     if run_id is not None:
         runs = runs[runs["run_id"] == run_id]
         if runs.empty:

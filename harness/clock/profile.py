@@ -20,10 +20,8 @@ Format (``format`` = "kvbench.clock_profile", ``version`` = 3)::
      "fit": {...quality on held-out steps...}, "data": {...runs fitted on...},
      "kvbench_version": ..., "git_sha": ..., "created_at": ...}
 
-Version 2 added ``per_early_token_s`` and ``token_knee``; version 3 the primitive-cache terms
-(``miss_s``, ``miss_per_token_s``, ``seq_miss_s``, ``primitive_cache``). An older profile reads
-with the terms it lacks at 0, which is what it was fitted as; a kvbench that reads only an
-older version refuses a newer profile rather than drop terms it does not know.
+A version 1 or 2 profile reads with the terms it lacks (the knee; the primitive-cache terms)
+at 0, which is what it was fitted as; a newer version is refused rather than its terms dropped.
 """
 
 from __future__ import annotations

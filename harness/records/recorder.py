@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from ..errors import StorageError, storage_error
 from . import store
-from .schema import KV_GROUPS, METRICS, REQUESTS, RUNS, STEPS, StepRow, with_version
+from .schema import KV_GROUPS, METRICS, OK, REQUESTS, RUNS, STATUSES, STEPS, StepRow, with_version
 
 BATCH_ROWS = 16_384
 STEP_FIELDS: tuple[str, ...] = StepRow._fields  # STEPS's columns (checked where StepRow is declared)
@@ -290,6 +290,8 @@ class RunRecorder:
                     f"run row: {', '.join(map(repr, unknown))} not in harness.records.schema.RUNS "
                     f"(declare the column there, or stop setting it)"
                 )
+            if run_row.get("status", OK) not in STATUSES:
+                raise ValueError(f"run row: status {run_row['status']!r} is not one of {', '.join(STATUSES)}")
             self._flush(final=True)
             if self._writer is not None:
                 writer, self._writer = self._writer, None

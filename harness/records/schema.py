@@ -13,7 +13,10 @@ import pyarrow as pa
 SCHEMA_VERSION = 1
 VERSION_KEY = b"kvbench.schema_version"
 
-STATUSES = ("ok", "failed", "infeasible", "oom")
+# A run row's status: a failure of the cell is a row (docs/records.md), never a missing run.
+OK, FAILED, INFEASIBLE, OOM = "ok", "failed", "infeasible", "oom"
+STATUSES = (OK, FAILED, INFEASIBLE, OOM)
+FAILURES = (FAILED, OOM)  # a cell that did not run to the end: `kvbench run` exits 1
 
 STEPS = pa.schema(
     [

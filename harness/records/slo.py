@@ -16,10 +16,7 @@ suites' runs), as it writes ``reference.parquet``.
 
 or ``preset = "mlperf-llama2-70b-server"`` (``harness.records.slo_presets``) in place of
 ``bounds`` (an MLPerf preset's percentiles are judged by LoadGen's rule, not the runs table's
-linear one: ``harness.records.percentiles``), or one runs-table latency column and a bound on it:
-
-    metric = "normalized_latency_mean_s"
-    bound = 0.5
+linear one: ``harness.records.percentiles``).
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ SLO_SCHEMA = pa.schema(
         ("percentile_method", pa.string()),
     ]
 )
-KEYS = ("bounds", "preset", "goodput_floor", "metric", "bound", "refine")
+KEYS = ("bounds", "preset", "goodput_floor", "refine")
 BOUND_KEYS = ("metric", "percentile", "max_s")
 MAX_REFINE = 12  # 2^12 narrower than a sweep step: beyond any use
 
@@ -103,18 +100,27 @@ def _bound(entry: object, where: str) -> Bound:
     return Bound(str(metric), stat, _positive(entry.get("max_s"), f"{metric} bound max_s (seconds)", where))
 
 
+def _current_spelling(table: Mapping[str, Any]) -> str:
+    """The ``bounds`` entry that says what a ``metric``/``bound`` pair meant (a generic one when
+    the pair names no runs-table latency column)."""
+    metric, value = table.get("metric"), table.get("bound")
+    if metric in LATENCY_COLUMNS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        b = column_bound(str(metric), float(value))
+        pct = '"mean"' if b.stat == "mean" else b.stat.removeprefix("p")
+        return f'bounds = [{{metric = "{b.metric}", percentile = {pct}, max_s = {value:g}}}]'
+    return 'bounds = [{metric = "normalized", percentile = "mean", max_s = 0.5}]'
+
+
 def parse_slo(table: Mapping[str, Any], where: str) -> Slo:
+    if "metric" in table or "bound" in table:
+        raise KvbenchError(f"{where}: [slo] metric/bound: write {_current_spelling(table)}")
     for key in table:
         if key not in KEYS:
             raise KvbenchError(f"{where}: unknown key {key!r} in [slo] (known: {', '.join(KEYS)})")
-    forms = [
-        f
-        for f, keys in (("bounds", ("bounds",)), ("preset", ("preset",)), ("metric/bound", ("metric", "bound")))
-        if any(k in table for k in keys)
-    ]
+    forms = [f for f in ("bounds", "preset") if f in table]
     if len(forms) != 1:
         raise KvbenchError(
-            f'{where}: [slo] takes one of bounds = [...], preset = "NAME" or metric/bound'
+            f'{where}: [slo] takes one of bounds = [...] or preset = "NAME"'
             + (f", not {' and '.join(forms)} together" if forms else "")
         )
     preset = None
@@ -127,19 +133,11 @@ def parse_slo(table: Mapping[str, Any], where: str) -> Slo:
         dup = next((c for c in seen if seen.count(c) > 1), None)
         if dup:
             raise KvbenchError(f"{where}: [slo] bounds {dup} twice")
-    elif forms == ["preset"]:
+    else:
         preset = table["preset"]
         if not isinstance(preset, str) or preset not in PRESETS:
             raise KvbenchError(f"{where}: unknown [slo] preset {preset!r} (known: {', '.join(PRESETS)})")
         bounds = PRESETS[preset].bounds
-    else:
-        metric = table.get("metric")
-        if not isinstance(metric, str) or metric not in LATENCY_COLUMNS:
-            raise KvbenchError(
-                f"{where}: [slo] metric must be a latency column of the runs table "
-                f"({', '.join(LATENCY_COLUMNS)}), got {metric!r}"
-            )
-        bounds = (column_bound(str(metric), _positive(table.get("bound"), f"bound (in {metric}'s unit)", where)),)
     floor = table.get("goodput_floor")
     if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor <= 1):
         raise KvbenchError(

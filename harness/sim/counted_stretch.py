@@ -37,7 +37,7 @@ blocks (``CrossingPlan.grow``) and, under prefix caching, the keys of the blocks
 (only it could hit them: they hold its sampled tokens). The stretch ends after ``MAX_STEPS``,
 before a step with more decoders than the token budget, or when nothing is left to run; the
 step-by-step path (``FastScheduler.schedule``) takes over. Equality with the reference
-scheduler is tested record for record (``tests/test_fast_path.py``).
+scheduler is tested record for record (``tests/sim/test_fast_path.py``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ A policy over vLLM's KV cache groups (``CountingGroupedPolicy``) takes its own s
 (``harness.sim.grouped_stretch``); its decoders act where the policy says (``reach``), and a
 step it takes whole from the reference redraws the policy's lines (``resync``).
 
-Equality with the reference is tested record for record (``tests/test_fast_path.py``).
+Equality with the reference is tested record for record (``tests/sim/test_fast_path.py``).
 Two details keep it exact under prefix caching: a block's content is cached in
 the reference the step it fills, here at the next crossing or before a free
 (only the sequence itself could look it up in between), and finishers are

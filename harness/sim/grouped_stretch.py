@@ -16,7 +16,7 @@ KV cache group rows are built from the levels once per stretch (``bulk_rows.step
 
 A stretch ends where the driver must act: an arrival due, nothing left to run, a step that
 computed nothing, or ``MAX_STEPS``. Equality with the reference scheduler is tested record for
-record (``tests/test_fast_path_hybrid.py``).
+record (``tests/sim/test_fast_path_hybrid.py``).
 """
 
 from __future__ import annotations

@@ -1,41 +1,20 @@
-"""What "the same work" and "the same cell" mean, said once.
+"""What "the same work" and "the same cell" mean, said once (docs/design.md, "The one rule").
 
-Run ids (``specs.RunSpec.run_id``), ``kvbench compare``'s matching, the report's
-comparison groups and ``kvbench diverge``'s check all read these keys, so that
-they cannot drift apart:
+Run ids (``specs.RunSpec.run_id``), ``kvbench compare``'s matching, the report's comparison
+groups and ``kvbench diverge``'s check all read these keys, so that they cannot drift apart:
 
-- **work** (``WORK``): what every comparison holds fixed (docs/design.md, "same work,
-  one variable"): the model, the workload's content id, the KV precision, the KV
-  budget, ``max_model_len`` and the scheduler settings (the tensor and pipeline
-  parallel sizes among them: ``SchedulerSpec`` holds a suite's [parallel]). Runs that share it form
-  one comparison group of the report;
-- **cell** (``CELL``): on top of the work, what one comparison varies: the
-  runner, the policy, its block size, the device the runner computed on, the
-  page size of ``virtual-contiguous``, the arena of the contiguous policies and vLLM's
-  hybrid KV cache manager (models whose layers are not all full attention).
-  Runs that share work and cell are repetitions of one cell: compare and the
-  report pool them;
+- **work** (``WORK``): what every comparison holds fixed; runs that share it form one
+  comparison group of the report;
+- **cell** (``CELL``): on top of the work, what one comparison varies; runs that share work and
+  cell are repetitions of one cell;
 - **run** (``RUN``): the cell plus the repetition index: what a run id hashes.
 
-Keys name run-row columns (``scheduler`` and ``page_bytes`` are derived from
-``spec_json`` by ``reports.records.with_keys``). Three keys count only where they
-mean something (``applies``): the device for the runners that run on a chosen
-device, the page size for ``virtual-contiguous``, the arena for the contiguous
-policies. A key added after run ids were first written counts only where it is not
-its default (``DEFAULTS``: the arena's ``first-fit``), so that every earlier run id
-stays the same; ``key_value`` says what a key is to identity (None: not counted).
-
-Spec and row see a few keys differently, on purpose:
-
-- a run id hashes the model's *geometry* (its shapes) under the historical name
-  ``geometry``; a row holds the model's name, which the geometry determines;
-- a run id hashes the *requested* device (``auto`` resumes as the same cell on
-  any machine); a row holds the device the run really used (sim: always cpu),
-  which is what compare must not mix;
-- a profile clock is identified by its content, never its path: the run id by
-  the digest of the profile file's bytes (``clock_profile_digest``), a row by
-  the digest of the profile document it recorded (``clock_profile_content``),
-  the only thing a results directory still holds.
+Keys name run-row columns (``scheduler`` and ``page_bytes`` are derived from ``spec_json`` by
+``reports.labels.with_keys``). Some keys count only where they mean something (``applies``),
+and a key added after run ids were first written counts only away from its default
+(``DEFAULTS``), so that every earlier run id stays the same; ``key_value`` says what a key is to
+identity (None: not counted). Spec and row see a few keys differently, on purpose (the design
+doc says which).
 """
 
 from __future__ import annotations

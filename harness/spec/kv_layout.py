@@ -10,9 +10,8 @@ splits one memory budget into blocks (``vllm/v1/core/kv_cache_utils.py``;
    holds a layer's state, and the state page is padded to it; a state block
    spans ``max_model_len`` tokens (``mamba_cache_mode`` "none") or one attention
    block (``"align"``, with prefix caching);
-2. with the hybrid manager off (``disable_hybrid_kv_cache_manager``), sliding and
-   chunked layers are sized as full attention (``unify_hybrid_kv_cache_specs``);
-   state layers cannot be, and vLLM refuses;
+2. with the hybrid manager off, sliding and chunked layers are sized as full attention
+   (``unify_hybrid_kv_cache_specs``); state layers cannot be, and vLLM refuses;
 3. one spec for every layer gives one group; otherwise pages are made equal
    (``unify_kv_cache_spec_page_size``: a smaller page gets a larger block, a
    state page is padded) and layers of one spec are split into groups of equal
@@ -23,8 +22,7 @@ splits one memory budget into blocks (``vllm/v1/core/kv_cache_utils.py``;
    (``get_kv_cache_config_from_groups``), and the scheduler's block size is the
    LCM of the groups' (``resolve_kv_cache_block_sizes``).
 
-Layer-outermost cache layouts are mirrored (vLLM's CPU backend and backends with
-no preference); the packing of block-outermost layouts is not.
+Layer-outermost cache layouts are mirrored; the packing of block-outermost ones is not.
 """
 
 from __future__ import annotations

@@ -113,37 +113,20 @@ def _kind_ok(kind: str, value: object) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class WorkloadSpec:
-    """Everything that determines a workload; the same spec always builds the same table.
+    """Everything that determines a workload; the same spec always builds the same table
+    (docs/workloads.md describes every field).
 
-    Lengths: ``fixed`` (``prompt_len``/``output_len``), ``uniform`` (inclusive
-    ``prompt_min..prompt_max``, ``output_min..output_max``), ``lognormal``
-    (``prompt_mean``/``output_mean`` are the distribution means, ``sigma`` that
-    of the underlying normal), ``sharegpt``/``alpaca`` (fixed lognormal fits,
-    see ``workloads.distributions``), ``sharegpt-quantiles``/``alpaca-quantiles``
-    (published length data as quantile tables, ``workloads.length_tables``), ``trace`` (CSV/Parquet/JSONL at ``path``)
-    and ``sharegpt-json`` (vLLM's ShareGPT JSON at ``path``). File sources take
-    their request count from the file (first ``limit`` rows); ``num_requests``
-    applies to the synthetic ones. ``max_prompt_len``/``max_output_len`` clamp
-    lengths (explicitly asked for, so not silent).
-
-    Arrivals: ``batch`` (all at 0), ``poisson``/``gamma`` at ``rate`` req/s
-    (gamma gaps with coefficient of variation ``cv``), ``trace`` (the file's
-    own times × ``time_scale``).
-
-    Prefix: ``prefix_groups`` groups (round-robin) each sharing their first
-    ``prefix_len`` prompt tokens; ``n`` parallel samples per request.
-
-    Hash-id traces (a ``trace`` whose JSONL rows carry ``hash_ids``, the Mooncake
-    form): each hash id stands for ``hash_block_size`` tokens.
-
-    Conversations (``sessions``): ``num_sessions`` sessions (or ⌈rate × duration_s⌉)
-    of ``turns`` turns, starting as ``arrival`` says (sessions per second); each turn
-    is sent ``think_time_s`` after the previous answer ends, its prompt the whole
-    conversation so far plus a new user message. ``lengths`` names the length family
-    (a synthetic source): the first prompt and each answer take its prompt and output
-    settings; a new message takes ``message_len`` (fixed), ``message_min..message_max``
-    (uniform), ``message_mean`` (lognormal), or the family's prompt lengths (the
-    ShareGPT/Alpaca fits and tables).
+    Lengths: ``fixed``, ``uniform``, ``lognormal``, the ``sharegpt``/``alpaca`` lognormal fits,
+    the ``sharegpt-quantiles``/``alpaca-quantiles`` tables, a ``trace`` file or ``sharegpt-json``
+    at ``path`` (file sources take their request count from the file, first ``limit`` rows);
+    ``max_prompt_len``/``max_output_len`` clamp lengths. Arrivals: ``batch`` (all at 0),
+    ``poisson``/``gamma`` at ``rate`` req/s (gamma gaps with coefficient of variation ``cv``),
+    ``trace`` (the file's own times × ``time_scale``). Prefix: ``prefix_groups`` groups sharing
+    their first ``prefix_len`` tokens; ``n`` samples per request. Hash-id traces (Mooncake's
+    JSONL form): each hash id stands for ``hash_block_size`` tokens. Conversations
+    (``sessions``): ``num_sessions`` sessions of ``turns`` turns, each turn sent
+    ``think_time_s`` after the previous answer ends, its prompt the whole conversation so far
+    plus a new message (``message_*`` or the ``lengths`` family's prompt lengths).
     """
 
     source: str = "fixed"

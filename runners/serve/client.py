@@ -27,6 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from .scheduler import REQUEST_ID_PREFIX
+
 FINISHED = "finished"  # the requests table's status values
 REJECTED = "rejected"  # the server answered with an HTTP error
 DROPPED = "dropped"  # the stream broke, timed out, or ended before every token came
@@ -94,7 +96,7 @@ def request_body(model: str, req: ClientRequest) -> dict[str, Any]:
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
-        "request_id": f"kvb{req.request_id}",
+        "request_id": f"{REQUEST_ID_PREFIX}{req.request_id}",
     }
     if req.n > 1:
         body.update(temperature=1.0, seed=req.request_id)

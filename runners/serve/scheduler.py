@@ -11,11 +11,8 @@ kvbench's readers of it (``runners.vllm.readings``): the same ``read_schedule`` 
 requests got a token and which finished, so ``runners.serve.runner`` rebuilds every step row with
 ``runners.vllm.steps`` exactly as the ``vllm`` runner does.
 
-Holding (``KVBENCH_SERVE_HOLD_FOR=N``): until N requests have reached the scheduler,
-``has_requests()`` says there are none, so the engine core waits on its input queue and runs
-no step; then the waiting requests are put in the workload's order (their kvbench ids) and
-scheduling starts. This makes a batch replayed over HTTP reach the first step as the in-process
-runner hands it over: all at once, in order.
+Holding (``KVBENCH_SERVE_HOLD_FOR=N``, docs/runners.md "Batch arrivals"): no step runs until N
+requests have reached the scheduler; then they are taken in the workload's order.
 
 Lines: a header ``{"pool": blocks, "block_bytes": B}``, then per step ``{"t0", "t1"`` (wall
 clock at ``schedule()`` and after the outputs), ``"sched"`` [[id, new tokens, computed, blocks]],
@@ -48,7 +45,7 @@ CONTIGUOUS_POLICIES = ("contiguous-max", "contiguous-pow2", "contiguous-oracle")
 # The completions request id kvbench sends is "kvb<request_id>"; vLLM's engine id is
 # "[<sample>_]cmpl-kvb<request_id>-<prompt index>-<random>" (the sample prefix only when n > 1).
 REQUEST_ID_PREFIX = "kvb"
-_ENGINE_ID = re.compile(r"^(?:(\d+)_)?cmpl-kvb(\d+)-")
+_ENGINE_ID = re.compile(rf"^(?:(\d+)_)?cmpl-{REQUEST_ID_PREFIX}(\d+)-")
 
 
 def engine_id(rid: str) -> tuple[int, int] | None:

@@ -1,10 +1,8 @@
 """Two KV caches behind one interface: a contiguous arena and a paged block pool.
 
-Neither cache decides anything. Placement is the allocation policy's, made by
-the same code the simulator runs: a contiguous policy's first-fit arena sets
-``seq.alloc_start`` / ``seq.allocated`` (harness/sim/policies/contiguous.py,
-arena.py); a paged policy sets ``seq.blocks`` (harness/sim/policies/paged.py). The
-caches turn those decisions into tensor indices:
+Neither cache decides anything: placement is the allocation policy's, made by the same code
+the simulator runs (``seq.alloc_start`` / ``seq.allocated``, or ``seq.blocks``); the caches turn
+those decisions into tensor indices:
 
 - **contiguous** — one arena ``[layers, 2, budget_positions, kv_heads, head_dim]``;
   position p of a sequence lives at arena slot ``alloc_start + p``;
@@ -12,10 +10,8 @@ caches turn those decisions into tensor indices:
   position p lives in block ``blocks[p // block_size]`` at offset
   ``p % block_size``.
 
-Both write new K/V with one scatter per layer and tensor (``index_copy_``) into
-a flat ``[layers, 2, slots, kv_heads, head_dim]`` view of their storage, so the
-only difference between them is how a sequence's context is found. Reads come
-in two shapes:
+Both write new K/V with one ``index_copy_`` per layer and tensor into a flat view of their
+storage, so they differ only in how a sequence's context is found. Reads come in two shapes:
 
 - one sequence at a time (``plan_reads`` / ``contexts``, used for prefill
   chunks): the contiguous cache slices the sequence's range (a view, no copy);

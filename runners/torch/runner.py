@@ -1,36 +1,11 @@
-"""The ``torch`` runner: one real runtime, two KV caches.
+"""The ``torch`` runner: one real runtime, two KV caches (docs/runners.md, "Real tensors").
 
-kvbench's scheduler and allocation policy decide every step exactly as in
-``sim`` (``runners.sim_engine.SimEngine``, stepped by the driver loop); its executor
-then computes each planned step for real with a small Llama-style decoder
-(``runners.torch.model``) over a contiguous arena or a paged block pool
-(``runners.torch.kv``), chosen by the policy:
-
-- for each scheduled (sequence, new tokens) it computes those tokens' K/V
-  into the cache at the positions the policy placed them, attends over the
-  sequence's context, and greedy-samples the next token once the sequence's
-  prefill is complete;
-- a sequence preempted by recompute comes back with nothing computed and
-  recomputes prompt + tokens generated so far; under swap its K/V is copied to
-  host memory at preemption and back into its new placement on resumption;
-- a prefix-cache hit (``paged-prefix``) reuses the K/V already in the shared
-  blocks, so token ids must agree with the policy's block keys
-  (``PagedPolicy.key_of``): they come from ``runners.prompts.PromptIds``, as
-  for vLLM's runners (a prefix group's tokens are shared by the group, and
-  every sample of a request has the same prompt). A block can be hit in the
-  very step that first fills it (the policy caches a block when its tokens are
-  scheduled): each layer writes the whole step's K/V before any sequence
-  reads, so the hit reads what was just written;
-- ``step_wall_s`` is the device-synchronised wall time of a step's compute;
-  ``kv_bytes_allocated`` the cache bytes backing the positions live sequences
-  hold (paged: allocated blocks × bytes per block; contiguous: reserved
-  positions × bytes per position); ``wall_tokens_per_s`` in the run row is
-  generated tokens over the sum of ``step_wall_s`` (``tokens_per_s`` stays
-  generated tokens per simulated second, as for ``sim``).
-
-A geometry too large for the machine (weights + KV cache + working memory vs.
-what is available) is refused before anything is allocated; running out of
-memory mid-run makes an ``oom`` row.
+kvbench's scheduler and policy decide every step exactly as in ``sim``
+(``runners.sim_engine.SimEngine``, stepped by the driver loop); the executor then computes each
+planned step for real with a small Llama-style decoder (``runners.torch.model``) over a
+contiguous arena or a paged block pool (``runners.torch.kv``), chosen by the policy, and times
+it (``step_wall_s``, device-synchronised). A geometry too large for the machine is refused before
+anything is allocated; running out of memory mid-run makes an ``oom`` row.
 """
 
 from __future__ import annotations
@@ -43,6 +18,7 @@ import numpy as np
 import torch
 
 from ...harness.errors import KvbenchError, one_line
+from ...harness.records.schema import OOM
 from ...harness.sim.policies import make_policy
 from ...harness.sim.scheduler import StepPlan
 from ...harness.sim.sequence import RUNNING, Seq
@@ -395,7 +371,7 @@ def run_torch(
         device=device_name(device),
         attention_backend=PagedKVCache.backend if is_paged(spec) else ContiguousKVCache.backend,
     )
-    return write_status_only(cell, row, "oom", f"out of memory on {device_name(device)}: {oom}"), None
+    return write_status_only(cell, row, OOM, f"out of memory on {device_name(device)}: {oom}"), None
 
 
 class TorchRunner:

@@ -19,7 +19,7 @@ vLLM's free queue pops its front, where uncached blocks are put); a hit takes a 
 whole run out of the queue. Each operation costs per run touched, not per block, where the
 block table costs per block (a long prompt admitted under a full cache evicts and caches one
 block at a time). Equality with ``PagedPolicy`` is tested record for record through the
-simulator (``tests/test_fast_path.py``), and the fast path only picks this policy when the
+simulator (``tests/sim/test_fast_path.py``), and the fast path only picks this policy when the
 workload shares nothing (``policies.make_policy``).
 """
 

@@ -23,8 +23,8 @@ bulk through the dictionaries' own loops. A stretch of steps takes many blocks a
 decoder grows into: a decoder's own blocks hold tokens only it has (its sampled tokens), so
 nothing can hit them before it frees them, and they are cached then (``free``; the block table
 caches each the step it fills). Equality with the block table is tested call for call
-(``tests/test_policy_properties.py``) and record for record through the simulator
-(``tests/test_fast_path.py``).
+(``tests/sim/test_policy_properties.py``) and record for record through the simulator
+(``tests/sim/test_fast_path.py``).
 """
 
 from __future__ import annotations

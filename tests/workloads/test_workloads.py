@@ -20,7 +20,7 @@ from kvbench.workloads.distributions import ALPACA_OUTPUT, ALPACA_PROMPT, SHAREG
 from kvbench.workloads.table import COLUMNS, Workload, read_workload, summarize, write_workload
 from kvbench.workloads.traces import approx_token_count, read_sharegpt_json, read_trace
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 AZURE_SLICE = DATA / "azure-conv-slice.csv"
 
 

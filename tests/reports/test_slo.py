@@ -29,7 +29,7 @@ from kvbench.harness.sim.latency import latency_summary
 from kvbench.harness.sim.sequence import FINISHED, RUNNING, Seq
 from kvbench.reports.capacity import capacity_table
 from kvbench.reports.figures import goodput_curves, slo_latency
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from kvbench.reports.tables import summary
 from reportkit import run, runs_frame, workload
 
@@ -58,9 +58,12 @@ def test_bounds_a_preset_and_the_single_column_form_parse_to_bounds() -> None:
     preset = parse_slo({"preset": "mlperf-llama2-70b-server", "refine": 2}, "s.toml")
     assert preset.bounds == (Bound("ttft", "p99", 2.0, "mlperf"), Bound("tpot", "p99", 0.2, "mlperf"))
     assert preset.refine == 2
-    legacy = parse_slo({"metric": "normalized_latency_mean_s", "bound": 0.5}, "s.toml")
-    assert legacy.bounds == (Bound("normalized", "mean", 0.5),)
-    assert legacy.bounds == PRESETS["vllm-paper-normalized-latency"].bounds  # the paper suite's bound, by name
+    paper = parse_slo({"bounds": [{"metric": "normalized", "percentile": "mean", "max_s": 0.5}]}, "s.toml")
+    assert paper.bounds == PRESETS["vllm-paper-normalized-latency"].bounds  # the paper suite's bound, by name
+    with pytest.raises(
+        KvbenchError, match=r'metric/bound: write bounds = \[\{metric = "normalized", percentile = "mean"'
+    ):
+        parse_slo({"metric": "normalized_latency_mean_s", "bound": 0.5}, "s.toml")
     frame = slo_frame(preset, "x")
     assert list(frame.columns) == SLO_SCHEMA.names and frame["metric"].tolist() == ["ttft_p99_s", "tpot_p99_s"]
 

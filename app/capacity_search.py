@@ -15,9 +15,8 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import pandas as pd
-
-from ..harness.records import store
+from ..harness.records.schema import OK
+from ..reports.suite_tables import capacities, suite_runs
 from ..runners.base import Cell
 from .suite import Suite
 
@@ -27,53 +26,11 @@ def middle(lo: float, hi: float) -> float:
     return float(f"{math.sqrt(lo * hi):.3g}")
 
 
-def suite_runs(suite: Suite, out: Path, ids: set[str] | None = None) -> pd.DataFrame:
-    """The suite's runs in ``out`` (of ``ids``, or all) with their goodput under its SLO."""
-    from ..harness.records.goodput import with_goodput
-    from ..harness.records.slo import slo_frame
-
-    runs = store.read_table(out, "runs", ids)
-    runs = runs[runs["suite"] == suite.name]
-    if runs.empty or suite.slo is None:
-        return runs
-    requests = store.read_table(out, "requests", set(runs["run_id"]))
-    return with_goodput(runs, requests, slo_frame(suite.slo, suite.name))
-
-
-def capacities(suite: Suite, out: Path, ids: set[str] | None = None) -> pd.DataFrame:
-    """The suite's capacity table from the records in ``out`` (empty without an SLO or a sweep);
-    with ``ids``, from those runs only."""
-    from ..harness.records.slo import slo_frame
-    from ..reports.capacity import capacity_table
-    from ..reports.records import with_keys
-
-    if suite.slo is None:
-        return pd.DataFrame()
-    runs = suite_runs(suite, out, ids)
-    if runs.empty:
-        return pd.DataFrame()
-    return capacity_table(with_keys(runs), slo_frame(suite.slo, suite.name))
-
-
-def capacity_report(suite: Suite, out: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The capacity table, the capacity ratios and the published ratios beside them, from ``out``."""
-    from ..reports.capacity import capacity_ratios, capacity_vs_published
-    from ..reports.records import read_reference, with_keys
-
-    table = capacities(suite, out)
-    ratios = capacity_ratios(table)
-    reference, _ = read_reference(out / "reference.parquet")
-    if reference is None or ratios.empty:
-        return table, ratios, capacity_vs_published(ratios, None, pd.DataFrame())
-    runs = store.read_table(out, "runs")  # every workload id of the suite's sweeps, for the published rows
-    return table, ratios, capacity_vs_published(ratios, reference[reference["suite"] == suite.name], with_keys(runs))
-
-
 def cell_at_rate(cell: Cell, rate: float, out: Path) -> Cell:
     """``cell`` with its workload's arrival rate changed (the workload built and written once), named as
     the suite names it."""
     from ..workloads import build_workload
-    from .sweep import keep_workload
+    from .resume import keep_workload
 
     spec = cell.spec.replace(workload=cell.spec.workload.replace(rate=rate))
     workload = build_workload(spec.workload, spec.memory.max_model_len)
@@ -90,12 +47,12 @@ def refine(
     runs nothing."""
     from ..harness.records.goodput import within_slo
     from ..harness.records.slo import judged_bounds
-    from .sweep import plan_resume
+    from .resume import plan_resume
 
     assert suite.slo is not None
     bounds = judged_bounds(suite.slo)
     by_id = {c.run_id: c for c in cells}
-    swept = capacities(suite, out, ids=set(by_id))  # the suite's own points only
+    swept = capacities(out, suite.name, suite.slo, ids=set(by_id))  # the suite's own points only
     brackets = [
         (by_id[r["run_id"]], float(r["capacity_rps"]), float(r["next_rps"]))
         for r in swept.to_dict("records")
@@ -116,9 +73,9 @@ def refine(
         if todo:
             run(todo)
             ran += len(todo)
-        runs = suite_runs(suite, out, {c.run_id for c, *_ in trials}).set_index("run_id")
+        runs = suite_runs(out, suite.name, suite.slo, {c.run_id for c, *_ in trials}).set_index("run_id")
         within = {
-            rid: r["status"] == "ok" and within_slo(r, bounds, suite.slo.goodput_floor)
+            rid: r["status"] == OK and within_slo(r, bounds, suite.slo.goodput_floor)
             for rid, r in zip(runs.index, runs.to_dict("records"))
         }
         brackets = []

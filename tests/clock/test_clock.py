@@ -406,8 +406,8 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = (res / "report" / "summary.md").read_text()
     assert "## Predicted vs measured" in summary and "## Clocks" in summary
+    from kvbench.reports.loading import load
     from kvbench.reports.prediction import prediction_table
-    from kvbench.reports.records import load
 
     rec = load(res)
     table = prediction_table(rec.runs, rec.steps)
@@ -508,7 +508,7 @@ def test_profile_clock_settings_are_checked(tmp_path):
 
 
 def test_clock_profile_option_is_checked(tmp_path):
-    example = str(Path(__file__).resolve().parents[1] / "suites" / "example.toml")
+    example = str(Path(__file__).resolve().parents[2] / "suites" / "example.toml")
     assert_one_line_error(
         kvbench("run", example, "--clock-profile", str(tmp_path / "nope.json"), "--out", str(tmp_path / "o")),
         "no such clock profile",

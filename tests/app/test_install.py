@@ -12,7 +12,7 @@ from kvbench.harness.errors import KvbenchError
 
 pytestmark = pytest.mark.plain
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_package_folder_is_in_the_wheel() -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import kvbench
 from kvbench.reports.compare import (
     BASE_ONLY,
     CAND_ONLY,
@@ -20,7 +21,7 @@ from kvbench.reports.compare import (
     to_json,
     to_markdown,
 )
-from reportkit import W2, kvbench, run, write_records
+from reportkit import W2, run, write_records
 
 TOL = 0.02
 

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from conftest import run_suite_text
 from kvbench.reports import figdata, figures
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from kvbench.reports.tables import summary
 from reportkit import GIB, run, runs_frame, workload
 

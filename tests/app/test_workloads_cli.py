@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import kvbench
 
-ROOT = Path(__file__).parents[1]
-AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
-
-
-def kvbench(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench.app.cli", "workload", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd or ROOT,
-        timeout=60,
-    )
+ROOT = Path(__file__).parents[2]
+AZURE_SLICE = Path(__file__).parents[1] / "data" / "azure-conv-slice.csv"
 
 
 def fields(stdout: str) -> dict[str, str]:
@@ -42,6 +29,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: st
 def test_make_then_show(tmp_path: Path) -> None:
     out = tmp_path / "w.parquet"
     made = kvbench(
+        "workload",
         "make",
         "--out",
         out,
@@ -63,14 +51,14 @@ def test_make_then_show(tmp_path: Path) -> None:
     assert info["requests"] == "20" and info["dropped"] == "0" and len(info["workload_id"]) == 16
     assert made.stderr == ""
 
-    shown = kvbench("show", out, "--json", "--model", "tiny")
+    shown = kvbench("workload", "show", out, "--json", "--model", "tiny")
     assert shown.returncode == 0, shown.stderr
     summary = json.loads(shown.stdout)
     assert summary["workload_id"] == info["workload_id"]
     assert summary["num_requests"] == 20 and summary["prompt_len"]["max"] <= 64
     assert summary["kv_bytes_per_token"] == 256
 
-    text = kvbench("show", out)
+    text = kvbench("workload", "show", out)
     assert text.returncode == 0, text.stderr
     assert info["workload_id"] in text.stdout and "p99" in text.stdout and "burstiness" in text.stdout
 
@@ -82,7 +70,7 @@ def test_make_from_suite_drops_and_flags_override(tmp_path: Path) -> None:
         f'[workload]\nsource = "trace"\npath = "{AZURE_SLICE}"\nlimit = 100\narrival = "trace"\n\n'
         '[grid]\npolicy = ["paged"]\n'
     )
-    result = kvbench("make", "--suite", suite, "--out", tmp_path / "w.parquet")
+    result = kvbench("workload", "make", "--suite", suite, "--out", tmp_path / "w.parquet")
     assert result.returncode == 0, result.stderr
     info = fields(result.stdout)
     dropped = int(info["dropped"])
@@ -91,7 +79,16 @@ def test_make_from_suite_drops_and_flags_override(tmp_path: Path) -> None:
     assert len(note) == 1 and f"dropped {dropped} of 100" in note[0] and "max_model_len 512" in note[0]
 
     wider = kvbench(
-        "make", "--suite", suite, "--out", tmp_path / "w2.parquet", "--max-model-len", "100000", "--limit", "10"
+        "workload",
+        "make",
+        "--suite",
+        suite,
+        "--out",
+        tmp_path / "w2.parquet",
+        "--max-model-len",
+        "100000",
+        "--limit",
+        "10",
     )
     assert wider.returncode == 0, wider.stderr
     assert fields(wider.stdout)["requests"] == "10" and wider.stderr == ""
@@ -113,19 +110,20 @@ def test_make_from_suite_drops_and_flags_override(tmp_path: Path) -> None:
 def test_make_bad_suites(tmp_path: Path, suite_text: str, needles: tuple[str, ...]) -> None:
     suite = tmp_path / "suite.toml"
     suite.write_text(suite_text)
-    result = kvbench("make", "--suite", suite, "--out", tmp_path / "w.parquet", cwd=tmp_path)
+    result = kvbench("workload", "make", "--suite", suite, "--out", tmp_path / "w.parquet", cwd=tmp_path)
     assert_one_line_error(result, *needles)
     assert not (tmp_path / "w.parquet").exists()
 
 
 def test_bad_flags_and_files(tmp_path: Path) -> None:
     assert_one_line_error(
-        kvbench("make", "--out", tmp_path / "w.parquet", "--num-requests", "ten"), "--num-requests", "'ten'"
+        kvbench("workload", "make", "--out", tmp_path / "w.parquet", "--num-requests", "ten"), "--num-requests", "'ten'"
     )
     assert_one_line_error(
-        kvbench("make", "--out", tmp_path / "w.parquet", "--arrival", "poisson"), "arrival 'poisson' needs rate > 0"
+        kvbench("workload", "make", "--out", tmp_path / "w.parquet", "--arrival", "poisson"),
+        "arrival 'poisson' needs rate > 0",
     )
-    assert_one_line_error(kvbench("show", tmp_path / "missing.parquet"), "missing.parquet: no such file")
+    assert_one_line_error(kvbench("workload", "show", tmp_path / "missing.parquet"), "missing.parquet: no such file")
     junk = tmp_path / "junk.parquet"
     junk.write_text("not parquet")
-    assert_one_line_error(kvbench("show", junk), "junk.parquet: not a readable Parquet file")
+    assert_one_line_error(kvbench("workload", "show", junk), "junk.parquet: not a readable Parquet file")

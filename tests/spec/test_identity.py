@@ -19,7 +19,7 @@ from kvbench.harness.spec import identity
 from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
 from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.compare import BASE_ONLY, CAND_ONLY, SAME, code_notes, compare, to_json, to_markdown
-from kvbench.reports.records import GROUP_KEYS, code_note, work_differences
+from kvbench.reports.labels import GROUP_KEYS, code_note, work_differences
 from kvbench.reports.tables import mismatches, summary
 from reportkit import SCHED, run, runs_frame, write_records
 

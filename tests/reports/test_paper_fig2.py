@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 from kvbench.app.suite import load_suite
 from kvbench.app.sweep import build_cells, run_cells
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from kvbench.reports.tables import published_vs_reproduced
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from kvbench.app.suite import parse_suite
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.capacity import capacity_ratios, capacity_table, capacity_vs_published
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from reportkit import run, runs_frame, workload
 
 from tests.conftest import assert_one_line_error, kvbench
@@ -93,8 +93,7 @@ duration_s = 120
 [scheduler]
 clock = "roofline"
 [slo]
-metric = "normalized_latency_mean_s"
-bound = 0.3
+bounds = [{metric = "normalized", percentile = "mean", max_s = 0.3}]
 refine = {refine}
 [grid]
 policy = ["contiguous-max", "paged"]
@@ -147,14 +146,15 @@ def test_a_workload_sweeps_its_own_rates_and_duration_sets_the_count() -> None:
 
 
 BAD = {
-    "slo_metric_not_latency": (
-        ("bound = 0.3", "bound = 0.3\n"),
-        ('metric = "normalized_latency_mean_s"', 'metric = "mean_running"'),
-        ("mean_running",),
+    "slo_metric_not_latency": (('metric = "normalized"', 'metric = "mean_running"'), None, ("mean_running",)),
+    "slo_bound_zero": (("max_s = 0.3", "max_s = 0"), None, ("max_s",)),
+    "slo_metric_bound_form": (
+        ('bounds = [{metric = "normalized", percentile = "mean", max_s = 0.3}]', 'metric = "latency_p99_s"\nbound = 3'),
+        None,
+        ('bounds = [{metric = "e2e", percentile = 99, max_s = 3}]',),
     ),
-    "slo_bound_zero": (("bound = 0.3", "bound = 0"), None, ("bound",)),
     "slo_refine_negative": (("refine = 0", "refine = -1"), None, ("refine",)),
-    "slo_unknown_key": (("refine = 0", "refine = 0\nbounds = 1"), None, ("bounds",)),
+    "slo_unknown_key": (("refine = 0", "refine = 0\nceiling = 1"), None, ("ceiling",)),
     "duration_with_batch": (('arrival = "poisson"', 'arrival = "batch"'), None, ("duration_s",)),
     "empty_rate_list": (("rate = [0.5, 1.0, 2.0, 4.0]", "rate = []"), None, ("rate", "empty")),
 }

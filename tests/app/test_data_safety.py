@@ -26,26 +26,11 @@ import pytest
 from kvbench.harness.records import store
 from kvbench.harness.records.lock import LOCK_NAME
 
-from tests.conftest import ROOT, assert_one_line_error, special, tree
+from tests.conftest import ROOT, assert_one_line_error, kvbench, special, tree
 
 EXAMPLE = (ROOT / "suites" / "example.toml").read_text(encoding="utf-8")
 SMALL = EXAMPLE.replace("num_requests = 200", "num_requests = 20")  # 4 sim cells, well under a second each
 CELLS = 4
-
-
-def cli(
-    *args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    """The real CLI in a subprocess (``cwd`` defaults to the repository)."""
-    full = dict(os.environ, **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "kvbench.app.cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd or ROOT,
-        env=full,
-        timeout=timeout,
-    )
 
 
 def suite_file(folder: Path, text: str = SMALL, name: str = "suite.toml") -> Path:
@@ -55,7 +40,7 @@ def suite_file(folder: Path, text: str = SMALL, name: str = "suite.toml") -> Pat
 
 
 def run_ok(suite: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    proc = cli("run", suite, "--out", out, "--quiet", *extra)
+    proc = kvbench("run", suite, "--out", out, "--quiet", *extra)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -75,7 +60,7 @@ def test_workload_make_writes_no_special_file(tmp_path, kind):
     target = tmp_path / "w.parquet"
     special(kind, target, tmp_path / "elsewhere")
     before = tree(tmp_path)
-    proc = cli("workload", "make", "--out", target, "--num-requests", "5", timeout=60)
+    proc = kvbench("workload", "make", "--out", target, "--num-requests", "5", timeout=60)
     refused_and_unchanged(proc, tmp_path, before, str(target), "kvbench writes only regular files")
 
 
@@ -85,14 +70,14 @@ def test_calibrate_writes_no_special_file(tmp_path, kind):
     special(kind, target, tmp_path / "elsewhere")
     (tmp_path / "results").mkdir()
     before = tree(tmp_path)
-    proc = cli("calibrate", tmp_path / "results", "--out", target, timeout=60)
+    proc = kvbench("calibrate", tmp_path / "results", "--out", target, timeout=60)
     refused_and_unchanged(proc, tmp_path, before, str(target), "kvbench writes only regular files")
 
 
 def test_workload_make_replaces_a_regular_file_and_leaves_it_readable(tmp_path):
     target = tmp_path / "w.parquet"
     target.write_bytes(b"old")
-    proc = cli("workload", "make", "--out", target, "--num-requests", "5", timeout=60)
+    proc = kvbench("workload", "make", "--out", target, "--num-requests", "5", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert pq.read_table(target).num_rows == 5
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o666 & ~_umask()
@@ -117,7 +102,7 @@ def test_an_empty_out_names_nothing(tmp_path, command):
     shutil.copy(ROOT / "suites" / "example.toml", tmp_path / "example.toml")
     command = [c.replace("suites/example.toml", str(tmp_path / "example.toml")) for c in command]
     before = tree(tmp_path)
-    proc = cli(*command, cwd=tmp_path, timeout=60)
+    proc = kvbench(*command, cwd=tmp_path, timeout=60)
     refused_and_unchanged(proc, tmp_path, before, "--out", "empty path")
 
 
@@ -127,7 +112,7 @@ def test_run_out_that_is_not_a_directory_is_refused(tmp_path, kind):
     out = tmp_path / "out"
     special(kind, out, tmp_path / "elsewhere")
     before = tree(tmp_path)
-    proc = cli("run", suite, "--out", out, "--quiet", timeout=60)
+    proc = kvbench("run", suite, "--out", out, "--quiet", timeout=60)
     refused_and_unchanged(proc, tmp_path, before, str(out), "not a directory")
 
 
@@ -166,19 +151,19 @@ def test_a_foreign_report_folder_is_refused_not_deleted(recorded, tmp_path, how)
         (tmp_path / "mine" / "index.html").write_text("<p>mine</p>")
         report.symlink_to(tmp_path / "mine", target_is_directory=True)
     before = tree(tmp_path)
-    for proc in (cli("run", suite, "--out", out, "--quiet", "--rerun", timeout=120), cli("report", out)):
+    for proc in (kvbench("run", suite, "--out", out, "--quiet", "--rerun", timeout=120), kvbench("report", out)):
         refused_and_unchanged(proc, tmp_path, before, str(report))
 
 
 def test_a_report_kvbench_wrote_is_replaced_and_one_without_its_manifest_is_not(recorded, tmp_path):
     _, out = copy_of(recorded, tmp_path)
     assert (out / "report" / ".kvbench-report.json").is_file()
-    proc = cli("report", out)
+    proc = kvbench("report", out)
     assert proc.returncode == 0, proc.stderr
     assert not [p for p in out.iterdir() if p.name.startswith(".report")]
     (out / "report" / ".kvbench-report.json").unlink()  # nothing says these files are kvbench's
     before = tree(tmp_path)
-    refused_and_unchanged(cli("report", out), tmp_path, before, str(out / "report"))
+    refused_and_unchanged(kvbench("report", out), tmp_path, before, str(out / "report"))
 
 
 LINKED = [
@@ -216,7 +201,7 @@ def test_a_symlink_inside_a_results_directory_is_refused(recorded, tmp_path, wha
         # an orphan in the other directory: a run into out must not clean it through the link
         shutil.rmtree(sorted((other / "runs").glob("run_id=*"))[0])
     before = tree(tmp_path)
-    proc = cli("run", suite, "--out", out, "--quiet", "--rerun", timeout=120)
+    proc = kvbench("run", suite, "--out", out, "--quiet", "--rerun", timeout=120)
     refused_and_unchanged(proc, tmp_path, before, "symbolic link")
 
 
@@ -263,13 +248,13 @@ def test_an_incomplete_run_is_named_by_readers_and_run_again(recorded, tmp_path,
     base = copy_of(recorded, tmp_path, "base")[1]
     victim = _damage(out, how)
     before = tree(tmp_path)
-    for proc in (cli("report", out), cli("compare", base, out), cli("diverge", out, victim, victim)):
+    for proc in (kvbench("report", out), kvbench("compare", base, out), kvbench("diverge", out, victim, victim)):
         refused_and_unchanged(proc, tmp_path, before, victim, "incomplete")
-    proc = cli("run", suite, "--out", out, "--no-report")
+    proc = kvbench("run", suite, "--out", out, "--no-report")
     assert proc.returncode == 0, proc.stderr
     assert "incomplete records" in proc.stderr and "1 cell(s) run, 3 skipped" in proc.stderr
     assert store.incomplete_runs(out) == {}
-    assert cli("compare", base, out).returncode == 0
+    assert kvbench("compare", base, out).returncode == 0
 
 
 def test_a_run_row_records_its_partitions_row_counts(recorded):
@@ -306,7 +291,7 @@ def test_a_refused_grid_creates_nothing(tmp_path, case, existing):
     if existing:
         out.mkdir()
     before = tree(tmp_path)
-    proc = cli("run", suite, "--out", out, "--quiet")
+    proc = kvbench("run", suite, "--out", out, "--quiet")
     refused_and_unchanged(proc, tmp_path, before, "suite.toml")
 
 
@@ -315,7 +300,7 @@ def test_reading_commands_leave_nothing_in_a_folder_that_is_not_a_results_direct
     folder.mkdir()
     (folder / "cat.jpg").write_bytes(b"\xff\xd8")
     before = tree(tmp_path)
-    for proc in (cli("report", folder), cli("compare", folder, folder), cli("diverge", folder, "a", "b")):
+    for proc in (kvbench("report", folder), kvbench("compare", folder, folder), kvbench("diverge", folder, "a", "b")):
         refused_and_unchanged(proc, tmp_path, before, str(folder))
 
 
@@ -325,7 +310,7 @@ def test_reading_commands_leave_nothing_in_a_folder_that_is_not_a_results_direct
 def test_address_without_ray_is_refused(tmp_path):
     suite = suite_file(tmp_path)
     before = tree(tmp_path)
-    proc = cli("run", suite, "--out", tmp_path / "out", "--address", "127.0.0.1:6379", timeout=60)
+    proc = kvbench("run", suite, "--out", tmp_path / "out", "--address", "127.0.0.1:6379", timeout=60)
     refused_and_unchanged(proc, tmp_path, before, "--address", "--executor ray")
 
 
@@ -333,7 +318,9 @@ def test_an_unreachable_ray_address_fails_at_once(tmp_path):
     suite = suite_file(tmp_path)
     before = tree(tmp_path)
     start = time.monotonic()
-    proc = cli("run", suite, "--out", tmp_path / "out", "--executor", "ray", "--address", "127.0.0.1:1", timeout=120)
+    proc = kvbench(
+        "run", suite, "--out", tmp_path / "out", "--executor", "ray", "--address", "127.0.0.1:1", timeout=120
+    )
     assert time.monotonic() - start < 60
     if "Ray is not installed" in proc.stderr:
         refused_and_unchanged(proc, tmp_path, before, "Ray is not installed")
@@ -343,7 +330,7 @@ def test_an_unreachable_ray_address_fails_at_once(tmp_path):
 
 def test_jobs_beyond_the_cells_are_capped_and_said(tmp_path):
     suite = suite_file(tmp_path)
-    proc = cli("run", suite, "--out", tmp_path / "out", "--no-report", "--jobs", "1000")
+    proc = kvbench("run", suite, "--out", tmp_path / "out", "--no-report", "--jobs", "1000")
     assert proc.returncode == 0, proc.stderr
     assert f"--jobs 1000: {CELLS} cell(s) to run, so {CELLS} worker process(es)" in proc.stderr
 
@@ -351,9 +338,9 @@ def test_jobs_beyond_the_cells_are_capped_and_said(tmp_path):
 def test_compare_fails_when_one_side_measured_nothing(tmp_path):
     infeasible = SMALL.replace('"12GiB"', '"1MiB"')
     suite = suite_file(tmp_path, infeasible)
-    proc = cli("run", suite, "--out", tmp_path / "none", "--quiet", "--no-report")
+    proc = kvbench("run", suite, "--out", tmp_path / "none", "--quiet", "--no-report")
     assert proc.returncode == 3, proc.stderr  # every cell infeasible
-    proc = cli("compare", tmp_path / "none", tmp_path / "none")
+    proc = kvbench("compare", tmp_path / "none", tmp_path / "none")
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "measured nothing" in lines[0] and "4 infeasible" in lines[0], proc.stderr

@@ -2,7 +2,7 @@
 server against the server's /metrics scrape (``reports.serve_check``).
 
 Hand-made tables whose answers are known by hand (no vLLM needed), then the same records as
-real Parquet partitions through ``reports.records.load`` and the written report: a results
+real Parquet partitions through ``reports.loading.load`` and the written report: a results
 directory with a metrics table gets the section, one without it reports as before.
 
 The run: 160 positions of blocks of 16, so 10 usable blocks. Its steps, and the state after
@@ -28,7 +28,7 @@ import pyarrow as pa
 from kvbench.harness.records import store
 from kvbench.harness.records.schema import METRICS, STEPS
 from kvbench.reports.contents import report_tables
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from kvbench.reports.serve_check import ATTACHED_NOTE, serve_check
 from kvbench.runners.serve.runner import ATTACH_DETAIL
 from reportkit import run, runs_frame, write_records

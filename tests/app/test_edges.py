@@ -103,7 +103,7 @@ def test_a_temporary_file_is_made_exclusively_and_skips_a_planted_link(
 def test_the_store_never_follows_a_link_at_a_fixed_temporary_name(tmp_path: Path) -> None:
     (tmp_path / "secret").write_text("the user's")
     (tmp_path / ".slo.parquet.tmp").symlink_to(tmp_path / "secret")
-    write_slo(tmp_path, "s", parse_slo({"metric": "ttft_p99_s", "bound": 1.0}, "s.toml"))
+    write_slo(tmp_path, "s", parse_slo({"bounds": [{"metric": "ttft", "percentile": 99, "max_s": 1.0}]}, "s.toml"))
     assert (tmp_path / "secret").read_text() == "the user's" and (tmp_path / ".slo.parquet.tmp").is_symlink()
     assert pq.read_table(tmp_path / "slo.parquet").num_rows == 1
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from kvbench.app import cli
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 from kvbench.reports.tables import published_vs_reproduced
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "suites" / "paper-batched-requests.toml"
 
 

@@ -1,7 +1,7 @@
 """Reports: summary tables (exact ratios and geometric means), figures, summary.md (golden), index.html.
 
 Regenerate the golden file after an intended change with
-``KVBENCH_UPDATE_GOLDEN=1 pytest tests/test_reports.py`` and review its diff.
+``KVBENCH_UPDATE_GOLDEN=1 pytest tests/reports/test_reports.py`` and review its diff.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import kvbench
 from kvbench.reports import figdata, figures
 from kvbench.reports.decomposition import decompose
 from kvbench.reports.tables import geomean, geometric_mean, mismatches, published_vs_reproduced, ratios, summary
-from reportkit import GIB, W1, W2, golden_rows, kvbench, run, runs_frame, workload, write_golden, write_records
+from reportkit import GIB, W1, W2, golden_rows, run, runs_frame, workload, write_golden, write_records
 
-GOLDEN = Path(__file__).parent / "golden" / "summary.md"
+GOLDEN = Path(__file__).parents[1] / "golden" / "summary.md"
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,7 @@ def test_tp_times_pp_must_fit_the_stated_gpus() -> None:
 
 
 def test_parallel_sizes_count_in_the_run_id_only_when_not_1() -> None:
-    # At size 1 every earlier run id stands: tests/test_identity.py pins them.
+    # At size 1 every earlier run id stands: tests/spec/test_identity.py pins them.
     base = spec()
     sched = base.canonical("w")["scheduler"]
     assert "tensor_parallel_size" not in sched and "pipeline_parallel_size" not in sched and "num_gpus" not in sched

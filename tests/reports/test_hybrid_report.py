@@ -10,7 +10,7 @@ import pytest
 from kvbench.app.suite import parse_suite
 from kvbench.reports.contents import report_tables
 from kvbench.reports.hybrid import hybrid_table, waste_by_kind
-from kvbench.reports.records import load
+from kvbench.reports.loading import load
 
 from tests.conftest import DATA, ROOT, one_workload_suite, run_suite_text
 
