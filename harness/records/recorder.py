@@ -179,7 +179,7 @@ class RunRecorder:
         self._buf = np.tile(self._blank, (2 * BATCH_ROWS, 1))
         self._n = 0
         self._summarized = 0  # rows of the buffer already in the summary
-        self._groups: list[tuple[int, int, str, int, int]] = []  # kv_groups rows (KV_GROUPS's columns)
+        self._groups = _GroupRows()  # the kv_groups rows
 
     @property
     def summary(self) -> StepSummary:
@@ -236,7 +236,15 @@ class RunRecorder:
 
     def add_kv_groups(self, rows: Sequence[tuple[int, int, str, int, int]]) -> None:
         """Record a step's KV cache group rows (``KV_GROUPS``'s columns, in order)."""
-        self._groups.extend(rows)
+        self._groups.rows.extend(rows)
+
+    def add_kv_group_columns(
+        self, step: np.ndarray, group: np.ndarray, kinds: Sequence[str], blocks: np.ndarray, used: np.ndarray
+    ) -> None:
+        """Record many steps' KV cache group rows at once, column-wise: row ``i`` is ``(step[i],
+        group[i], kinds[group[i]], blocks[i], used[i])``. The table is the same as from
+        ``add_kv_groups`` with those rows."""
+        self._groups.add_columns(step, group, kinds, blocks, used)
 
     def _flush(self, final: bool = False) -> None:
         """Summarise the buffer and write it as row groups of ``BATCH_ROWS`` rows (and, when
@@ -308,18 +316,16 @@ class RunRecorder:
             if metrics is not None:
                 tmps.append(store.write_temp_partition(self.out, "metrics", self.run_id, metrics.cast(METRICS)))
                 tables.append("metrics")
-            if self._groups:
-                columns = list(zip(*self._groups))
-                groups = pa.Table.from_arrays(
-                    [pa.array(c, f.type) for c, f in zip(columns, KV_GROUPS)], schema=KV_GROUPS
-                )
+            n_groups = self._groups.count()
+            if n_groups:
+                groups = self._groups.table()
                 tmps.append(store.write_temp_partition(self.out, "kv_groups", self.run_id, groups))
                 tables.append("kv_groups")
             row = {name: run_row.get(name) for name in RUNS.names}
             # What the run's partitions hold: how a reader tells a whole run from one that lost a file.
             row["steps_rows"] = self._summary.steps
             row["requests_rows"] = req_table.num_rows
-            row["kv_groups_rows"] = len(self._groups) if self._groups else None
+            row["kv_groups_rows"] = n_groups or None
             for key, value in row.items():  # NaN → null: a missing measurement, not a number
                 if isinstance(value, float) and math.isnan(value):
                     row[key] = None
@@ -329,7 +335,7 @@ class RunRecorder:
             store.unpublish_run(self.out, self.run_id)  # a rerun: the old run stops existing first
             if metrics is None:
                 store.drop_partition(self.out, "metrics", self.run_id)  # an older run's scrapes
-            if not self._groups:
+            if not n_groups:
                 store.drop_partition(self.out, "kv_groups", self.run_id)
             for table, tmp in zip((*tables, "runs"), tmps):
                 store.publish(tmp, store.partition_dir(self.out, table, self.run_id))
@@ -353,6 +359,46 @@ class RunRecorder:
             except OSError:
                 pass
         shutil.rmtree(self._tmp_steps, ignore_errors=True)
+
+
+class _GroupRows:
+    """The kv_groups rows in arrival order: blocks of Arrow columns, then the rows given one
+    tuple at a time since the last block (turned into a block when columns follow them)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[list[pa.Array]] = []
+        self.rows: list[tuple[int, int, str, int, int]] = []
+        self._n = 0  # rows in ``blocks``
+
+    def count(self) -> int:
+        return self._n + len(self.rows)
+
+    def _close_rows(self) -> None:
+        if self.rows:
+            columns = zip(*self.rows)
+            self.blocks.append([pa.array(c, f.type) for c, f in zip(columns, KV_GROUPS)])
+            self._n += len(self.rows)
+            self.rows = []
+
+    def add_columns(
+        self, step: np.ndarray, group: np.ndarray, kinds: Sequence[str], blocks: np.ndarray, used: np.ndarray
+    ) -> None:
+        if not len(step):
+            return
+        self._close_rows()
+        index = pa.array(group, pa.int32())
+        kind = pa.array(kinds, pa.string()).take(index)
+        types = [f.type for f in KV_GROUPS]
+        self.blocks.append(
+            [pa.array(step, types[0]), index, kind, pa.array(blocks, types[3]), pa.array(used, types[4])]
+        )
+        self._n += len(step)
+
+    def table(self) -> pa.Table:
+        """Every row, one chunk a column (as ``pa.array`` over all rows at once gives)."""
+        self._close_rows()
+        columns = [pa.concat_arrays([b[i] for b in self.blocks]) for i in range(len(KV_GROUPS))]
+        return pa.Table.from_arrays(columns, schema=KV_GROUPS)
 
 
 def _close(writer: pq.ParquetWriter) -> None:

@@ -231,17 +231,12 @@ def _record(
         R.FREE: policy.budget_positions - alloc,
     }
     recorder.add_step_rows(R.step_rows(step0, np.array(ts), k, columns, events))
-    steps = range(step0, step0 + k)
     kinds = [grp.kind for grp in policy.groups]
-    if g == 1:
-        rows = zip(steps, [0] * k, kinds * k, group_blocks[:, 0].tolist(), group_used[:, 0].tolist())
-    else:
-        rows = zip(
-            [st for st in steps for _ in range(g)],
-            list(range(g)) * k,
-            kinds * k,
-            group_blocks.ravel().tolist(),
-            group_used.ravel().tolist(),
-        )
-    recorder.add_kv_groups(list(rows))
+    recorder.add_kv_group_columns(
+        np.repeat(np.arange(step0, step0 + k, dtype=np.int64), g),
+        np.tile(np.arange(g, dtype=np.int32), k),
+        kinds,
+        group_blocks.ravel(),
+        group_used.ravel(),
+    )
     policy.last_groups = list(zip(group_blocks[-1].tolist(), group_used[-1].tolist()))

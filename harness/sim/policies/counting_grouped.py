@@ -179,7 +179,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         """``seq``'s lines from ``tokens`` computed tokens at the next step measured (a group's
         used bytes: ``GroupUse.used_bytes``, growing by ``slope`` a token until ``until``); its
         next act: a block needed, a block skipped, or a line's end."""
-        self._unline(seq.index)
+        index = seq.index
         at = self.steps + 1
         consts, slopes, reals = [], [], []
         internal = 0
@@ -187,6 +187,14 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         act = tokens + 1 + self.max_model_len  # past any act
         sum_const, sum_slope, sum_real = self._const, self._slope, self._real
         same = self._same
+        # The request's old lines come off the totals in the same pass (zeros: it had none).
+        old = self._lines.get(index)
+        if old is None:
+            zeros = [0] * len(same)
+            old_c = old_s = old_r = zeros
+            old_internal = 0
+        else:
+            old_c, old_s, old_r, old_internal = old
         prev: list[int] = []
         c = slope = real = waste = 0
         for i, (p, t) in enumerate(zip(self._params, seq.group_tables)):
@@ -198,13 +206,13 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
             consts.append(c)
             slopes.append(slope)
             reals.append(real)
-            sum_const[i] += c
-            sum_slope[i] += slope
-            sum_real[i] += real
+            sum_const[i] += c - old_c[i]
+            sum_slope[i] += slope - old_s[i]
+            sum_real[i] += real - old_r[i]
             internal += waste
-        self._internal += internal
-        self._lines[seq.index] = (consts, slopes, reals, internal)
-        self._reach[seq.index] = max(act, tokens + 1) - 1
+        self._internal += internal - old_internal
+        self._lines[index] = (consts, slopes, reals, internal)
+        self._reach[index] = max(act, tokens + 1) - 1
 
     @staticmethod
     def _group_line(p: GroupLine, t: list[int], tokens: int, at: int, final_len: int) -> tuple[int, int, int, int, int]:
