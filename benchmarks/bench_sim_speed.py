@@ -4,44 +4,22 @@ All in ONE process, each side measured on the identical cell (same workload tabl
 precision, budget, scheduler settings) and, where repeated, interleaved so drift on a
 shared machine hits both sides alike; medians are reported.
 
-Workload (a): the Azure LLM inference trace 2023 (conversation), the first 5,000
-requests and the full 19,366, with the trace's own arrival times (``arrival = "trace"``,
-real time, ``time_scale = 1``); Llama-3-8B, fp16 KV, 8 GiB of KV, ``max_model_len``
-4096, ``max_num_seqs`` 256, ``max_num_batched_tokens`` 2048 (chunked prefill), the
-roofline clock on an A100-80GB, ``paged`` with 16-token blocks. Speed is *simulated
-tokens per wall second*: tokens the simulated engine computes (prefill + decode,
-``computed_tokens``) over the wall time of the step loop (the run row's ``wall_s``; the
-end-to-end time of ``run()`` including writing the tables is shown too).
+Parts (``--parts``, default ``abc``): (a) the Azure LLM inference trace 2023, its first 5,000
+requests and all 19,366, with the trace's arrival times; speed is *simulated tokens per wall
+second*: tokens the simulated engine computes (``computed_tokens``) over the step loop's wall
+time (the run row's ``wall_s``; ``run()``'s end-to-end time, tables written, is shown too).
+(b) scaling, 1k → 1M requests, each in a fresh child process: loop time per request and peak
+RSS (``--families`` adds a hash-id trace and conversations, ``FAMILIES``). (p) under memory
+pressure, every policy. (w) the workloads users run, every contiguous policy, arena and unit
+(``--rows`` picks rows by a word). (h) KV cache groups: the hybrid agreement cases of
+``tests/runners/test_agreement_hybrid.py`` at 30 and 300 requests, against vllm-sched. (c) peak
+RSS of runs whose step count grows 10× and 100× at the same request count.
 
-(b) Scaling: the synthetic ``sharegpt`` length distribution with Poisson arrivals at 5
-requests/s (about the Azure trace's rate), same model/budget/clock, 1k → 1M requests, each in
-a fresh child process: loop time per request and peak RSS (and RSS per request); ``--families``
-adds a hash-id trace and conversations (``FAMILIES``), parts b and c alike.
-
-(p) Under memory pressure: the Azure trace's first 5,000 requests on 4 GiB and the
-default suite's ShareGPT-like setting (OPT-13B, 12 GiB, 1,000 requests at once), every policy:
-the fast path against vllm-sched for the policies vLLM hosts, against the reference for the
-others, side by side, interleaved, with the preemptions each run took (``--parts p``). Then
-``paged-prefix`` where blocks are shared (the ShareGPT-like batch with 8 common 256-token
-prefixes, and with 2 samples per request).
-
-(w) The workloads users run: a hash-id trace (Mooncake form), conversations, a prefill-heavy
-trace, and every contiguous policy on every arena and unit, the fast path against vllm-sched,
-or the reference where vLLM hosts no such cell, interleaved (``--parts w``; ``--rows`` picks
-rows by a word of their workload, policy, arena or unit).
-
-(h) KV cache groups: the hybrid agreement cases of ``tests/runners/test_agreement_hybrid.py`` (gpt-oss-20b
-and a Gemma-3-like model with the hybrid manager on and off, an MLA and a gated-delta-net model),
-at their 30 requests and at 300, sim (the fast path over KV cache groups) against vllm-sched,
-interleaved (``--parts h``).
-
-(c) Memory: peak RSS (``resource.getrusage``) of runs whose step count grows 10× and
-100× while the request count stays the same, each in a fresh child process so peaks are separate.
+docs/performance.md ("``bench_sim_speed.py``") gives each part's settings and the numbers.
 
 Not a test (pytest does not collect ``benchmarks/``). Run from the repository root:
 
-    .venv/bin/python benchmarks/bench_sim_speed.py [--repeats 3] [--skip-full-vllm] [--max-requests 100000]
-"""
+    .venv/bin/python benchmarks/bench_sim_speed.py [--repeats 3] [--skip-full-vllm] [--max-requests 100000]"""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ The loop owns what does not depend on the engine being stepped:
   together (``RunRecorder.finish``), returned as a ``RunResult``.
 
 What differs between engines is behind ``Engine``: kvbench's scheduler
-(``runners.sim_engine.SimEngine``, for ``sim`` and ``torch``) and vLLM's scheduler or whole
+(``runners.sim.SimEngine``, for ``sim`` and ``torch``) and vLLM's scheduler or whole
 engine (``runners.vllm.steps.VllmStepEngine``, for ``vllm-sched`` and ``vllm``).
 """
 

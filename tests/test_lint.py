@@ -18,18 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 MAX_DOCSTRING_LINES = 25
 SOURCES = ("harness", "workloads", "runners", "reports", "app", "suites", "benchmarks", "tools", "tests")
-# Docstrings over the limit in modules other branches were editing when the limit came; each
-# leaves this set when it is cut (the test fails on an entry that is no longer over).
-PENDING = {
-    "runners/vllm/engine.py:<module>",
-    "runners/vllm/contiguous.py:<module>",
-    "runners/vllm/steps.py:<module>",
-    "harness/sim/counted_stretch.py:<module>",
-    "harness/sim/scheduler.py:<module>",
-    "harness/sim/fast_scheduler.py:<module>",
-    "harness/sim/policies/shared_prefix.py:<module>",
-    "benchmarks/bench_sim_speed.py:<module>",
-}
 
 
 def long_docstrings() -> dict[str, int]:
@@ -49,8 +37,7 @@ def long_docstrings() -> dict[str, int]:
 
 def test_no_docstring_is_over_25_lines() -> None:
     found = long_docstrings()
-    assert {k: n for k, n in found.items() if k not in PENDING} == {}, "cut these to what and why; docs/ hold the rest"
-    assert PENDING <= set(found), f"no longer over the limit: take {sorted(PENDING - set(found))} off PENDING"
+    assert found == {}, "cut these to what and why; docs/ hold the rest"
 
 
 @pytest.mark.skipif(

@@ -3,7 +3,7 @@
 
     python tools/make_mooncake_traces.py
 
-``tests/test_workload_sources.py`` checks that the shipped files are this script's output.
+``tests/workloads/test_workload_sources.py`` checks that the shipped files are this script's output.
 """
 
 from __future__ import annotations

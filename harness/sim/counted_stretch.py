@@ -1,44 +1,28 @@
 """Counted stretches: the fast path's run of many steps at once, through arrivals (open and
 closed loop), admissions, prompt chunks, finishes and preemptions.
 
-Where memory is block counts (``CountingPagedPolicy``: ``paged`` and ``virtual-contiguous``;
-``paged-prefix`` as ``SharedPrefixPolicy``, or ``CountingPrefixPolicy`` where no two sequences
-share a block) or a contiguous reservation made at admission (``ContiguousPolicy``, either
-arena, either unit), a run of steps in which every running request decodes needs no
-per-request work per step. Each decoder needs a new block every ``block_size`` ticks, so its
-crossings are an arithmetic progression (``CrossingPlan``; a contiguous reservation never
-crosses); the step's crossings are a count, its price the clock's formula (``Clock.price``),
-its row a few running totals (``bulk_rows.StepLog``; the rows are built once per stretch).
-Such a *plain* step costs a few operations (``Stretch._plain``). Only the requests an event
-touches are touched, through the policy's own calls and the reference's rule:
+Where memory is block counts (``CountingPagedPolicy``; ``paged-prefix`` as
+``SharedPrefixPolicy`` or ``CountingPrefixPolicy``) or a contiguous reservation made at
+admission (``ContiguousPolicy``, either arena, either unit), a run of steps in which every
+running request decodes needs no per-request work per step: each decoder's block crossings
+are an arithmetic progression (``CrossingPlan``), the step's price the clock's formula
+(``Clock.price``), its row a few running totals (``bulk_rows.StepLog``). Such a *plain* step
+costs a few operations (``Stretch._plain``). Only the requests an event touches are touched,
+through the policy's own calls and the reference's rules:
 
-- an **arrival** is released into ``waiting`` at the step the driver would release it; a
-  conversation's next turn is filed (``Arrivals.finished``) when the turn before it finishes
-  inside the stretch, so it arrives there too;
-- **waiting** requests are admitted by ``Scheduler.admit_waiting`` (first come first served,
-  ``must_fit``, prefix hits, the policy's ``allocate``), the last perhaps in chunks — one
-  request at a time prefills so, the tail of ``running`` — and each decodes from the tick
-  after its prompt is done (or finishes at once, with one token to sample). A head refused for
-  memory stays refused until memory is freed or a prompt chunk caches blocks (its hits can only
-  shrink otherwise: evictions), so admission is not tried again until then;
-- a **finish** frees the finisher at the end of its step, in running order (the order of frees
-  is the free queue's);
-- a step whose crossings do not fit the free blocks **preempts**: only then are the crossing
-  decoders named (``CrossingPlan.crossers``); they ask for their block in running order, and
-  each failure preempts from the tail of ``running`` (memory freed; recompute forgets the
-  computed tokens, swap keeps them; to the front of ``waiting``) until the request fits or is
-  itself preempted, which ends the step's scheduling. A prefilling tail whose next chunk does
-  not fit preempts itself. Nothing is admitted in such a step.
+- an **arrival** is released at the step the driver would release it (a conversation's next
+  turn too, filed when the turn before it finishes inside the stretch);
+- **waiting** requests are admitted by ``Scheduler.admit_waiting``, the last perhaps in chunks
+  (the prefilling request is the tail of ``running``); one with a single token to sample
+  finishes at once; a head refused for memory is not tried again until memory is freed or a
+  prompt chunk caches blocks;
+- a **finish** frees the finisher at the end of its step, in running order; a step whose
+  crossings do not fit **preempts**: crossers (``CrossingPlan.crossers``) ask in running
+  order, victims come from the tail; a prefilling tail whose next chunk does not fit preempts
+  itself; nothing is admitted in such a step.
 
-Every block a crossing takes is taken from the policy at its step (evicting the least
-recently freed cached block once the uncached ones are gone); what is deferred to the end of
-the stretch, or to the decoder's preemption or finish, is only the decoder's own count of
-blocks (``CrossingPlan.grow``) and, under prefix caching, the keys of the blocks it filled
-(only it could hit them: they hold its sampled tokens). The stretch ends after ``MAX_STEPS``,
-before a step with more decoders than the token budget, or when nothing is left to run; the
-step-by-step path (``FastScheduler.schedule``) takes over. Equality with the reference
-scheduler is tested record for record (``tests/sim/test_fast_path.py``).
-"""
+It ends after ``MAX_STEPS``, before a step with more decoders than the token budget, or when
+nothing is left; docs/design.md ("The simulator's fast path") has the rules that keep it exact."""
 
 from __future__ import annotations
 

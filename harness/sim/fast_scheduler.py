@@ -12,22 +12,16 @@ a finish). Any other step (the budget runs short: chunked prefill) materialises 
 decoder and runs the reference ``Scheduler.schedule`` unchanged.
 
 Before each step the driver asks for a run of steps at once (``record_quiet_steps``): a
-counted stretch (``harness.sim.counted_stretch``) wherever the policy keeps no block ids —
-block counts (``paged``, ``virtual-contiguous``), prefix caching as counts and content keys
-(``paged-prefix``: ``harness.sim.policies.shared_prefix``, or
-``harness.sim.policies.counting_prefix`` where no two sequences share a block) and the
-contiguous reservations — and the clock is a model; the step-by-step path takes the steps a
-stretch cannot (more decoders than the token budget) and every step of a measured clock.
-A policy over vLLM's KV cache groups (``CountingGroupedPolicy``) takes its own stretches
-(``harness.sim.grouped_stretch``); its decoders act where the policy says (``reach``), and a
-step it takes whole from the reference redraws the policy's lines (``resync``).
+counted stretch (``harness.sim.counted_stretch``) for every policy that keeps no block ids on
+a model clock, or ``harness.sim.grouped_stretch`` for vLLM's KV cache groups
+(``CountingGroupedPolicy``: decoders act where the policy says, ``reach``; a step taken whole
+from the reference redraws the policy's lines, ``resync``).
 
 Equality with the reference is tested record for record (``tests/sim/test_fast_path.py``).
-Two details keep it exact under prefix caching: a block's content is cached in
-the reference the step it fills, here at the next crossing or before a free
-(only the sequence itself could look it up in between), and finishers are
-freed in running order, because the order of frees is the LRU order.
-"""
+Under prefix caching a block's content is cached in the reference the step it fills, here at
+the next crossing or before a free (only the sequence itself could look it up in between),
+and finishers are freed in running order, because the order of frees is the LRU order.
+docs/design.md ("The simulator's fast path") has the whole design."""
 
 from __future__ import annotations
 

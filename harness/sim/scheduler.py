@@ -2,34 +2,27 @@
 
 The rules, as in ``vllm/v1/core/sched/scheduler.py`` (0.33):
 
-1. Running requests first, in admission order. Each asks for the tokens it
-   lacks (1 when decoding, the rest of its prompt when prefilling), capped
-   by the step's token budget (chunked prefill).
-2. When a running request cannot grow, the most recently admitted running
-   request is preempted (recompute: its memory is freed, its computed tokens
-   are forgotten, it goes to the front of the waiting queue) until the
-   request fits or preempts itself.
-3. Waiting requests are admitted, first come first served, only in a step
-   that preempted nothing, while the token budget and ``max_num_seqs``
-   allow and the head of the queue fits (an admission must fit its whole
-   current sequence, vLLM's ``scheduler_reserve_full_isl``). The first that
-   does not fit stops admission (head-of-line blocking).
-4. After the step, every request whose prefill is complete samples one
-   token; a request with all its output tokens finishes and is freed.
+1. Running requests first, in admission order. Each asks for the tokens it lacks (1 when
+   decoding, the rest of its prompt when prefilling), capped by the step's token budget
+   (chunked prefill).
+2. When a running request cannot grow, the most recently admitted running request is
+   preempted (recompute: its memory is freed, its computed tokens are forgotten, it goes to
+   the front of the waiting queue) until the request fits or preempts itself.
+3. Waiting requests are admitted, first come first served, only in a step that preempted
+   nothing, while the token budget and ``max_num_seqs`` allow and the head of the queue fits
+   (its whole current sequence, vLLM's ``scheduler_reserve_full_isl``). The first that does
+   not fit stops admission (head-of-line blocking).
+4. After the step, every request whose prefill is complete samples one token; a request with
+   all its output tokens finishes and is freed.
 
-Rules 2 and 3 are ``harness.sim.scheduling_rule``'s functions, which the fast
-path applies too.
+Rules 2 and 3 are ``harness.sim.scheduling_rule``'s, which the fast path applies too.
+``swap`` preemption keeps a preempted request's computed tokens (its K/V assumed copied to
+host memory): resuming re-allocates but does not recompute.
 
-``swap`` preemption keeps a preempted request's computed tokens (its K/V is
-assumed copied to host memory) so resuming re-allocates but does not recompute.
-
-Arrivals are not the scheduler's: as vLLM's front end adds requests to its
-scheduler, the runners' driver loop (``runners.driver``) releases them with
-``Arrivals.release`` before every step, into ``waiting``. The scheduler holds
-the requests still to come (``pending``, shared with ``Arrivals``) only for the
-fast path: a counted stretch releases each arrival, a conversation's next turn
-among them, at the step the driver would have released it.
-"""
+Arrivals are released by the driver loop (``runners.driver``, ``Arrivals.release``) before
+every step, as vLLM's front end adds requests; the scheduler holds the requests still to come
+(``pending``, shared with ``Arrivals``) only for the fast path's counted stretches, which
+release each arrival at the step the driver would have."""
 
 from __future__ import annotations
 

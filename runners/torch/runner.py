@@ -1,7 +1,7 @@
 """The ``torch`` runner: one real runtime, two KV caches (docs/runners.md, "Real tensors").
 
 kvbench's scheduler and policy decide every step exactly as in ``sim``
-(``runners.sim_engine.SimEngine``, stepped by the driver loop); the executor then computes each
+(``runners.sim.SimEngine``, stepped by the driver loop); the executor then computes each
 planned step for real with a small Llama-style decoder (``runners.torch.model``) over a
 contiguous arena or a paged block pool (``runners.torch.kv``), chosen by the policy, and times
 it (``step_wall_s``, device-synchronised). A geometry too large for the machine is refused before
@@ -30,7 +30,7 @@ from ..base import Cell, RunResult
 from ..common import base_row, expand_seqs, host_available_bytes, shortfall, write_status_only
 from ..oom import is_oom
 from ..prompts import PromptIds
-from ..sim_engine import run_scheduler
+from ..sim import run_scheduler
 from .kv import ContiguousKVCache, KVCache, PagedKVCache
 from .model import (
     Attend,
@@ -148,7 +148,7 @@ def cpu_threads(geometry: ModelGeometry) -> int:
 
 
 class TorchExecutor:
-    """Computes each ``StepPlan`` with a real model and KV cache (``runners.sim_engine.StepExecutor``)."""
+    """Computes each ``StepPlan`` with a real model and KV cache (``runners.sim.StepExecutor``)."""
 
     def __init__(
         self, cell: Cell, device: torch.device, record_logits: bool = False, batch_decode: bool = True

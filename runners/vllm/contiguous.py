@@ -1,36 +1,26 @@
 """Contiguous reservations inside vLLM's v1 engine, installed on a built scheduler.
 
-vLLM's scheduler admits a request only when ``KVCacheManager.allocate_slots`` returns
-blocks, and its kernels read block tables of arbitrary ids. So a contiguous policy inside
-vLLM is a wrapper around that one call on the running instance (no fork, no copy of vLLM):
+vLLM admits a request only when ``KVCacheManager.allocate_slots`` returns blocks, and its
+kernels read block tables of arbitrary ids, so a contiguous policy inside vLLM is a wrapper
+around that one call (and ``free``) on the running instance: no fork, no copy of vLLM.
 
-- at a request's first allocation (it holds no blocks), reserve every block it may need,
-  by the policy's rule (``harness.sim.policies.contiguous.RESERVATIONS``: max_model_len,
-  prompt + the next power of two of the output, or prompt + output), rounded up to whole
-  blocks, as one run of consecutive physical block ids placed by the same arena the
-  simulator uses (first-fit or buddy, over the usable block ids 1..N; block 0 is vLLM's
-  null block). No run that fits: ``allocate_slots`` returns None and vLLM stops admitting,
-  first come first served, as it does when blocks run out;
-- the run's blocks leave vLLM's free queue and take a reference, as ``BlockPool.get_new_blocks``
-  does; the first ``ceil(max_model_len / block_size)`` of them (the block table's width)
-  become the request's blocks, and the rest (Pow2 or buddy rounding beyond the width) are
-  held here, out of the free queue and out of the block table, so they count as allocated
-  in vLLM's own pool and are never written to;
-- then vLLM's own ``allocate_slots`` runs: the reservation covers every token the request
-  will hold, so it allocates nothing, now or later, and a running request is never preempted
-  for lack of blocks;
-- ``KVCacheManager.free`` (finish or preemption) returns the held blocks to the free queue
-  and the run to the arena, after vLLM frees the request's own blocks.
+- At a request's first allocation, reserve every block it may need by the policy's rule
+  (``harness.sim.policies.contiguous.RESERVATIONS``), rounded up to whole blocks, as one run
+  of consecutive block ids placed by the simulator's arena (first-fit or buddy, over the usable
+  ids 1..N; block 0 is vLLM's null block). No run fits: ``allocate_slots`` returns None and
+  vLLM stops admitting, as when blocks run out.
+- The run's blocks leave vLLM's free queue and take a reference, as
+  ``BlockPool.get_new_blocks`` does; the first ``ceil(max_model_len / block_size)`` become the
+  request's blocks, the rest (Pow2 or buddy rounding beyond the block table's width) are held
+  here, counted as allocated in vLLM's pool and never written to.
+- vLLM's own ``allocate_slots`` then allocates nothing, now or later, so a running request is
+  never preempted for lack of blocks; ``free`` returns the held blocks and the run after vLLM
+  frees the request's own.
 
-A run of consecutive block ids is one contiguous stretch of each layer's KV tensor (their
-layout puts the block index outermost), so this is a physically contiguous allocation
-running vLLM's scheduler, model runner and kernels unchanged. What each request held is
-kept per request (``placement``: its first block, counted from the first usable block, and
-how many runs of consecutive ids its blocks formed when it was freed), for the records.
-
-Prefix caching must be off (a cache hit would share blocks wherever they lie), speculative
-decoding too (lookahead slots), and the model must have one KV cache group.
-"""
+Each request's ``placement`` (its first block, counted from the first usable block, and how
+many runs of consecutive ids its blocks formed when freed) goes to the records. Prefix caching
+and speculative decoding must be off and the model must have one KV cache group.
+docs/runners.md ("Contiguous reservations inside vLLM") says why this is physically contiguous."""
 
 from __future__ import annotations
 

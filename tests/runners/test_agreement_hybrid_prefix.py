@@ -24,8 +24,8 @@ from kvbench.harness.records import store  # noqa: E402
 from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec  # noqa: E402
 from kvbench.harness.spec.workload_spec import WorkloadSpec  # noqa: E402
 
+from tests.agreekit import assert_agree, run_pair  # noqa: E402
 from tests.conftest import DATA  # noqa: E402
-from tests.test_agreement import assert_agree, run_pair  # noqa: E402
 
 # Four prefix groups of 192 tokens (past gpt-oss's 128-token window) and two samples per request:
 # full groups hit the shared prefix and the whole prompt; sliding groups hit where a request cached

@@ -36,13 +36,11 @@ from kvbench.runners.serve import process as serve_process
 from kvbench.runners.serve import runner as serve
 from kvbench.runners.serve import scheduler as serve_scheduler
 from kvbench.runners.serve.metrics import num_gpu_blocks, parse_metrics
-from kvbench.runners.vllm import engine as vllm_engine
 
 from tests.conftest import ROOT
+from tests.enginekit import needs_engine
 
 API_SERVER = b"vllm.entrypoints.openai.api_server"
-ENGINE_REASON = vllm_engine.VllmRunner().unavailable()
-needs_engine = pytest.mark.skipif(ENGINE_REASON is not None, reason=f"the vLLM engine cannot run here: {ENGINE_REASON}")
 
 # llama-mini at bf16: 1,536 B of KV per token; 1 MiB = 682 positions = 21 blocks of 32: a batch of
 # 24 requests preempts. Small enough that a server starts in ~30 s on two cores.

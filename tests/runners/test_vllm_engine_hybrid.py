@@ -19,7 +19,7 @@ from kvbench.app.sweep import build_cells, run_cell
 from kvbench.harness.records import store
 
 from tests.conftest import DATA, one_workload_suite
-from tests.test_vllm_engine import BUILD, needs_engine
+from tests.enginekit import BUILD, needs_engine
 
 pytestmark = needs_engine
 
@@ -52,7 +52,7 @@ def suite(
 
 @pytest.mark.skipif(BUILD is None or BUILD.device != "cpu", reason="checks the CPU build's engine")
 def test_the_engine_on_a_gemma3_like_hybrid_agrees_with_sim(tmp_path: Path) -> None:
-    from tests.test_agreement import assert_agree
+    from tests.agreekit import assert_agree
 
     rows = {r["runner"]: r for r in suite(tmp_path, "tiny-gemma3", '["sim", "vllm"]', "480KiB")}
     sim, vllm = rows["sim"], rows["vllm"]

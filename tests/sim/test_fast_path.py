@@ -29,7 +29,8 @@ from kvbench.harness.spec.geometry import resolve_model
 from kvbench.runners.sim import SimRunner
 
 from tests.conftest import DATA, ROOT
-from tests.test_workload_sources import mooncake_reuse_rows, write_jsonl
+from tests.tracekit import write_jsonl
+from tools.make_mooncake_traces import mooncake_reuse_rows
 
 ALL_POLICIES = (
     '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'

@@ -16,7 +16,7 @@ from kvbench.harness.sim.scheduler import Arrivals, Scheduler
 from kvbench.harness.sim.sequence import FINISHED
 from kvbench.runners.common import base_row, expand_seqs
 from kvbench.runners.driver import drive
-from kvbench.runners.sim_engine import SimEngine
+from kvbench.runners.sim import SimEngine
 
 from tests.conftest import run_suite_text
 

@@ -1,31 +1,23 @@
 """``paged-prefix`` kept as counts and content keys: vLLM's prefix cache, exact with sharing.
 
-The block table (``PagedPolicy`` with caching) names every block. What the simulator records
-depends on fewer things: how many blocks are free, which of the free ones hold content and in
-what order they were freed (evictions pop the least recently freed), and which content each
-cached block holds (a hit takes the first cached block with a key). A block without content —
-never used, freed without a key, or a block a sequence holds whose content is not cached yet —
-is interchangeable with any other, so it is a count. Only cached blocks have a name (a handle:
-a number below the pool's size, taken when a block is cached and given back when it is
-evicted), and each sequence's blocks are its cached handles (always a prefix of its blocks: a
-block is cached only once every block before it is full) followed by a count of blocks without
-content (``seq.allocated`` says how many blocks it holds).
+The block table (``PagedPolicy`` with caching) names every block; what the simulator records
+depends on less: how many blocks are free, which free ones hold content and in what order they
+were freed (evictions pop the least recently freed), and which content each cached block holds
+(a hit takes the first cached block with a key). A block without content is interchangeable
+with any other, so it is a count. Only cached blocks have a name (a handle below the pool's
+size, taken when a block is cached, given back when it is evicted); each sequence's blocks are
+its cached handles (a prefix of its blocks) followed by a count of blocks without content.
 
-``CachedBlocks`` holds that state: the uncached free count, the LRU of free cached handles
-(an ``OrderedDict``: O(1) touch, evict, append; each with when it was freed, for the reuse
-distances), each handle's key, each key's first cached
-handle (the one a hit takes; later ones with the same key, rare, wait in ``more``), and the
-references beyond the first of the handles several sequences hold (a held handle not there has
-one; a handle in the LRU has none). The common operations — a sequence's run of hits, caching
-a prompt's blocks, freeing a sequence that shares nothing, evicting a run from the LRU — go in
-bulk through the dictionaries' own loops. A stretch of steps takes many blocks at once
-(``take``: the uncached first, then evicting from the LRU's front) without naming the blocks a
-decoder grows into: a decoder's own blocks hold tokens only it has (its sampled tokens), so
-nothing can hit them before it frees them, and they are cached then (``free``; the block table
-caches each the step it fills). Equality with the block table is tested call for call
-(``tests/sim/test_policy_properties.py``) and record for record through the simulator
-(``tests/sim/test_fast_path.py``).
-"""
+``CachedBlocks`` holds that state: the uncached free count, the LRU of free cached handles (an
+``OrderedDict``: O(1) touch, evict, append; each with when it was freed, for the reuse
+distances), each handle's key, each key's first cached handle (later ones with the same key,
+rare, wait in ``more``), and the references beyond the first of handles several sequences hold.
+Runs of hits, caching a prompt's blocks, freeing a sequence that shares nothing and evicting a
+run go in bulk through the dictionaries' own loops. A stretch takes many blocks at once
+(``take``) without naming the blocks a decoder grows into: they hold only its own sampled
+tokens, so nothing can hit them before it frees them, and they are cached then (``free``).
+Equality with the block table is tested call for call (``tests/sim/test_policy_properties.py``)
+and record for record through the simulator (``tests/sim/test_fast_path.py``)."""
 
 from __future__ import annotations
 

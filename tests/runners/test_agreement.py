@@ -16,21 +16,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 pytest.importorskip("vllm")
 
-from kvbench.app.suite import parse_suite  # noqa: E402
-from kvbench.app.sweep import build_cells, run_cell  # noqa: E402
-from kvbench.harness.records import store  # noqa: E402
-from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence  # noqa: E402
 
-from tests.conftest import AGREEMENT_COLUMNS, one_workload_suite  # noqa: E402
+from tests.agreekit import assert_agree, run_pair  # noqa: E402
+from tests.conftest import DATA, ROOT  # noqa: E402
 
 REUSE_COLUMNS = tuple(f"reuse_distance_{q}_{u}" for q in ("p50", "p90") for u in ("steps", "s"))
-MOONCAKE = Path(__file__).parents[1] / "suites" / "data" / "mooncake-reuse.jsonl"
-AZURE_SLICE = Path(__file__).parent / "data" / "azure-conv-slice.csv"
+MOONCAKE = ROOT / "suites" / "data" / "mooncake-reuse.jsonl"
+AZURE_SLICE = DATA / "azure-conv-slice.csv"
 
 
 # Llama-3-8B at fp16: 128 KiB per token, so 1 GiB = 8,192 positions = 512 blocks of 16.
@@ -89,54 +85,6 @@ CASES: dict[str, dict[str, object]] = {
         max_num_batched_tokens=128,
     ),
 }
-
-
-def run_pair(tmp_path: Path, **kw: object) -> tuple[dict, dict]:
-    settings: dict[str, object] = dict(
-        preset="llama-3-8b", max_model_len=2048, clock="steps", policy="paged", block_size=16, arena="first-fit"
-    )
-    settings.update(kw)
-    text = one_workload_suite(name="agreement-test", runners='["sim", "vllm-sched"]', **settings)
-    suite = parse_suite(text, str(tmp_path / "agreement-test.toml"))
-    cells = build_cells(suite, tmp_path, lambda m: None)
-    rows = {c.spec.runner: run_cell(c) for c in cells}
-    for row in rows.values():
-        assert row["status"] == "ok", row.get("error")
-    return rows["sim"], rows["vllm-sched"]
-
-
-def assert_agree(tmp_path: Path, sim: dict, vllm: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    a, b = sim["run_id"], vllm["run_id"]
-    steps = store.read_table(tmp_path, "steps", {a, b})
-    sa, sb = steps[steps["run_id"] == a], steps[steps["run_id"] == b]
-    assert len(sa) == len(sb) == sim["steps"] == vllm["steps"]
-    d = first_divergence(sa, sb, DEFAULT_COLUMNS)  # the contract
-    assert d is None, d.describe("sim", "vllm-sched")
-    d = first_divergence(sa, sb, AGREEMENT_COLUMNS)  # and everything else measured
-    assert d is None, d.describe("sim", "vllm-sched")
-    reqs = store.read_table(tmp_path, "requests", {a, b})
-
-    def table(run_id: str) -> pd.DataFrame:
-        t = reqs[reqs["run_id"] == run_id].drop(columns=["run_id", "token_times_s"])  # sim records no token times
-        return t.sort_values(["request_id", "sample"]).reset_index(drop=True)
-
-    ra, rb = table(a), table(b)
-    pd.testing.assert_series_equal(ra["num_preemptions"], rb["num_preemptions"])  # per request
-    pd.testing.assert_frame_equal(ra, rb)
-    for key in (
-        "steps",
-        "preemptions",
-        "evictions",
-        "generated_tokens",
-        "computed_tokens",
-        "sim_time_s",
-        "token_states_frac",
-        "reservation_frac",
-        "internal_frag_frac",
-        "external_frag_frac",
-    ):
-        assert sim[key] == vllm[key], key
-    return sa, ra
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -16,17 +16,13 @@ from kvbench.workloads.content import Content
 from kvbench.workloads.table import Workload, compute_workload_id, read_workload, write_workload
 from kvbench.workloads.traces import read_trace
 
-from tests.conftest import ROOT, assert_one_line_error, kvbench, tree
+from tests.conftest import DATA, ROOT, assert_one_line_error, kvbench, tree
+from tests.tracekit import write_jsonl
 from tools.make_mooncake_traces import BLOCK, mooncake_reuse_rows
 
-FIXTURE = Path(__file__).parent / "data" / "mooncake-20.jsonl"
+FIXTURE = DATA / "mooncake-20.jsonl"
 SHIPPED = ROOT / "suites" / "data" / "mooncake-reuse.jsonl"
 VOCAB = 50_272
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def trace_workload(path: Path, **kw: object) -> Workload:

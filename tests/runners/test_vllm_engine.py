@@ -33,18 +33,10 @@ from kvbench.runners.vllm import engine as vllm_engine
 from kvbench.runners.vllm.engine import CPU_HEAD_SIZES, NO_CUDA, POLICY_ERROR
 
 from tests.conftest import AGREEMENT_COLUMNS, kvbench, one_workload_suite
+from tests.enginekit import BUILD, ENGINE_REASON, needs_engine
 
-BUILD = vllm_build.installed_build()
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None and BUILD is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
-
-
-def _engine_runs_here() -> str | None:
-    return vllm_engine.VllmRunner().unavailable()
-
-
-ENGINE_REASON = _engine_runs_here()
-needs_engine = pytest.mark.skipif(ENGINE_REASON is not None, reason=f"the vLLM engine cannot run here: {ENGINE_REASON}")
 cuda_build_without_gpu = pytest.mark.skipif(
     ENGINE_REASON != NO_CUDA, reason="checks the CUDA build's no-GPU path; not this machine's case"
 )
