@@ -40,9 +40,19 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
         return f"{100 * value:.1f}"
     if key == "mean_running":
         return f"{value:.1f}"
+    if key == "hybrid_kv":
+        return "on" if value else "off"
     if key == "block_size" and is_contiguous(str(row.get("policy", ""))) and value == 1:
         return "-"  # one reservation per request, in positions: no block size
     return str(value)
+
+
+def _columns(members: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """COLUMNS, with the hybrid KV cache manager's setting after the block size where it varies
+    (otherwise two cells of one model would print as the same row)."""
+    if len({r.get("hybrid_kv") for r in members if r.get("hybrid_kv") is not None}) < 2:
+        return COLUMNS
+    return (*COLUMNS[:3], ("hybrid_kv", "hybrid"), *COLUMNS[3:])
 
 
 def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -59,10 +69,11 @@ def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:
             f"model {model}  workload {workload_tag(members[0])}  kv {dtype}  budget {budget:,} B "
             f"({members[0].get('budget_positions', 0):,} positions)"
         )
-        table = [[label for _, label in COLUMNS]]
+        columns = _columns(members)
+        table = [[label for _, label in columns]]
         for r in members:
-            table.append([_cell(k, r.get(k), r) for k, _ in COLUMNS])
-        widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
+            table.append([_cell(k, r.get(k), r) for k, _ in columns])
+        widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
         for row in table:
             out.append(
                 "  " + "  ".join(v.rjust(w) if i >= 2 else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))

@@ -76,3 +76,14 @@ def test_the_shipped_hybrid_models_suite_sets_each_model_on_against_off() -> Non
     for model in models:
         for runner in ("sim", "vllm-sched"):
             assert {s.hybrid_kv for s in cells if s.geometry.name == model and s.runner == runner} == {True, False}
+
+
+def test_the_console_table_shows_the_hybrid_manager_where_it_varies() -> None:
+    from kvbench.reports.console import render_rows
+
+    base = {"model": "gpt-oss-20b", "workload_id": "w", "kv_dtype": "bf16", "budget_bytes": 1, "runner": "sim"}
+    base |= {"policy": "paged", "block_size": 16, "status": "ok"}
+    text = render_rows([base | {"hybrid_kv": True, "steps": 5}, base | {"hybrid_kv": False, "steps": 9}])
+    header, on, off = text.splitlines()[1:4]
+    assert "hybrid" in header.split() and on.split()[3:5] == ["on", "-"] and off.split()[3] == "off"
+    assert "hybrid" not in render_rows([base | {"hybrid_kv": None}, base]).split()
