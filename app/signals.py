@@ -43,9 +43,12 @@ def _quiet_unraisable(previous: Callable[[Any], object]) -> Callable[[Any], obje
 
 
 def raise_pending() -> None:
-    """Raise an interrupt that arrived but was swallowed on its way (see ``_pending``)."""
+    """Raise an interrupt that arrived but was swallowed on its way (see ``_pending``), once:
+    a later sweep in the same process starts without it."""
     if _pending:
-        raise Interrupted(_pending[0])
+        signum = _pending[0]
+        _pending.clear()
+        raise Interrupted(signum)
 
 
 @contextlib.contextmanager
