@@ -1,25 +1,9 @@
 """``kvbench doctor --gpu``: a couple of minutes on a GPU that exercise every timed runner.
 
-One in-process suite, run with ``app.sweep.build_cells``/``run_cells`` (docs/ci.md, "The GPU check"):
-
-- model: Llama-3-8B's layer shapes (so vLLM's default attention kernels apply) cut to 2
-  layers with a 32k vocabulary, written as a ``config.json`` into the results directory;
-  nothing is downloaded;
-- workload: 96 requests, prompts 32–512 and outputs 16–192 tokens (uniform),
-  all arriving at once; 128 MiB of KV (16,384 positions), ``max_model_len``
-  1024, so ``contiguous-max`` holds 16 requests at once and paging about
-  three times as many;
-- cells: ``vllm``, ``torch`` on CUDA and ``sim``, each with contiguous-max,
-  contiguous-oracle (reserved in whole blocks) and paged, at block size 16.
-
-It prints progress, the per-cell results and the decomposition table of
-``reports.decomposition`` (naive = allocation × runtime). vLLM runs eagerly
-(no torch.compile or CUDA graphs: ``KVBENCH_VLLM_ENFORCE_EAGER=1`` unless the
-environment sets it) to keep start-up short; its numbers are then a lower
-bound on the engine's speed.
-
-Exit codes: 0 every cell ok; 1 a cell failed (or vLLM was unavailable); 2 no
-CUDA device (one line, nothing run).
+One in-process suite (``app.sweep.build_cells``/``run_cells``): ``vllm``, ``torch`` on CUDA
+and ``sim`` on a 2-layer Llama-3-8B shape written locally, printing each cell and the
+allocation × runtime decomposition. docs/ci.md ("The GPU check") gives the suite and
+the exit codes (0 ok, 1 a cell failed, 2 no CUDA device).
 
     python -m kvbench.app.gpu_smoke [--out DIR]      # keep the records in DIR
     KVBENCH_SMOKE_OUT=DIR kvbench doctor --gpu   # the same

@@ -1,28 +1,12 @@
 """Step clocks: how long a scheduler step takes in simulated seconds.
 
-``steps`` makes every step one second, so arrival times read as step counts.
-``roofline`` prices a step from the model geometry and a GPU preset: a step
-reads the weights once and the KV of every scheduled request's context, and
-performs 2 FLOPs per parameter per scheduled token plus attention; its time is
-the larger of bytes over bandwidth and FLOPs over the peak rate. Bandwidth and
-peak are the achieved rates, not the datasheet's: each preset carries two
-efficiency factors measured on real kernels (Vidur's profiled fp16 GEMMs:
-about 0.77 of peak bandwidth for decode-sized GEMMs on A100, 0.85 on H100;
-0.74 and 0.69 of peak FLOPs for prefill-sized ones; docs/clock-presets.md).
-It still ignores everything outside the GEMMs' byte and FLOP streams (kernel
-launch gaps, norms and activations, the sampler, the engine's CPU work), which
-is why its absolute numbers sit below a real engine's; it exists so that
-Poisson and trace arrivals interact with step durations in a meaningful way.
-Under tensor / pipeline parallelism (``ParallelRooflineClock``) it prices one
-rank of each pipeline stage (its share of the weights, KV and FLOPs) plus two
-ring all-reduces per layer over the preset's NVLink, each with a per-call
-latency, sums the stages (one batch goes through them in turn) and adds the
-sends of activations between them; at size 1 it is the one-GPU roofline.
-``profile`` prices a step with terms fitted to a real engine's measured steps
-(``ClockTerms``, ``kvbench calibrate``). ``measured`` is no model at all: the
-engine runners time each step and that time is the clock (``make_clock``
-returns None). The presets and the fitted terms are in ``harness.clock.model``;
-docs/clock.md states the model.
+``steps``: one second a step (arrival times read as step counts). ``roofline``: the
+larger of bytes over achieved bandwidth and FLOPs over achieved peak for one step on a
+GPU preset (``ParallelRooflineClock`` under tensor / pipeline parallelism, with its
+all-reduces and stage sends). ``profile``: terms fitted to a real engine's steps
+(``kvbench calibrate``). ``measured``: no model; the engine runners time each step
+(``make_clock`` returns None). docs/clock.md states the model and its limits; the
+presets and fitted terms are in ``harness.clock.model``.
 """
 
 from __future__ import annotations

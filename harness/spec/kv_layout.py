@@ -1,27 +1,10 @@
 """vLLM's KV cache groups and blocks for a model, as pure arithmetic.
 
-vLLM gives every layer a ``KVCacheSpec`` (full attention, sliding window,
-chunked local attention, MLA, Mamba state), forms KV cache groups from them and
-splits one memory budget into blocks (``vllm/v1/core/kv_cache_utils.py``;
-``kv_cache_planning.py`` in 0.33). ``kv_layout`` follows the same steps:
-
-1. the Mamba block-size rule (``Platform.update_block_size_for_backend``): with
-   state layers the attention block size is raised until one attention page
-   holds a layer's state, and the state page is padded to it; a state block
-   spans ``max_model_len`` tokens (``mamba_cache_mode`` "none") or one attention
-   block (``"align"``, with prefix caching);
-2. with the hybrid manager off, sliding and chunked layers are sized as full attention
-   (``unify_hybrid_kv_cache_specs``); state layers cannot be, and vLLM refuses;
-3. one spec for every layer gives one group; otherwise pages are made equal
-   (``unify_kv_cache_spec_page_size``: a smaller page gets a larger block, a
-   state page is padded) and layers of one spec are split into groups of equal
-   size, the smallest kind's layer count, padded where counts differ
-   (``_get_kv_cache_groups_uniform_page_size``);
-4. all groups draw block ids from one pool: a block id is a page in every layer
-   of every group, so a block costs the largest group's pages
-   (``get_kv_cache_config_from_groups``), and the scheduler's block size is the
-   LCM of the groups' (``resolve_kv_cache_block_sizes``).
-
+``kv_layout`` takes the steps vLLM takes from every layer's ``KVCacheSpec`` to a
+``KVCacheConfig`` (``vllm/v1/core/kv_cache_utils.py``; ``kv_cache_planning.py`` in
+0.33): the Mamba block-size rule, the hybrid manager off (sliding and chunked layers
+sized as full), groups of equal page size, one pool of block ids shared by every
+group. docs/models.md ("KV cache groups") states each step with vLLM's function name.
 Layer-outermost cache layouts are mirrored; the packing of block-outermost ones is not.
 """
 
