@@ -11,7 +11,40 @@ from kvbench.app.sweep import build_cells, run_cell
 from kvbench.harness.records import store
 from kvbench.reports.divergence import DEFAULT_COLUMNS, first_divergence
 
-from tests.conftest import AGREEMENT_COLUMNS, one_workload_suite
+from tests.conftest import AGREEMENT_COLUMNS, DATA, one_workload_suite
+
+
+def config(name: str) -> str:
+    """A ``[model]`` line loading one of ``tests/data/models``' config.json files."""
+    return f'config = "{DATA / "models" / name / "config.json"}"\n'
+
+
+# Models of KV cache groups: (lines for [model], KV budget) per case, each budget preempting.
+HYBRID_CASES: dict[str, tuple[str, str]] = {
+    "gpt-oss-20b-hybrid-on": ("hybrid_kv = true\n", "64MiB"),
+    "gpt-oss-20b-hybrid-off": ("hybrid_kv = false\n", "64MiB"),
+    "gemma3-like-hybrid-on": (config("tiny-gemma3") + "hybrid_kv = true\n", "1MiB"),
+    "gemma3-like-hybrid-off": (config("tiny-gemma3") + "hybrid_kv = false\n", "2MiB"),
+    "mla-deepseek-v2-like": (config("tiny-dsv2"), "2500KiB"),
+    "state-qwen3-next-like": (config("tiny-qwen3next"), "1200KiB"),
+}
+
+
+def run_hybrid_case(tmp_path: Path, case: str, workload: str, policy: str = "paged") -> tuple[dict, dict]:
+    """``run_pair`` on one of ``HYBRID_CASES``."""
+    extra, budget = HYBRID_CASES[case]
+    return run_pair(
+        tmp_path,
+        preset="gpt-oss-20b",  # a [model] config takes its place where the case gives one
+        model_extra=extra,
+        kv_dtype="bf16",
+        workload=workload,
+        budget=budget,
+        max_model_len=1024,
+        max_num_seqs=64,
+        max_num_batched_tokens=256,
+        policy=policy,
+    )
 
 
 def run_pair(tmp_path: Path, **kw: object) -> tuple[dict, dict]:

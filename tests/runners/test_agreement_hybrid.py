@@ -20,8 +20,7 @@ pytest.importorskip("vllm")
 
 from kvbench.harness.records import store  # noqa: E402
 
-from tests.agreekit import assert_agree, run_pair  # noqa: E402
-from tests.conftest import DATA  # noqa: E402
+from tests.agreekit import HYBRID_CASES, assert_agree, run_hybrid_case  # noqa: E402
 
 # Long decodes beside short prompts: sliding layers free what leaves their window while the full
 # layers grow, so running requests outgrow the pool and preempt.
@@ -31,34 +30,11 @@ WORKLOAD = (
 )
 
 
-def config(name: str) -> str:
-    return f'config = "{DATA / "models" / name / "config.json"}"\n'
-
-
-# (model lines for [model], KV budget) per case.
-CASES: dict[str, tuple[str, str]] = {
-    "gpt-oss-20b-hybrid-on": ("hybrid_kv = true\n", "64MiB"),
-    "gpt-oss-20b-hybrid-off": ("hybrid_kv = false\n", "64MiB"),
-    "gemma3-like-hybrid-on": (config("tiny-gemma3") + "hybrid_kv = true\n", "1MiB"),
-    "gemma3-like-hybrid-off": (config("tiny-gemma3") + "hybrid_kv = false\n", "2MiB"),
-    "mla-deepseek-v2-like": (config("tiny-dsv2"), "2500KiB"),
-    "state-qwen3-next-like": (config("tiny-qwen3next"), "1200KiB"),
-}
+CASES = HYBRID_CASES
 
 
 def run_case(tmp_path: Path, case: str) -> tuple[dict, dict]:
-    extra, budget = CASES[case]
-    return run_pair(
-        tmp_path,
-        preset="gpt-oss-20b",  # a [model] config below takes its place
-        model_extra=extra,
-        kv_dtype="bf16",
-        workload=WORKLOAD,
-        budget=budget,
-        max_model_len=1024,
-        max_num_seqs=64,
-        max_num_batched_tokens=256,
-    )
+    return run_hybrid_case(tmp_path, case, WORKLOAD)
 
 
 @pytest.mark.parametrize("case", list(CASES))

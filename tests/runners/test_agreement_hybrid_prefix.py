@@ -24,8 +24,7 @@ from kvbench.harness.records import store  # noqa: E402
 from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec  # noqa: E402
 from kvbench.harness.spec.workload_spec import WorkloadSpec  # noqa: E402
 
-from tests.agreekit import assert_agree, run_pair  # noqa: E402
-from tests.conftest import DATA  # noqa: E402
+from tests.agreekit import HYBRID_CASES, assert_agree, run_hybrid_case  # noqa: E402
 
 # Four prefix groups of 192 tokens (past gpt-oss's 128-token window) and two samples per request:
 # full groups hit the shared prefix and the whole prompt; sliding groups hit where a request cached
@@ -36,34 +35,11 @@ WORKLOAD = (
 )
 
 
-def config(name: str) -> str:
-    return f'config = "{DATA / "models" / name / "config.json"}"\n'
-
-
-# (model lines for [model], KV budget) per case.
-CASES: dict[str, tuple[str, str]] = {
-    "gpt-oss-20b-hybrid-on": ("hybrid_kv = true\n", "64MiB"),
-    "gpt-oss-20b-hybrid-off": ("hybrid_kv = false\n", "64MiB"),
-    "gemma3-like-hybrid-on": (config("tiny-gemma3") + "hybrid_kv = true\n", "1MiB"),
-    "gemma3-like-hybrid-off": (config("tiny-gemma3") + "hybrid_kv = false\n", "2MiB"),
-    "mla-deepseek-v2-like": (config("tiny-dsv2"), "2500KiB"),
-}
+CASES = {k: v for k, v in HYBRID_CASES.items() if not k.startswith("state-")}  # state layers: refused (below)
 
 
 def run_case(tmp_path: Path, case: str) -> tuple[dict, dict]:
-    extra, budget = CASES[case]
-    return run_pair(
-        tmp_path,
-        preset="gpt-oss-20b",  # a [model] config below takes its place
-        model_extra=extra,
-        kv_dtype="bf16",
-        workload=WORKLOAD,
-        budget=budget,
-        max_model_len=1024,
-        max_num_seqs=64,
-        max_num_batched_tokens=256,
-        policy="paged-prefix",
-    )
+    return run_hybrid_case(tmp_path, case, WORKLOAD, policy="paged-prefix")
 
 
 def group_table(tmp_path: Path, run_id: str) -> pd.DataFrame:
