@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..harness.records.schema import OK
+from ..harness.records.statuses import OK
 from ..reports.suite_tables import capacities, suite_runs
 from ..runners.base import Cell
 from .suite import Suite

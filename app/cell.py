@@ -8,7 +8,7 @@ from __future__ import annotations
 import traceback
 
 from ..harness.errors import KvbenchError, StorageError, one_line
-from ..harness.records.schema import FAILED, OOM
+from ..harness.records.statuses import FAILED, OOM
 from ..runners import availability, get_runner
 from ..runners.base import Cell, RunResult
 from ..runners.common import base_row, write_status_only

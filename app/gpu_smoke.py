@@ -21,7 +21,7 @@ import time
 import types
 from pathlib import Path
 
-from ..harness.records.schema import OK
+from ..harness.records.statuses import OK
 from ..harness.spec.capabilities import MEASURING_RUNNERS
 
 NO_CUDA_LINE = "kvbench doctor --gpu: no CUDA device (torch.cuda.is_available() is False); the GPU smoke test needs one"

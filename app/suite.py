@@ -19,12 +19,10 @@ import math
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..harness.errors import KvbenchError, one_line
 from ..harness.files import MAX_SUITE_BYTES, read_text_capped
-from ..harness.records.reference import parse_references
-from ..harness.records.slo import Slo, parse_slo
 from ..harness.spec.capabilities import (
     CONTIGUOUS_UNITS,
     RUNNER_FACTS,
@@ -37,6 +35,9 @@ from ..harness.spec.names import path_component
 from ..harness.spec.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
 from ..harness.spec.units import parse_size
 from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
+
+if TYPE_CHECKING:
+    from ..harness.records.slo import Slo
 
 MODEL_KEYS = ("preset", "config", "kv_dtype", "hybrid_kv")
 MEMORY_KEYS = ("kv_budget", "max_model_len")
@@ -390,8 +391,8 @@ def parse_suite(text: str, where: str) -> Suite:
         runner_overrides=overrides,
         optional_runners=tuple(optional),
         repeats=repeats,
-        reference=tuple(parse_references(doc.get("reference", []), where)),
-        slo=parse_slo(_table(doc, "slo", where), where) if "slo" in doc else None,
+        reference=_references(doc, where),
+        slo=_slo(doc, where),
         named_workloads="workloads" in doc,
     )
     runs = suite.runners()
@@ -479,3 +480,21 @@ def default_suite_path() -> Path:
     from .. import suites
 
     return Path(suites.__file__).resolve().parent / "default.toml"
+
+
+# References and SLOs are read by modules that load pyarrow and pandas, so they are imported
+# only for a suite that has them: a command line the parser refuses stays quick to refuse.
+def _references(doc: Mapping[str, Any], where: str) -> tuple[dict[str, Any], ...]:
+    if "reference" not in doc:
+        return ()
+    from ..harness.records.reference import parse_references
+
+    return tuple(parse_references(doc["reference"], where))
+
+
+def _slo(doc: Mapping[str, Any], where: str) -> Slo | None:
+    if "slo" not in doc:
+        return None
+    from ..harness.records.slo import parse_slo
+
+    return parse_slo(_table(doc, "slo", where), where)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..harness.errors import KvbenchError
-from ..harness.records.schema import FAILURES
+from ..harness.records.statuses import FAILURES
 from ..runners.base import Cell
 from .cell import run_cell
 from .resume import Resume, keep_workload, plan_resume

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ...harness.clock.model import TOKEN_KNEE
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path, output_file
-from ...harness.records.schema import OK
+from ...harness.records.statuses import OK
 from ...harness.spec.capabilities import MEASURING_RUNNERS
 from .base import Command
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path
-from ...harness.records.schema import OK
+from ...harness.records.statuses import OK
 from .base import Command
 
 if TYPE_CHECKING:

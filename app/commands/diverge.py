@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_path
-from ...harness.records.schema import OK
+from ...harness.records.statuses import OK
 from .base import Command
 
 # What must match for a step-by-step comparison to mean anything: the work (harness.spec.identity),

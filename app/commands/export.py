@@ -17,7 +17,7 @@ from typing import Any
 
 from ...harness.errors import KvbenchError, storage_error
 from ...harness.records.safe_paths import nonempty_path, output_file
-from ...harness.records.schema import OK
+from ...harness.records.statuses import OK
 from .base import Command
 
 FORMATS: tuple[str, ...] = ("vllm-bench", "pytorch-oss")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_text
-from ...harness.records.schema import OK
+from ...harness.records.statuses import OK
 from .base import Command
 
 if TYPE_CHECKING:  # runners.base loads pandas: not while the CLI builds its parser

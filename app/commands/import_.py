@@ -18,7 +18,7 @@ from typing import Any
 from ...harness import __version__
 from ...harness.errors import KvbenchError, storage_error
 from ...harness.records.safe_paths import nonempty_path
-from ...harness.records.schema import OK
+from ...harness.records.statuses import OK
 from .base import Command
 
 # `--save-detailed` keeps every request's ITLs: a large benchmark's file runs to hundreds of MB.

@@ -17,7 +17,7 @@ from ...harness.errors import InfeasibleError, Interrupted, KvbenchError, Storag
 from ...harness.files import kind
 from ...harness.records.lock import ResultsLock
 from ...harness.records.safe_paths import check_results_layout, nonempty_path, nonempty_text
-from ...harness.records.schema import FAILURES, INFEASIBLE
+from ...harness.records.statuses import FAILURES, INFEASIBLE
 from ..signals import raise_pending
 from ..third_party import open_results_log, to_log
 from .base import Command

@@ -10,13 +10,13 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
+from .statuses import FAILED, FAILURES, INFEASIBLE, OK, OOM, STATUSES
+
 SCHEMA_VERSION = 1
 VERSION_KEY = b"kvbench.schema_version"
+# Re-exported: the schema's readers name statuses too.
+__all__ = ["FAILED", "FAILURES", "INFEASIBLE", "OK", "OOM", "STATUSES"]
 
-# A run row's status: a failure of the cell is a row (docs/records.md), never a missing run.
-OK, FAILED, INFEASIBLE, OOM = "ok", "failed", "infeasible", "oom"
-STATUSES = (OK, FAILED, INFEASIBLE, OOM)
-FAILURES = (FAILED, OOM)  # a cell that did not run to the end: `kvbench run` exits 1
 
 STEPS = pa.schema(
     [
