@@ -182,13 +182,13 @@ def _level(sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, 
         len(waiting),
         policy.allocated_blocks(),
         policy.external_frag(waiting[0] if waiting else None),
-        *policy.totals(),
+        policy.totals(),
     )
 
 
 # A level: from its first step on, until the next: scheduled tokens, running, waiting, blocks
 # allocated, external fragmentation, and ``CountingGroupedPolicy.totals``.
-_Level = tuple[int, int, int, int, int, int, list[int], list[int], list[int], int]
+_Level = tuple[int, int, int, int, int, int, tuple[int, ...]]
 
 
 def _record(
@@ -204,19 +204,22 @@ def _record(
     records them step by step (``SimEngine.step``, ``Scheduler.measure_values``)."""
     k = len(ts) - 1
     g = len(policy.groups)
-    # One matrix, one row per level: its first step, four scalars, then per group the real
-    # blocks, the line's constant and slope, and last the internal bytes; repeated per step.
-    levels_m = np.array([(*lv[:6], *lv[6], *lv[7], *lv[8], lv[9]) for lv in levels], dtype=np.int64)
-    per_step = np.repeat(levels_m, np.diff(levels_m[:, 0], append=k), axis=0)
+    # One matrix, one row per level: its first step, four scalars, then the totals (per twin set
+    # the line's constant and slope and the real blocks, last the internal bytes); per step.
+    scalars = np.array([lv[:6] for lv in levels], dtype=np.int64)
+    totals = np.array([lv[6] for lv in levels], dtype=np.int64)
+    repeats = np.diff(scalars[:, 0], append=k)
+    per_step = np.repeat(scalars, repeats, axis=0)
+    per_total = np.repeat(totals, repeats, axis=0)
     sched_tokens, running, waiting, blocks = per_step[:, 1], per_step[:, 2], per_step[:, 3], per_step[:, 4]
-    g6 = 6 + g
-    group_blocks = per_step[:, 6:g6]
+    twin_of = np.array(policy.twin_of, dtype=np.intp) * 3  # each group's twin set's columns
+    group_blocks = per_total[:, twin_of + 2]
     at = measured0 + 1 + np.arange(k, dtype=np.int64)  # each step's measure (``measure_use``'s count)
-    group_used = per_step[:, g6 : g6 + g] + per_step[:, g6 + g : g6 + 2 * g] * at[:, None]
+    group_used = per_total[:, twin_of] + per_total[:, twin_of + 1] * at[:, None]
     use = policy.use
     unit = use.unit
     used = group_used.sum(axis=1) // unit
-    internal = per_step[:, g6 + 2 * g] // unit
+    internal = per_total[:, -1] // unit
     alloc = blocks * use.layout.bytes_per_block // unit
     columns = {
         R.SCHEDULED: sched_tokens,
