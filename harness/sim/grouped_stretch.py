@@ -61,6 +61,8 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
         return 0
     budget = sched.config.max_num_batched_tokens
     price = clock.price
+    act = policy.act
+    groups = len(policy.groups)
     take = clock.take if type(clock).take is not Clock.take else None  # a clock with memory
     waiting, pending, crossing, finishing = sched.waiting, sched.pending, dec.crossing, dec.finishing
     next_arr = pending[0].arrival_s if pending else math.inf
@@ -85,18 +87,29 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
             if not general:
                 ends = crossing.get(T)
                 acting = dec.live(ends) if ends else []
-                for s in acting:
-                    dec.materialize(s)
+                tick = dec.tick
+                for s in acting:  # ``Decoders.materialize``
+                    k = tick - s.dec_tick
+                    s.num_computed += k
+                    s.num_output += k
+                    s.dec_tick = tick
                 free = policy.free_blocks()
-                if acting:
+                # An act takes at most one block a group: within that bound the acts fit unasked.
+                takes = len(acting) * groups
+                net = None  # what the acts take from the free count: asked only where it matters
+                if takes > free:
                     need, net = policy.acts_need(acting)
                     general = need > free  # they may not fit: preemptions, event by event
-                    free -= net
                 if waiting and not general:
                     key = (waiting[0], dec.count, len(sched.running))
                     if key != head_key:
                         head_key, head_need = key, _head_blocks(sched, dec, policy)
-                    general = 0 <= head_need <= free  # an admission
+                    if 0 <= head_need <= free - takes:
+                        general = True  # an admission, whatever the acts free
+                    elif head_need >= 0:
+                        if net is None:
+                            net = policy.acts_need(acting)[1] if acting else 0
+                        general = head_need <= free - net  # an admission after the acts
             policy.steps = measured0 + j
             if general:
                 if not (sched.running or waiting):
@@ -130,11 +143,10 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 continue
             # The acting decoders allocate (all of them fit, in any order) and file their next act.
             crossing.pop(T, None)
+            tick = dec.tick
             for s in acting:
-                s.dec_tick = dec.tick
-                policy.act(s)
-                nxt = policy.reach(s) - s.num_computed + dec.tick + 1
-                if nxt <= s.output_len - s.num_output + dec.tick:
+                nxt = act(s) - s.num_computed + tick + 1
+                if nxt <= s.output_len - s.num_output + tick:
                     crossing[nxt].append((s, s.epoch))
             n, base = dec.count, dec.dec_sum
             levels.append(_level(sched, policy, j, n))

@@ -170,9 +170,10 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
                     net -= skip * m
         return need, net
 
-    def act(self, seq: Seq) -> None:
+    def act(self, seq: Seq) -> int:
         """A decoder computing one more token acts, its blocks known to fit: ``allocate`` to
-        ``num_computed + 1`` (the skipped blocks freed, then the new ones taken), in one pass."""
+        ``num_computed + 1`` (the skipped blocks freed, then the new ones taken), in one pass.
+        Returns its ``reach`` from there."""
         c = seq.num_computed
         computed = c if c < self.max_model_len else self.max_model_len
         free = self._free
@@ -200,7 +201,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
         if allocated > seq.peak_allocated:
             seq.peak_allocated = allocated
-        self._line(seq, c + 1)
+        return self._line(seq, c + 1)
 
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``."""
@@ -215,7 +216,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
             for i in self._slots:
                 totals[i] -= line[i]
 
-    def _line(self, seq: Seq, tokens: int) -> None:
+    def _line(self, seq: Seq, tokens: int) -> int:
         """``seq``'s lines from ``tokens`` computed tokens at the next step measured (a group's
         used bytes: ``GroupUse.used_bytes``, growing by ``slope`` a token until a read's line
         bends); per twin set its line, real blocks and internal bytes; its next act: a block
@@ -273,7 +274,8 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
             for i in self._slots:
                 totals[i] += line[i] - old[i]
         self._lines[index] = line
-        self._reach[index] = (act if act > tokens + 1 else tokens + 1) - 1
+        self._reach[index] = reach = (act if act > tokens + 1 else tokens + 1) - 1
+        return reach
 
     def resync(self) -> None:
         """Redraw every request's lines from its computed tokens (after a step that did not
