@@ -61,6 +61,8 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
         return 0
     budget = sched.config.max_num_batched_tokens
     price = clock.price
+    act = policy.act
+    groups = len(policy.groups)
     take = clock.take if type(clock).take is not Clock.take else None  # a clock with memory
     waiting, pending, crossing, finishing = sched.waiting, sched.pending, dec.crossing, dec.finishing
     next_arr = pending[0].arrival_s if pending else math.inf
@@ -85,18 +87,29 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
             if not general:
                 ends = crossing.get(T)
                 acting = dec.live(ends) if ends else []
-                for s in acting:
-                    dec.materialize(s)
+                tick = dec.tick
+                for s in acting:  # ``Decoders.materialize``
+                    k = tick - s.dec_tick
+                    s.num_computed += k
+                    s.num_output += k
+                    s.dec_tick = tick
                 free = policy.free_blocks()
-                if acting:
+                # An act takes at most one block a group: within that bound the acts fit unasked.
+                takes = len(acting) * groups
+                net = None  # what the acts take from the free count: asked only where it matters
+                if takes > free:
                     need, net = policy.acts_need(acting)
                     general = need > free  # they may not fit: preemptions, event by event
-                    free -= net
                 if waiting and not general:
                     key = (waiting[0], dec.count, len(sched.running))
                     if key != head_key:
                         head_key, head_need = key, _head_blocks(sched, dec, policy)
-                    general = 0 <= head_need <= free  # an admission
+                    if 0 <= head_need <= free - takes:
+                        general = True  # an admission, whatever the acts free
+                    elif head_need >= 0:
+                        if net is None:
+                            net = policy.acts_need(acting)[1] if acting else 0
+                        general = head_need <= free - net  # an admission after the acts
             policy.steps = measured0 + j
             if general:
                 if not (sched.running or waiting):
@@ -130,11 +143,10 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 continue
             # The acting decoders allocate (all of them fit, in any order) and file their next act.
             crossing.pop(T, None)
+            tick = dec.tick
             for s in acting:
-                s.dec_tick = dec.tick
-                policy.act(s)
-                nxt = policy.reach(s) - s.num_computed + dec.tick + 1
-                if nxt <= s.output_len - s.num_output + dec.tick:
+                nxt = act(s) - s.num_computed + tick + 1
+                if nxt <= s.output_len - s.num_output + tick:
                     crossing[nxt].append((s, s.epoch))
             n, base = dec.count, dec.dec_sum
             levels.append(_level(sched, policy, j, n))
@@ -182,13 +194,13 @@ def _level(sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, 
         len(waiting),
         policy.allocated_blocks(),
         policy.external_frag(waiting[0] if waiting else None),
-        *policy.totals(),
+        policy.totals(),
     )
 
 
 # A level: from its first step on, until the next: scheduled tokens, running, waiting, blocks
 # allocated, external fragmentation, and ``CountingGroupedPolicy.totals``.
-_Level = tuple[int, int, int, int, int, int, list[int], list[int], list[int], int]
+_Level = tuple[int, int, int, int, int, int, tuple[int, ...]]
 
 
 def _record(
@@ -204,19 +216,22 @@ def _record(
     records them step by step (``SimEngine.step``, ``Scheduler.measure_values``)."""
     k = len(ts) - 1
     g = len(policy.groups)
-    # One matrix, one row per level: its first step, four scalars, then per group the real
-    # blocks, the line's constant and slope, and last the internal bytes; repeated per step.
-    levels_m = np.array([(*lv[:6], *lv[6], *lv[7], *lv[8], lv[9]) for lv in levels], dtype=np.int64)
-    per_step = np.repeat(levels_m, np.diff(levels_m[:, 0], append=k), axis=0)
+    # One matrix, one row per level: its first step, four scalars, then the totals (per twin set
+    # the line's constant and slope and the real blocks, last the internal bytes); per step.
+    scalars = np.array([lv[:6] for lv in levels], dtype=np.int64)
+    totals = np.array([lv[6] for lv in levels], dtype=np.int64)
+    repeats = np.diff(scalars[:, 0], append=k)
+    per_step = np.repeat(scalars, repeats, axis=0)
+    per_total = np.repeat(totals, repeats, axis=0)
     sched_tokens, running, waiting, blocks = per_step[:, 1], per_step[:, 2], per_step[:, 3], per_step[:, 4]
-    g6 = 6 + g
-    group_blocks = per_step[:, 6:g6]
+    twin_of = np.array(policy.twin_of, dtype=np.intp) * 3  # each group's twin set's columns
+    group_blocks = per_total[:, twin_of + 2]
     at = measured0 + 1 + np.arange(k, dtype=np.int64)  # each step's measure (``measure_use``'s count)
-    group_used = per_step[:, g6 : g6 + g] + per_step[:, g6 + g : g6 + 2 * g] * at[:, None]
+    group_used = per_total[:, twin_of] + per_total[:, twin_of + 1] * at[:, None]
     use = policy.use
     unit = use.unit
     used = group_used.sum(axis=1) // unit
-    internal = per_step[:, g6 + 2 * g] // unit
+    internal = per_total[:, -1] // unit
     alloc = blocks * use.layout.bytes_per_block // unit
     columns = {
         R.SCHEDULED: sched_tokens,

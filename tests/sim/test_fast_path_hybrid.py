@@ -146,11 +146,32 @@ def test_fast_path_on_kv_cache_groups_is_the_reference_byte_for_byte(tmp_path: P
 
 def _layouts(where: Path) -> list[tuple[str, Cell]]:
     out = []
-    for case in ("gpt-oss-hybrid-on", "gemma3-hybrid-off", "state-gdn", "state-mamba2", "chunked", "mla"):
+    for case in (
+        "gpt-oss-hybrid-on",
+        "gemma3-hybrid-on",
+        "gemma3-hybrid-off",
+        "state-gdn",
+        "state-mamba2",
+        "chunked",
+        "mla",
+    ):
         text = _variant(case, 0, where, budget="1GiB")
         (cell,) = build_cells(parse_suite(text, "p.toml"), where / case, lambda m: None)
         out.append((case, cell))
     return out
+
+
+def test_twin_groups_are_the_groups_of_one_arithmetic(tmp_path: Path) -> None:
+    """Gemma-3's five sliding groups are one twin set, its full group another; state groups of
+    one kind are twins, the full-attention group beside them is not."""
+    twins = {
+        case: [w.members for w in CountingGroupedPolicy(cell.spec.kv_use, 1024).twins]
+        for case, cell in _layouts(tmp_path)
+    }
+    assert twins["gemma3-hybrid-on"] == [(0, 1, 2, 3, 4), (5,)]
+    assert twins["gpt-oss-hybrid-on"] == [(0,), (1,)]
+    assert twins["state-gdn"] == [(0, 1, 2), (3,)]
+    assert twins["mla"] == [(0,)]
 
 
 def _state(policy: GroupedPagedPolicy, seqs: list[Seq]) -> tuple[object, ...]:

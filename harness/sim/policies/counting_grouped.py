@@ -84,26 +84,60 @@ def _skipped_blocks(p: GroupLine, computed: int, length: int) -> int:
     return blocks if blocks < length else length
 
 
+@dataclasses.dataclass(frozen=True)
+class TwinGroups:
+    """Groups with one ``GroupLine`` (gpt-oss's or Gemma-3's sliding groups, a model's state
+    groups): every ``allocate`` and skip treats their tables alike, so their tables, lines and
+    acts are one group's, drawn once and counted ``len(members)`` times."""
+
+    line: GroupLine
+    members: tuple[int, ...]  # the groups' indices; the first one's table is read
+
+    @property
+    def first(self) -> int:
+        return self.members[0]
+
+
+def twin_groups(lines: list[GroupLine]) -> tuple[TwinGroups, ...]:
+    """The groups of ``lines`` gathered by equal ``GroupLine``, in order of first appearance."""
+    members: dict[GroupLine, list[int]] = {}
+    for i, p in enumerate(lines):
+        members.setdefault(p, []).append(i)
+    return tuple(TwinGroups(p, tuple(m)) for p, m in members.items())
+
+
 class CountingGroupedPolicy(GroupedPagedPolicy):
-    """``GroupedPagedPolicy`` with running totals for its measures and each request's next act."""
+    """``GroupedPagedPolicy`` with running totals for its measures and each request's next act.
+
+    The totals are kept per set of twin groups (``TwinGroups``, a *twin set*) as one flat list,
+    ``totals()``: per twin set its line's constant, its slope and its real blocks (one member's:
+    each member holds as much), then the internal bytes over every group."""
 
     def __init__(self, use: KVUse, max_model_len: int) -> None:
         super().__init__(use, max_model_len)
-        n = len(self.groups)
         self.steps = 0  # steps measured so far
-        self._const = [0] * n  # per group: Σ of the requests' used-bytes lines at step 0
-        self._slope = [0] * n  # … and of their slopes (bytes per step)
-        self._real = [0] * n  # per group: real blocks held
-        self._internal = 0  # bytes of internal fragmentation over the requests holding blocks
-        # Per request (index): its lines' (consts, slopes), its real blocks and internal bytes.
-        self._lines: dict[int, tuple[list[int], list[int], list[int], int]] = {}
+        self.twins = twin_groups([GroupLine.of(g, gu) for g, gu in zip(self.groups, use.groups)])
+        # Per twin set: its arithmetic, its first member, its other members, how many.
+        self._sets = [(w.line, w.first, w.members[1:], len(w.members)) for w in self.twins]
+        # … and its arithmetic for ``_line``, unpacked once.
+        self._draw = [(w.first, len(w.members), *dataclasses.astuple(w.line)) for w in self.twins]
+        self.twin_of = [0] * len(self.groups)  # per group: its twin set
+        for k, w in enumerate(self.twins):
+            for i in w.members:
+                self.twin_of[i] = k
+        self._totals = [0] * (3 * len(self.twins) + 1)
+        self._slots = range(len(self._totals))
+        self._lines: dict[int, list[int]] = {}  # per request (index): its share of the totals
         self._reach: dict[int, int] = {}  # per request: the last position before its next act
-        self._params = [GroupLine.of(g, gu) for g, gu in zip(self.groups, use.groups)]
-        # Per group: whether it is the group before's twin (the same arithmetic: the same table)
-        self._same = [i > 0 and p == self._params[i - 1] for i, p in enumerate(self._params)]
+        self._bytes_per_block = use.layout.bytes_per_block
+        self._unit = use.unit
+        self._external = self.budget_positions - use.usable_positions
 
     def free_blocks(self) -> int:
         return self._free
+
+    def external_frag(self, head_of_line: Seq | None) -> int:
+        return 0 if head_of_line is None else self._external  # ``GroupedPagedPolicy``'s, fetched once
 
     def reach(self, seq: Seq) -> int:
         """The position ``seq`` computes last before its next act (as ``allocated`` for a
@@ -120,43 +154,54 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         act (``act``): their new blocks less the blocks they skip first."""
         need = net = 0
         limit = self.max_model_len
+        sets = self._sets
         for seq in seqs:
             c = seq.num_computed
             computed = c if c < limit else limit
-            for p, (t0, t1) in zip(self._params, seq.group_tables):
+            tables = seq.group_tables
+            for p, first, _, m in sets:
+                t0, t1 = tables[first]
                 new = -(-(c + 1) // p.block_size) - t0
                 if new > 0:
-                    need += new
-                    net += new
+                    need += new * m
+                    net += new * m
                 skip = _skipped_blocks(p, computed, t0) - t1
                 if skip > 0:
-                    net -= skip
+                    net -= skip * m
         return need, net
 
-    def act(self, seq: Seq) -> None:
+    def act(self, seq: Seq) -> int:
         """A decoder computing one more token acts, its blocks known to fit: ``allocate`` to
-        ``num_computed + 1`` (the skipped blocks freed, then the new ones taken), in one pass."""
+        ``num_computed + 1`` (the skipped blocks freed, then the new ones taken), in one pass.
+        Returns its ``reach`` from there."""
         c = seq.num_computed
         computed = c if c < self.max_model_len else self.max_model_len
         free = self._free
         held = 0
-        for p, t in zip(self._params, seq.group_tables):
+        tables = seq.group_tables
+        for p, first, rest, m in self._sets:
+            t = tables[first]
             t0, t1 = t
             skip = _skipped_blocks(p, computed, t0)
-            if skip > t1:
-                free += skip - t1
-                t[1] = t1 = skip
             need = -(-(c + 1) // p.block_size)
-            if need > t0:
-                free -= need - t0
-                t[0] = t0 = need
-            held += t0 - t1
+            if skip > t1 or need > t0:
+                if skip > t1:
+                    free += (skip - t1) * m
+                    t1 = skip
+                if need > t0:
+                    free -= (need - t0) * m
+                    t0 = need
+                t[0], t[1] = t0, t1
+                for i in rest:
+                    twin = tables[i]
+                    twin[0], twin[1] = t0, t1
+            held += (t0 - t1) * m
         assert free >= 0, "a decoder acted on blocks that were not free"
         self._free = free
-        seq.allocated = self.use.positions(held)
-        if seq.allocated > seq.peak_allocated:
-            seq.peak_allocated = seq.allocated
-        self._line(seq, c + 1)
+        seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
+        if allocated > seq.peak_allocated:
+            seq.peak_allocated = allocated
+        return self._line(seq, c + 1)
 
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``."""
@@ -166,91 +211,71 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
     # -- the running totals -------------------------------------------------------------
     def _unline(self, index: int) -> None:
         line = self._lines.pop(index, None)
-        if line is None:
-            return
-        consts, slopes, reals, internal = line
-        for i in range(len(consts)):
-            self._const[i] -= consts[i]
-            self._slope[i] -= slopes[i]
-            self._real[i] -= reals[i]
-        self._internal -= internal
+        if line is not None:
+            totals = self._totals
+            for i in self._slots:
+                totals[i] -= line[i]
 
-    def _line(self, seq: Seq, tokens: int) -> None:
+    def _line(self, seq: Seq, tokens: int) -> int:
         """``seq``'s lines from ``tokens`` computed tokens at the next step measured (a group's
-        used bytes: ``GroupUse.used_bytes``, growing by ``slope`` a token until ``until``); its
-        next act: a block needed, a block skipped, or a line's end."""
+        used bytes: ``GroupUse.used_bytes``, growing by ``slope`` a token until a read's line
+        bends); per twin set its line, real blocks and internal bytes; its next act: a block
+        needed, a block skipped, or a line's end."""
         index = seq.index
         at = self.steps + 1
-        consts, slopes, reals = [], [], []
-        internal = 0
         final_len = seq.final_len
+        tables = seq.group_tables
         act = tokens + 1 + self.max_model_len  # past any act
-        sum_const, sum_slope, sum_real = self._const, self._slope, self._real
-        same = self._same
-        # The request's old lines come off the totals in the same pass (zeros: it had none).
+        line: list[int] = []
+        internal = 0
+        for first, m, bs, skips, window, overhead, token_bytes, linear, state, sliding, chunked in self._draw:
+            t0, t1 = tables[first]
+            if tokens > 0:
+                used = linear * tokens + state
+                slope = linear
+                for w, b in sliding:
+                    if tokens >= w - 1:
+                        used += (w - 1) * b  # the window is full: its reads stay put
+                    else:
+                        used += tokens * b
+                        slope += b
+                        if w < act:
+                            act = w
+                for w, b in chunked:
+                    used += (tokens - tokens // w * w) * b
+                    slope += b
+                    end = (tokens // w + 1) * w  # the chunk's end: the reads restart at 0
+                    if end < act:
+                        act = end
+            else:
+                used = slope = 0
+            waste = (t0 - t1) * overhead
+            over = t0 * bs - final_len
+            if over > 0 and token_bytes:
+                waste += over * token_bytes
+            internal += waste * m
+            nxt = t0 * bs + 1  # a block needed
+            if skips == _WINDOW:  # … or one skipped
+                nxt = min(nxt, (t1 + 1) * bs + window)
+            elif skips == _CHUNK:
+                nxt = min(nxt, cdiv((t1 + 1) * bs, window) * window + 1)
+            elif skips == _STATE:
+                nxt = min(nxt, (t1 + 1) * bs + 2)
+            if nxt < act:
+                act = nxt
+            line += (used - slope * at, slope, t0 - t1)
+        line.append(internal)
+        totals = self._totals
         old = self._lines.get(index)
         if old is None:
-            zeros = [0] * len(same)
-            old_c = old_s = old_r = zeros
-            old_internal = 0
-        else:
-            old_c, old_s, old_r, old_internal = old
-        prev: list[int] = []
-        c = slope = real = waste = 0
-        for i, (p, t) in enumerate(zip(self._params, seq.group_tables)):
-            if not (same[i] and t == prev):  # else: a group like the one before, its table too
-                prev = t
-                c, slope, real, waste, nxt = self._group_line(p, t, tokens, at, final_len)
-                if nxt < act:
-                    act = nxt
-            consts.append(c)
-            slopes.append(slope)
-            reals.append(real)
-            sum_const[i] += c - old_c[i]
-            sum_slope[i] += slope - old_s[i]
-            sum_real[i] += real - old_r[i]
-            internal += waste
-        self._internal += internal - old_internal
-        self._lines[index] = (consts, slopes, reals, internal)
-        self._reach[index] = max(act, tokens + 1) - 1
-
-    @staticmethod
-    def _group_line(p: GroupLine, t: list[int], tokens: int, at: int, final_len: int) -> tuple[int, int, int, int, int]:
-        """One group's share of ``_line``: its line's constant and slope, its real blocks, its
-        internal bytes, and its next act."""
-        act = 1 << 62  # past any act
-        if tokens > 0:
-            used = p.linear * tokens + p.state
-            slope = p.linear
-            for w, b in p.sliding:
-                if tokens >= w - 1:
-                    used += (w - 1) * b  # the window is full: its reads stay put
-                else:
-                    used += tokens * b
-                    slope += b
-                    act = min(act, w)
-            for w, b in p.chunked:
-                used += (tokens - tokens // w * w) * b
-                slope += b
-                act = min(act, (tokens // w + 1) * w)  # the chunk's end: the reads restart at 0
-        else:
-            used = slope = 0
-        t0, t1 = t
-        real = t0 - t1
-        waste = real * p.block_overhead
-        bs = p.block_size
-        over = t0 * bs - final_len
-        if over > 0 and p.token_bytes:
-            waste += over * p.token_bytes
-        nxt = t0 * bs + 1
-        skips = p.skips
-        if skips == _WINDOW:
-            nxt = min(nxt, (t1 + 1) * bs + p.window)
-        elif skips == _CHUNK:
-            nxt = min(nxt, cdiv((t1 + 1) * bs, p.window) * p.window + 1)
-        elif skips == _STATE:
-            nxt = min(nxt, (t1 + 1) * bs + 2)
-        return used - slope * at, slope, real, waste, min(act, nxt)
+            for i in self._slots:
+                totals[i] += line[i]
+        else:  # the request's old share comes off the totals in the same pass
+            for i in self._slots:
+                totals[i] += line[i] - old[i]
+        self._lines[index] = line
+        self._reach[index] = reach = (act if act > tokens + 1 else tokens + 1) - 1
+        return reach
 
     def resync(self) -> None:
         """Redraw every request's lines from its computed tokens (after a step that did not
@@ -258,18 +283,20 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         for seq in self.live.values():
             self._line(seq, seq.num_computed)
 
-    def totals(self) -> tuple[list[int], list[int], list[int], int]:
-        """Per group the real blocks held and the used-bytes line's constant and slope (the
-        bytes used at step ``at``: ``const + slope × at``); the internal fragmentation in bytes."""
-        return list(self._real), list(self._const), list(self._slope), self._internal
+    def totals(self) -> tuple[int, ...]:
+        """The running totals (class docstring): per twin set the used-bytes line's constant
+        and slope (the bytes used at step ``at``: ``const + slope × at``) and the real blocks
+        held, one member's; last the internal fragmentation in bytes."""
+        return tuple(self._totals)
 
     # -- what the scheduler reads ---------------------------------------------------------
     def measure_use(self) -> tuple[int, int]:
         self.steps = at = self.steps + 1
-        per = [(r, c + s * at) for r, c, s in zip(self._real, self._const, self._slope)]
-        self.last_groups = per
-        unit = self.use.unit
-        return sum(u for _, u in per) // unit, self._internal // unit
+        tot = self._totals
+        per = [(tot[k + 2], tot[k] + tot[k + 1] * at) for k in range(0, len(tot) - 1, 3)]
+        self.last_groups = groups = [per[k] for k in self.twin_of]
+        unit = self._unit
+        return sum(u for _, u in groups) // unit, tot[-1] // unit
 
     # -- allocation ---------------------------------------------------------------------
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
