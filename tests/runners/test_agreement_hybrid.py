@@ -6,8 +6,9 @@ every step column, the whole requests table and every KV cache group row identic
 hybrid manager on and off, for an interleaved sliding/full model (gpt-oss's 1:1, Gemma-3's 5:1),
 an MLA model and a model with state layers (Qwen3-Next's gated delta net), each under a budget
 that preempts; and the contiguous policies, a run of block ids per group per request
-(``GroupedContiguousPolicy`` against ``runners.vllm.grouped_contiguous``). The vLLM scheduler's KV cache config is built from every layer's spec by vLLM's
-own grouping (``runners.vllm.kv_specs``), on either build (0.32 CPU, 0.33 CUDA).
+(``GroupedContiguousPolicy`` against ``runners.vllm.grouped_contiguous``). The vLLM scheduler's
+KV cache config is built from every layer's spec by vLLM's own grouping (``runners.vllm.kv_specs``),
+on either build (0.32 CPU, 0.33 CUDA).
 """
 
 from __future__ import annotations
