@@ -182,7 +182,8 @@ class Suite:
                 sched["clock_profile"] = str(Path(where).resolve().parent / profile)
             scheduler = SchedulerSpec(**sched)
             policy = s["policy"]
-            block_size = contiguous_block_size(s["runner"], policy, s["block_size"], s.get("contiguous_unit"))
+            grouped = not model.geometry().is_uniform_full  # vLLM's KV cache groups
+            block_size = contiguous_block_size(s["runner"], policy, s["block_size"], s.get("contiguous_unit"), grouped)
             page_bytes = parse_size(s.get("page_bytes", RunSpec.page_bytes), "page_bytes")
             arena = s.get("arena", RunSpec.arena)
             check_arena(arena, "cell")  # a typo is an error whatever the cell's policy
@@ -222,14 +223,23 @@ class Suite:
 SERVE_CLOCK = "measured"
 
 
-def contiguous_block_size(runner: object, policy: object, block_size: Any, unit: object) -> Any:
+def contiguous_block_size(runner: object, policy: object, block_size: Any, unit: object, grouped: bool = False) -> Any:
     """A cell's block size: a contiguous cell counts its reservation in positions (block size 1) or,
-    with ``contiguous_unit = "block"`` (the only unit the vLLM runners host), in whole blocks."""
+    with ``contiguous_unit = "block"`` (the only unit the vLLM runners host), in whole blocks. On a
+    model of KV cache groups (``grouped``) a reservation is whole blocks of each group: the unit is
+    "block" unless told, and "position" is refused."""
     if unit is not None and unit not in CONTIGUOUS_UNITS:
         raise KvbenchError(f"cell: unknown contiguous_unit {unit!r} (known: {', '.join(CONTIGUOUS_UNITS)})")
     if not (isinstance(policy, str) and is_contiguous(policy) and runner in RUNNER_FACTS):
         return block_size  # RunSpec names an unknown runner or policy
     assert isinstance(runner, str)
+    if grouped:
+        if unit == "position":
+            raise KvbenchError(
+                'a model of KV cache groups reserves whole blocks of each group (contiguous_unit = "block"), '
+                "not token positions"
+            )
+        return block_size
     unit = unit or contiguous_unit_default(runner)
     if unit not in RUNNER_FACTS[runner].contiguous_units:
         raise KvbenchError(

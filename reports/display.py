@@ -189,15 +189,18 @@ HYBRID_COLUMNS: tuple[Column, ...] = (
     ("tokens_per_s_ratio", "tokens/s on ÷ off", "ratio"),
     ("waste_on", "waste by kind, on", "note"),
     ("waste_off", "off", "note"),
-    ("paging_ratio", "paged (off) ÷ contiguous, tokens/s", "ratio"),
+    ("contiguous", "contiguous", "text"),
+    ("paging_on", "paged ÷ contiguous tokens/s, on", "ratio"),
+    ("paging_off", "off", "ratio"),
 )
 HYBRID_NOTE = (
     "Per model, workload and budget: vLLM's hybrid KV cache manager on (its default: one KV cache group per "
     "layer kind, a sliding window's blocks freed once they leave it) against off (every sliding or chunked "
     "layer sized as full attention), on identical work. Waste by kind is the time-weighted share of the budget "
     "a kind of group held without its layers reading it (blocks out of a window still held, the last block's "
-    "tail, padding). The last column is what paging changed on the same work, where a contiguous policy ran "
-    "(contiguous policies do not run models of other layer kinds: '-')."
+    "tail, padding). For a paged pair, the last columns are what paging changed on the same work, manager on and "
+    "off: its tokens per second over the named contiguous policy's (which reserves a run of blocks per group, a "
+    "sliding group's bounded by its window; '-' where none ran)."
 )
 PREFIX_REUSE_NOTE = (
     "Per KV budget where paged-prefix ran: its prefix-cache hit rate (hit tokens at first admission ÷ prompt "

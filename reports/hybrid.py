@@ -3,8 +3,10 @@ only in ``hybrid_kv`` (same work, runner, policy and block size), the manager on
 peak and mean running requests, preemptions, tokens per second, and the time-weighted share of
 the budget each kind of KV cache group held without its layers reading it (waste by kind, from
 the ``kv_groups`` table: ``allocated_blocks × kv_bytes_per_block − used_bytes``, weighted by
-each step's ``dt_s``). Beside them, where the same work ran a contiguous policy, what paging
-changed there. A pure function of the run, step and group tables; the renderers show it.
+each step's ``dt_s``). A paged pair also shows what paging changed: its tokens per second over a
+contiguous policy's on the same work, runner, block size and manager setting (``paging_on``,
+``paging_off``; the contiguous policy named in ``contiguous``, the first by name where several ran).
+A pure function of the run, step and group tables; the renderers show it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def hybrid_table(runs: pd.DataFrame, steps: pd.DataFrame | None, groups: pd.Data
     waste = waste_by_kind(ok, steps if steps is not None else pd.DataFrame(), groups)
     keys = [k for k in PAIR_KEYS if k in ok and k != "budget_bytes"] + ["budget_bytes"]
     contiguous = runs[(runs["status"] == OK) & runs["policy"].map(lambda p: is_contiguous(str(p)))]
+    contiguous = contiguous.sort_values(["policy", "repeat"], kind="stable")
     rows = []
     for _, pair in ok.groupby(keys, sort=False, dropna=False):
         flags = pair["hybrid_kv"].map(bool)  # a column of bools (nulls dropped above)
@@ -69,13 +72,7 @@ def hybrid_table(runs: pd.DataFrame, steps: pd.DataFrame | None, groups: pd.Data
         if on.empty or off.empty:
             continue
         a, b = on.iloc[0], off.iloc[0]
-        same_work = contiguous[
-            (contiguous["workload_id"] == a["workload_id"])
-            & (contiguous["model"] == a["model"])
-            & (contiguous["budget_bytes"] == a["budget_bytes"])
-            & (contiguous["runner"] == a["runner"])
-        ]
-        paging = _num(b["tokens_per_s"]) / _num(same_work["tokens_per_s"].iloc[0]) if len(same_work) else math.nan
+        base = None if is_contiguous(str(a["policy"])) else _same_work(contiguous, a)
         rows.append(
             {
                 "model": a["model"],
@@ -93,7 +90,26 @@ def hybrid_table(runs: pd.DataFrame, steps: pd.DataFrame | None, groups: pd.Data
                 "tokens_per_s_ratio": _num(a["tokens_per_s"]) / _num(b["tokens_per_s"]),
                 "waste_on": _waste_text(waste, a["run_id"]),
                 "waste_off": _waste_text(waste, b["run_id"]),
-                "paging_ratio": paging,
+                "contiguous": None if base is None or base.empty else base["policy"].iloc[0],
+                "paging_on": _paging(a, base, True),
+                "paging_off": _paging(b, base, False),
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return table.sort_values(["model", "runner", "policy"], kind="stable").reset_index(drop=True) if rows else table
+
+
+def _same_work(contiguous: pd.DataFrame, run: pd.Series) -> pd.DataFrame:
+    """The contiguous runs of ``run``'s work, model, budget, runner and block size."""
+    same = contiguous
+    for key in ("workload_id", "model", "budget_bytes", "runner", "block_size"):
+        same = same[same[key] == run[key]]
+    return same
+
+
+def _paging(paged: pd.Series, contiguous: pd.DataFrame | None, hybrid_kv: bool) -> float:
+    """``paged``'s tokens per second over the first contiguous run with the same manager setting."""
+    if contiguous is None:
+        return math.nan
+    same = contiguous[contiguous["hybrid_kv"].map(lambda v: v is not None and not pd.isna(v) and bool(v) == hybrid_kv)]
+    return _num(paged["tokens_per_s"]) / _num(same["tokens_per_s"].iloc[0]) if len(same) else math.nan

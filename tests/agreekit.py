@@ -30,16 +30,19 @@ HYBRID_CASES: dict[str, tuple[str, str]] = {
 }
 
 
-def run_hybrid_case(tmp_path: Path, case: str, workload: str, policy: str = "paged") -> tuple[dict, dict]:
-    """``run_pair`` on one of ``HYBRID_CASES``."""
-    extra, budget = HYBRID_CASES[case]
+def run_hybrid_case(
+    tmp_path: Path, case: str, workload: str, policy: str = "paged", budget: str | None = None, arena: str = "first-fit"
+) -> tuple[dict, dict]:
+    """``run_pair`` on one of ``HYBRID_CASES`` (``budget``: another KV budget than the case's)."""
+    extra, case_budget = HYBRID_CASES[case]
     return run_pair(
         tmp_path,
         preset="gpt-oss-20b",  # a [model] config takes its place where the case gives one
         model_extra=extra,
         kv_dtype="bf16",
         workload=workload,
-        budget=budget,
+        budget=budget or case_budget,
+        arena=arena,
         max_model_len=1024,
         max_num_seqs=64,
         max_num_batched_tokens=256,

@@ -84,8 +84,11 @@ def test_a_model_that_is_not_all_full_attention_runs_only_where_kv_cache_groups_
     spec(ModelSpec(preset="gpt-oss-20b"))  # sim, paged: vLLM's KV cache groups
     with pytest.raises(KvbenchError, match="12 sliding, 12 full layers.*runner torch.*kvbench calc"):
         spec(ModelSpec(preset="gpt-oss-20b")).replace(runner="torch")
-    with pytest.raises(KvbenchError, match="policy contiguous-max sizes every layer as full attention"):
-        spec(ModelSpec(preset="gpt-oss-20b")).replace(policy="contiguous-max", block_size=1)
+    with pytest.raises(KvbenchError, match="policy virtual-contiguous sizes every layer as full attention"):
+        spec(ModelSpec(preset="gpt-oss-20b")).replace(policy="virtual-contiguous")
+    spec(ModelSpec(preset="gpt-oss-20b")).replace(policy="contiguous-max")  # a run per KV cache group
+    with pytest.raises(KvbenchError, match="runner vllm does not reserve contiguous-max per KV cache group.*sim"):
+        spec(ModelSpec(preset="gpt-oss-20b")).replace(policy="contiguous-max", runner="vllm")
 
 
 def test_hybrid_kv_off_for_a_model_with_state_layers_is_vllms_refusal() -> None:
@@ -372,7 +375,8 @@ def test_a_bad_model_config_is_one_line_exit_2_and_nothing_written(tmp_path: Pat
 def test_a_suite_with_a_hybrid_model_is_refused_before_any_run(tmp_path: Path) -> None:
     suite = (Path(__file__).resolve().parents[1] / "suites" / "example.toml").read_text()
     p = tmp_path / "suite.toml"
-    p.write_text(suite.replace('preset = "opt-13b"', 'preset = "gpt-oss-20b"', 1))
+    suite = suite.replace('preset = "opt-13b"', 'preset = "gpt-oss-20b"', 1)
+    p.write_text(suite.replace('"paged"]', '"paged", "virtual-contiguous"]', 1))
     out = tmp_path / "out"
     proc = kvbench("run", str(p), "--out", str(out), "--quiet")
     assert_one_line_error(proc, "gpt-oss-20b", "full attention")

@@ -183,7 +183,10 @@ PARALLEL_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm", "serve")
 # scheduler and its engine (from the model's config.json; on CPU full and sliding layers only). The
 # others size every layer as full attention K and V.
 LAYOUT_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm")
-LAYOUT_POLICIES: tuple[str, ...] = ("paged", "paged-prefix")
+LAYOUT_POLICIES: tuple[str, ...] = ("paged", "paged-prefix", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+# … and where a contiguous policy reserves a run per KV cache group (docs/runners.md, "Contiguous
+# reservations on KV cache groups"): the simulator and vLLM's own scheduler, not the full engine.
+LAYOUT_CONTIGUOUS_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched")
 # Layer kinds whose prefix caching kvbench mirrors (vLLM's FullAttentionManager, SlidingWindowManager);
 # MambaManager's "align" mode (block-aligned prefill chunks, state checkpoints) and chunked local
 # attention's manager are not mirrored.

@@ -19,12 +19,14 @@ from ..errors import KvbenchError
 from . import identity
 from .capabilities import (
     BLOCK_TABLE_POLICIES,
+    LAYOUT_CONTIGUOUS_RUNNERS,
     LAYOUT_POLICIES,
     LAYOUT_RUNNERS,
     MEASURING_RUNNERS,
     PARALLEL_RUNNERS,
     POLICIES,
     PREFIX_LAYOUT_KINDS,
+    is_contiguous,
 )
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .kv_layout import KVLayout, kv_layout
@@ -250,6 +252,11 @@ class RunSpec:
                 f"{where}: {what} sizes every layer as full attention K and V, so its cells do not run "
                 f"(runners: {', '.join(LAYOUT_RUNNERS)}; policies: {', '.join(LAYOUT_POLICIES)}); "
                 f"`kvbench calc --model` gives its KV layout"
+            )
+        if is_contiguous(self.policy) and self.runner not in LAYOUT_CONTIGUOUS_RUNNERS:
+            raise KvbenchError(
+                f"{where}: runner {self.runner} does not reserve {self.policy} per KV cache group "
+                f"(runners that do: {', '.join(LAYOUT_CONTIGUOUS_RUNNERS)})"
             )
         sched = self.scheduler
         if sched.preemption != "recompute":

@@ -19,7 +19,8 @@ around that one call (and ``free``) on the running instance: no fork, no copy of
 
 Each request's ``placement`` (its first block, counted from the first usable block, and how
 many runs of consecutive ids its blocks formed when freed) goes to the records. Prefix caching
-and speculative decoding must be off and the model must have one KV cache group.
+and speculative decoding must be off; a model of KV cache groups takes a run per group
+(``runners.vllm.grouped_contiguous``).
 docs/runners.md ("Contiguous reservations inside vLLM") says why this is physically contiguous."""
 
 from __future__ import annotations
@@ -29,18 +30,36 @@ from typing import Any
 
 from ...harness.errors import KvbenchError
 from ...harness.sim.policies.arena import ARENA_TYPES
-from ...harness.sim.policies.contiguous import RESERVATIONS, cdiv
+from ...harness.sim.policies.contiguous import RESERVATIONS, block_runs, cdiv
 
 
-def block_runs(ids: Iterable[int]) -> int:
-    """Maximal runs of consecutive ids in ``ids``, in the order given (1 for one contiguous run)."""
-    runs = 0
-    last = None
-    for i in ids:
-        if last is None or i != last + 1:
-            runs += 1
-        last = i
-    return runs
+def check_hostable(scheduler: Any, policy: str) -> str:
+    """Refuse, in one line, a scheduler whose settings a contiguous reservation cannot host; the
+    refusals' prefix ("<policy> inside vLLM")."""
+    where = f"{policy} inside vLLM"
+    if scheduler.cache_config.enable_prefix_caching:
+        raise KvbenchError(
+            f"{where}: enable_prefix_caching is on; a contiguous reservation cannot share cached blocks "
+            "(prefix caching runs with the paged-prefix policy)"
+        )
+    if getattr(scheduler, "num_lookahead_tokens", 0) or scheduler.vllm_config.speculative_config is not None:
+        raise KvbenchError(f"{where}: speculative decoding is configured; its lookahead slots are not reserved")
+    return where
+
+
+def take_run(pool: Any, start: int, units: int) -> list[Any]:
+    """vLLM's blocks of arena units [start, start + units) (block 0 is the null block), taken out of
+    its free queue with a reference each, as ``BlockPool.get_new_blocks`` takes blocks."""
+    blocks = pool.blocks[1 + start : 1 + start + units]
+    queue, collector = pool.free_block_queue, getattr(pool, "metrics_collector", None)
+    for block in blocks:
+        if block.ref_cnt != 0 or block.is_null:
+            raise KvbenchError(f"contiguous reservation: vLLM's block {block.block_id} is in use")
+        queue.remove(block)
+        block.ref_cnt += 1
+        if collector:
+            collector.on_block_allocated(block)
+    return list(blocks)
 
 
 class ContiguousReservations:
@@ -48,19 +67,12 @@ class ContiguousReservations:
 
     def __init__(self, scheduler: Any, policy: str, arena: str, block_size: int, max_model_len: int) -> None:
         manager = scheduler.kv_cache_manager
-        where = f"{policy} inside vLLM"
-        if scheduler.cache_config.enable_prefix_caching:
-            raise KvbenchError(
-                f"{where}: enable_prefix_caching is on; a contiguous reservation cannot share cached blocks "
-                "(prefix caching runs with the paged-prefix policy)"
-            )
-        if getattr(scheduler, "num_lookahead_tokens", 0) or scheduler.vllm_config.speculative_config is not None:
-            raise KvbenchError(f"{where}: speculative decoding is configured; its lookahead slots are not reserved")
+        where = check_hostable(scheduler, policy)
         managers = manager.coordinator.single_type_managers
         if len(managers) != 1:
             raise KvbenchError(
                 f"{where}: the model has {len(managers)} KV cache groups (a hybrid model); "
-                "a contiguous reservation spans one group"
+                "GroupedReservations reserves per group"
             )
         self.pool = manager.block_pool
         self.usable = len(self.pool.blocks) - 1  # block 0 is the null block
@@ -113,15 +125,7 @@ class ContiguousReservations:
         if start < 0:
             return False
         took = self.arena.footprint(want)
-        blocks = self.pool.blocks[1 + start : 1 + start + took]
-        queue, collector = self.pool.free_block_queue, getattr(self.pool, "metrics_collector", None)
-        for block in blocks:
-            if block.ref_cnt != 0 or block.is_null:
-                raise KvbenchError(f"contiguous reservation: vLLM's block {block.block_id} is in use")
-            queue.remove(block)
-            block.ref_cnt += 1
-            if collector:
-                collector.on_block_allocated(block)
+        blocks = take_run(self.pool, start, took)
         self.req_blocks[rid].extend(blocks[: self.width])
         self.held[rid] = blocks[self.width :]
         self.start[rid] = start

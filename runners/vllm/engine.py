@@ -49,6 +49,7 @@ from ..common import base_row, expand_seqs, host_available_bytes, shortfall, wri
 from ..driver import drive
 from ..oom import is_oom
 from . import build as vllm_build
+from .grouped_contiguous import GroupedReservations
 from .kv_specs import groups_of
 from .readings import (
     CacheWatcher,
@@ -529,7 +530,10 @@ class EngineSteps:
         self.use = None if spec.geometry.is_uniform_full else spec.kv_use
         self._req_blocks = request_blocks(sched) if self.use is None else GroupTables(sched)
         self.cache = CacheWatcher(sched.kv_cache_manager.block_pool) if spec.policy == "paged-prefix" else None
-        self.reservations = install_contiguous(sched, spec)
+        reservations = install_contiguous(sched, spec)
+        # RunSpec keeps contiguous cells on KV cache groups off the engine (LAYOUT_CONTIGUOUS_RUNNERS).
+        assert not isinstance(reservations, GroupedReservations)
+        self.reservations = reservations
         self._index: dict[str, int] = {}  # vLLM's internal request id -> sequence index
         self._final_len: dict[str, int] = {}
         self._requests: dict[int, Any] = {}  # sequence index -> vLLM's Request (for its preemption count)

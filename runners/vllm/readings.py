@@ -11,6 +11,7 @@ from typing import Any
 from ...harness.spec.kv_shared_use import NULL_BLOCK, measure_shared
 from ...harness.spec.kv_use import KVUse
 from .contiguous import ContiguousReservations
+from .grouped_contiguous import GroupedReservations
 
 
 @dataclasses.dataclass
@@ -147,14 +148,26 @@ class GroupTables(Mapping[str, list[Any]]):
         return [[NULL_BLOCK if b.is_null else b.block_id for b in t.get(rid, ())] for t in self.tables]
 
 
-def read_group_occupancy(scheduler: Any, tables: GroupTables, final_len: Mapping[str, int], use: KVUse) -> Occupancy:
+def read_group_occupancy(
+    scheduler: Any,
+    tables: GroupTables,
+    final_len: Mapping[str, int],
+    use: KVUse,
+    reservations: GroupedReservations | None = None,
+) -> Occupancy:
     """The allocation state right after ``schedule()`` over KV cache groups: as ``read_occupancy``,
-    with used and internal positions from the layout's one formula (``KVUse.measure``)."""
+    with used and internal positions from the layout's one formula (``KVUse.measure``). A
+    contiguous request's tables are its whole runs (``GroupedReservations``), which must hold
+    every real block vLLM's tables give it."""
     requests = []
     held = 0
     for req in scheduler.running:
         rid = req.request_id
         lengths, reals = tables.lengths(rid)
+        if reservations is not None:
+            units = reservations.units(rid)
+            assert all(r <= u for r, u in zip(reals, units)), (rid, reals, units)
+            lengths = reals = units
         held += sum(reals)
         requests.append((req.num_computed_tokens, final_len[rid], lengths, reals))
     pool = scheduler.kv_cache_manager.block_pool
@@ -167,6 +180,9 @@ def read_group_occupancy(scheduler: Any, tables: GroupTables, final_len: Mapping
     else:
         used, internal, groups = use.measure(requests)
     running, waiting = scheduler.get_request_counts()
+    external = None
+    if reservations is not None:
+        external = reservations.external_positions(next(iter(scheduler.waiting), None) if waiting else None)
     return Occupancy(
         running=running,
         waiting=waiting,
@@ -174,6 +190,7 @@ def read_group_occupancy(scheduler: Any, tables: GroupTables, final_len: Mapping
         computed_tokens=sum(r[0] for r in requests),
         held_blocks=held,
         internal_positions=internal // use.unit,
+        external_positions=external,
         cached_free_blocks=cached_free_block_count(pool),
         used_positions=used // use.unit,
         groups=tuple(groups),
@@ -185,7 +202,7 @@ def read_schedule(
     requests: Mapping[str, Any],
     req_blocks: Mapping[str, list[Any]],
     index_of: Callable[[str], int],
-    reservations: ContiguousReservations | None = None,
+    reservations: ContiguousReservations | GroupedReservations | None = None,
 ) -> StepOut:
     """What ``schedule()`` returned, in kvbench's terms, read right after it (before any output)."""
     scheduled = []

@@ -28,6 +28,7 @@ from ..common import base_row, expand_seqs, shortfall, write_status_only
 from ..driver import drive
 from . import build
 from .contiguous import ContiguousReservations
+from .grouped_contiguous import GroupedReservations
 from .kv_specs import groups_of, layer_specs
 from .kv_specs import kv_cache_config as planned_kv_cache_config
 from .readings import (
@@ -44,11 +45,15 @@ from .readings import (
 from .steps import VllmStepEngine
 
 
-def install_contiguous(scheduler: Any, spec: RunSpec) -> ContiguousReservations | None:
-    """The spec's contiguous policy on a built vLLM scheduler, before its first request (None: paged)."""
+def install_contiguous(scheduler: Any, spec: RunSpec) -> ContiguousReservations | GroupedReservations | None:
+    """The spec's contiguous policy on a built vLLM scheduler, before its first request (None: paged);
+    over KV cache groups, a run per group (``GroupedReservations``)."""
     if not is_contiguous(spec.policy):
         return None
-    return ContiguousReservations(scheduler, spec.policy, spec.arena, spec.block_size, spec.memory.max_model_len)
+    mml = spec.memory.max_model_len
+    if not spec.geometry.is_uniform_full:
+        return GroupedReservations(scheduler, spec.policy, spec.arena, spec.layout, spec.kv_use, mml)
+    return ContiguousReservations(scheduler, spec.policy, spec.arena, spec.block_size, mml)
 
 
 def grouped_kv_cache_config(spec: RunSpec, vllm_config: Any) -> tuple[Any, int, int]:
@@ -250,12 +255,12 @@ class VllmScheduler:
         return read_schedule(self.sched.schedule(), self.requests, self._req_blocks, int, self.reservations)
 
     def occupancy(self) -> Occupancy:
+        res = self.reservations
         if isinstance(self._req_blocks, GroupTables):
-            assert self.use is not None
-            return read_group_occupancy(self.sched, self._req_blocks, self._final_len, self.use)
-        return read_occupancy(
-            self.sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks, self.reservations
-        )
+            assert self.use is not None and not isinstance(res, ContiguousReservations)
+            return read_group_occupancy(self.sched, self._req_blocks, self._final_len, self.use, res)
+        assert not isinstance(res, GroupedReservations)
+        return read_occupancy(self.sched, self._req_blocks, self._final_len, self.block_size, self.usable_blocks, res)
 
     def placement(self, seq_index: int) -> tuple[int, int] | None:
         """(first block, runs of consecutive ids) of a contiguous request's reservation, once freed."""

@@ -529,9 +529,12 @@ REFUSED_SUITES = {
         ('preset = "opt-13b"', 'preset = "gpt-oss-20b"\nhybrid_kv = "off"'),
         ("hybrid_kv", "'off'"),
     ),
-    "a_hybrid_model_on_a_contiguous_policy": (
-        ('preset = "opt-13b"', 'preset = "gpt-oss-20b"'),
-        ("gpt-oss-20b", "12 sliding, 12 full layers", "contiguous-max sizes every layer as full attention"),
+    "a_hybrid_model_on_a_positions_unit_contiguous_policy": (
+        (
+            'policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"]',
+            'policy = ["contiguous-max"]\n[runners.sim]\npreset = "gpt-oss-20b"\ncontiguous_unit = "position"',
+        ),
+        ("KV cache groups reserves whole blocks of each group", 'contiguous_unit = "block"'),
     ),
     "profile_is_a_device": (
         (

@@ -37,21 +37,27 @@ def test_waste_by_kind_is_time_weighted_over_the_budget() -> None:
     assert out.loc["full", "waste_frac"] == pytest.approx(0.0075)
 
 
-def test_the_report_sets_the_manager_on_against_off(tmp_path: Path) -> None:
-    text = one_workload_suite(
-        name="hybrid-report",
+def gemma3_suite(name: str, budget: str, output: tuple[int, int], requests: int, policies: str) -> str:
+    """A suite of a Gemma-3-like model on sim, the hybrid manager on and off."""
+    return one_workload_suite(
+        name=name,
         preset="tiny",
         model_extra=f'config = "{DATA / "models" / "tiny-gemma3" / "config.json"}"\n',
         kv_dtype="bf16",
-        workload='source = "uniform"\nprompt_min = 100\nprompt_max = 400\noutput_min = 200\noutput_max = 600\n'
-        'num_requests = 30\narrival = "batch"\nseed = 3',
-        budget="2MiB",
+        workload=f'source = "uniform"\nprompt_min = 100\nprompt_max = 400\noutput_min = {output[0]}\n'
+        f'output_max = {output[1]}\nnum_requests = {requests}\narrival = "batch"\nseed = 3',
+        budget=budget,
         max_model_len=1024,
         max_num_seqs=64,
         max_num_batched_tokens=256,
         runners='["sim"]',
+        policies=policies,
         block_size=16,
     ).replace('arena = "first-fit"', 'arena = "first-fit"\nhybrid_kv = [true, false]')
+
+
+def test_the_report_sets_the_manager_on_against_off(tmp_path: Path) -> None:
+    text = gemma3_suite("hybrid-report", "2MiB", (200, 600), 30, '["paged"]')
     rows, _ = run_suite_text(text, tmp_path)
     assert {r["hybrid_kv"] for r in rows} == {True, False} and all(r["status"] == "ok" for r in rows)
     records = load(tmp_path)
@@ -67,6 +73,27 @@ def test_the_report_sets_the_manager_on_against_off(tmp_path: Path) -> None:
     assert len(tables.hybrid) == 1
 
 
+def test_paging_over_contiguous_comes_from_the_records_manager_on_and_off(tmp_path: Path) -> None:
+    text = gemma3_suite("hybrid-paging", "4MiB", (50, 200), 20, '["paged", "contiguous-max"]')
+    rows, _ = run_suite_text(text, tmp_path)
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    records = load(tmp_path)
+    table = hybrid_table(records.runs, records.steps, records.kv_groups).set_index("policy")
+    assert list(table.index) == ["contiguous-max", "paged"]
+
+    def speed(policy: str, on: bool) -> float:
+        return next(r["tokens_per_s"] for r in rows if r["policy"] == policy and r["hybrid_kv"] == on)
+
+    paged = table.loc["paged"]
+    assert paged["contiguous"] == "contiguous-max"
+    assert paged["paging_on"] == pytest.approx(speed("paged", True) / speed("contiguous-max", True))
+    assert paged["paging_off"] == pytest.approx(speed("paged", False) / speed("contiguous-max", False))
+    assert paged["paging_on"] > 1 and paged["paging_off"] > 1
+    assert pd.isna(table.loc["contiguous-max", "paging_on"])  # a contiguous pair is not set against itself
+    # The manager on bounds contiguous-max's sliding runs by the window: more requests run at once.
+    assert table.loc["contiguous-max", "peak_running_on"] > table.loc["contiguous-max", "peak_running_off"]
+
+
 def test_the_shipped_hybrid_models_suite_sets_each_model_on_against_off() -> None:
     path = ROOT / "suites" / "hybrid-models.toml"
     suite = parse_suite(path.read_text(encoding="utf-8"), str(path))
@@ -75,7 +102,9 @@ def test_the_shipped_hybrid_models_suite_sets_each_model_on_against_off() -> Non
     assert models == {"gpt-oss-20b", "gemma-3-27b", "deepseek-v3"}
     for model in models:
         for runner in ("sim", "vllm-sched"):
-            assert {s.hybrid_kv for s in cells if s.geometry.name == model and s.runner == runner} == {True, False}
+            for policy in ("paged", "contiguous-max"):
+                mine = [s for s in cells if s.geometry.name == model and s.runner == runner and s.policy == policy]
+                assert {s.hybrid_kv for s in mine} == {True, False} and {s.block_size for s in mine} == {16}
 
 
 def test_the_console_table_shows_the_hybrid_manager_where_it_varies() -> None:

@@ -376,3 +376,34 @@ def test_diverge_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert main(["diverge", str(tmp_path), ids["paged"], "nope"]) == 2
     assert "no run 'nope'" in capsys.readouterr().err
     assert main(["diverge", str(tmp_path), ids["paged"], ids["paged"], "--columns", "bogus"]) == 2
+
+
+@needs_vllm
+def test_a_sliding_groups_blocks_cycle_inside_its_run_and_all_come_back(tmp_path: Path) -> None:
+    """Over KV cache groups (a Gemma-3-like model, window 64) a contiguous request's runs leave the
+    free queue whole; the blocks its sliding managers free go back into its own run (a ring), never
+    to the free queue; everything comes back when it finishes."""
+    from kvbench.runners.vllm.grouped_contiguous import GroupedReservations
+
+    config = Path(__file__).resolve().parents[1] / "data" / "models" / "tiny-gemma3" / "config.json"
+    (cell,) = cells_for(
+        tmp_path, model_extra=f'config = "{config}"\n', kv_dtype="bf16", budget="2MiB", policies='["contiguous-oracle"]'
+    )
+    vs = VllmScheduler(cell.spec, tmp_path / "model")
+    res = vs.reservations
+    assert isinstance(res, GroupedReservations)
+    pool, groups = vs.pool, cell.spec.layout.groups
+    vs.add(0, list(range(3, 203)), 50, 0.0)  # 250 tokens: the full group 16 blocks, each sliding one its cap
+    wants = res.wants(vs.requests["0"])
+    assert wants == tuple(16 if g.admission_blocks is None else min(16, g.admission_blocks) for g in groups)
+    vs.step()
+    free = pool.get_num_free_blocks()
+    assert free == vs.usable_blocks - sum(wants)
+    nulled = 0
+    while vs.has_unfinished():
+        vs.step()
+        assert pool.get_num_free_blocks() in (free, vs.usable_blocks)  # the window's frees stay in the run
+        nulled = max(nulled, sum(b.is_null for b in res.tables[0].get("0", ())))
+    assert nulled > 0  # vLLM did free sliding blocks that left the window
+    assert pool.get_num_free_blocks() == vs.usable_blocks and not res.owner and res.arena.free_total == res.arena.size
+    assert vs.placement(0) == (0, 1)  # the groups' runs placed one after another: one stretch

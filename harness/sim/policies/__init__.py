@@ -12,6 +12,7 @@ from .base import Policy
 from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
 from .counting_prefix import CountingPrefixPolicy
 from .grouped import GroupedPagedPolicy
+from .grouped_contiguous import GroupedContiguousPolicy
 from .grouped_prefix import GroupedPrefixPolicy
 from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from .shared_prefix import SharedPrefixPolicy
@@ -59,8 +60,10 @@ def make_policy(spec: RunSpec, block_ids: bool = True, shared: bool = True) -> P
     """The spec's policy; ``block_ids=False`` allows a variant that keeps only counts, and
     ``shared=False`` (no two sequences of the workload share a block) one more. A model whose
     layers are not all full attention gets vLLM's KV cache groups (``GroupedPagedPolicy``; with
-    prefix caching ``GroupedPrefixPolicy``)."""
-    if not spec.geometry.is_uniform_full:  # vLLM's KV cache groups (RunSpec admits only paged, paged-prefix)
+    prefix caching ``GroupedPrefixPolicy``; a run per group: ``GroupedContiguousPolicy``)."""
+    if not spec.geometry.is_uniform_full:  # vLLM's KV cache groups (RunSpec admits LAYOUT_POLICIES)
+        if capabilities.is_contiguous(spec.policy):
+            return GroupedContiguousPolicy(spec.kv_use, spec.memory.max_model_len, spec.policy, spec.arena)
         kind = GroupedPrefixPolicy if spec.policy == "paged-prefix" else GroupedPagedPolicy
         grouped: Policy = kind(spec.kv_use, spec.memory.max_model_len)
         assert isinstance(grouped, Policy)

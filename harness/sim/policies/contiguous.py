@@ -24,10 +24,11 @@ paper's split is internal − rounding and external + rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 
+from ...spec.kv_layout import KVGroup
 from ..sequence import Seq
-from .arena import ARENA_TYPES
+from .arena import ARENA_TYPES, Arena, BuddyArena
 from .base import internal_of
 
 
@@ -45,6 +46,43 @@ RESERVATIONS: dict[str, Callable[[int, int, int], int]] = {
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def group_blocks(groups: Sequence[KVGroup], reservation: int) -> tuple[int, ...]:
+    """Blocks a reservation of ``reservation`` positions takes in each KV cache group: ⌈R ÷ the
+    group's block size⌉, a sliding or chunked group's at most vLLM's per-request admission cap
+    (the most blocks its manager ever holds for a request: the run is a ring its window cycles
+    through). A state group's block is ``max_model_len`` long without prefix caching: one block."""
+    out = []
+    for g in groups:
+        n = cdiv(reservation, g.block_size)
+        out.append(n if g.admission_blocks is None else min(n, g.admission_blocks))
+    return tuple(out)
+
+
+def place_runs(arena: Arena | BuddyArena, wants: Iterable[int]) -> list[tuple[int, int]] | None:
+    """One run per want, placed in order in ``arena``, as (start, units taken); None (and the
+    arena unchanged) when one does not fit: a request's reservation is whole or nothing."""
+    runs: list[tuple[int, int]] = []
+    for want in wants:
+        start = arena.allocate(want)
+        if start < 0:
+            for s, took in runs:
+                arena.free(s, took)
+            return None
+        runs.append((start, arena.footprint(want)))
+    return runs
+
+
+def block_runs(ids: Iterable[int]) -> int:
+    """Maximal runs of consecutive ids in ``ids``, in the order given (1 for one contiguous run)."""
+    runs = 0
+    last = None
+    for i in ids:
+        if last is None or i != last + 1:
+            runs += 1
+        last = i
+    return runs
 
 
 class ContiguousPolicy:
