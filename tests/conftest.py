@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -42,36 +45,66 @@ HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
 DATA = ROOT / "tests" / "data"
 
-# One workload, one scheduler, a grid of runners and policies: the suite the agreement tests
-# (sim, vLLM's scheduler, the engine) build their cases from. ``one_workload_suite`` fills it.
-ONE_WORKLOAD_SUITE = """
-name = "{name}"
-[model]
-preset = "{preset}"
-kv_dtype = "{kv_dtype}"
-{model_extra}[memory]
-kv_budget = "{budget}"
-max_model_len = {max_model_len}
-[workload]
-{workload}
-[scheduler]
-max_num_seqs = {max_num_seqs}
-max_num_batched_tokens = {max_num_batched_tokens}
-preemption = "{preemption}"
-clock = "{clock}"
-[grid]
-runner = {runners}
-policy = {policies}
-block_size = [{block_size}]
-arena = "{arena}"
-{unit}"""
+Section = Mapping[str, object] | str
+
+
+def toml_value(value: object) -> str:
+    """A Python value as TOML: strings quoted (JSON's escapes are TOML's), lists bracketed."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _table(header: str, body: Section) -> str:
+    if isinstance(body, str):
+        return f"[{header}]\n{body.strip(chr(10))}\n"
+    return f"[{header}]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in body.items() if v is not None)
+
+
+def suite_toml(name: str | None = "t", top: Mapping[str, object] | None = None, **sections: Section | None) -> str:
+    """The one place test suites are written: ``name`` (None: none) and the ``top`` keys, then a table per
+    section in the order given. A section is a mapping (keys set to None are left out) or a
+    TOML body as text; None leaves it out. ``workloads`` and ``runners`` map each name to its
+    section (``[workloads.NAME]``, ``[runners.NAME]``)."""
+    text = _table("", {"name": name, **(top or {})}).removeprefix("[]\n")
+    for section, body in sections.items():
+        if body is None:
+            continue
+        if section in ("workloads", "runners"):
+            assert isinstance(body, Mapping), section
+            text += "".join(_table(f"{section}.{key}", sub) for key, sub in body.items())  # type: ignore[arg-type]
+        else:
+            text += _table(section, body)
+    return text
+
+
+def serve_suite(
+    url: str, policies: Sequence[str] = ("paged",), scheduler: Section | None = None, **serve: object
+) -> str:
+    """Three short requests to the server at ``url`` (the serve runner's attach mode); ``serve``
+    adds to its [runners.serve] table."""
+    return suite_toml(
+        "served",
+        model={"preset": "llama-mini", "kv_dtype": "bf16"},
+        memory={"kv_budget": "6MiB", "max_model_len": 1024},
+        workload={"source": "fixed", "prompt_len": 8, "output_len": 5, "num_requests": 3, "arrival": "batch"},
+        scheduler=scheduler,
+        grid={"runner": ["serve"], "policy": list(policies), "block_size": [16]},
+        runners={"serve": {"url": url, "request_timeout_s": 20, **serve}},
+    )
 
 
 def one_workload_suite(**settings: object) -> str:
-    """``ONE_WORKLOAD_SUITE`` with ``settings`` over its defaults: ``policy`` (one) or
-    ``policies`` (a TOML list); contiguous cells reserve whole blocks, as vLLM's runners do,
-    unless ``contiguous_unit`` says otherwise (None: each runner's default)."""
-    filled: dict[str, object] = dict(
+    """One workload, one scheduler, a grid of runners and policies: the suite the agreement tests
+    (sim, vLLM's scheduler, the engine) build their cases from. ``settings`` over its defaults:
+    ``policy`` (one) or ``policies`` (a TOML list); contiguous cells reserve whole blocks, as
+    vLLM's runners do, unless ``contiguous_unit`` says otherwise (None: each runner's default);
+    ``model_extra`` is TOML text added to [model]."""
+    s: dict[str, object] = dict(
         name="t",
         kv_dtype="fp16",
         preemption="recompute",
@@ -81,11 +114,23 @@ def one_workload_suite(**settings: object) -> str:
         contiguous_unit="block",
         model_extra="",
     )
-    filled.update(settings)
-    filled.setdefault("policies", f'["{filled["policy"]}"]')
-    unit = filled["contiguous_unit"]
-    filled["unit"] = f'contiguous_unit = "{unit}"\n' if unit else ""
-    return ONE_WORKLOAD_SUITE.format(**filled)
+    s.update(settings)
+    policies = s.get("policies", f'["{s["policy"]}"]')
+    model = f"preset = {toml_value(s['preset'])}\nkv_dtype = {toml_value(s['kv_dtype'])}\n{s['model_extra']}"
+    return suite_toml(
+        str(s["name"]),
+        model=model,
+        memory={"kv_budget": s["budget"], "max_model_len": s["max_model_len"]},
+        workload=str(s["workload"]),
+        scheduler={
+            "max_num_seqs": s["max_num_seqs"],
+            "max_num_batched_tokens": s["max_num_batched_tokens"],
+            "preemption": s["preemption"],
+            "clock": s["clock"],
+        },
+        grid=f"runner = {s['runners']}\npolicy = {policies}\nblock_size = [{s['block_size']}]\n"
+        f'arena = "{s["arena"]}"\n' + (f'contiguous_unit = "{s["contiguous_unit"]}"\n' if s["contiguous_unit"] else ""),
+    )
 
 
 def run_suite_text(text: str, out: Path) -> tuple[list[dict], dict[str, pd.DataFrame]]:
@@ -179,3 +224,52 @@ def special(kind: str, path: Path, elsewhere: Path) -> None:
 @pytest.fixture
 def out(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+# -- results directories the app tests share (made once per session, copied where a test changes one)
+
+EXAMPLE = (ROOT / "suites" / "example.toml").read_text(encoding="utf-8")
+SMALL = EXAMPLE.replace("num_requests = 200", "num_requests = 20")  # 4 sim cells, well under a second each
+
+
+# A valid Llama-shaped config.json, for the tests that change one field of it.
+LLAMA_CONFIG = {
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "vocab_size": 1000,
+}
+
+
+def suite_file(folder: Path, text: str = SMALL, name: str = "suite.toml") -> Path:
+    path = folder / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The small suite and its results directory, with its report."""
+    root = tmp_path_factory.mktemp("recorded")
+    suite = suite_file(root)
+    proc = kvbench("run", suite, "--out", root / "out", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    return suite, root / "out"
+
+
+def copy_of(recorded: tuple[Path, Path], tmp_path: Path, name: str = "out") -> tuple[Path, Path]:
+    """The small suite written into ``tmp_path``, and a copy of ``recorded``'s results there."""
+    dest = tmp_path / name
+    shutil.copytree(recorded[1], dest, symlinks=True)
+    return suite_file(tmp_path), dest
+
+
+@pytest.fixture(scope="session")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results directory with one ok run, imported from vllm bench serve's detailed result."""
+    out = tmp_path_factory.mktemp("imported") / "R"
+    proc = kvbench("import", DATA / "vllm_bench_serve_detailed.json", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    return out

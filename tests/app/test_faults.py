@@ -26,31 +26,20 @@ import pytest
 from kvbench.harness.records import store
 from kvbench.harness.records.lock import LOCK_NAME
 
-from tests.conftest import ROOT, assert_one_line_error, kvbench
+from tests.conftest import ROOT, SMALL, assert_one_line_error, kvbench, suite_toml
 from tests.faultkit import kvbench_failing_at, read_log, tmpfs, tmpfs_unavailable
 
-EXAMPLE = (ROOT / "suites" / "example.toml").read_text()
-SMALL = EXAMPLE.replace("num_requests = 200", "num_requests = 20")  # 4 cells, a second each at most
 CELLS = 4
 # 3 cells of about a second each on two cores: long enough to signal one mid-flight (the
 # roofline's efficiency factors made steps longer, so fewer steps: 1,500 requests got too quick).
-SLOW = """
-name = "slow"
-[model]
-preset = "llama-3-8b"
-[memory]
-kv_budget = "1GiB"
-max_model_len = 4096
-[workload]
-source = "sharegpt"
-num_requests = 5000
-arrival = "poisson"
-rate = 4.0
-[scheduler]
-clock = "roofline"
-[grid]
-policy = ["contiguous-max", "contiguous-oracle", "paged"]
-"""
+SLOW = suite_toml(
+    "slow",
+    model={"preset": "llama-3-8b"},
+    memory={"kv_budget": "1GiB", "max_model_len": 4096},
+    workload={"source": "sharegpt", "num_requests": 5000, "arrival": "poisson", "rate": 4.0},
+    scheduler={"clock": "roofline"},
+    grid={"policy": ["contiguous-max", "contiguous-oracle", "paged"]},
+)
 SLOW_CELLS = 3
 TOP_LEVEL = {LOCK_NAME, "kvbench.log", "runs", "steps", "requests", "workloads", "report", "reference.parquet"}
 PNG_END = b"IEND\xaeB`\x82"
@@ -318,16 +307,6 @@ def test_read_only_filesystem_keeps_completed_runs_then_resume(suites, reference
 
 
 # -- an output that cannot be created or written ------------------------------------------------
-
-
-def test_output_that_cannot_be_created(suites, tmp_path):
-    for out, cause in (
-        ("/proc/kvbench-nope", "No such file or directory"),
-        (str(suites["small"]) + "/sub", "Not a directory"),
-    ):
-        proc = kvbench("run", str(suites["small"]), "--out", out, "--quiet")
-        assert_one_line_error(proc, out, cause)
-        assert proc.returncode == 74
 
 
 def _as_nobody() -> list[str] | None:

@@ -15,26 +15,17 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, suite_toml
 
 NIGHTLY = ROOT / ".ci" / "nightly"
 
-SUITE = """
-name = "nightly-test"
-[model]
-preset = "llama-3-8b"
-[memory]
-kv_budget = "1GiB"
-max_model_len = 2048
-[workload]
-source = "sharegpt"
-num_requests = 60
-arrival = "batch"
-[grid]
-runner = ["sim"]
-policy = ["contiguous-max", "paged"]
-block_size = [16]
-"""
+SUITE = suite_toml(
+    "nightly-test",
+    model={"preset": "llama-3-8b"},
+    memory={"kv_budget": "1GiB", "max_model_len": 2048},
+    workload={"source": "sharegpt", "num_requests": 60, "arrival": "batch"},
+    grid={"runner": ["sim"], "policy": ["contiguous-max", "paged"], "block_size": [16]},
+)
 
 
 def nightly(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -14,27 +14,28 @@ from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cells
 from kvbench.harness.records import store
 
-from tests.conftest import kvbench
+from tests.conftest import kvbench, suite_toml
 
-GRID = """
-name = "grid"
-[model]
-preset = "llama-3-8b"
-[memory]
-kv_budget = "1GiB"
-max_model_len = 4096
-[workload]
-source = "sharegpt"
-num_requests = 150
-arrival = "poisson"
-rate = 4.0
-[scheduler]
-clock = "roofline"
-[grid]
-policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"]
-block_size = [16, 32]
-rate = [2.0, 4.0, 8.0]
-"""
+
+def grid_suite(rates: tuple[float, ...] = (2.0, 4.0, 8.0), **sections: object) -> str:
+    """Three policies and paged at two block sizes, over a rate axis: the sweep the tests run."""
+    grid = {
+        "policy": ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"],
+        "block_size": [16, 32],
+        "rate": list(rates),
+    }
+    return suite_toml(
+        "grid",
+        model={"preset": "llama-3-8b"},
+        memory={"kv_budget": "1GiB", "max_model_len": 4096},
+        workload={"source": "sharegpt", "num_requests": 150, "arrival": "poisson", "rate": 4.0},
+        scheduler={"clock": "roofline"},
+        grid={**grid, **sections.pop("grid", {})},  # type: ignore[dict-item]
+        **sections,  # type: ignore[arg-type]
+    )
+
+
+GRID = grid_suite()
 CELLS = 3 * (3 + 2)
 
 
@@ -94,7 +95,7 @@ def test_sigkill_mid_sweep_then_resume_gives_every_cell_exactly_once(tmp_path, s
 
 def test_ray_executor_writes_the_same_records_as_local(tmp_path):
     pytest.importorskip("ray")
-    suite = parse_suite(GRID.replace("[2.0, 4.0, 8.0]", "[4.0]"), "grid.toml")
+    suite = parse_suite(grid_suite(rates=(4.0,)), "grid.toml")
     local, remote = tmp_path / "local", tmp_path / "ray"
     run_cells(build_cells(suite, local, lambda m: None), quiet=True)
     run_cells(build_cells(suite, remote, lambda m: None), quiet=True, executor="ray")
@@ -108,8 +109,10 @@ def test_ray_executor_writes_the_same_records_as_local(tmp_path):
 def test_a_failing_cell_is_a_row_and_the_sweep_goes_on(tmp_path):
     suite = tmp_path / "s.toml"
     # vllm hosts no virtual-contiguous: its cells fail wherever they run (no vLLM, its CPU build, a GPU).
-    grid = GRID.replace("[grid]", '[runners.vllm]\npolicy = ["virtual-contiguous"]\n[grid]\nrunner = ["sim", "vllm"]')
-    suite.write_text(grid.replace("[2.0, 4.0, 8.0]", "[4.0]"))
+    grid = grid_suite(
+        rates=(4.0,), grid={"runner": ["sim", "vllm"]}, runners={"vllm": {"policy": ["virtual-contiguous"]}}
+    )
+    suite.write_text(grid)
     proc = kvbench("run", str(suite), "--out", str(tmp_path / "o"), "--no-report", "--quiet")
     assert proc.returncode == 1
     runs = store.read_table(tmp_path / "o", "runs")

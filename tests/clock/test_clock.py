@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from kvbench.harness.clock.profile import load_profile
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
 
-from tests.conftest import DATA, assert_one_line_error, kvbench, run_suite_text
+from tests.conftest import DATA, Section, assert_one_line_error, kvbench, run_suite_text, suite_toml
 
 PROFILE = DATA / "profile-opt-13b-fp16-b16.json"  # hand-written fixture terms (format version 1)
 KNEE_PROFILE = DATA / "profile-opt-13b-fp16-b16-knee.json"  # the same, version 2, with an early-token cost
@@ -204,37 +205,28 @@ def test_fit_recovers_known_terms_and_keeps_them_non_negative():
     assert (x >= 0).all() and x[1] == 0.0
 
 
+SHAREGPT_40 = {"source": "sharegpt", "num_requests": 40, "arrival": "poisson", "rate": 4.0}
+ONE_REQUEST = {"source": "fixed", "prompt_len": 4, "output_len": 3, "num_requests": 1}
+
+
 def _profile_suite(
-    profile: Path,
-    clock_line: str = "",
-    extra: str = "",
-    policy: str = '"paged"',
+    profile: Path | None,
+    policy: str = "paged",
     block: int = 16,
     kv: str = "fp16",
     preset: str = "opt-13b",
+    workload: Section = SHAREGPT_40,
+    clock: str = "profile",
 ) -> str:
-    return f"""
-name = "profiled"
-[model]
-preset = "{preset}"
-kv_dtype = "{kv}"
-[memory]
-kv_budget = "2GiB"
-max_model_len = 2048
-[scheduler]
-clock = "profile"
-clock_profile = "{profile}"
-{clock_line}
-[workload]
-source = "sharegpt"
-num_requests = 40
-arrival = "poisson"
-rate = 4.0
-{extra}
-[grid]
-policy = [{policy}]
-block_size = [{block}]
-"""
+    """One sim cell on the clock ``profile`` (None: the suite names none)."""
+    return suite_toml(
+        "profiled",
+        model={"preset": preset, "kv_dtype": kv},
+        memory={"kv_budget": "2GiB", "max_model_len": 2048},
+        scheduler={"clock": clock, "clock_profile": None if profile is None else str(profile)},
+        workload=workload,
+        grid={"policy": [policy], "block_size": [block]},
+    )
 
 
 def test_sim_on_a_profile_prices_each_step_with_its_terms(out):
@@ -250,10 +242,7 @@ def test_sim_on_a_profile_prices_each_step_with_its_terms(out):
 
 @pytest.mark.parametrize("profile", [PROFILE, KNEE_PROFILE], ids=["version-1", "version-2-knee"])
 def test_profile_step_time_of_one_request_by_hand(out, profile):
-    text = _profile_suite(profile).replace(
-        'source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
-        'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1',
-    )
+    text = _profile_suite(profile, workload=ONE_REQUEST)
     (row,), steps = run_suite_text(text, out)
     t = load_profile(profile).terms
     # A version 1 profile has no early-token term: its steps are priced by the five terms alone, exactly.
@@ -278,10 +267,7 @@ def test_profile_cache_misses_by_hand(out):
     """One request of 4 prompt tokens and 3 outputs on a version 3 profile: the prefill misses
     both caches (4 tokens, 1 request), the first decode the token cache (1 token is new), the
     second nothing."""
-    text = _profile_suite(CACHE_PROFILE).replace(
-        'source = "sharegpt"\nnum_requests = 40\narrival = "poisson"\nrate = 4.0',
-        'source = "fixed"\nprompt_len = 4\noutput_len = 3\nnum_requests = 1',
-    )
+    text = _profile_suite(CACHE_PROFILE, workload=ONE_REQUEST)
     (row,), steps = run_suite_text(text, out)
     t = load_profile(CACHE_PROFILE).terms
     assert t.primitive_cache == 4 and t.miss_s > 0 and t.seq_miss_s > 0
@@ -319,52 +305,48 @@ def test_run_id_follows_the_profile_content_not_its_path(tmp_path):
 
 
 def test_latency_columns_on_the_steps_clock(out):
-    text = """
-name = "lat"
-[model]
-preset = "opt-13b"
-[memory]
-kv_budget = "2GiB"
-[workload]
-source = "fixed"
-prompt_len = 4
-output_len = 3
-num_requests = 1
-[grid]
-policy = ["paged"]
-"""
+    text = suite_toml(
+        "lat",
+        model={"preset": "opt-13b"},
+        memory={"kv_budget": "2GiB"},
+        workload=ONE_REQUEST,
+        grid={"policy": ["paged"]},
+    )
     (row,), _ = run_suite_text(text, out)
     # Step 0 prefills and samples token 1 (t = 1); steps 1 and 2 decode tokens 2 and 3 (t = 3).
     assert row["ttft_p50_s"] == 1.0 and row["latency_p50_s"] == 3.0 and row["latency_p90_s"] == 3.0
     assert row["tpot_p50_s"] == 1.0 and row["normalized_latency_mean_s"] == 1.0
 
 
-TORCH_MEASURED = """
-name = "torch-measured"
-[model]
-preset = "llama-mini"
-kv_dtype = "fp32"
-[memory]
-kv_budget = "2MiB"
-max_model_len = 256
-[scheduler]
-max_num_seqs = 16
-max_num_batched_tokens = 256
-clock = "measured"
-[workload]
-source = "uniform"
-prompt_min = 8
-prompt_max = 120
-output_min = 4
-output_max = 40
-num_requests = 24
-arrival = "poisson"
-rate = 50.0
-[grid]
-runner = ["torch"]
-policy = ["paged"]
-block_size = [16]
-"""
+TORCH_WORKLOAD = {
+    "source": "uniform",
+    "prompt_min": 8,
+    "prompt_max": 120,
+    "output_min": 4,
+    "output_max": 40,
+    "num_requests": 24,
+    "arrival": "poisson",
+    "rate": 50.0,
+}
+
+
+def torch_measured(
+    workload: Section | None = TORCH_WORKLOAD,
+    clock: Mapping[str, object] | None = None,
+    runner: tuple[str, ...] = ("torch",),
+    grid: Mapping[str, object] | None = None,
+    **sections: Section,
+) -> str:
+    """The torch runner on Llama-mini, on the measured clock unless ``clock`` says otherwise."""
+    return suite_toml(
+        "torch-measured",
+        model={"preset": "llama-mini", "kv_dtype": "fp32"},
+        memory={"kv_budget": "2MiB", "max_model_len": 256},
+        scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 256, **(clock or {"clock": "measured"})},
+        workload=workload,
+        grid={"runner": list(runner), "policy": ["paged"], "block_size": [16], **(grid or {})},
+        **sections,
+    )
 
 
 def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
@@ -372,7 +354,7 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
     calibrate fits a profile from them; sim runs on that profile and the report sets them side by side."""
     pytest.importorskip("torch")
     suite = tmp_path / "measured.toml"
-    suite.write_text(TORCH_MEASURED)
+    suite.write_text(torch_measured())
     res = tmp_path / "res"
     proc = kvbench("run", str(suite), "--out", str(res), "--quiet", "--no-report", timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -399,9 +381,9 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
     assert json.loads(pooled.read_text())["data"]["steps"] == 2 * len(steps)
 
     # sim on the profile beside torch on the measured clock, same work: the report pairs them.
-    both = TORCH_MEASURED.replace('clock = "measured"', f'clock = "profile"\nclock_profile = "{profile}"')
-    both = both.replace('runner = ["torch"]', 'runner = ["sim", "torch"]') + '[runners.torch]\nclock = "measured"\n'
-    suite.write_text(both)
+    on_profile = {"clock": "profile", "clock_profile": str(profile)}
+    torch_measured_too = {"torch": {"clock": "measured"}}
+    suite.write_text(torch_measured(clock=on_profile, runner=("sim", "torch"), runners=torch_measured_too))
     proc = kvbench("run", str(suite), "--out", str(res), "--quiet", timeout=600)
     assert proc.returncode == 0, proc.stderr
     summary = (res / "report" / "summary.md").read_text()
@@ -418,11 +400,14 @@ def test_measured_clock_then_calibrate_then_sim_on_the_profile(tmp_path):
 
     # Two workloads in two rounds: the report splits the step-sum error into the machine's phase
     # per round and the model's offset per workload.
-    two = both.replace("[workload]", "[workloads.a]").replace(
-        "[grid]",
-        '[workloads.b]\nsource = "fixed"\n'
-        "prompt_len = 40\noutput_len = 8\nnum_requests = 16\n"
-        'arrival = "batch"\n[grid]\nrepeat = [0, 1]',
+    b = {"source": "fixed", "prompt_len": 40, "output_len": 8, "num_requests": 16, "arrival": "batch"}
+    two = torch_measured(
+        None,
+        clock=on_profile,
+        runner=("sim", "torch"),
+        grid={"repeat": [0, 1]},
+        workloads={"a": TORCH_WORKLOAD, "b": b},
+        runners=torch_measured_too,
     )
     res2 = tmp_path / "res2"
     suite.write_text(two)
@@ -463,7 +448,7 @@ def test_a_profile_from_another_setup_is_refused(tmp_path, change, needle):
 
 
 def test_contiguous_cells_take_the_profile_at_any_block_size(out):
-    rows, _ = run_suite_text(_profile_suite(PROFILE, policy='"contiguous-max"', block=32), out)
+    rows, _ = run_suite_text(_profile_suite(PROFILE, policy="contiguous-max", block=32), out)
     assert rows[0]["status"] == "ok"
 
 
@@ -493,9 +478,9 @@ def test_profile_clock_settings_are_checked(tmp_path):
     suite = tmp_path / "s.toml"
     suite.write_text(_profile_suite(tmp_path / "missing.json"))
     assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), "no such clock profile")
-    suite.write_text(_profile_suite(PROFILE).replace(f'clock_profile = "{PROFILE}"', ""))
+    suite.write_text(_profile_suite(None))
     assert_one_line_error(kvbench("run", str(suite), "--out", str(tmp_path / "o")), "needs clock_profile")
-    suite.write_text(_profile_suite(PROFILE).replace('clock = "profile"', 'clock = "measured"'))
+    suite.write_text(_profile_suite(PROFILE, clock="measured"))
     assert_one_line_error(
         kvbench("run", str(suite), "--out", str(tmp_path / "o")),
         'clock = "measured"',
@@ -536,9 +521,7 @@ def test_calibrate_needs_measured_steps(tmp_path, out):
 def test_calibrate_refuses_too_few_steps(tmp_path):
     pytest.importorskip("torch")
     suite = tmp_path / "few.toml"
-    suite.write_text(
-        TORCH_MEASURED.replace("num_requests = 24", "num_requests = 1").replace("output_max = 40", "output_max = 5")
-    )
+    suite.write_text(torch_measured({**TORCH_WORKLOAD, "num_requests": 1, "output_max": 5}))
     res = tmp_path / "res"
     assert kvbench("run", str(suite), "--out", str(res), "--quiet", "--no-report", timeout=600).returncode == 0
     assert_one_line_error(

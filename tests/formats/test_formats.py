@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import DATA, assert_one_line_error, kvbench, run_suite_text, tree
+from conftest import DATA, assert_one_line_error, kvbench, run_suite_text, suite_toml, tree
 from kvbench.harness.formats.vllm_bench import to_vllm_bench
 from kvbench.harness.records import store
 from reportkit import run, write_records
@@ -30,33 +30,29 @@ RTOL = 1e-9
 NOT_KEPT_DETAILED = ("queue_times", "generated_texts")
 NOT_KEPT_SUMMARY = ("latencies", "queue_times")
 
-TORCH_SUITE = """
-name = "formats"
-[model]
-preset = "llama-mini"
-kv_dtype = "fp32"
-[memory]
-kv_budget = "2MiB"
-max_model_len = 256
-[scheduler]
-max_num_seqs = 16
-max_num_batched_tokens = 256
-clock = "measured"
-[workload]
-source = "uniform"
-prompt_min = 8
-prompt_max = 60
-output_min = 1
-output_max = 12
-num_requests = 10
-arrival = "poisson"
-rate = 50.0
-[grid]
-runner = ["torch"]
-policy = ["paged"]
-block_size = [16]
-repeat = [0, 1, 2]
-"""
+
+def formats_suite(runner: str = "torch", clock: str = "measured", repeat: list[int] | None = None) -> str:
+    """Ten short uniform requests on Llama-mini."""
+    return suite_toml(
+        "formats",
+        model={"preset": "llama-mini", "kv_dtype": "fp32"},
+        memory={"kv_budget": "2MiB", "max_model_len": 256},
+        scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 256, "clock": clock},
+        workload={
+            "source": "uniform",
+            "prompt_min": 8,
+            "prompt_max": 60,
+            "output_min": 1,
+            "output_max": 12,
+            "num_requests": 10,
+            "arrival": "poisson",
+            "rate": 50.0,
+        },
+        grid={"runner": [runner], "policy": ["paged"], "block_size": [16], "repeat": repeat},
+    )
+
+
+TORCH_SUITE = formats_suite(repeat=[0, 1, 2])
 
 
 def same_number(a: Any, b: Any, where: str) -> None:
@@ -326,14 +322,11 @@ def test_import_into_the_like_directory_is_refused(torch_runs: Path, tmp_path: P
     assert tree(torch_runs) == before
 
 
-SIM_SUITE = TORCH_SUITE.replace('runner = ["torch"]', 'runner = ["sim"]').replace("repeat = [0, 1, 2]", "")
-
-
 @pytest.mark.parametrize("clock", ["roofline", "steps"])
 def test_a_sim_run_exports_without_itl_and_says_why_and_the_steps_clock_is_refused(tmp_path: Path, clock: str) -> None:
     out = tmp_path / "res"
     out.mkdir()
-    (row,), _ = run_suite_text(SIM_SUITE.replace('clock = "measured"', f'clock = "{clock}"'), out)
+    (row,), _ = run_suite_text(formats_suite("sim", clock), out)
     done = kvbench("export", str(out), "--format", "vllm-bench", "--out", str(tmp_path / "sim.json"))
     if clock == "steps":
         assert_one_line_error(done, "steps clock")

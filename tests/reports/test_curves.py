@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import run_suite_text
+from conftest import run_suite_text, suite_toml
 from kvbench.reports import figdata, figures
 from kvbench.reports.loading import load
 from kvbench.reports.tables import summary
@@ -251,30 +251,21 @@ def test_figures_come_in_the_order_they_are_numbered() -> None:
 
 
 def test_a_real_rate_sweep_draws_its_curves(tmp_path: Path) -> None:
-    text = """
-name = "curves"
-[model]
-preset = "opt-13b"
-kv_dtype = "fp16"
-[memory]
-kv_budget = "1GiB"
-max_model_len = 512
-[workload]
-source = "fixed"
-prompt_len = 64
-output_len = 32
-num_requests = 30
-arrival = "poisson"
-seed = 0
-[scheduler]
-max_num_seqs = 64
-max_num_batched_tokens = 512
-[grid]
-runner = ["sim"]
-rate = [1.0, 4.0, 16.0]
-policy = ["contiguous-max", "paged"]
-block_size = [16]
-"""
+    text = suite_toml(
+        "curves",
+        model={"preset": "opt-13b", "kv_dtype": "fp16"},
+        memory={"kv_budget": "1GiB", "max_model_len": 512},
+        workload={
+            "source": "fixed",
+            "prompt_len": 64,
+            "output_len": 32,
+            "num_requests": 30,
+            "arrival": "poisson",
+            "seed": 0,
+        },
+        scheduler={"max_num_seqs": 64, "max_num_batched_tokens": 512},
+        grid={"runner": ["sim"], "rate": [1.0, 4.0, 16.0], "policy": ["contiguous-max", "paged"], "block_size": [16]},
+    )
     out = tmp_path / "results"
     rows, _ = run_suite_text(text, out)
     assert all(r["status"] == "ok" for r in rows)

@@ -21,29 +21,23 @@ from kvbench.runners.driver import drive
 from kvbench.runners.oom import is_oom
 from kvbench.runners.sim import SimRunner
 
-SUITE = """
-name = "driver"
-[model]
-preset = "tiny"
-kv_dtype = "fp16"
-[memory]
-kv_budget = "64KiB"
-max_model_len = 128
-[scheduler]
-max_num_seqs = 8
-max_num_batched_tokens = 64
-max_stall_steps = 5
-[workload]
-source = "fixed"
-prompt_len = 20
-output_len = 5
-num_requests = 4
-arrival = "poisson"
-rate = 2.0
-[grid]
-policy = ["paged"]
-block_size = [16]
-"""
+from tests.conftest import suite_toml
+
+SUITE = suite_toml(
+    "driver",
+    model={"preset": "tiny", "kv_dtype": "fp16"},
+    memory={"kv_budget": "64KiB", "max_model_len": 128},
+    scheduler={"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_stall_steps": 5},
+    workload={
+        "source": "fixed",
+        "prompt_len": 20,
+        "output_len": 5,
+        "num_requests": 4,
+        "arrival": "poisson",
+        "rate": 2.0,
+    },
+    grid={"policy": ["paged"], "block_size": [16]},
+)
 
 
 def one_cell(out: Path) -> Cell:

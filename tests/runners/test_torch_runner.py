@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,42 +27,12 @@ from kvbench.runners.base import Cell
 from kvbench.runners.torch.kv import ContiguousKVCache, PagedKVCache
 from kvbench.runners.torch.runner import TorchExecutor, check_fits, run_torch
 
+from tests.conftest import suite_toml
+
 ATOL = 1e-4  # fp32 logits, see the module docstring
 
-BASE = """
-name = "torch-test"
-[model]
-preset = "tiny"
-kv_dtype = "{kv_dtype}"
-[memory]
-kv_budget = "{budget}"
-max_model_len = 128
-[workload]
-source = "uniform"
-num_requests = {num_requests}
-prompt_min = 8
-prompt_max = 40
-output_min = 4
-output_max = 20
-prefix_groups = {groups}
-prefix_len = {prefix_len}
-n = {n}
-seed = 3
-[scheduler]
-max_num_seqs = 32
-max_num_batched_tokens = 96
-preemption = "{preemption}"
-[run]
-device = "cpu"
-[grid]
-runner = {runners}
-policy = {policies}
-block_size = {block_sizes}
-"""
 
-
-def make_cells(
-    out: Path,
+def torch_suite(
     policies: list[str],
     runners: tuple[str, ...] = ("torch",),
     block_sizes: tuple[int, ...] = (16,),
@@ -72,19 +43,35 @@ def make_cells(
     prefix_len: int = 0,
     n: int = 1,
     preemption: str = "recompute",
-) -> list[Cell]:
-    text = BASE.format(
-        kv_dtype=kv_dtype,
-        budget=budget,
-        num_requests=num_requests,
-        groups=groups,
-        prefix_len=prefix_len,
-        n=n,
-        preemption=preemption,
-        runners="[" + ", ".join(f'"{r}"' for r in runners) + "]",
-        policies="[" + ", ".join(f'"{p}"' for p in policies) + "]",
-        block_sizes=list(block_sizes),
+    preset: str = "tiny",
+) -> str:
+    """Uniform requests on a small model, on the CPU."""
+    workload = {
+        "source": "uniform",
+        "num_requests": num_requests,
+        "prompt_min": 8,
+        "prompt_max": 40,
+        "output_min": 4,
+        "output_max": 20,
+        "prefix_groups": groups,
+        "prefix_len": prefix_len,
+        "n": n,
+        "seed": 3,
+    }
+    return suite_toml(
+        "torch-test",
+        model={"preset": preset, "kv_dtype": kv_dtype},
+        memory={"kv_budget": budget, "max_model_len": 128},
+        workload=workload,
+        scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 96, "preemption": preemption},
+        run={"device": "cpu"},
+        grid={"runner": list(runners), "policy": policies, "block_size": list(block_sizes)},
     )
+
+
+def make_cells(out: Path, policies: list[str], **settings: Any) -> list[Cell]:
+    """The cells of ``torch_suite(policies, **settings)``, to be written under ``out``."""
+    text = torch_suite(policies, **settings)
     return build_cells(parse_suite(text, str(out / "suite.toml")), out, lambda msg: None)
 
 
@@ -386,19 +373,7 @@ def test_other_errors_are_not_mistaken_for_oom(tmp_path: Path, monkeypatch: pyte
 
 def test_a_geometry_too_large_is_refused_up_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("kvbench.runners.torch.runner.available_bytes", lambda device: 8 * 2**30)
-    text = BASE.format(
-        kv_dtype="fp16",
-        budget="1GiB",
-        num_requests=2,
-        groups=0,
-        prefix_len=0,
-        n=1,
-        preemption="recompute",
-        runners='["torch"]',
-        policies='["paged"]',
-        block_sizes=[16],
-    )
-    text = text.replace('preset = "tiny"', 'preset = "llama-3-8b"')
+    text = torch_suite(["paged"], budget="1GiB", kv_dtype="fp16", num_requests=2, preset="llama-3-8b")
     (cell,) = build_cells(parse_suite(text, str(tmp_path / "s.toml")), tmp_path, lambda m: None)
     built = []
     monkeypatch.setattr("kvbench.runners.torch.runner.DecoderModel", lambda *a, **k: built.append(1))

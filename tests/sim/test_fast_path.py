@@ -28,35 +28,13 @@ from kvbench.harness.sim.scheduler import Arrivals
 from kvbench.harness.spec.geometry import resolve_model
 from kvbench.runners.sim import SimRunner
 
-from tests.conftest import DATA, ROOT
+from tests.conftest import DATA, ROOT, suite_toml
 from tests.tracekit import write_jsonl
 from tools.make_mooncake_traces import mooncake_reuse_rows
 
 ALL_POLICIES = (
     '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
 )
-
-BASE = """
-name = "fast"
-[model]
-preset = "{preset}"
-kv_dtype = "fp16"
-[memory]
-kv_budget = "{budget}"
-max_model_len = {max_len}
-[scheduler]
-max_num_seqs = {seqs}
-max_num_batched_tokens = {tokens}
-preemption = "{preemption}"
-clock = "{clock}"
-gpu = "{gpu}"
-[workload]
-{workload}
-[grid]
-policy = {policies}
-block_size = {block_sizes}
-{grid_extra}
-"""
 
 AZURE = DATA / "azure-conv-slice.csv"
 MOONCAKE = ROOT / "suites" / "data" / "mooncake-reuse.jsonl"
@@ -95,14 +73,15 @@ CASES = {
     "scaled-roofline": dict(
         budget="3GiB",
         clock="roofline",
-        gpu='A100-40GB"\nroofline_scale = 1.534\n#"',
+        roofline_scale=1.534,
         workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 3.0',
     ),
     "swap": dict(budget="2300MiB", preemption="swap", workload='source = "sharegpt"\nnum_requests = 150'),
     # A calibrated clock (a fixture profile): Poisson arrivals priced by fitted terms, with preemption.
     "poisson-profile-preempting": dict(
         budget="2300MiB",
-        clock=f'profile"\nclock_profile = "{PROFILE}',
+        clock="profile",
+        clock_profile=str(PROFILE),
         block_sizes="[16]",
         workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0',
     ),
@@ -110,7 +89,8 @@ CASES = {
     # stretches price look-ahead without taking it, then take the steps they record.
     "profile-cache-misses": dict(
         budget="2300MiB",
-        clock=f'profile"\nclock_profile = "{CACHE_PROFILE}',
+        clock="profile",
+        clock_profile=str(CACHE_PROFILE),
         block_sizes="[16]",
         workload='source = "sharegpt"\nnum_requests = 200\narrival = "poisson"\nrate = 8.0',
     ),
@@ -343,7 +323,22 @@ def _suite(**kw) -> str:
         grid_extra="",
     )
     values.update(kw)
-    return BASE.format(**values)
+    return suite_toml(
+        "fast",
+        model={"preset": values["preset"], "kv_dtype": "fp16"},
+        memory={"kv_budget": values["budget"], "max_model_len": values["max_len"]},
+        scheduler={
+            "max_num_seqs": values["seqs"],
+            "max_num_batched_tokens": values["tokens"],
+            "preemption": values["preemption"],
+            "clock": values["clock"],
+            "gpu": values["gpu"],
+            "roofline_scale": values.get("roofline_scale"),
+            "clock_profile": values.get("clock_profile"),
+        },
+        workload=str(values["workload"]),
+        grid=f"policy = {values['policies']}\nblock_size = {values['block_sizes']}\n{values['grid_extra']}",
+    )
 
 
 def _path(out, table, run_id):

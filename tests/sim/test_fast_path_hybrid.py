@@ -24,35 +24,7 @@ from kvbench.harness.sim.sequence import Seq
 from kvbench.runners.base import Cell
 from kvbench.runners.sim import SimRunner
 
-from tests.conftest import DATA
-
-SUITE = """
-name = "fast-hybrid"
-[model]
-preset = "gpt-oss-20b"
-kv_dtype = "bf16"
-{model}
-[memory]
-kv_budget = "{budget}"
-max_model_len = {max_len}
-[workload]
-source = "uniform"
-prompt_min = {prompt_min}
-prompt_max = {prompt_max}
-output_min = {output_min}
-output_max = {output_max}
-num_requests = {requests}
-arrival = "{arrival}"
-{rate}seed = {seed}
-[scheduler]
-max_num_seqs = {seqs}
-max_num_batched_tokens = {tokens}
-preemption = "{preemption}"
-[grid]
-runner = ["sim"]
-policy = ["paged"]
-block_size = [16]
-"""
+from tests.conftest import DATA, suite_toml
 
 
 def config(path: Path) -> str:
@@ -95,21 +67,29 @@ def _variant(case: str, seed: int, where: Path, budget: str | None = None) -> st
     prompt_min = int(rng.integers(20, 200))
     output_min = int(rng.integers(50, 250))
     poisson = bool(rng.integers(0, 2))
-    return SUITE.format(
-        model=model_lines(case, where),
-        budget=budget or CASES[case][2],
-        max_len=1024,
-        prompt_min=prompt_min,
-        prompt_max=prompt_min + int(rng.integers(0, 300)),
-        output_min=output_min,
-        output_max=output_min + int(rng.integers(0, 350)),
-        requests=int(rng.integers(20, 40)),
-        arrival="poisson" if poisson else "batch",
-        rate="rate = 40.0\n" if poisson else "",
-        seed=seed,
-        seqs=int(rng.integers(8, 65)),
-        tokens=int(rng.choice([128, 256, 512])),
-        preemption="recompute",  # vLLM preempts KV cache groups by recompute only
+    workload = {
+        "source": "uniform",
+        "prompt_min": prompt_min,
+        "prompt_max": prompt_min + int(rng.integers(0, 300)),
+        "output_min": output_min,
+        "output_max": output_min + int(rng.integers(0, 350)),
+        "num_requests": int(rng.integers(20, 40)),
+        "arrival": "poisson" if poisson else "batch",
+        "rate": 40.0 if poisson else None,
+        "seed": seed,
+    }
+    scheduler = {
+        "max_num_seqs": int(rng.integers(8, 65)),
+        "max_num_batched_tokens": int(rng.choice([128, 256, 512])),
+        "preemption": "recompute",  # vLLM preempts KV cache groups by recompute only
+    }
+    return suite_toml(
+        "fast-hybrid",
+        model='preset = "gpt-oss-20b"\nkv_dtype = "bf16"\n' + model_lines(case, where),
+        memory={"kv_budget": budget or CASES[case][2], "max_model_len": 1024},
+        workload=workload,
+        scheduler=scheduler,
+        grid={"runner": ["sim"], "policy": ["paged"], "block_size": [16]},
     )
 
 

@@ -18,40 +18,30 @@ from kvbench.runners.common import base_row, expand_seqs
 from kvbench.runners.driver import drive
 from kvbench.runners.sim import SimEngine
 
-from tests.conftest import run_suite_text
+from tests.conftest import Section, run_suite_text, suite_toml
 
-OPT13B = """
-name = "t"
-[model]
-preset = "opt-13b"
-kv_dtype = "fp16"
-[memory]
-kv_budget = "12GiB"
-max_model_len = 2048
-[scheduler]
-max_num_seqs = 256
-max_num_batched_tokens = 2048
-"""
 
-ALL_POLICIES = (
-    '["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]'
-)
+def opt13b(workload: Section, budget: str = "12GiB", **sections: Section) -> str:
+    """OPT-13B in fp16 with the example suite's memory and scheduler, over ``workload``."""
+    return suite_toml(
+        model={"preset": "opt-13b", "kv_dtype": "fp16"},
+        memory={"kv_budget": budget, "max_model_len": 2048},
+        scheduler={"max_num_seqs": 256, "max_num_batched_tokens": 2048},
+        workload=workload,
+        **sections,
+    )
+
+
+ALL_POLICIES = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]
 
 
 def test_seed_example_35_tokens_block_16(out):
     # One 35-token prompt in 16-token blocks: 3 blocks, 48 positions, 13 unused.
     rows, steps = run_suite_text(
-        OPT13B
-        + """
-[workload]
-source = "fixed"
-prompt_len = 35
-output_len = 1
-num_requests = 1
-[grid]
-policy = ["paged"]
-block_size = [16]
-""",
+        opt13b(
+            {"source": "fixed", "prompt_len": 35, "output_len": 1, "num_requests": 1},
+            grid={"policy": ["paged"], "block_size": [16]},
+        ),
         out,
     )
     (row,) = rows
@@ -65,16 +55,10 @@ block_size = [16]
 
 def test_opt13b_contiguous_max_runs_exactly_7(out):
     rows, _ = run_suite_text(
-        OPT13B
-        + """
-[workload]
-source = "fixed"
-prompt_len = 100
-output_len = 100
-num_requests = 200
-[grid]
-policy = ["contiguous-max", "contiguous-oracle", "contiguous-pow2"]
-""",
+        opt13b(
+            {"source": "fixed", "prompt_len": 100, "output_len": 100, "num_requests": 200},
+            grid={"policy": ["contiguous-max", "contiguous-oracle", "contiguous-pow2"]},
+        ),
         out,
     )
     by = {r["policy"]: r for r in rows}
@@ -98,14 +82,7 @@ WORKLOADS = {
 def test_invariants_every_step_every_policy(out, workload):
     # A tight budget (about 2,900 positions) so that paged preempts and contiguous queues.
     rows, steps = run_suite_text(
-        OPT13B.replace('"12GiB"', '"2300MiB"')
-        + "[workload]\n"
-        + WORKLOADS[workload]
-        + f"""
-[grid]
-policy = {ALL_POLICIES}
-block_size = [16, 64]
-""",
+        opt13b(WORKLOADS[workload], "2300MiB", grid={"policy": ALL_POLICIES, "block_size": [16, 64]}),
         out,
     )
     assert len(rows) == 3 + 2 * 2 + 1  # contiguous and virtual policies ignore block_size
@@ -137,14 +114,14 @@ CONTIGUOUS = '["contiguous-max", "contiguous-pow2", "contiguous-oracle"]'
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_invariants_every_step_buddy_arena(out, workload):
     rows, steps = run_suite_text(
-        OPT13B.replace('"12GiB"', '"2300MiB"')
-        + "[workload]\n"
-        + WORKLOADS[workload]
-        + """
-[grid]
-policy = ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"]
-arena = ["first-fit", "buddy"]
-""",
+        opt13b(
+            WORKLOADS[workload],
+            "2300MiB",
+            grid={
+                "policy": ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged"],
+                "arena": ["first-fit", "buddy"],
+            },
+        ),
         out,
     )
     # The arena varies the contiguous cells only: paged runs once, and records no arena.
@@ -165,18 +142,11 @@ arena = ["first-fit", "buddy"]
 
 def test_buddy_arena_rounds_each_reservation_to_a_power_of_two(out):
     rows, steps = run_suite_text(
-        OPT13B
-        + """
-[workload]
-source = "fixed"
-prompt_len = 100
-output_len = 100
-num_requests = 200
-[run]
-arena = "buddy"
-[grid]
-policy = ["contiguous-max", "contiguous-oracle", "contiguous-pow2", "paged"]
-""",
+        opt13b(
+            {"source": "fixed", "prompt_len": 100, "output_len": 100, "num_requests": 200},
+            run={"arena": "buddy"},
+            grid={"policy": ["contiguous-max", "contiguous-oracle", "contiguous-pow2", "paged"]},
+        ),
         out,
     )
     by = {r["policy"]: r for r in rows}
@@ -202,7 +172,7 @@ def test_unknown_arena_is_a_one_line_error(tmp_path, capsys):
     from kvbench.app.cli import main
 
     suite = tmp_path / "s.toml"
-    suite.write_text(OPT13B + '[workload]\nsource = "fixed"\n[run]\narena = "best-fit"\n[grid]\npolicy = ["paged"]\n')
+    suite.write_text(opt13b({"source": "fixed"}, run={"arena": "best-fit"}, grid={"policy": ["paged"]}))
     assert main(["run", str(suite), "--out", str(tmp_path / "out"), "--no-report", "--quiet"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "unknown arena 'best-fit' (known: first-fit, buddy)" in err[0]
@@ -212,12 +182,7 @@ def test_unknown_arena_is_a_one_line_error(tmp_path, capsys):
     "policy", ["contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix", "virtual-contiguous"]
 )
 def test_every_request_finishes_once_with_its_output_and_nothing_stays_allocated(tmp_path, policy):
-    text = (
-        OPT13B.replace('"12GiB"', '"2300MiB"')
-        + "[workload]\n"
-        + WORKLOADS["prefix"]
-        + f'[grid]\npolicy = ["{policy}"]\nblock_size = [16]\n'
-    )
+    text = opt13b(WORKLOADS["prefix"], "2300MiB", grid={"policy": [policy], "block_size": [16]})
     (cell,) = build_cells(parse_suite(text, "t.toml"), tmp_path, lambda m: None)
     seqs = expand_seqs(cell)
     policy_obj = make_policy(cell.spec)
@@ -235,19 +200,17 @@ def test_every_request_finishes_once_with_its_output_and_nothing_stays_allocated
 
 def test_prefix_caching_shares_blocks_and_counts_them_once(out):
     rows, steps = run_suite_text(
-        OPT13B
-        + """
-[workload]
-source = "fixed"
-prompt_len = 200
-output_len = 20
-num_requests = 8
-prefix_groups = 1
-prefix_len = 160
-[grid]
-policy = ["paged", "paged-prefix"]
-block_size = [16]
-""",
+        opt13b(
+            {
+                "source": "fixed",
+                "prompt_len": 200,
+                "output_len": 20,
+                "num_requests": 8,
+                "prefix_groups": 1,
+                "prefix_len": 160,
+            },
+            grid={"policy": ["paged", "paged-prefix"], "block_size": [16]},
+        ),
         out,
     )
     by = {r["policy"]: r for r in rows}
@@ -260,16 +223,11 @@ block_size = [16]
 
 def test_infeasible_request_is_a_row_with_bytes_and_levers(out):
     rows, steps = run_suite_text(
-        OPT13B.replace('"12GiB"', '"100MiB"')
-        + """
-[workload]
-source = "fixed"
-prompt_len = 200
-output_len = 100
-num_requests = 3
-[grid]
-policy = ["paged", "contiguous-max"]
-""",
+        opt13b(
+            {"source": "fixed", "prompt_len": 200, "output_len": 100, "num_requests": 3},
+            "100MiB",
+            grid={"policy": ["paged", "contiguous-max"]},
+        ),
         out,
     )
     for row in rows:
@@ -282,7 +240,7 @@ policy = ["paged", "contiguous-max"]
 
 
 def test_records_follow_the_parquet_contract(out):
-    rows, _ = run_suite_text(OPT13B + "[workload]\n" + WORKLOADS["fixed"] + '[grid]\npolicy = ["paged"]\n', out)
+    rows, _ = run_suite_text(opt13b(WORKLOADS["fixed"], grid={"policy": ["paged"]}), out)
     (row,) = rows
     for table, schema in (("steps", STEPS), ("runs", RUNS)):
         f = out / table / f"run_id={row['run_id']}" / "part-0.parquet"
@@ -295,7 +253,7 @@ def test_records_follow_the_parquet_contract(out):
 
 
 def test_same_spec_same_records_whatever_the_global_rng(out, tmp_path):
-    text = OPT13B + "[workload]\n" + WORKLOADS["lognormal"] + '[grid]\npolicy = ["paged"]\n'
+    text = opt13b(WORKLOADS["lognormal"], grid={"policy": ["paged"]})
     rows_a, steps_a = run_suite_text(text, tmp_path / "a")
     np.random.seed(12345)
     __import__("random").seed(999)

@@ -23,7 +23,7 @@ from kvbench.reports.labels import GROUP_KEYS, code_note, work_differences
 from kvbench.reports.tables import mismatches, summary
 from reportkit import SCHED, run, runs_frame, write_records
 
-from tests.conftest import DATA, run_suite_text
+from tests.conftest import DATA, run_suite_text, suite_toml
 
 PROFILE = DATA / "profile-opt-13b-fp16-b16.json"
 TOL = 0.02
@@ -199,30 +199,20 @@ def test_compare_pairs_a_profile_by_its_content_not_its_path() -> None:
     assert sorted(cells["repeats"]) == [1, 2] and cells["group"].nunique() == 2
 
 
-SUITE = """
-name = "ident"
-repeats = 2
-[model]
-preset = "opt-13b"
-[memory]
-kv_budget = "{budget}"
-max_model_len = 512
-[workload]
-source = "fixed"
-prompt_len = 16
-output_len = 8
-num_requests = 6
-arrival = "batch"
-[grid]
-runner = ["sim"]
-policy = ["contiguous-max", "paged"]
-block_size = [16]
-"""
+def ident_suite(budget: str, repeats: int | None = 2) -> str:
+    return suite_toml(
+        "ident",
+        {"repeats": repeats},
+        model={"preset": "opt-13b"},
+        memory={"kv_budget": budget, "max_model_len": 512},
+        workload={"source": "fixed", "prompt_len": 16, "output_len": 8, "num_requests": 6, "arrival": "batch"},
+        grid={"runner": ["sim"], "policy": ["contiguous-max", "paged"], "block_size": [16]},
+    )
 
 
 def test_run_ids_compare_and_report_agree_on_real_records(tmp_path: Path) -> None:
     for budget in ("1GiB", "2GiB"):
-        run_suite_text(SUITE.format(budget=budget), tmp_path / "out")
+        run_suite_text(ident_suite(budget), tmp_path / "out")
     runs = runs_frame(store.read_table(tmp_path / "out", "runs").to_dict("records"))
     assert runs["run_id"].nunique() == len(runs) == 8  # 2 budgets × 2 policies × 2 repetitions
     # Compare pairs the two repetitions of each cell, and nothing else ...
@@ -282,7 +272,7 @@ def test_code_digest_covers_the_result_packages_only(tmp_path: Path, monkeypatch
 
 
 def test_every_run_row_records_the_code_digest(tmp_path: Path) -> None:
-    run_suite_text(SUITE.format(budget="1GiB"), tmp_path / "out")
+    run_suite_text(ident_suite("1GiB"), tmp_path / "out")
     runs = store.read_table(tmp_path / "out", "runs")
     assert set(runs["code_digest"]) == {code_identity.code_digest()}
 
@@ -300,7 +290,7 @@ def set_code_digest(out: Path, run_id: str, value: str | None) -> None:
 @pytest.fixture
 def recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path, list[str]]:
     suite = tmp_path / "s.toml"
-    suite.write_text(SUITE.format(budget="1GiB").replace("repeats = 2\n", ""))
+    suite.write_text(ident_suite("1GiB", repeats=None))
     out = tmp_path / "out"
     assert main(["run", str(suite), "--out", str(out), "--no-report", "--quiet"]) == 0
     capsys.readouterr()

@@ -23,7 +23,7 @@ from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.divergence import first_divergence
 from kvbench.runners.common import clock_for
 
-from tests.conftest import AGREEMENT_COLUMNS, kvbench, needs_vllm, run_suite_text
+from tests.conftest import AGREEMENT_COLUMNS, kvbench, needs_vllm, run_suite_text, suite_toml
 
 GiB = 2**30
 
@@ -103,32 +103,23 @@ def test_parallel_sizes_count_in_the_run_id_only_when_not_1() -> None:
 
 
 def test_a_grid_axis_of_tensor_parallel_sizes(tmp_path: Path) -> None:
-    text = """
-name = "tp"
-[model]
-preset = "opt-13b"
-[memory]
-kv_budget = "4GiB"
-[workload]
-source = "fixed"
-prompt_len = 100
-output_len = 20
-num_requests = 30
-arrival = "batch"
-[parallel]
-num_gpus = 4
-[grid]
-runner = ["sim"]
-policy = ["paged"]
-tensor_parallel_size = [1, 2, 4]
-"""
+    def tp_suite(scheduler: dict[str, object] | None = None) -> str:
+        return suite_toml(
+            "tp",
+            model={"preset": "opt-13b"},
+            memory={"kv_budget": "4GiB"},
+            scheduler=scheduler,
+            workload={"source": "fixed", "prompt_len": 100, "output_len": 20, "num_requests": 30, "arrival": "batch"},
+            parallel={"num_gpus": 4},
+            grid={"runner": ["sim"], "policy": ["paged"], "tensor_parallel_size": [1, 2, 4]},
+        )
+
+    text = tp_suite()
     cells = [s for s, _ in parse_suite(text, str(tmp_path / "s.toml")).cells()]
     assert [s.scheduler.tensor_parallel_size for s in cells] == [1, 2, 4]
     assert [s.kv_bytes_per_token for s in cells] == [819_200, 409_600, 204_800]
     assert len({s.run_id("w") for s in cells}) == 3
-    rows, _ = run_suite_text(
-        text.replace('kv_budget = "4GiB"', 'kv_budget = "4GiB"\n[scheduler]\nclock = "roofline"'), tmp_path
-    )
+    rows, _ = run_suite_text(tp_suite({"clock": "roofline"}), tmp_path)
     by_tp = {r["tensor_parallel_size"]: r for r in rows}
     assert set(by_tp) == {1, 2, 4} and all(r["status"] == "ok" for r in rows)
     assert by_tp[4]["kv_bytes_per_token"] == 204_800 and by_tp[4]["pipeline_parallel_size"] == 1
@@ -264,31 +255,15 @@ def test_roofline_with_pp_sums_the_stages_and_sends_between_them() -> None:
 
 @needs_vllm
 def test_vllm_sched_allocates_one_ranks_kv_as_sim_does(tmp_path: Path) -> None:
-    text = """
-name = "tp2"
-[model]
-preset = "llama-mini"
-kv_dtype = "bf16"
-[memory]
-kv_budget = "600KiB"
-max_model_len = 1024
-[workload]
-source = "fixed"
-prompt_len = 200
-output_len = 40
-num_requests = 12
-arrival = "batch"
-[scheduler]
-max_num_seqs = 16
-max_num_batched_tokens = 256
-clock = "roofline"
-[parallel]
-tensor_parallel_size = 2
-[grid]
-runner = ["sim", "vllm-sched"]
-policy = ["paged"]
-block_size = [32]
-"""
+    text = suite_toml(
+        "tp2",
+        model={"preset": "llama-mini", "kv_dtype": "bf16"},
+        memory={"kv_budget": "600KiB", "max_model_len": 1024},
+        workload={"source": "fixed", "prompt_len": 200, "output_len": 40, "num_requests": 12, "arrival": "batch"},
+        scheduler={"max_num_seqs": 16, "max_num_batched_tokens": 256, "clock": "roofline"},
+        parallel={"tensor_parallel_size": 2},
+        grid={"runner": ["sim", "vllm-sched"], "policy": ["paged"], "block_size": [32]},
+    )
     rows, steps = run_suite_text(text, tmp_path)
     sim, vs = sorted(rows, key=lambda r: r["runner"])
     assert (sim["runner"], vs["runner"]) == ("sim", "vllm-sched")
