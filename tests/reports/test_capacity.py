@@ -19,7 +19,7 @@ from kvbench.reports.capacity import capacity_ratios, capacity_table, capacity_v
 from kvbench.reports.loading import load
 from reportkit import run, runs_frame, workload
 
-from tests.conftest import assert_one_line_error, kvbench
+from tests.conftest import assert_one_line_error, kvbench, suite_toml
 
 SLO = pd.DataFrame([{"suite": "golden", "metric": "normalized_latency_mean_s", "bound": 0.5}])
 
@@ -78,32 +78,29 @@ def test_a_published_range_is_met_inside_and_missed_by_the_distance_to_its_neare
     assert table["off"].tolist() == pytest.approx([0.0, 2.0 / 2.5 - 1, 1.0])
 
 
-SUITE = """
-name = "cap"
-[model]
-preset = "opt-13b"
-[memory]
-kv_budget = "4GiB"
-max_model_len = 2048
-[workloads.sg]
-source = "sharegpt-quantiles"
-arrival = "poisson"
-rate = [0.5, 1.0, 2.0, 4.0]
-duration_s = 120
-[scheduler]
-clock = "roofline"
-[slo]
-bounds = [{metric = "normalized", percentile = "mean", max_s = 0.3}]
-refine = {refine}
-[grid]
-policy = ["contiguous-max", "paged"]
-block_size = [16]
-"""
+def cap_suite(refine: int | str = 0) -> str:
+    """Two policies swept over four rates at an SLO; ``refine``: bisection steps past the sweep."""
+    return suite_toml(
+        "cap",
+        model={"preset": "opt-13b"},
+        memory={"kv_budget": "4GiB", "max_model_len": 2048},
+        workloads={
+            "sg": {
+                "source": "sharegpt-quantiles",
+                "arrival": "poisson",
+                "rate": [0.5, 1.0, 2.0, 4.0],
+                "duration_s": 120,
+            }
+        },
+        scheduler={"clock": "roofline"},
+        slo=f'bounds = [{{metric = "normalized", percentile = "mean", max_s = 0.3}}]\nrefine = {refine}\n',
+        grid={"policy": ["contiguous-max", "paged"], "block_size": [16]},
+    )
 
 
 def _run(tmp_path: Path, refine: int) -> tuple[str, pd.DataFrame]:
     suite = tmp_path / "cap.toml"
-    suite.write_text(SUITE.replace("{refine}", str(refine)))
+    suite.write_text(cap_suite(refine))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert cli.main(["run", str(suite), "--out", str(tmp_path / f"out{refine}"), "--quiet"]) == 0
@@ -132,7 +129,7 @@ def test_bisection_lands_within_the_sweeps_bracket_and_a_second_run_runs_nothing
 
 
 def test_a_workload_sweeps_its_own_rates_and_duration_sets_the_count() -> None:
-    suite = parse_suite(SUITE.replace("{refine}", "0"), "cap.toml")
+    suite = parse_suite(cap_suite(), "cap.toml")
     rates = sorted({spec.workload.rate for spec, _ in suite.cells()})
     assert rates == [0.5, 1.0, 2.0, 4.0] and len(list(suite.cells())) == 8
     assert WorkloadSpec(source="sharegpt", arrival="poisson", rate=2.5, duration_s=100).request_count == 250
@@ -140,9 +137,7 @@ def test_a_workload_sweeps_its_own_rates_and_duration_sets_the_count() -> None:
     with pytest.raises(KvbenchError, match="duration_s needs a rate arrival"):
         WorkloadSpec(source="sharegpt", duration_s=100)
     with pytest.raises(KvbenchError, match="swept both"):
-        parse_suite(
-            SUITE.replace("{refine}", "0").replace("block_size = [16]", "block_size = [16]\nrate = [1.0]"), "cap.toml"
-        )
+        parse_suite(cap_suite().replace("block_size = [16]", "block_size = [16]\nrate = [1.0]"), "cap.toml")
 
 
 BAD = {
@@ -163,7 +158,7 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_slo_and_sweep_input_is_one_line(tmp_path: Path, case: str) -> None:
     first, second, needles = BAD[case]
-    text = SUITE.replace("{refine}", "0").replace(*first)
+    text = cap_suite().replace(*first)
     if second:
         text = text.replace(*second)
     suite = tmp_path / "bad.toml"

@@ -37,41 +37,11 @@ from kvbench.runners.serve import runner as serve
 from kvbench.runners.serve import scheduler as serve_scheduler
 from kvbench.runners.serve.metrics import num_gpu_blocks, parse_metrics
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, suite_toml
 from tests.enginekit import needs_engine
 
 API_SERVER = b"vllm.entrypoints.openai.api_server"
 
-# llama-mini at bf16: 1,536 B of KV per token; 1 MiB = 682 positions = 21 blocks of 32: a batch of
-# 24 requests preempts. Small enough that a server starts in ~30 s on two cores.
-SUITE = """
-name = "serve-test"
-[model]
-preset = "llama-mini"
-kv_dtype = "bf16"
-[memory]
-kv_budget = "{budget}"
-max_model_len = 512
-[workload]
-source = "uniform"
-prompt_min = 32
-prompt_max = 256
-output_min = 16
-output_max = 128
-num_requests = {n}
-arrival = "{arrival}"
-{rate}seed = 1
-[scheduler]
-max_num_seqs = 32
-max_num_batched_tokens = 512
-clock = "measured"
-[run]
-device = "cpu"
-[grid]
-runner = {runners}
-policy = ["paged"]
-block_size = [32]
-"""
 ALLOCATION = [
     "running",
     "waiting",
@@ -94,12 +64,25 @@ ALLOCATION = [
 ]
 
 
+# llama-mini at bf16: 1,536 B of KV per token; 1 MiB = 682 positions = 21 blocks of 32: a batch of
+# 24 requests preempts. Small enough that a server starts in ~30 s on two cores.
 def suite_text(
     runners: str = '["serve"]', n: int = 24, arrival: str = "batch", budget: str = "1MiB", serve_settings: str = ""
 ) -> str:
     """The suite; ``serve_settings``: the lines of a ``[runners.serve]`` table."""
-    rate = "rate = 20.0\n" if arrival == "poisson" else ""
-    text = SUITE.format(runners=runners, n=n, arrival=arrival, rate=rate, budget=budget)
+    workload: dict[str, object] = dict(
+        source="uniform", prompt_min=32, prompt_max=256, output_min=16, output_max=128, num_requests=n
+    )
+    workload.update(arrival=arrival, rate=20.0 if arrival == "poisson" else None, seed=1)
+    text = suite_toml(
+        "serve-test",
+        model={"preset": "llama-mini", "kv_dtype": "bf16"},
+        memory={"kv_budget": budget, "max_model_len": 512},
+        workload=workload,
+        scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 512, "clock": "measured"},
+        run={"device": "cpu"},
+        grid=f'runner = {runners}\npolicy = ["paged"]\nblock_size = [32]\n',
+    )
     return text + (f"[runners.serve]\n{serve_settings}\n" if serve_settings else "")
 
 
