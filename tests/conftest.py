@@ -47,6 +47,28 @@ DATA = ROOT / "tests" / "data"
 
 Section = Mapping[str, object] | str
 
+# pytest-xdist (`-n auto --dist loadgroup` in pyproject.toml) hands each worker whole groups. A
+# file is a group, so its module fixtures are built once; the tests that start vLLM's engine or
+# server form one group, run one after another on one worker: an engine takes gigabytes and its
+# own processes, and test_serve asserts on the engine processes it finds. The bad-input table's
+# rows share nothing costly and spread over the workers one by one.
+ENGINE_FILES = (
+    "tests/runners/test_vllm_engine.py",
+    "tests/runners/test_vllm_engine_hybrid.py",
+    "tests/runners/test_serve.py",
+    "tests/spec/test_kv_layout.py",
+)
+SPREAD_FILES = ("tests/app/test_bad_input.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.relative_to(ROOT).as_posix()
+        if path in ENGINE_FILES:
+            item.add_marker(pytest.mark.xdist_group("vllm-engine"))
+        elif path not in SPREAD_FILES:
+            item.add_marker(pytest.mark.xdist_group(path))
+
 
 def toml_value(value: object) -> str:
     """A Python value as TOML: strings quoted (JSON's escapes are TOML's), lists bracketed."""

@@ -6,6 +6,7 @@ is kept in ``kv_cache_config``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -58,6 +59,25 @@ def vllm_config(
     vc.cache_config.mamba_block_size = mamba_block_size or (block_size if prefix_caching else max_model_len)
     vc.cache_config.mamba_page_size_padded = mamba_page_size_padded
     return vc
+
+
+# vLLM's names of the state dtypes, as kvbench names them.
+_STATE_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def as_platform_keeps_state(geometry: ModelGeometry, model_dir: Path) -> ModelGeometry:
+    """``geometry`` with the temporal state in the dtype this platform keeps it in. kvbench's
+    arithmetic is vLLM's with ``mamba_ssm_cache_dtype`` "auto" (the model's dtype), as on a GPU;
+    vLLM's CPU platform sets float32 instead on a CPU with AVX-512 BF16 whose state its accelerated
+    GDN kernel does not take (``vllm/platforms/cpu.py``), so the comparison asks what it chose."""
+    if geometry.state is None:
+        return geometry
+    vc = vllm_config(model_dir, max_model_len=4096, block_size=16, hybrid=True)
+    chosen = vc.cache_config.mamba_ssm_cache_dtype
+    if chosen == "auto":
+        return geometry
+    state = dataclasses.replace(geometry.state, temporal_dtype=_STATE_DTYPES[chosen])
+    return geometry.replace(state=state)
 
 
 def state_shapes_and_dtypes(vc: Any, architecture: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

@@ -115,7 +115,7 @@ def vllm_layout(
 def compare(name: str, kv_dtype: str = "bf16", hybrid: bool = True, pp: int = 1, block_size: int = 16) -> KVLayout:
     from tests import vllm_kv
 
-    g = from_config_json(MODELS / name / "config.json")
+    g = vllm_kv.as_platform_keeps_state(from_config_json(MODELS / name / "config.json"), MODELS / name)
     kw = dict(max_model_len=4096, max_num_batched_tokens=2048)
     layout = kv_layout(g, kv_dtype, block_size, hybrid=hybrid, pipeline_parallel_size=pp, **kw)
     budget = 64 * GIB + 4321
@@ -161,12 +161,14 @@ def test_state_shapes_are_those_of_vllms_calculators() -> None:
         ("qwen3-next-80b-a3b", "Qwen3NextForCausalLM"),
         ("tiny-granite4h", "GraniteMoeHybridForCausalLM"),
     ):
-        g = from_config_json(MODELS / name / "config.json")
+        g = vllm_kv.as_platform_keeps_state(from_config_json(MODELS / name / "config.json"), MODELS / name)
         assert g.state is not None
         vc = vllm_kv.vllm_config(MODELS / name, max_model_len=4096, block_size=16, hybrid=True)
         shapes, dtypes = vllm_kv.state_shapes_and_dtypes(vc, arch)
         assert tuple(tuple(s) for s in shapes) == g.state.shapes()
-        assert [str(d).removeprefix("torch.") for d in dtypes] == ["bfloat16", "bfloat16"]
+        names = {"bfloat16": "bf16", "float32": "fp32"}
+        assert [names[str(d).removeprefix("torch.")] for d in dtypes] == [g.state.conv_dtype, g.state.temporal_dtype]
+        assert g.state.conv_dtype == "bf16"  # the model's dtype, whatever the platform
 
 
 # -- against vLLM's engine on CPU -------------------------------------------------------------
@@ -236,7 +238,8 @@ def test_the_cpu_engines_kv_cache_config_is_kvbenchs_layout(engine_configs: dict
     from tests import vllm_kv
 
     block, hybrid = ENGINE_CASES[case]
-    g = from_config_json(MODELS / case.removesuffix("-off") / "config.json")
+    model = MODELS / case.removesuffix("-off")
+    g = vllm_kv.as_platform_keeps_state(from_config_json(model / "config.json"), model)
     layout = kv_layout(
         g, "bf16", block, hybrid=hybrid, max_model_len=512, max_num_batched_tokens=512, kernel_block_size=block
     )
