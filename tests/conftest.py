@@ -47,26 +47,18 @@ DATA = ROOT / "tests" / "data"
 
 Section = Mapping[str, object] | str
 
-# pytest-xdist (`-n auto --dist loadgroup` in pyproject.toml) hands each worker whole groups. A
-# file is a group, so its module fixtures are built once; the tests that start vLLM's engine or
-# server form one group, run one after another on one worker: an engine takes gigabytes and its
-# own processes, and test_serve asserts on the engine processes it finds. The bad-input table's
-# rows share nothing costly and spread over the workers one by one.
-ENGINE_FILES = (
-    "tests/runners/test_vllm_engine.py",
-    "tests/runners/test_vllm_engine_hybrid.py",
-    "tests/runners/test_serve.py",
-    "tests/spec/test_kv_layout.py",
-)
-SPREAD_FILES = ("tests/app/test_bad_input.py",)
+# pytest-xdist (`-n auto --dist loadgroup`, pyproject.toml) hands each worker whole groups. A
+# file is a group, so its module fixtures are built once. The files in SPREAD share nothing
+# costly between their tests, which go out one by one: the bad-input table's rows, and the
+# engine tests (each starts and closes its own engine). test_serve stays one group: it
+# asserts on the server processes it finds, so its servers never overlap.
+SPREAD = ("tests/app/test_bad_input.py", "tests/runners/test_vllm_engine.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = item.path.relative_to(ROOT).as_posix()
-        if path in ENGINE_FILES:
-            item.add_marker(pytest.mark.xdist_group("vllm-engine"))
-        elif path not in SPREAD_FILES:
+        if path not in SPREAD:
             item.add_marker(pytest.mark.xdist_group(path))
 
 
