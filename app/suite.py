@@ -9,6 +9,8 @@ values are sets of settings that change together (a model with its GPU count,
 budget and GPU preset), and ``[runners.NAME]`` can override any of them for
 one runner (the torch runner on a tiny model, say). A list in ``[grid]``
 expands to the cartesian product; a typo anywhere is an error naming the key.
+Each ``[grids.NAME]`` is one more grid over the suite's tables, run beside ``[grid]``
+(a few cells of another model, say); ``[grid]`` and ``[runners.NAME]`` do not apply to it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ TOP_KEYS = (
     "parallel",
     "run",
     "grid",
+    "grids",
     "runners",
     "reference",
     "slo",
@@ -101,18 +104,42 @@ class Suite:
     reference: tuple[Mapping[str, Any], ...] = ()
     slo: Slo | None = None  # [slo]: the latency bounds capacity and goodput are read against
     named_workloads: bool = False  # [workloads.NAME] tables, not one [workload]
+    # [grids.NAME]: more grids over the suite's tables, each without [grid] and [runners.*].
+    grids: Mapping[str, Mapping[str, tuple[Any, ...]]] = dataclasses.field(default_factory=dict)
+
+    def grid_runners(self, grid: Mapping[str, tuple[Any, ...]]) -> tuple[str, ...]:
+        return tuple(grid.get("runner", (self.settings.get("runner", DEFAULTS["runner"]),)))
 
     def runners(self) -> tuple[str, ...]:
-        return tuple(self.grid.get("runner", (self.settings.get("runner", DEFAULTS["runner"]),)))
+        """The runners of every grid, [grid]'s first."""
+        found = self.grid_runners(self.grid) + tuple(r for g in self.grids.values() for r in self.grid_runners(g))
+        return tuple(dict.fromkeys(found))
+
+    def plans(self) -> Iterator[tuple[Mapping[str, tuple[Any, ...]], Mapping[str, Mapping[str, Any]]]]:
+        """Each grid with the runner overrides that apply to it: [grid] with [runners.*], then
+        every [grids.NAME] alone."""
+        yield self.grid, self.runner_overrides
+        for grid in self.grids.values():
+            yield grid, {}
 
     def cells(self) -> Iterator[tuple[RunSpec, str]]:
-        """Every (spec, workload name) of the grid, validated, without duplicates."""
+        """Every (spec, workload name) of the grids, validated, without duplicates."""
         seen: set[str] = set()
-        for runner in self.runners():
+        for plan, overrides in self.plans():
+            for spec, name in self._grid_cells(plan, overrides):
+                ident = spec.to_json()
+                if ident not in seen:
+                    seen.add(ident)
+                    yield spec, name
+
+    def _grid_cells(
+        self, plan: Mapping[str, tuple[Any, ...]], overrides: Mapping[str, Mapping[str, Any]]
+    ) -> Iterator[tuple[RunSpec, str]]:
+        for runner in self.grid_runners(plan):
             settings = dict(DEFAULTS)
             settings.update(self.settings)
-            grid = {k: v for k, v in self.grid.items() if k != "runner"}
-            for key, value in self.runner_overrides.get(runner, {}).items():
+            grid = {k: v for k, v in plan.items() if k != "runner"}
+            for key, value in overrides.get(runner, {}).items():
                 if isinstance(value, list):
                     grid[key] = tuple(value)
                 else:
@@ -130,23 +157,19 @@ class Suite:
                 # axis of that workload alone (each dataset has its own range of rates).
                 own = {k: v for k, v in self.workloads[cell["workload"]].items() if isinstance(v, list)}
                 for values in itertools.product(*own.values()):
-                    spec = self._spec(dict(cell, **dict(zip(own, values))))
-                    ident = spec.to_json()
-                    if ident not in seen:
-                        seen.add(ident)
-                        yield spec, cell["workload"]
+                    yield self._spec(dict(cell, **dict(zip(own, values))), overrides), cell["workload"]
 
-    def _serve_clock(self, s: Mapping[str, Any]) -> str:
+    def _serve_clock(self, s: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]]) -> str:
         """A serve cell's clock: ``measured``, whatever the suite's other runners run on; a clock
         of another kind given in [runners.serve] itself is refused."""
-        if "clock" in self.runner_overrides.get("serve", {}) and s.get("clock") != SERVE_CLOCK:
+        if "clock" in overrides.get("serve", {}) and s.get("clock") != SERVE_CLOCK:
             raise KvbenchError(
                 f"[runners.serve] clock = {s.get('clock')!r}: a served engine is timed for real, so the serve "
                 f'runner runs on clock = "{SERVE_CLOCK}" only (its cells take it without being told)'
             )
         return SERVE_CLOCK
 
-    def _spec(self, s: dict[str, Any]) -> RunSpec:
+    def _spec(self, s: dict[str, Any], overrides: Mapping[str, Mapping[str, Any]]) -> RunSpec:
         where = self.path
         try:
             wl_table = dict(self.workloads[s["workload"]])
@@ -167,7 +190,7 @@ class Suite:
             )
             sched = {k: s[k] for k in SCHEDULER_KEYS + PARALLEL_KEYS if k in s}
             if s["runner"] == "serve":
-                sched["clock"] = self._serve_clock(s)
+                sched["clock"] = self._serve_clock(s, overrides)
             if sched.get("clock", SchedulerSpec.clock) != "profile":
                 # A suite-wide profile does not concern a runner on another clock (an engine
                 # timing its own steps beside sim on the profile): not part of its spec.
@@ -269,25 +292,64 @@ def _check_workload_names(values: Any, workloads: Mapping[str, Any], where: str,
             raise KvbenchError(f"{where}: {table} workload {v!r} is not defined (defined: {', '.join(workloads)})")
 
 
-def _check_together(values: tuple[Any, ...], grid_table: Mapping[str, Any], where: str) -> None:
-    """``[grid] together``: tables of single settings (no lists, no runner or workload), none of
-    them also a [grid] axis of its own."""
+def _check_together(values: tuple[Any, ...], grid_table: Mapping[str, Any], where: str, name: str) -> None:
+    """``[grid] together`` (or a ``[grids.NAME]``'s, ``name`` its table): tables of single settings
+    (no lists, no runner or workload), none of them also an axis of that grid."""
     allowed = ALL_KEYS - {"runner", "workload"}
     for i, table in enumerate(values):
         if not isinstance(table, dict) or not table:
-            raise KvbenchError(f"{where}: [grid] {TOGETHER} #{i + 1} must be a table of settings, got {table!r}")
+            raise KvbenchError(f"{where}: [{name}] {TOGETHER} #{i + 1} must be a table of settings, got {table!r}")
         for key in table:
             if key not in allowed:
                 raise KvbenchError(
-                    f"{where}: unknown key {key!r} in [grid] {TOGETHER} #{i + 1} (known: {', '.join(sorted(allowed))})"
+                    f"{where}: unknown key {key!r} in [{name}] {TOGETHER} #{i + 1} "
+                    f"(known: {', '.join(sorted(allowed))})"
                 )
         for key, value in table.items():
             if isinstance(value, list):
-                raise KvbenchError(f"{where}: [grid] {TOGETHER} #{i + 1}: {key} must be one value, not a list")
+                raise KvbenchError(f"{where}: [{name}] {TOGETHER} #{i + 1}: {key} must be one value, not a list")
             if key in grid_table:
                 raise KvbenchError(
-                    f"{where}: {key} is set both in [grid] {TOGETHER} and as a [grid] axis: set it in one place"
+                    f"{where}: {key} is set both in [{name}] {TOGETHER} and as a [{name}] axis: set it in one place"
                 )
+
+
+def _parse_grid(
+    grid_table: Mapping[str, Any], workloads: Mapping[str, Any], where: str, name: str
+) -> dict[str, tuple[Any, ...]]:
+    """A ``[grid]`` table (or a ``[grids.NAME]``, ``name`` its table): every key an axis, one
+    value an axis of one."""
+    _check_keys(grid_table, ALL_KEYS | {TOGETHER}, where, name)
+    grid: dict[str, tuple[Any, ...]] = {}
+    for key, value in grid_table.items():
+        values = tuple(value) if isinstance(value, list) else (value,)
+        if not values:
+            raise KvbenchError(f"{where}: [{name}] {key} is an empty list")
+        if key == "workload":
+            _check_workload_names(values, workloads, where, f"[{name}]")
+        if key == TOGETHER:
+            _check_together(values, grid_table, where, name)
+        grid[key] = values
+    return grid
+
+
+def _parse_grids(
+    doc: Mapping[str, Any], workloads: Mapping[str, Any], where: str
+) -> dict[str, dict[str, tuple[Any, ...]]]:
+    """``[grids.NAME]`` tables: grids beside ``[grid]``, each stating at least one setting."""
+    grids: dict[str, dict[str, tuple[Any, ...]]] = {}
+    for gname, table in _table(doc, "grids", where).items():
+        if not isinstance(table, dict):
+            raise KvbenchError(f"{where}: [grids.{gname}] must be a table")
+        if not table:
+            raise KvbenchError(
+                f"{where}: [grids.{gname}] is empty: a grid beside [grid] states what its cells run "
+                f"(runner, model, policy, ...)"
+            )
+        grids[gname] = _parse_grid(table, workloads, where, f"grids.{gname}")
+    if "grids" in doc and not grids:
+        raise KvbenchError(f"{where}: [grids] holds no grid (write [grids.NAME] tables)")
+    return grids
 
 
 def _table(doc: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
@@ -334,18 +396,8 @@ def parse_suite(text: str, where: str) -> Suite:
         path = table.get("path")
         if isinstance(path, str) and not Path(path).is_absolute() and (base / path).exists():
             table["path"] = str((base / path).resolve())
-    grid_table = _table(doc, "grid", where)
-    _check_keys(grid_table, ALL_KEYS | {TOGETHER}, where, "grid")
-    grid: dict[str, tuple[Any, ...]] = {}
-    for key, value in grid_table.items():
-        values = tuple(value) if isinstance(value, list) else (value,)
-        if not values:
-            raise KvbenchError(f"{where}: [grid] {key} is an empty list")
-        if key == "workload":
-            _check_workload_names(values, workloads, where, "[grid]")
-        if key == TOGETHER:
-            _check_together(values, grid_table, where)
-        grid[key] = values
+    grid = _parse_grid(_table(doc, "grid", where), workloads, where, "grid")
+    grids = _parse_grids(doc, workloads, where)
     overrides: dict[str, dict[str, Any]] = {}
     for runner, table in _table(doc, "runners", where).items():
         if runner not in RUNNER_NAMES:
@@ -371,9 +423,9 @@ def parse_suite(text: str, where: str) -> Suite:
         overrides[runner] = table
     for wname, table in workloads.items():
         for key, value in table.items():
-            if isinstance(value, list) and (key in grid or any(key in t for t in overrides.values())):
+            if isinstance(value, list) and any(key in t for t in (grid, *overrides.values(), *grids.values())):
                 raise KvbenchError(
-                    f"{where}: {key} is swept both in [workloads.{wname}] and in [grid] or "
+                    f"{where}: {key} is swept both in [workloads.{wname}] and in [grid], [grids.*] or "
                     f"[runners.*]: sweep it in one place"
                 )
     optional = doc.get("optional_runners", [])
@@ -404,6 +456,7 @@ def parse_suite(text: str, where: str) -> Suite:
         reference=_references(doc, where),
         slo=_slo(doc, where),
         named_workloads="workloads" in doc,
+        grids=grids,
     )
     runs = suite.runners()
     for runner in runs:
@@ -417,11 +470,17 @@ def parse_suite(text: str, where: str) -> Suite:
                 f"cannot produce: it records no per-token times (runners that do: "
                 f"{', '.join(TOKEN_TIME_RUNNERS) or 'none yet'})"
             )
+    ruled = suite.grid_runners(suite.grid)  # [runners.*] apply to [grid]'s cells only
     for runner in overrides:
-        if runner not in runs:
+        if runner not in ruled:
+            elsewhere = (
+                "; [runners.*] apply to [grid]'s cells only: a [grids.NAME] states its own settings"
+                if runner in runs
+                else ""
+            )
             raise KvbenchError(
-                f"{where}: [runners.{runner}] configures runner {runner}, which the suite does not "
-                f"run (it runs: {', '.join(dict.fromkeys(runs))})"
+                f"{where}: [runners.{runner}] configures runner {runner}, which [grid] does not "
+                f"run (it runs: {', '.join(dict.fromkeys(ruled))}){elsewhere}"
             )
     cells = count_cells(suite)
     if cells > MAX_CELLS:
@@ -437,25 +496,28 @@ def count_cells(suite: Suite) -> int:
     them but without expanding: per runner, the product of the lengths of its axes, with the
     workload axis weighted by each workload's own sweeps."""
     total = 0
-    for runner in suite.runners():
-        grid = {k: len(v) for k, v in suite.grid.items() if k != "runner"}
-        workloads = suite.grid.get("workload")
-        for key, value in suite.runner_overrides.get(runner, {}).items():
-            if isinstance(value, list):
-                grid[key] = len(value)
-                if key == "workload":
-                    workloads = tuple(value)
-            else:
-                grid.pop(key, None)
-                if key == "workload":
-                    workloads = None
-        if workloads is None:
-            workloads = tuple(suite.workloads)
-        grid.pop("workload", None)
-        if suite.repeats > 1 and "repeat" not in grid:
-            grid["repeat"] = suite.repeats
-        sweeps = sum(math.prod(len(v) for v in suite.workloads[w].values() if isinstance(v, list)) for w in workloads)
-        total += math.prod(grid.values()) * sweeps
+    for plan, overrides in suite.plans():
+        for runner in suite.grid_runners(plan):
+            grid = {k: len(v) for k, v in plan.items() if k != "runner"}
+            workloads = plan.get("workload")
+            for key, value in overrides.get(runner, {}).items():
+                if isinstance(value, list):
+                    grid[key] = len(value)
+                    if key == "workload":
+                        workloads = tuple(value)
+                else:
+                    grid.pop(key, None)
+                    if key == "workload":
+                        workloads = None
+            if workloads is None:
+                workloads = tuple(suite.workloads)
+            grid.pop("workload", None)
+            if suite.repeats > 1 and "repeat" not in grid:
+                grid["repeat"] = suite.repeats
+            sweeps = sum(
+                math.prod(len(v) for v in suite.workloads[w].values() if isinstance(v, list)) for w in workloads
+            )
+            total += math.prod(grid.values()) * sweeps
     return total
 
 

@@ -12,6 +12,8 @@ from ..harness.clock.fit import DISTURBED_RATIO, DISTURBED_WARN
 from ..harness.spec.capabilities import MEASURING_RUNNERS, is_contiguous
 
 Column = tuple[str, str, str]  # (key, header, kind)
+# Kinds shown as words (left-aligned); every other kind is a number.
+TEXT_KINDS = ("text", "onoff", "id", "workload", "note")
 SIMULATED = ("sim", "vllm-sched")  # runners with no runtime computing tensors
 
 CELL_COLUMNS: tuple[Column, ...] = (
@@ -20,7 +22,7 @@ CELL_COLUMNS: tuple[Column, ...] = (
     ("block_size", "block", "block"),
     ("device", "device", "text"),  # these two only where they differ (VARYING_ONLY)
     ("arena", "arena", "text"),
-    ("hybrid_kv", "hybrid KV", "text"),
+    ("hybrid_kv", "hybrid KV", "onoff"),
     ("status", "status", "text"),
     ("token_states_frac", "token states %", "pct"),
     ("reservation_frac", "reservation %", "pct"),
@@ -43,6 +45,7 @@ GEOMEAN_COLUMNS: tuple[Column, ...] = (
     ("runner", "runner", "text"),
     ("policy", "policy", "text"),
     ("block_size", "block", "block"),
+    ("hybrid_kv", "hybrid KV", "onoff"),  # where it varies: cells of one model, manager on and off, are two rows
     ("mean_running_x", "× mean running", "ratio"),
     ("peak_running_x", "× peak running", "ratio"),
     ("tokens_per_s_x", "× tokens/s", "ratio"),
@@ -423,6 +426,8 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
         from ..harness.spec.units import format_bytes
 
         return format_bytes(value)
+    if kind == "onoff":
+        return "on" if value else "off"
     return str(value)
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..harness.spec.capabilities import BLOCK_TABLE_POLICIES, PAGE_SIZED_POLICIES
 from ..harness.spec.units import format_bytes
-from .labels import CELL_KEYS, GROUP_KEYS, cell_label, scheduler_settings
+from .labels import CELL_KEYS, GROUP_KEYS, figure_label, scheduler_settings
 
 MAX_GROUP_PANELS = 6
 MAX_TIMELINES = 9
@@ -388,7 +388,7 @@ def context_labels(lines: list[pd.DataFrame], axis: str, width: int = 44) -> lis
 
 def series_label(row: dict[str, Any], multi_runner: bool, with_block: bool) -> str:
     """'paged b16', 'sim/contiguous-max'; without the block size where a row draws it on x."""
-    return cell_label(row if with_block else {**row, "block_size": 1}, with_runner=multi_runner)
+    return figure_label(row if with_block else {**row, "block_size": 1}, with_runner=multi_runner)
 
 
 def held_fixed(lines: list[pd.DataFrame], axis: str) -> str:

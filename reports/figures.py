@@ -24,7 +24,7 @@ from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 from . import figdata
 from .decomposition import gap_sentence
-from .labels import cell_label, throughput_note, time_axis_label, workload_tag
+from .labels import figure_label, throughput_note, time_axis_label, workload_tag
 from .prefix_reuse import LINE_KEYS
 
 COMPONENTS: tuple[tuple[str, str, str], ...] = (
@@ -94,7 +94,7 @@ def _color(policy: str) -> str:
 
 
 def _label(row: dict, multi_runner: bool) -> str:
-    return cell_label(row, with_runner=multi_runner)
+    return figure_label(row, with_runner=multi_runner)
 
 
 # 1 -----------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from .loading import load
 from .report_files import MANIFEST, check_replaceable, manifest_bytes, replace_report
 
 FIGURE_DPI = 110
-CELL_CLASS = {"text": "text", "id": "text", "workload": "text", "note": "note"}  # any other kind is a number
+# Any other kind is a number.
+CELL_CLASS = {"text": "text", "onoff": "text", "id": "text", "workload": "text", "note": "note"}
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1400px; padding: 0 1em; color: #222; }

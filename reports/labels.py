@@ -220,6 +220,15 @@ def cell_label(row: Mapping[str, Any], with_runner: bool = True) -> str:
     return name
 
 
+def figure_label(row: Mapping[str, Any], with_runner: bool = True) -> str:
+    """``cell_label`` with the hybrid KV cache manager's setting where the run has one ('sim/paged
+    b16 hybrid off'): a figure draws a model's cells with the manager on and off side by side."""
+    hybrid = row.get("hybrid_kv")
+    if hybrid is None or bool(pd.isna(hybrid)):  # a model of full attention only
+        return cell_label(row, with_runner)
+    return cell_label(row, with_runner) + f" hybrid {'on' if hybrid else 'off'}"
+
+
 def group_label(row: Mapping[str, Any]) -> str:
     """One line naming what a comparison group holds fixed."""
     budget = row.get("budget_bytes")

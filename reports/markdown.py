@@ -19,9 +19,7 @@ from .figures import Plot
 
 def table(columns: Sequence[Column], frame: pd.DataFrame) -> list[str]:
     head = "| " + " | ".join(h for _, h, _ in columns) + " |"
-    align = (
-        "|" + "|".join("---" if kind in ("text", "id", "workload", "note") else "---:" for _, _, kind in columns) + "|"
-    )
+    align = "|" + "|".join("---" if kind in display.TEXT_KINDS else "---:" for _, _, kind in columns) + "|"
     body = ["| " + " | ".join(v.replace("|", "\\|") for v in row) + " |" for row in display.rows(columns, frame)]
     return [head, align, *body]
 

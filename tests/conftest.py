@@ -82,13 +82,13 @@ def _table(header: str, body: Section) -> str:
 def suite_toml(name: str | None = "t", top: Mapping[str, object] | None = None, **sections: Section | None) -> str:
     """The one place test suites are written: ``name`` (None: none) and the ``top`` keys, then a table per
     section in the order given. A section is a mapping (keys set to None are left out) or a
-    TOML body as text; None leaves it out. ``workloads`` and ``runners`` map each name to its
-    section (``[workloads.NAME]``, ``[runners.NAME]``)."""
+    TOML body as text; None leaves it out. ``workloads``, ``grids`` and ``runners`` map each name
+    to its section (``[workloads.NAME]``, ``[grids.NAME]``, ``[runners.NAME]``)."""
     text = _table("", {"name": name, **(top or {})}).removeprefix("[]\n")
     for section, body in sections.items():
         if body is None:
             continue
-        if section in ("workloads", "runners"):
+        if section in ("workloads", "grids", "runners"):
             assert isinstance(body, Mapping), section
             text += "".join(_table(f"{section}.{key}", sub) for key, sub in body.items())  # type: ignore[arg-type]
         else:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DATA, EXAMPLE, LLAMA_CONFIG, assert_one_line_error, kvbench, suite_file
+from tests.conftest import DATA, EXAMPLE, LLAMA_CONFIG, assert_one_line_error, kvbench, suite_file, suite_toml
 
 
 def test_a_workload_that_cannot_fit_is_infeasible_with_bytes_and_levers(tmp_path):
@@ -111,6 +111,41 @@ def test_count_cells_counts_what_the_grid_expands_to():
 
 
 # -- configs, profiles, traces ---------------------------------------------------------------------
+
+
+def test_a_grid_of_its_own_adds_its_cells_and_leaves_the_others_as_they_were():
+    """[grids.NAME]: cells over the suite's tables with its own settings and axes, neither [grid]'s
+    axes nor [runners.*] applied; [grid]'s cells (and run ids) are those of the suite without it,
+    and a cell both grids hold is run once."""
+    from kvbench.app.suite import count_cells, parse_suite
+
+    fixed = {"source": "fixed", "prompt_len": 100, "output_len": 100, "num_requests": 20}
+    base = dict(
+        model={"preset": "opt-13b"},
+        memory={"kv_budget": "12GiB", "max_model_len": 2048},
+        workloads={"a": fixed, "b": {**fixed, "prompt_len": 8}},
+        grid={"runner": ["sim", "vllm-sched"], "policy": ["contiguous-max", "paged"], "block_size": [16, 32]},
+        runners={"vllm-sched": {"policy": "paged", "block_size": [16], "max_num_seqs": 8}},
+    )
+    hybrid = {"runner": ["sim", "vllm-sched"], "preset": "gpt-oss-20b", "kv_budget": "1GiB", "workload": "a"}
+    hybrid |= {"num_requests": 10, "hybrid_kv": [True, False]}
+    without = parse_suite(suite_toml("g", **base), "g.toml")  # type: ignore[arg-type]
+    suite = parse_suite(suite_toml("g", **base, grids={"hybrid": hybrid}), "g.toml")  # type: ignore[arg-type]
+    old, cells = list(without.cells()), list(suite.cells())
+    assert cells[: len(old)] == old and suite.runners() == ("sim", "vllm-sched")
+    new = [spec for spec, _ in cells[len(old) :]]
+    assert {(s.runner, s.policy, s.block_size, s.hybrid_kv) for s in new} == {
+        (r, "paged", 16, on) for r in ("sim", "vllm-sched") for on in (True, False)
+    }
+    assert all(s.model.preset == "gpt-oss-20b" and s.memory.kv_budget_bytes == 2**30 for s in new)
+    assert {s.workload.num_requests for s in new} == {10} and {w for _, w in cells[len(old) :]} == {"a"}
+    assert {s.scheduler.max_num_seqs for s in new} == {256}  # [runners.vllm-sched] is [grid]'s alone
+    assert count_cells(suite) - count_cells(without) == len(new)
+    again = parse_suite(
+        suite_toml("g", **base, grids={"hybrid": hybrid, "same": {"workload": "a"}}),  # type: ignore[arg-type]
+        "g.toml",
+    )
+    assert list(again.cells()) == cells  # sim paged 16 on workload a: already a cell of [grid]
 
 
 def test_an_explicit_head_dim_is_honoured(tmp_path):

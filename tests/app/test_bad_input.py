@@ -236,8 +236,58 @@ SUITE_EDITS = {
         ("tensor_parallel_size 5", "72 attention heads"),
     ),
     "parallel_key_typo": (("[grid]", "[parallel]\ntensor_parallel = 2\n[grid]"), ("tensor_parallel", "[parallel]")),
+    "grids_key_typo": (
+        ("block_size = [16]", 'block_size = [16]\n[grids.other]\npresett = "gpt-oss-20b"'),
+        ("suite.toml", "'presett'", "[grids.other]"),
+    ),
+    "grids_empty_table": (("block_size = [16]", "block_size = [16]\n[grids.other]"), ("[grids.other]", "empty")),
+    "grids_entry_not_a_table": (
+        ("block_size = [16]", "block_size = [16]\n[grids]\nother = 3"),
+        ("[grids.other]", "must be a table"),
+    ),
+    "grids_holding_no_grid": (("block_size = [16]", "block_size = [16]\n[grids]"), ("[grids]", "no grid")),
+    "grids_empty_list": (
+        ("block_size = [16]", "block_size = [16]\n[grids.other]\nhybrid_kv = []"),
+        ("[grids.other]", "hybrid_kv", "empty list"),
+    ),
+    "grids_undefined_workload": (
+        ("block_size = [16]", 'block_size = [16]\n[grids.other]\nworkload = "nope"'),
+        ("[grids.other]", "'nope'", "not defined"),
+    ),
+    "grids_unknown_runner": (
+        ("block_size = [16]", 'block_size = [16]\n[grids.other]\nrunner = ["simm"]'),
+        ("'simm'", "vllm-sched"),
+    ),
+    "grids_together_and_an_axis": (
+        (
+            "block_size = [16]",
+            'block_size = [16]\n[grids.other]\nkv_budget = "1GiB"\ntogether = [{ kv_budget = "2GiB" }]',
+        ),
+        ("kv_budget", "[grids.other] together", "in one place"),
+    ),
+    "grids_cell_refused": (
+        ("block_size = [16]", 'block_size = [16]\n[grids.other]\npreset = "gpt-5"'),
+        ("suite.toml", "gpt-5", "llama-3-8b"),
+    ),
+    "runner_table_for_a_runner_of_grids_only": (
+        (
+            "block_size = [16]",
+            'block_size = [16]\n[grids.other]\nrunner = "vllm-sched"\n[runners.vllm-sched]\nmax_num_seqs = 8',
+        ),
+        ("[runners.vllm-sched]", "[grid] does not run", "[grid]'s cells only", "[grids.NAME] states"),
+    ),
 }
 CASES.update({f"suite-{k}": Case(RUN, needles, edited(*edit)) for k, (edit, needles) in SUITE_EDITS.items()})
+CASES["suite-grids_sweeping_what_a_workload_sweeps"] = Case(
+    RUN,
+    ("num_requests", "[grids.*]", "in one place"),
+    files(
+        {
+            "suite.toml": EXAMPLE.replace("num_requests = 200", "num_requests = [10, 20]")
+            + "[grids.other]\nnum_requests = [30, 40]\n"
+        }
+    ),
+)
 
 
 def grid_of(key: str, count: int) -> str:

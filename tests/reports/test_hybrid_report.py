@@ -3,13 +3,18 @@ table from a real run of the manager on and off (sim on a Gemma-3-like model).""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from kvbench.app.suite import parse_suite
+from kvbench.app.cell import run_cell
+from kvbench.app.suite import load_suite, parse_suite
+from kvbench.app.sweep import keep_inputs, prepare_cells
+from kvbench.reports import display
 from kvbench.reports.contents import report_tables
 from kvbench.reports.hybrid import hybrid_table, waste_by_kind
+from kvbench.reports.labels import figure_label
 from kvbench.reports.loading import load
 
 from tests.conftest import DATA, ROOT, one_workload_suite, run_suite_text
@@ -105,6 +110,54 @@ def test_the_shipped_hybrid_models_suite_sets_each_model_on_against_off() -> Non
             for policy in ("paged", "contiguous-max"):
                 mine = [s for s in cells if s.geometry.name == model and s.runner == runner and s.policy == policy]
                 assert {s.hybrid_kv for s in mine} == {True, False} and {s.block_size for s in mine} == {16}
+
+
+def test_the_default_suite_sets_gpt_oss_20b_on_against_off_beside_its_cells_of_before() -> None:
+    path = ROOT / "suites" / "default.toml"
+    text = path.read_text(encoding="utf-8")
+    cells = [spec for spec, _ in parse_suite(text, str(path)).cells()]
+    hybrid = [s for s in cells if s.geometry.name == "gpt-oss-20b"]
+    assert {(s.runner, s.policy, s.block_size, s.hybrid_kv) for s in hybrid} == {
+        (runner, "paged", 16, on) for runner in ("sim", "vllm-sched") for on in (True, False)
+    }
+    # The suite before its [grids.hybrid]: the same cells, so the same run ids (a resumed run keeps them).
+    before, grids = text.split("\n[grids.hybrid]\n")
+    assert not any(line.startswith("[") for line in grids.splitlines())  # the hybrid grid is the last table
+    old = [spec for spec, _ in parse_suite(before, str(path)).cells()]
+    assert len(old) == 30 and old == [s for s in cells if s not in hybrid]
+
+
+def test_the_default_suites_budget_is_one_where_the_manager_matters(tmp_path: Path) -> None:
+    """The default suite's gpt-oss-20b pair on sim: memory binds at its budget, so with the manager
+    on more requests run at once and fewer are preempted, as the report's table shows."""
+    prepared = prepare_cells(load_suite("default"), tmp_path, lambda msg: None)
+    cells = [c for c in prepared.cells if c.spec.runner == "sim" and c.spec.geometry.name == "gpt-oss-20b"]
+    keep_inputs(dataclasses.replace(prepared, cells=cells), tmp_path)
+    assert all(run_cell(c)["status"] == "ok" for c in cells)
+    records = load(tmp_path)
+    (row,) = report_tables(records.runs, steps=records.steps, kv_groups=records.kv_groups).hybrid.to_dict("records")
+    assert row["peak_running_on"] > row["peak_running_off"] and row["mean_running_on"] > row["mean_running_off"] * 1.2
+    assert row["preemptions_on"] < row["preemptions_off"] and row["tokens_per_s_ratio"] > 1.2
+
+
+def test_the_report_names_the_manager_setting_where_it_varies() -> None:
+    # The geometric-mean table keeps a model's cells with the manager on and off apart, as the group
+    # tables do; the figures label them.
+    frame = pd.DataFrame(
+        {
+            "runner": ["sim"] * 3,
+            "policy": ["paged"] * 3,
+            "block_size": [16] * 3,
+            "hybrid_kv": [True, False, None],
+            "mean_running_x": [float("nan"), float("nan"), 2.0],
+        }
+    )
+    columns = display.visible(display.GEOMEAN_COLUMNS, frame, {"sim"})
+    assert [row[3] for row in display.rows(columns, frame)] == ["on", "off", "-"]
+    assert "hybrid_kv" not in {key for key, _, _ in display.visible(display.GEOMEAN_COLUMNS, frame[2:], {"sim"})}
+    row = {"runner": "sim", "policy": "paged", "block_size": 16}
+    assert figure_label({**row, "hybrid_kv": False}) == "sim/paged b16 hybrid off"
+    assert figure_label({**row, "hybrid_kv": None}) == figure_label(row) == "sim/paged b16"
 
 
 def test_the_console_table_shows_the_hybrid_manager_where_it_varies() -> None:
