@@ -22,6 +22,7 @@ record (``tests/sim/test_fast_path_hybrid.py``).
 from __future__ import annotations
 
 import math
+from array import array
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -69,7 +70,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     step0, measured0 = sched.step_index, policy.steps
     t = sched.now
     ts: list[float] = []
-    levels: list[_Level] = []
+    levels = Levels(len(policy.totals()))
     events: dict[int, list[tuple[int, int]]] = {
         c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
     }
@@ -86,13 +87,15 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
             acting: list[FastSeq] = []
             if not general:
                 ends = crossing.get(T)
-                acting = dec.live(ends) if ends else []
-                tick = dec.tick
-                for s in acting:  # ``Decoders.materialize``
-                    k = tick - s.dec_tick
-                    s.num_computed += k
-                    s.num_output += k
-                    s.dec_tick = tick
+                if ends:
+                    tick = dec.tick
+                    for s, epoch in ends:  # ``Decoders.live``, each ``Decoders.materialize``d
+                        if s.epoch == epoch and s.dec_tick >= 0:
+                            k = tick - s.dec_tick
+                            s.num_computed += k
+                            s.num_output += k
+                            s.dec_tick = tick
+                            acting.append(s)
                 free = policy.free_blocks()
                 # An act takes at most one block a group: within that bound the acts fit unasked.
                 takes = len(acting) * groups
@@ -106,7 +109,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                         head_key, head_need = key, _head_blocks(sched, dec, policy)
                     if 0 <= head_need <= free - takes:
                         general = True  # an admission, whatever the acts free
-                    elif head_need >= 0:
+                    elif head_need >= 0 and (head_need <= free or policy.skips):  # acts free no block: net ≥ 0
                         if net is None:
                             net = policy.acts_need(acting)[1] if acting else 0
                         general = head_need <= free - net  # an admission after the acts
@@ -120,7 +123,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 sched.now, sched.step_index = t, step0 + j
                 plan = sched.schedule()
                 work = plan.work
-                levels.append(_level(sched, policy, j, work.scheduled_tokens))
+                levels.add(sched, policy, j, work.scheduled_tokens)
                 for col, value in (
                     (R.ADMITTED, plan.admitted),
                     (R.PREEMPTED, len(plan.preempted)),
@@ -149,7 +152,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 if nxt <= s.output_len - s.num_output + tick:
                     crossing[nxt].append((s, s.epoch))
             n, base = dec.count, dec.dec_sum
-            levels.append(_level(sched, policy, j, n))
+            levels.add(sched, policy, j, n)
             changed = False
         # The step: every decoder computes one token.
         dec.tick = T
@@ -173,6 +176,17 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 changed = True
                 next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
         j += 1
+        if not changed:  # the steps before the next act or finish: only decoders run, and count
+            T += 1
+            while j < MAX_STEPS and t < next_arr and T not in crossing and T not in finishing:
+                ctx = base + T * n
+                ts.append(t)
+                dt = price(n, ctx, ctx, n)
+                t = t + (dt + take(n, n) if take is not None else dt)
+                computed += n
+                j += 1
+                T += 1
+            dec.tick = T - 1
     sched.used_positions += computed
     policy.steps = measured0 + j
     sched.step_index = step0 + j
@@ -184,23 +198,38 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     return j
 
 
-def _level(sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, scheduled: int) -> _Level:
-    """The step columns from ``step`` on, as they stand after scheduling."""
-    waiting = sched.waiting
-    return (
-        step,
-        scheduled,
-        len(sched.running),
-        len(waiting),
-        policy.allocated_blocks(),
-        policy.external_frag(waiting[0] if waiting else None),
-        policy.totals(),
-    )
+class Levels:
+    """The stretch's levels as one flat list of ints, a level's fields side by side (``WIDTH``
+    of them, then ``CountingGroupedPolicy.totals``): from its first step on, until the next
+    level, the step's scheduled tokens, running, waiting, blocks allocated and external
+    fragmentation, and the group totals. Flat, because a stretch adds a level at every act and
+    a flat list becomes one array in C."""
 
+    WIDTH = 6  # the fields before the totals
 
-# A level: from its first step on, until the next: scheduled tokens, running, waiting, blocks
-# allocated, external fragmentation, and ``CountingGroupedPolicy.totals``.
-_Level = tuple[int, int, int, int, int, int, tuple[int, ...]]
+    __slots__ = ("flat", "width")
+
+    def __init__(self, totals: int) -> None:
+        self.flat: list[int] = []
+        self.width = self.WIDTH + totals
+
+    def add(self, sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, scheduled: int) -> None:
+        """A level from ``step`` on, as the state stands after scheduling."""
+        waiting = sched.waiting
+        flat = self.flat
+        flat += (
+            step,
+            scheduled,
+            len(sched.running),
+            len(waiting),
+            policy.allocated_blocks(),
+            policy.external_frag(waiting[0] if waiting else None),
+        )
+        flat += policy.totals()
+
+    def matrix(self) -> np.ndarray:
+        """One row a level."""
+        return np.frombuffer(array("q", self.flat), dtype=np.int64).reshape(-1, self.width)
 
 
 def _record(
@@ -209,20 +238,19 @@ def _record(
     step0: int,
     measured0: int,
     ts: list[float],
-    levels: list[_Level],
+    levels: Levels,
     events: dict[int, list[tuple[int, int]]],
 ) -> None:
     """The stretch's step rows and KV cache group rows, from its levels, as the reference
     records them step by step (``SimEngine.step``, ``Scheduler.measure_values``)."""
     k = len(ts) - 1
     g = len(policy.groups)
-    # One matrix, one row per level: its first step, four scalars, then the totals (per twin set
+    # One row per level (``Levels``): its first step, five scalars, then the totals (per twin set
     # the line's constant and slope and the real blocks, last the internal bytes); per step.
-    scalars = np.array([lv[:6] for lv in levels], dtype=np.int64)
-    totals = np.array([lv[6] for lv in levels], dtype=np.int64)
-    repeats = np.diff(scalars[:, 0], append=k)
-    per_step = np.repeat(scalars, repeats, axis=0)
-    per_total = np.repeat(totals, repeats, axis=0)
+    matrix = levels.matrix()
+    repeats = np.diff(matrix[:, 0], append=k)
+    per_step = np.repeat(matrix[:, : Levels.WIDTH], repeats, axis=0)
+    per_total = np.repeat(matrix[:, Levels.WIDTH :], repeats, axis=0)
     sched_tokens, running, waiting, blocks = per_step[:, 1], per_step[:, 2], per_step[:, 3], per_step[:, 4]
     twin_of = np.array(policy.twin_of, dtype=np.intp) * 3  # each group's twin set's columns
     group_blocks = per_total[:, twin_of + 2]
@@ -245,7 +273,7 @@ def _record(
         R.EXTERNAL: per_step[:, 5],
         R.FREE: policy.budget_positions - alloc,
     }
-    recorder.add_step_rows(R.step_rows(step0, np.array(ts), k, columns, events))
+    recorder.add_step_rows(R.step_rows(step0, np.frombuffer(array("d", ts)), k, columns, events))
     kinds = [grp.kind for grp in policy.groups]
     recorder.add_kv_group_columns(
         np.repeat(np.arange(step0, step0 + k, dtype=np.int64), g),

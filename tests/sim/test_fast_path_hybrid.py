@@ -227,3 +227,40 @@ def test_counting_grouped_policy_is_the_block_tables_under_random_operations(tmp
                 assert ref.measure_use() == cnt.measure_use(), (case, step)
                 assert ref.last_groups == cnt.last_groups, (case, step)
                 assert _state(ref, [r for r, _ in live]) == _state(cnt, [c for _, c in live]), (case, step)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_an_act_between_bends_is_the_act_that_draws_every_line(tmp_path: Path, seed: int) -> None:
+    """Short of a bend ``act`` moves only blocks and internal bytes in the totals; ``_line``
+    draws every line again. Decoders computing one token a step, each acting where its reach
+    says, against the same acts each followed by ``_line``: the same reach, totals, free blocks
+    and tables after every step, on every layout."""
+    rng = np.random.default_rng(seed)
+    for case, cell in _layouts(tmp_path):
+        quick, drawn = CountingGroupedPolicy(cell.spec.kv_use, 1024), CountingGroupedPolicy(cell.spec.kv_use, 1024)
+        pairs: list[tuple[Seq, Seq]] = []
+        for i in range(12):
+            prompt = int(rng.integers(1, 500))
+            output = int(rng.integers(2, 1024 - prompt))
+            a, b = Seq(i, i, 0, prompt, output, 0.0), Seq(i, i, 0, prompt, output, 0.0)
+            assert quick.allocate(a, prompt) and drawn.allocate(b, prompt), case
+            a.num_computed = b.num_computed = prompt
+            pairs.append((a, b))
+        acts = 0
+        for step in range(1, 700):  # the lines were drawn for step 1
+            quick.steps = drawn.steps = step
+            for a, b in pairs:
+                if a.num_computed >= a.final_len - 1:
+                    continue  # finished
+                if a.num_computed == quick.reach(a):  # the step computes past its reach: it acts
+                    drawn.act(b)
+                    assert quick.act(a) == drawn._line(b, b.num_computed + 1), (case, step)
+                    acts += 1
+                a.num_computed += 1
+                b.num_computed += 1
+            assert quick.totals() == drawn.totals(), (case, step)
+            assert quick.free_blocks() == drawn.free_blocks(), (case, step)
+            assert [(a.allocated, a.group_tables) for a, _ in pairs] == [
+                (b.allocated, b.group_tables) for _, b in pairs
+            ], (case, step)
+        assert acts >= len(pairs), case  # each decoder acted

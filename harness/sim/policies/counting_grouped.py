@@ -30,6 +30,7 @@ from .grouped import GroupedPagedPolicy
 
 # How a group frees blocks its layers no longer read (``KVGroup.skipped_tokens``).
 _KEEP, _WINDOW, _CHUNK, _STATE = range(4)
+_NEVER = 1 << 62  # a position past any request's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +85,25 @@ def _skipped_blocks(p: GroupLine, computed: int, length: int) -> int:
     return blocks if blocks < length else length
 
 
+def _block_act(bs: int, skips: int, window: int, t0: int, t1: int) -> int:
+    """The position at which a table of ``t0`` blocks, ``t1`` of them skipped, next acts: a block
+    needed, or one skipped."""
+    nxt = t0 * bs + 1
+    if skips == _WINDOW:
+        return min(nxt, (t1 + 1) * bs + window)
+    if skips == _CHUNK:
+        return min(nxt, cdiv((t1 + 1) * bs, window) * window + 1)
+    if skips == _STATE:
+        return min(nxt, (t1 + 1) * bs + 2)
+    return nxt
+
+
+def _block_terms(p: GroupLine) -> tuple[int, int, int, int, int]:
+    """What an act reads of ``p`` where no used-bytes line bends: block size, how it skips, its
+    window, what a held block and a token past the sequence's end waste."""
+    return p.block_size, p.skips, p.window, p.block_overhead, p.token_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class TwinGroups:
     """Groups with one ``GroupLine`` (gpt-oss's or Gemma-3's sliding groups, a model's state
@@ -121,14 +141,25 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         self._sets = [(w.line, w.first, w.members[1:], len(w.members)) for w in self.twins]
         # … and its arithmetic for ``_line``, unpacked once.
         self._draw = [(w.first, len(w.members), *dataclasses.astuple(w.line)) for w in self.twins]
+        self.skips = any(w.line.skips != _KEEP for w in self.twins)  # whether an act may free blocks
         self.twin_of = [0] * len(self.groups)  # per group: its twin set
         for k, w in enumerate(self.twins):
             for i in w.members:
                 self.twin_of[i] = k
         self._totals = [0] * (3 * len(self.twins) + 1)
         self._slots = range(len(self._totals))
+        # … and what ``act`` reads of it where no used-bytes line bends: its line, its first slot
+        # in the totals, its first member, the others, how many, and of its line the block size,
+        # how it skips, its window, what a held block and a token past the sequence's end waste.
+        self._acts = [
+            (w.line, 3 * k, w.first, w.members[1:], len(w.members), *_block_terms(w.line))
+            for k, w in enumerate(self.twins)
+        ]
         self._lines: dict[int, list[int]] = {}  # per request (index): its share of the totals
         self._reach: dict[int, int] = {}  # per request: the last position before its next act
+        # Per request: the first position at which one of its used-bytes lines bends (a window
+        # fills, a chunk ends), as drawn; 0 where its lines must be drawn again at the next act.
+        self._bends: dict[int, int] = {}
         self._bytes_per_block = use.layout.bytes_per_block
         self._unit = use.unit
         self._external = self.budget_positions - use.usable_positions
@@ -173,18 +204,32 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
     def act(self, seq: Seq) -> int:
         """A decoder computing one more token acts, its blocks known to fit: ``allocate`` to
         ``num_computed + 1`` (the skipped blocks freed, then the new ones taken), in one pass.
-        Returns its ``reach`` from there."""
+        Returns its ``reach`` from there. Short of a bend its used-bytes lines hold (a decoder
+        computes one token a step, and each line is drawn for that): only its blocks and
+        internal bytes move in the totals; at a bend every line is drawn again (``_line``)."""
         c = seq.num_computed
-        computed = c if c < self.max_model_len else self.max_model_len
+        tokens = c + 1
+        index = seq.index
+        limit = self.max_model_len
+        computed = c if c < limit else limit
         free = self._free
-        held = 0
+        final_len = seq.final_len
         tables = seq.group_tables
-        for p, first, rest, m in self._sets:
+        line = self._lines[index]
+        totals = self._totals
+        held = waste = 0
+        act = self._bends[index]
+        for p, k, first, rest, m, bs, skips, window, overhead, token_bytes in self._acts:
             t = tables[first]
             t0, t1 = t
-            skip = _skipped_blocks(p, computed, t0)
-            need = -(-(c + 1) // p.block_size)
+            skip = 0 if skips == _KEEP else _skipped_blocks(p, computed, t0)
+            need = -(-tokens // bs)
             if skip > t1 or need > t0:
+                h0 = t0 - t1
+                w0 = h0 * overhead
+                over = t0 * bs - final_len
+                if over > 0 and token_bytes:
+                    w0 += over * token_bytes
                 if skip > t1:
                     free += (skip - t1) * m
                     t1 = skip
@@ -195,13 +240,35 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
                 for i in rest:
                     twin = tables[i]
                     twin[0], twin[1] = t0, t1
-            held += (t0 - t1) * m
+                h = t0 - t1
+                totals[k + 2] += h - h0
+                line[k + 2] = h
+                w1 = h * overhead
+                over = t0 * bs - final_len
+                if over > 0 and token_bytes:
+                    w1 += over * token_bytes
+                waste += (w1 - w0) * m
+            else:
+                h = t0 - t1
+            held += h * m
+            nxt = t0 * bs + 1 if skips == _KEEP else _block_act(bs, skips, window, t0, t1)
+            if nxt < act:
+                act = nxt
         assert free >= 0, "a decoder acted on blocks that were not free"
         self._free = free
+        if waste:
+            totals[-1] += waste
+            line[-1] += waste
         seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
         if allocated > seq.peak_allocated:
             seq.peak_allocated = allocated
-        return self._line(seq, c + 1)
+        if tokens + 1 >= self._bends[index]:  # at a bend, or one short of it (a window full)
+            return self._line(seq, tokens)
+        past = tokens + 1 + limit  # past any act
+        if past < act:
+            act = past
+        self._reach[index] = reach = (act if act > tokens + 1 else tokens + 1) - 1
+        return reach
 
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``."""
@@ -226,6 +293,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         final_len = seq.final_len
         tables = seq.group_tables
         act = tokens + 1 + self.max_model_len  # past any act
+        bend = _NEVER  # the first bend of a used-bytes line
         line: list[int] = []
         internal = 0
         for first, m, bs, skips, window, overhead, token_bytes, linear, state, sliding, chunked in self._draw:
@@ -239,14 +307,14 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
                     else:
                         used += tokens * b
                         slope += b
-                        if w < act:
-                            act = w
+                        if w < bend:
+                            bend = w
                 for w, b in chunked:
                     used += (tokens - tokens // w * w) * b
                     slope += b
                     end = (tokens // w + 1) * w  # the chunk's end: the reads restart at 0
-                    if end < act:
-                        act = end
+                    if end < bend:
+                        bend = end
             else:
                 used = slope = 0
             waste = (t0 - t1) * overhead
@@ -254,13 +322,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
             if over > 0 and token_bytes:
                 waste += over * token_bytes
             internal += waste * m
-            nxt = t0 * bs + 1  # a block needed
-            if skips == _WINDOW:  # … or one skipped
-                nxt = min(nxt, (t1 + 1) * bs + window)
-            elif skips == _CHUNK:
-                nxt = min(nxt, cdiv((t1 + 1) * bs, window) * window + 1)
-            elif skips == _STATE:
-                nxt = min(nxt, (t1 + 1) * bs + 2)
+            nxt = _block_act(bs, skips, window, t0, t1)
             if nxt < act:
                 act = nxt
             line += (used - slope * at, slope, t0 - t1)
@@ -274,6 +336,9 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
             for i in self._slots:
                 totals[i] += line[i] - old[i]
         self._lines[index] = line
+        self._bends[index] = bend if tokens > 0 else 0  # no tokens, no line: drawn at the next act
+        if bend < act:
+            act = bend
         self._reach[index] = reach = (act if act > tokens + 1 else tokens + 1) - 1
         return reach
 
@@ -310,4 +375,5 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
     def free(self, seq: Seq) -> None:
         self._unline(seq.index)
         self._reach.pop(seq.index, None)
+        self._bends.pop(seq.index, None)
         super().free(seq)
