@@ -75,19 +75,20 @@ class StepLog:
     scheduling); per *level*, the ones that move only at events (scheduled tokens, running,
     waiting, external and internal fragmentation, and the positions allocated beyond
     ``per_block`` a block: a contiguous policy's reservations), from the step a level starts;
-    and the events, sparse (step, value) pairs."""
+    and the events, sparse (step, value) pairs. Columns are typed arrays, so ``rows`` reads
+    them without converting a Python object per value."""
 
     __slots__ = ("per_block", "ts", "blocks", "used", "cached", "levels", "events", "evicted")
 
     def __init__(self, per_block: int) -> None:
         self.per_block = per_block
-        self.ts: list[float] = []
-        self.blocks: list[int] = []
-        self.used: list[int] = []
-        self.cached: list[int] = []
+        self.ts = array("d")
+        self.blocks = array("q")
+        self.used = array("q")
+        self.cached = array("q")
         # The levels, column by column: first step, scheduled tokens, running, waiting, external,
         # internal, positions allocated beyond the blocks'.
-        self.levels: tuple[list[int], ...] = ([], [], [], [], [], [], [])
+        self.levels: tuple[array[int], ...] = tuple(array("q") for _ in range(7))
         self.events: dict[int, list[tuple[int, int]]] = {
             c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
         }
@@ -99,6 +100,14 @@ class StepLog:
         self.blocks.append(blocks)
         self.used.append(used)
         self.cached.append(cached)
+
+    def steady(self, times: array[float], m: int, blocks: int, used: int, n: int, cached: int) -> None:
+        """``m`` steps starting at ``times[:m]`` in which nothing is allocated or freed: the
+        blocks and cached free blocks stay, the used positions grow by ``n`` a step from ``used``."""
+        self.ts.extend(times[:m])
+        self.blocks.extend(array("q", (blocks,)) * m)
+        self.used.extend(array("q", range(used + n, used + n * m + 1, n)) if n else array("q", (used,)) * m)
+        self.cached.extend(array("q", (cached,)) * m)
 
     def level(
         self, step: int, scheduled: int, running: int, waiting: int, external: int, internal: int, beyond: int
@@ -123,11 +132,11 @@ class StepLog:
         """The logged steps as rows from ``step0`` on, the last ending at ``t_end``."""
         k = len(self.ts)
         ts = np.empty(k + 1)
-        ts[:k] = np.frombuffer(array("d", self.ts))  # a list of floats, converted in C
+        ts[:k] = np.frombuffer(self.ts)
         ts[k] = t_end
 
-        def ints(values: list[int]) -> np.ndarray:
-            return np.array(values, dtype=np.int64)
+        def ints(values: array[int]) -> np.ndarray:
+            return np.frombuffer(values, dtype=np.int64)
 
         first, *levels = map(ints, self.levels)
         repeats = np.diff(first, append=k)
