@@ -71,50 +71,57 @@ def step_rows(
 
 class StepLog:
     """The rows of a counted stretch as it takes its steps: per step, the columns that may move
-    every step (start time; blocks allocated, used positions and cached free blocks after
-    scheduling); per *level*, the ones that move only at events (scheduled tokens, running,
-    waiting, external and internal fragmentation, and the positions allocated beyond
-    ``per_block`` a block: a contiguous policy's reservations), from the step a level starts;
-    and the events, sparse (step, value) pairs. Columns are typed arrays, so ``rows`` reads
-    them without converting a Python object per value."""
+    every step (start time; blocks allocated and cached free blocks after scheduling); per
+    *level*, the ones that move only at events (scheduled tokens, running, waiting, external and
+    internal fragmentation, the positions allocated beyond ``per_block`` a block: a contiguous
+    policy's reservations) and the used positions at its first step, which grow by its scheduled
+    tokens a step (every step of a level computes them), from the step a level starts; and the
+    events, sparse (step, value) pairs. Columns are typed arrays, so ``rows`` reads them without
+    converting a Python object per value."""
 
-    __slots__ = ("per_block", "ts", "blocks", "used", "cached", "levels", "events", "evicted")
+    __slots__ = ("per_block", "ts", "blocks", "cached", "levels", "events", "evicted")
 
     def __init__(self, per_block: int) -> None:
         self.per_block = per_block
         self.ts = array("d")
         self.blocks = array("q")
-        self.used = array("q")
         self.cached = array("q")
         # The levels, column by column: first step, scheduled tokens, running, waiting, external,
-        # internal, positions allocated beyond the blocks'.
-        self.levels: tuple[array[int], ...] = tuple(array("q") for _ in range(7))
+        # internal, positions allocated beyond the blocks', used positions at the first step.
+        self.levels: tuple[array[int], ...] = tuple(array("q") for _ in range(8))
         self.events: dict[int, list[tuple[int, int]]] = {
             c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
         }
         self.evicted = self.events[EVICTED]  # the plain steps append to it directly
 
-    def row(self, t_s: float, blocks: int, used: int, cached: int) -> None:
+    def row(self, t_s: float, blocks: int, cached: int) -> None:
         """One step, starting at ``t_s``: its per-step columns (its level is the last ``level``)."""
         self.ts.append(t_s)
         self.blocks.append(blocks)
-        self.used.append(used)
         self.cached.append(cached)
 
-    def steady(self, times: array[float], m: int, blocks: int, used: int, n: int, cached: int) -> None:
+    def steady(self, times: array[float], m: int, blocks: int, cached: int) -> None:
         """``m`` steps starting at ``times[:m]`` in which nothing is allocated or freed: the
-        blocks and cached free blocks stay, the used positions grow by ``n`` a step from ``used``."""
+        blocks and cached free blocks stay."""
         self.ts.extend(times[:m])
         self.blocks.extend(array("q", (blocks,)) * m)
-        self.used.extend(array("q", range(used + n, used + n * m + 1, n)) if n else array("q", (used,)) * m)
         self.cached.extend(array("q", (cached,)) * m)
 
     def level(
-        self, step: int, scheduled: int, running: int, waiting: int, external: int, internal: int, beyond: int
+        self,
+        step: int,
+        scheduled: int,
+        running: int,
+        waiting: int,
+        external: int,
+        internal: int,
+        beyond: int,
+        used: int,
     ) -> None:
         """From ``step`` on (until the next level): scheduled tokens, running, waiting, external
-        and internal fragmentation, positions allocated beyond the blocks'."""
-        first, sched, run, wait, ext, inter, extra = self.levels
+        and internal fragmentation, positions allocated beyond the blocks'; ``used``: the used
+        positions at ``step`` (``scheduled`` more at each step after it)."""
+        first, sched, run, wait, ext, inter, extra, use = self.levels
         first.append(step)
         sched.append(scheduled)
         run.append(running)
@@ -122,6 +129,7 @@ class StepLog:
         ext.append(external)
         inter.append(internal)
         extra.append(beyond)
+        use.append(used)
 
     def event(self, col: int, step: int, value: int) -> None:
         """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""
@@ -138,10 +146,12 @@ class StepLog:
         def ints(values: array[int]) -> np.ndarray:
             return np.frombuffer(values, dtype=np.int64)
 
-        first, *levels = map(ints, self.levels)
-        repeats = np.diff(first, append=k)
-        sched, running, waiting, external, internal, beyond = (np.repeat(v, repeats) for v in levels)
-        blocks, used = ints(self.blocks), ints(self.used)
+        repeats = np.diff(ints(self.levels[0]), append=k)
+        first, sched, running, waiting, external, internal, beyond, used = (
+            np.repeat(ints(v), repeats) for v in self.levels
+        )
+        used += sched * (np.arange(k) - first)
+        blocks = ints(self.blocks)
         alloc = blocks * self.per_block + beyond
         rows = step_rows(
             step0,

@@ -473,7 +473,8 @@ class Stretch:
         while True:  # a run of plain steps, from the state the last event left
             external = policy.external_frag(waiting[0] if waiting else None)
             beyond = self.alloc - self.blocks * log.per_block
-            log.level(j, dec.count, self.running, len(waiting), external, self.internal, beyond)
+            n = dec.count
+            log.level(j, n, self.running, len(waiting), external, self.internal, beyond, self.used + n)
             j, t, t_end, finishing = steps(j, t, next_arr, closed, external, beyond)
             if not finishing:
                 return j, t, refused
@@ -499,7 +500,7 @@ class Stretch:
         step's), the finishing step's end, and whether decoders finish at it."""
         policy, counting, dec = self.policy, self.counting, self.dec
         price, extra, now, delta, internal_at, bs, tick0, per_block, waiting, pending, heap, log = self.consts
-        c_ts, c_blocks, c_used, c_cached = log.ts.append, log.blocks.append, log.used.append, log.cached.append
+        c_ts, c_blocks, c_cached = log.ts.append, log.blocks.append, log.cached.append
         evicted, limit = log.evicted, MAX_STEPS
         free, blocks, internal, used = self.free, self.blocks, self.internal, self.used
         unc = counting.uncached_free() if counting is not None else 0
@@ -516,7 +517,7 @@ class Stretch:
                 while pending and pending[0].arrival_s <= t:
                     waiting.append(pending.popleft())
                 next_arr = pending[0].arrival_s if pending else math.inf
-                log.level(j, n, self.running, len(waiting), external, internal, beyond)
+                log.level(j, n, self.running, len(waiting), external, internal, beyond, used + n)
             T = tick0 + 1 + j
             p = T % bs
             d = delta.get(T)
@@ -539,11 +540,10 @@ class Stretch:
                 ia = internal_at.get(T) if internal_at else None
                 if ia:  # a decoder's last block: what it will never fill
                     internal += ia
-                    log.level(j, n, self.running, len(waiting), external, internal, beyond)
+                    log.level(j, n, self.running, len(waiting), external, internal, beyond, used + n)
             used += n
             c_ts(t)
             c_blocks(blocks)
-            c_used(used)
             c_cached(cached)
             ctx = dec_sum + T * n
             dt = price(n, ctx, ctx, n)
@@ -588,8 +588,9 @@ class Stretch:
                     while pending and pending[0].arrival_s <= times[k]:
                         waiting.append(pending.popleft())
                     next_arr = pending[0].arrival_s if pending else math.inf
-                    log.level(j + k, n, self.running, len(waiting), external, self.internal, beyond)
-        log.steady(times, m, self.blocks, self.used, n, self.policy.cached_free_blocks())
+                    used = self.used + n * (k + 1)
+                    log.level(j + k, n, self.running, len(waiting), external, self.internal, beyond, used)
+        log.steady(times, m, self.blocks, self.policy.cached_free_blocks())
         self.used += n * m
         if finishing:
             return j + m, times[m - 1], times[m], True
@@ -712,7 +713,7 @@ class Stretch:
             if evicted:
                 self.seen += evicted
                 log.event(R.EVICTED, j, evicted)
-            log.row(t, self.blocks, self.used, policy.cached_free_blocks())
+            log.row(t, self.blocks, policy.cached_free_blocks())
             log.level(
                 j,
                 new,
@@ -721,6 +722,7 @@ class Stretch:
                 policy.external_frag(waiting[0] if waiting else None),
                 self.internal,
                 self.alloc - self.blocks * log.per_block,
+                self.used,
             )
             t_end = t + (price(new, ctx, pairs, seqs) + extra(new, seqs))
 
