@@ -38,6 +38,7 @@ BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT
     ),
 )
 
+LEVEL = 8  # values per level (``StepLog.level``)
 # A step's row before its varying columns are filled in: zeros, the unmeasured columns null.
 _BLANK = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in StepRow._fields])
 
@@ -86,9 +87,10 @@ class StepLog:
         self.ts = array("d")
         self.blocks = array("q")
         self.cached = array("q")
-        # The levels, column by column: first step, scheduled tokens, running, waiting, external,
-        # internal, positions allocated beyond the blocks', used positions at the first step.
-        self.levels: tuple[array[int], ...] = tuple(array("q") for _ in range(8))
+        # The levels, ``LEVEL`` values each, one after another: first step, scheduled tokens,
+        # running, waiting, external, internal, positions allocated beyond the blocks', used
+        # positions at the first step.
+        self.levels = array("q")
         self.events: dict[int, list[tuple[int, int]]] = {
             c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
         }
@@ -121,15 +123,7 @@ class StepLog:
         """From ``step`` on (until the next level): scheduled tokens, running, waiting, external
         and internal fragmentation, positions allocated beyond the blocks'; ``used``: the used
         positions at ``step`` (``scheduled`` more at each step after it)."""
-        first, sched, run, wait, ext, inter, extra, use = self.levels
-        first.append(step)
-        sched.append(scheduled)
-        run.append(running)
-        wait.append(waiting)
-        ext.append(external)
-        inter.append(internal)
-        extra.append(beyond)
-        use.append(used)
+        self.levels.extend((step, scheduled, running, waiting, external, internal, beyond, used))
 
     def event(self, col: int, step: int, value: int) -> None:
         """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""
@@ -146,10 +140,10 @@ class StepLog:
         def ints(values: array[int]) -> np.ndarray:
             return np.frombuffer(values, dtype=np.int64)
 
-        repeats = np.diff(ints(self.levels[0]), append=k)
-        first, sched, running, waiting, external, internal, beyond, used = (
-            np.repeat(ints(v), repeats) for v in self.levels
-        )
+        levels = ints(self.levels).reshape(-1, LEVEL)
+        first, sched, running, waiting, external, internal, beyond, used = np.repeat(
+            levels, np.diff(levels[:, 0], append=k), axis=0
+        ).T
         used += sched * (np.arange(k) - first)
         blocks = ints(self.blocks)
         alloc = blocks * self.per_block + beyond
