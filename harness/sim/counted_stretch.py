@@ -6,10 +6,9 @@ Where memory is block counts (``CountingPagedPolicy``; ``paged-prefix`` as
 admission (``ContiguousPolicy``, either arena, either unit), a run of steps in which every
 running request decodes needs no per-request work per step: each decoder's block crossings
 are an arithmetic progression (``CrossingPlan``), the step's price the clock's formula
-(``Clock.price``), its row a few running totals (``bulk_rows.StepLog``). Such a *plain* step
-costs a few operations (``Stretch._count_crossings``; a contiguous policy's run up to the next
-finish is priced and logged at once, ``Stretch._glide``). Only the requests an event touches are touched,
-through the policy's own calls and the reference's rules:
+(``Clock.price``), its row a few running totals (``bulk_rows.StepLog``): a *plain* step costs a
+few operations (``Stretch._count_crossings``; a contiguous policy's run to the next finish, at
+once: ``Stretch._glide``). What an event touches goes through the policy and the reference's rules:
 
 - an **arrival** is released at the step the driver would release it (a conversation's next
   turn too, filed when the turn before it finishes inside the stretch);
