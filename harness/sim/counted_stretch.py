@@ -751,9 +751,9 @@ class Stretch:
         clocks and counters moved on, the policy's totals checked against the rows'."""
         sched, dec, policy = self.sched, self.dec, self.policy
         end = self.tick0 + k
-        crossing = dec.crossing
-        for tk in range(self.tick0 + 1, end + 1):
-            crossing.pop(tk, None)
+        crossing = dec.crossing  # events filed before the stretch for its ticks: stale now
+        for tk in [tk for tk in crossing if self.tick0 < tk <= end]:
+            del crossing[tk]
         internal_add = self.plan.grow(end, crossing, self.tick0)
         policy.internal_positions += internal_add + self.grown_internal
         dec.explicit = [self.prefilling] if self.prefilling is not None else []
