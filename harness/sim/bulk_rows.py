@@ -38,6 +38,7 @@ BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT
     ),
 )
 
+LEVEL = 8  # values per level (``StepLog.level``)
 # A step's row before its varying columns are filled in: zeros, the unmeasured columns null.
 _BLANK = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in StepRow._fields])
 
@@ -71,48 +72,58 @@ def step_rows(
 
 class StepLog:
     """The rows of a counted stretch as it takes its steps: per step, the columns that may move
-    every step (start time; blocks allocated, used positions and cached free blocks after
-    scheduling); per *level*, the ones that move only at events (scheduled tokens, running,
-    waiting, external and internal fragmentation, and the positions allocated beyond
-    ``per_block`` a block: a contiguous policy's reservations), from the step a level starts;
-    and the events, sparse (step, value) pairs."""
+    every step (start time; blocks allocated and cached free blocks after scheduling); per
+    *level*, the ones that move only at events (scheduled tokens, running, waiting, external and
+    internal fragmentation, the positions allocated beyond ``per_block`` a block: a contiguous
+    policy's reservations) and the used positions at its first step, which grow by its scheduled
+    tokens a step (every step of a level computes them), from the step a level starts; and the
+    events, sparse (step, value) pairs. Columns are typed arrays, so ``rows`` reads them without
+    converting a Python object per value."""
 
-    __slots__ = ("per_block", "ts", "blocks", "used", "cached", "levels", "events", "evicted")
+    __slots__ = ("per_block", "ts", "blocks", "cached", "levels", "events", "evicted")
 
     def __init__(self, per_block: int) -> None:
         self.per_block = per_block
-        self.ts: list[float] = []
-        self.blocks: list[int] = []
-        self.used: list[int] = []
-        self.cached: list[int] = []
-        # The levels, column by column: first step, scheduled tokens, running, waiting, external,
-        # internal, positions allocated beyond the blocks'.
-        self.levels: tuple[list[int], ...] = ([], [], [], [], [], [], [])
+        self.ts = array("d")
+        self.blocks = array("q")
+        self.cached = array("q")
+        # The levels, ``LEVEL`` values each, one after another: first step, scheduled tokens,
+        # running, waiting, external, internal, positions allocated beyond the blocks', used
+        # positions at the first step.
+        self.levels = array("q")
         self.events: dict[int, list[tuple[int, int]]] = {
             c: [] for c in (FINISHED, ADMITTED, PREEMPTED, EVICTED, PREFIX_HIT, RECOMPUTED_HIT)
         }
         self.evicted = self.events[EVICTED]  # the plain steps append to it directly
 
-    def row(self, t_s: float, blocks: int, used: int, cached: int) -> None:
+    def row(self, t_s: float, blocks: int, cached: int) -> None:
         """One step, starting at ``t_s``: its per-step columns (its level is the last ``level``)."""
         self.ts.append(t_s)
         self.blocks.append(blocks)
-        self.used.append(used)
         self.cached.append(cached)
 
+    def steady(self, times: array[float], m: int, blocks: int, cached: int) -> None:
+        """``m`` steps starting at ``times[:m]`` in which nothing is allocated or freed: the
+        blocks and cached free blocks stay."""
+        self.ts.extend(times[:m])
+        self.blocks.extend(array("q", (blocks,)) * m)
+        self.cached.extend(array("q", (cached,)) * m)
+
     def level(
-        self, step: int, scheduled: int, running: int, waiting: int, external: int, internal: int, beyond: int
+        self,
+        step: int,
+        scheduled: int,
+        running: int,
+        waiting: int,
+        external: int,
+        internal: int,
+        beyond: int,
+        used: int,
     ) -> None:
         """From ``step`` on (until the next level): scheduled tokens, running, waiting, external
-        and internal fragmentation, positions allocated beyond the blocks'."""
-        first, sched, run, wait, ext, inter, extra = self.levels
-        first.append(step)
-        sched.append(scheduled)
-        run.append(running)
-        wait.append(waiting)
-        ext.append(external)
-        inter.append(internal)
-        extra.append(beyond)
+        and internal fragmentation, positions allocated beyond the blocks'; ``used``: the used
+        positions at ``step`` (``scheduled`` more at each step after it)."""
+        self.levels.extend((step, scheduled, running, waiting, external, internal, beyond, used))
 
     def event(self, col: int, step: int, value: int) -> None:
         """``value`` in column ``col`` at ``step`` (once per step and column; 0 is no event)."""
@@ -123,16 +134,18 @@ class StepLog:
         """The logged steps as rows from ``step0`` on, the last ending at ``t_end``."""
         k = len(self.ts)
         ts = np.empty(k + 1)
-        ts[:k] = np.frombuffer(array("d", self.ts))  # a list of floats, converted in C
+        ts[:k] = np.frombuffer(self.ts)
         ts[k] = t_end
 
-        def ints(values: list[int]) -> np.ndarray:
-            return np.array(values, dtype=np.int64)
+        def ints(values: array[int]) -> np.ndarray:
+            return np.frombuffer(values, dtype=np.int64)
 
-        first, *levels = map(ints, self.levels)
-        repeats = np.diff(first, append=k)
-        sched, running, waiting, external, internal, beyond = (np.repeat(v, repeats) for v in levels)
-        blocks, used = ints(self.blocks), ints(self.used)
+        levels = ints(self.levels).reshape(-1, LEVEL)
+        first, sched, running, waiting, external, internal, beyond, used = np.repeat(
+            levels, np.diff(levels[:, 0], append=k), axis=0
+        ).T
+        used += sched * (np.arange(k) - first)
+        blocks = ints(self.blocks)
         alloc = blocks * self.per_block + beyond
         rows = step_rows(
             step0,

@@ -6,9 +6,9 @@ Where memory is block counts (``CountingPagedPolicy``; ``paged-prefix`` as
 admission (``ContiguousPolicy``, either arena, either unit), a run of steps in which every
 running request decodes needs no per-request work per step: each decoder's block crossings
 are an arithmetic progression (``CrossingPlan``), the step's price the clock's formula
-(``Clock.price``), its row a few running totals (``bulk_rows.StepLog``). Such a *plain* step
-costs a few operations (``Stretch._plain``). Only the requests an event touches are touched,
-through the policy's own calls and the reference's rules:
+(``Clock.price``), its row a few running totals (``bulk_rows.StepLog``): a *plain* step costs a
+few operations (``Stretch._count_crossings``; a contiguous policy's run to the next finish, at
+once: ``Stretch._glide``). What an event touches goes through the policy and the reference's rules:
 
 - an **arrival** is released at the step the driver would release it (a conversation's next
   turn too, filed when the turn before it finishes inside the stretch);
@@ -26,10 +26,14 @@ nothing is left; docs/design.md ("The simulator's fast path") has the rules that
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from array import array
 from operator import attrgetter
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..clock.clocks import Clock
 from . import bulk_rows as R
@@ -46,6 +50,32 @@ if TYPE_CHECKING:
 
 MAX_STEPS = 8192  # steps per counted stretch (its rows are built at once)
 _RUN_POS = attrgetter("run_pos")
+# Runs at least this long are priced as arrays (``run_times``): below it, numpy's fixed cost per
+# call is more than a Python loop's per step.
+PRICED_AT_ONCE = 48
+
+
+def run_times(clock: Clock, t: float, n: int, dec_sum: int, tick: int, m: int) -> array[float]:
+    """The start times of ``m`` steps from ``tick`` in which only ``n`` decoders run (the first
+    starting at ``t``; ``dec_sum + T × n`` their context at tick ``T``), then the last one's end:
+    each step's price (``Clock.price``, or ``Clock.step_times``, its floats bit for bit) added in
+    turn, as a step-by-step loop adds them (``np.add.accumulate`` is sequential). For a clock
+    without memory."""
+    if m < PRICED_AT_ONCE:
+        price = clock.price
+        out = array("d", (t,))
+        for T in range(tick, tick + m):
+            ctx = dec_sum + T * n
+            t += price(n, ctx, ctx, n)
+            out.append(t)
+        return out
+    contexts = np.arange(tick, tick + m, dtype=np.int64)
+    contexts *= n
+    contexts += dec_sum
+    acc = np.empty(m + 1)
+    acc[0] = t
+    acc[1:] = clock.step_times(n, contexts, contexts, n)
+    return array("d", np.add.accumulate(acc, out=acc).tobytes())
 
 
 class CrossingPlan:
@@ -212,6 +242,8 @@ class Stretch:
         "seen",
         "log",
         "consts",
+        "clock",
+        "glides",
     )
 
     def __init__(self, sched: Scheduler[FastSeq], dec: Decoders) -> None:
@@ -244,6 +276,10 @@ class Stretch:
         # What the plain steps read, fetched once (``_plain`` is entered at every event).
         clock = sched.clock
         assert clock is not None
+        self.clock = clock
+        # A contiguous policy's plain steps allocate nothing: priced and logged a run at once
+        # (``_glide``), where the clock has no memory of the steps it priced.
+        self.glides = self.counting is None and type(clock).take is Clock.take
         plan = self.plan
         self.consts = (
             clock.price,
@@ -429,80 +465,21 @@ class Stretch:
         refused. ``closed``: requests wait and none can be admitted until something finishes,
         so arrivals only join them. Returns the step and time reached, and whether the head is
         refused for memory now (None: as it was)."""
-        sched, policy, counting, dec = self.sched, self.policy, self.counting, self.dec
-        price, extra, now, delta, internal_at, bs, tick0, per_block, waiting, pending, heap, log = self.consts
-        c_ts, c_blocks, c_used, c_cached = log.ts.append, log.blocks.append, log.used.append, log.cached.append
-        evicted, limit = log.evicted, MAX_STEPS
+        sched, policy, dec, log = self.sched, self.policy, self.dec, self.log
+        waiting, pending = sched.waiting, sched.pending
+        steps = self._glide if self.glides else self._count_crossings
         refused: bool | None = None
         while True:  # a run of plain steps, from the state the last event left
-            free, blocks, alloc, internal, used = self.free, self.blocks, self.alloc, self.internal, self.used
-            unc = counting.uncached_free() if counting is not None else 0
-            cached = policy.cached_free_blocks()
-            n, dec_sum = dec.count, dec.dec_sum
-            fin = heap[0] if heap else -1
             external = policy.external_frag(waiting[0] if waiting else None)
-            beyond = alloc - blocks * per_block
-            log.level(j, n, self.running, len(waiting), external, internal, beyond)
-            taken = 0
-            finishing = False
-            while j < limit:
-                if t >= next_arr:  # the driver releases the arrivals due before the step
-                    if not closed:
-                        break  # one may be admitted: the general step takes it
-                    while pending and pending[0].arrival_s <= t:
-                        waiting.append(pending.popleft())
-                    next_arr = pending[0].arrival_s if pending else math.inf
-                    log.level(j, n, self.running, len(waiting), external, internal, beyond)
-                T = tick0 + 1 + j
-                p = T % bs
-                d = delta.get(T)
-                x = now[p] + d if d else now[p]
-                if x > free:
-                    break  # a preemption: the general step takes it
-                if d is not None:
-                    now[p] = x
-                    del delta[T]
-                if x:
-                    free -= x
-                    blocks += x
-                    taken += x
-                    if x > unc:  # the uncached free blocks are gone: each block taken evicts one
-                        evicted.append((j, x - unc))
-                        cached -= x - unc
-                        unc = 0
-                    else:
-                        unc -= x
-                    ia = internal_at.get(T) if internal_at else None
-                    if ia:  # a decoder's last block: what it will never fill
-                        internal += ia
-                        log.level(j, n, self.running, len(waiting), external, internal, beyond)
-                used += n
-                c_ts(t)
-                c_blocks(blocks)
-                c_used(used)
-                c_cached(cached)
-                ctx = dec_sum + T * n
-                dt = price(n, ctx, ctx, n)
-                t_end = t + (dt + extra(n, n) if extra is not None else dt)
-                j += 1
-                if 0 <= fin <= T:
-                    finishing = True  # decoders finish at the end of this step
-                    break
-                t = t_end
-            self.free, self.blocks, self.alloc, self.internal, self.used = (
-                free,
-                blocks,
-                blocks * per_block + beyond,
-                internal,
-                used,
-            )
-            if taken:
-                self._flush_taken(taken)
+            beyond = self.alloc - self.blocks * log.per_block
+            n = dec.count
+            log.level(j, n, self.running, len(waiting), external, self.internal, beyond, self.used + n)
+            j, t, t_end, finishing = steps(j, t, next_arr, closed, external, beyond)
             if not finishing:
                 return j, t, refused
             if sched.ledger is not None:
                 sched.ledger.now = (sched.step_index + j - 1, t)
-            done = self._finish(T, t_end)
+            done = self._finish(self.tick0 + j, t_end)
             log.event(R.FINISHED, j - 1, done)
             t = t_end
             if not dec.count:
@@ -512,6 +489,111 @@ class Stretch:
                     return j, t, False  # the general step admits it
                 closed = refused = True  # until the next finish, memory only shrinks
             next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
+
+    def _count_crossings(
+        self, j: int, t: float, next_arr: float, closed: bool, external: int, beyond: int
+    ) -> tuple[int, float, float, bool]:
+        """Plain steps from step ``j`` (starting at ``t``), each counting its crossings' blocks
+        (``CrossingPlan``), until one does not fit, an arrival may be admitted (not ``closed``),
+        ``MAX_STEPS``, or decoders finish. Returns the step reached, its start (or the finishing
+        step's), the finishing step's end, and whether decoders finish at it."""
+        policy, counting, dec = self.policy, self.counting, self.dec
+        price, extra, now, delta, internal_at, bs, tick0, per_block, waiting, pending, heap, log = self.consts
+        c_ts, c_blocks, c_cached = log.ts.append, log.blocks.append, log.cached.append
+        evicted, limit = log.evicted, MAX_STEPS
+        free, blocks, internal, used = self.free, self.blocks, self.internal, self.used
+        unc = counting.uncached_free() if counting is not None else 0
+        cached = policy.cached_free_blocks()
+        n, dec_sum = dec.count, dec.dec_sum
+        fin = heap[0] if heap else -1
+        taken = 0
+        finishing = False
+        t_end = t
+        while j < limit:
+            if t >= next_arr:  # the driver releases the arrivals due before the step
+                if not closed:
+                    break  # one may be admitted: the general step takes it
+                while pending and pending[0].arrival_s <= t:
+                    waiting.append(pending.popleft())
+                next_arr = pending[0].arrival_s if pending else math.inf
+                log.level(j, n, self.running, len(waiting), external, internal, beyond, used + n)
+            T = tick0 + 1 + j
+            p = T % bs
+            d = delta.get(T)
+            x = now[p] + d if d else now[p]
+            if x > free:
+                break  # a preemption: the general step takes it
+            if d is not None:
+                now[p] = x
+                del delta[T]
+            if x:
+                free -= x
+                blocks += x
+                taken += x
+                if x > unc:  # the uncached free blocks are gone: each block taken evicts one
+                    evicted.append((j, x - unc))
+                    cached -= x - unc
+                    unc = 0
+                else:
+                    unc -= x
+                ia = internal_at.get(T) if internal_at else None
+                if ia:  # a decoder's last block: what it will never fill
+                    internal += ia
+                    log.level(j, n, self.running, len(waiting), external, internal, beyond, used + n)
+            used += n
+            c_ts(t)
+            c_blocks(blocks)
+            c_cached(cached)
+            ctx = dec_sum + T * n
+            dt = price(n, ctx, ctx, n)
+            t_end = t + (dt + extra(n, n) if extra is not None else dt)
+            j += 1
+            if 0 <= fin <= T:
+                finishing = True  # decoders finish at the end of this step
+                break
+            t = t_end
+        self.free, self.blocks, self.internal, self.used = free, blocks, internal, used
+        self.alloc = blocks * per_block + beyond
+        if taken:
+            self._flush_taken(taken)
+        return j, t, t_end, finishing
+
+    def _glide(
+        self, j: int, t: float, next_arr: float, closed: bool, external: int, beyond: int
+    ) -> tuple[int, float, float, bool]:
+        """``_count_crossings`` for a contiguous policy on a clock without memory: nothing
+        crosses (a reservation covers its request's whole life), so the steps up to the next
+        finish are known before they are taken, priced at once (``run_times``) and logged at once
+        (``StepLog.steady``); arrivals are placed among them by their start times."""
+        dec, log = self.dec, self.log
+        n = dec.count
+        T0 = self.tick0 + 1 + j
+        m = MAX_STEPS - j
+        heap = dec.finish_ticks
+        if m <= 0:
+            return j, t, t, False
+        finishing = bool(heap) and heap[0] < T0 + m
+        if finishing:
+            m = max(heap[0] - T0 + 1, 1)  # a finish tick already past (its decoder gone) ends the first step
+        times = run_times(self.clock, t, n, dec.dec_sum, T0, m)
+        if next_arr <= times[m - 1]:  # the driver releases an arrival before one of these steps
+            if not closed:
+                m = bisect.bisect_left(times, next_arr, 0, m)  # it may be admitted: the general step takes it
+                finishing = False
+            else:
+                waiting, pending = self.sched.waiting, self.sched.pending
+                while next_arr <= times[m - 1]:
+                    k = bisect.bisect_left(times, next_arr, 0, m)
+                    while pending and pending[0].arrival_s <= times[k]:
+                        waiting.append(pending.popleft())
+                    next_arr = pending[0].arrival_s if pending else math.inf
+                    used = self.used + n * (k + 1)
+                    log.level(j + k, n, self.running, len(waiting), external, self.internal, beyond, used)
+        log.steady(times, m, self.blocks, self.policy.cached_free_blocks())
+        self.used += n * m
+        if finishing:
+            return j + m, times[m - 1], times[m], True
+        return j + m, times[m], times[m], False
 
     def _head_fits(self) -> bool:
         """Whether the head of ``waiting`` could be admitted now, before the next step's crossings
@@ -630,7 +712,7 @@ class Stretch:
             if evicted:
                 self.seen += evicted
                 log.event(R.EVICTED, j, evicted)
-            log.row(t, self.blocks, self.used, policy.cached_free_blocks())
+            log.row(t, self.blocks, policy.cached_free_blocks())
             log.level(
                 j,
                 new,
@@ -639,6 +721,7 @@ class Stretch:
                 policy.external_frag(waiting[0] if waiting else None),
                 self.internal,
                 self.alloc - self.blocks * log.per_block,
+                self.used,
             )
             t_end = t + (price(new, ctx, pairs, seqs) + extra(new, seqs))
 
@@ -668,9 +751,9 @@ class Stretch:
         clocks and counters moved on, the policy's totals checked against the rows'."""
         sched, dec, policy = self.sched, self.dec, self.policy
         end = self.tick0 + k
-        crossing = dec.crossing
-        for tk in range(self.tick0 + 1, end + 1):
-            crossing.pop(tk, None)
+        crossing = dec.crossing  # events filed before the stretch for its ticks: stale now
+        for tk in [tk for tk in crossing if self.tick0 < tk <= end]:
+            del crossing[tk]
         internal_add = self.plan.grow(end, crossing, self.tick0)
         policy.internal_positions += internal_add + self.grown_internal
         dec.explicit = [self.prefilling] if self.prefilling is not None else []

@@ -105,6 +105,9 @@ class ContiguousPolicy:
         self._live = 0
         self._frag_key: tuple[int, int] = (-1, -1)
         self._frag = 0
+        # The last request ``units`` was asked about and its answer: the head of the queue is
+        # asked at every admission try and every step's external fragmentation while it waits.
+        self._units_of: tuple[Seq | None, int] = (None, 0)
 
     def reservation(self, seq: Seq) -> int:
         """Positions reserved for ``seq`` (before rounding to the arena's unit)."""
@@ -112,7 +115,11 @@ class ContiguousPolicy:
 
     def units(self, seq: Seq) -> int:
         """Arena units (positions or blocks) the arena takes for ``seq``'s reservation."""
-        return self.arena.footprint(cdiv(self.reservation(seq), self.block_size))
+        last, units = self._units_of
+        if seq is not last:
+            units = self.arena.footprint(cdiv(self.reservation(seq), self.block_size))
+            self._units_of = (seq, units)
+        return units
 
     def needs_positions(self, seq: Seq) -> int:
         return self.units(seq) * self.block_size

@@ -1,0 +1,111 @@
+"""A contiguous policy's plain steps taken a run at once (``Stretch._glide``, priced by
+``run_times``) against the same steps counted one by one (``Stretch._count_crossings``, which
+every policy can take): byte-identical steps and requests files, whichever way ``run_times``
+prices a run (a Python loop below ``PRICED_AT_ONCE`` steps, arrays from it on). The fast-path
+identity tests pin both to the reference; this pins the glide to the loop it stands for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kvbench.app.suite import parse_suite
+from kvbench.app.sweep import build_cells
+from kvbench.harness.clock.clocks import Clock, ParallelRooflineClock, RooflineClock
+from kvbench.harness.clock.model import GPU_PRESETS
+from kvbench.harness.sim import counted_stretch
+from kvbench.harness.spec.geometry import resolve_model
+from kvbench.runners.sim import SimRunner
+
+from tests.sim.test_fast_path import AZURE, SESSIONS, _path, _suite
+
+CONTIGUOUS = '["contiguous-max", "contiguous-pow2", "contiguous-oracle"]'
+BOTH = 'arena = ["first-fit", "buddy"]\ncontiguous_unit = "{unit}"'
+
+TRACE = 'source = "trace"\npath = "{path}"\nlimit = {limit}\narrival = "trace"\ntime_scale = {scale}'
+LLAMA = dict(preset="llama-3-8b", max_len=4096, clock="roofline", gpu="A100-80GB")
+# Queued requests (arrivals only join the queue), an idle engine (an arrival is admitted at its
+# step), conversations (turns released by finishes), and stretches cut at MAX_STEPS.
+CASES = {
+    "queued-trace": dict(LLAMA, budget="900MiB", seqs=64, workload=TRACE.format(path=AZURE, limit=200, scale=0.05)),
+    "idle-trace": dict(LLAMA, budget="4GiB", seqs=64, workload=TRACE.format(path=AZURE, limit=120, scale=2.0)),
+    "conversations": dict(
+        LLAMA, budget="1GiB", seqs=32, tokens=1024, workload=SESSIONS.format(sessions=10, turns=4, think=1.0, seed=4)
+    ),
+    "long-runs-steps-clock": dict(
+        budget="4GiB",
+        seqs=8,
+        clock="steps",
+        workload='source = "fixed"\nprompt_len = 100\noutput_len = 1900\nnum_requests = 30\n'
+        'arrival = "poisson"\nrate = 0.1',
+    ),
+}
+
+
+def _runs(tmp_path, monkeypatch, case: str, unit: str, how: str) -> dict[str, tuple[bytes, bytes]]:
+    """Each cell's steps and requests files, with plain steps taken ``how``: "loop" (one by one),
+    "python" or "arrays" (a glide, priced by a loop or as arrays)."""
+    calls = [0]
+    real_glide = counted_stretch.Stretch._glide
+
+    def glide(self, *args):
+        calls[0] += 1
+        return real_glide(self, *args)
+
+    monkeypatch.setattr(counted_stretch.Stretch, "_glide", glide)
+    real_init = counted_stretch.Stretch.__init__
+
+    def init(self, sched, dec):
+        real_init(self, sched, dec)
+        self.glides = self.glides and how != "loop"
+
+    monkeypatch.setattr(counted_stretch.Stretch, "__init__", init)
+    monkeypatch.setattr(counted_stretch, "PRICED_AT_ONCE", 10**9 if how == "python" else 1)
+    text = _suite(**CASES[case], policies=CONTIGUOUS, block_sizes="[16]", grid_extra=BOTH.format(unit=unit))
+    out = tmp_path / how
+    files = {}
+    for cell in build_cells(parse_suite(text, "glide.toml"), out, lambda m: None):
+        row = SimRunner().run(cell).row
+        assert row["status"] == "ok", row["error"]
+        files[cell.run_id] = tuple(_path(out, table, cell.run_id).read_bytes() for table in ("steps", "requests"))
+    assert (calls[0] > 0) == (how != "loop")
+    monkeypatch.undo()
+    return files
+
+
+@pytest.mark.parametrize("unit", ["position", "block"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_glide_is_the_counted_loop_record_for_record(tmp_path, monkeypatch, case, unit):
+    loop = _runs(tmp_path, monkeypatch, case, unit, "loop")
+    assert _runs(tmp_path, monkeypatch, case, unit, "python") == loop
+    assert _runs(tmp_path, monkeypatch, case, unit, "arrays") == loop
+
+
+def _clocks() -> list[Clock]:
+    g = resolve_model("llama-3-8b", None)
+    kv = g.kv_bytes_per_token("fp16")
+    gpu = GPU_PRESETS["A100-80GB"]
+    return [
+        Clock(),
+        RooflineClock(g, kv, gpu),
+        RooflineClock(g, kv, gpu, scale=1.534),
+        ParallelRooflineClock(g, kv, gpu, tensor_parallel_size=2, pipeline_parallel_size=2),
+    ]
+
+
+@pytest.mark.parametrize("m", [0, 1, 5, counted_stretch.PRICED_AT_ONCE - 1, counted_stretch.PRICED_AT_ONCE, 3000])
+def test_run_times_adds_each_steps_price_in_turn(m):
+    rng = np.random.default_rng(m)
+    for clock in _clocks():
+        for n in (0, 1, 7, 256):
+            t0, dec_sum, tick = (
+                float(rng.random() * 100),
+                int(rng.integers(-(10**6), 10**6)),
+                int(rng.integers(0, 10**5)),
+            )
+            want = [t0]
+            t = t0
+            for T in range(tick, tick + m):
+                ctx = dec_sum + T * n
+                t = t + clock.price(n, ctx, ctx, n)
+                want.append(t)
+            assert counted_stretch.run_times(clock, t0, n, dec_sum, tick, m).tolist() == want
