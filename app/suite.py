@@ -145,8 +145,8 @@ class Suite:
                 else:
                     grid.pop(key, None)
                     settings[key] = value
-            if "workload" not in grid:
-                grid["workload"] = tuple(self.workloads)
+            if "workload" not in grid:  # a runner's one workload, else every workload
+                grid["workload"] = (settings["workload"],) if "workload" in settings else tuple(self.workloads)
             if self.repeats > 1 and "repeat" not in grid:
                 grid["repeat"] = tuple(range(self.repeats))
             keys = list(grid)
@@ -508,7 +508,7 @@ def count_cells(suite: Suite) -> int:
                 else:
                     grid.pop(key, None)
                     if key == "workload":
-                        workloads = None
+                        workloads = (value,)
             if workloads is None:
                 workloads = tuple(suite.workloads)
             grid.pop("workload", None)

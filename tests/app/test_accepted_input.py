@@ -108,6 +108,9 @@ def test_count_cells_counts_what_the_grid_expands_to():
     text += '[runners.vllm-sched]\npolicy = "paged"\nworkload = ["b"]\nblock_size = [16, 32]\n'
     suite = parse_suite(text, "count.toml")
     assert count_cells(suite) == len(list(suite.cells())) == 4 * (2 + 1) * 2 + 1 * 2 * 1 * 2
+    # One workload named without a list is that workload alone, as a list of one is.
+    one = parse_suite(text.replace('workload = ["b"]', 'workload = "b"'), "count.toml")
+    assert list(one.cells()) == list(suite.cells()) and count_cells(one) == count_cells(suite)
 
 
 # -- configs, profiles, traces ---------------------------------------------------------------------
