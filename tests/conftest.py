@@ -47,20 +47,6 @@ DATA = ROOT / "tests" / "data"
 
 Section = Mapping[str, object] | str
 
-# pytest-xdist (`-n auto --dist loadgroup`, pyproject.toml) hands each worker whole groups. A
-# file is a group, so its module fixtures are built once. The files in SPREAD share nothing
-# costly between their tests, which go out one by one: the bad-input table's rows, and the
-# engine tests (each starts and closes its own engine). test_serve stays one group: it
-# asserts on the server processes it finds, so its servers never overlap.
-SPREAD = ("tests/app/test_bad_input.py", "tests/runners/test_vllm_engine.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        path = item.path.relative_to(ROOT).as_posix()
-        if path not in SPREAD:
-            item.add_marker(pytest.mark.xdist_group(path))
-
 
 def toml_value(value: object) -> str:
     """A Python value as TOML: strings quoted (JSON's escapes are TOML's), lists bracketed."""
