@@ -558,10 +558,6 @@ class EngineSteps:
 
         sched.schedule = schedule
 
-    @property
-    def evictions(self) -> int:
-        return self.cache.count if self.cache is not None else 0
-
     def add(
         self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float, answer: list[int] | None = None
     ) -> None:

@@ -148,6 +148,15 @@ class GroupTables(Mapping[str, list[Any]]):
         return [[NULL_BLOCK if b.is_null else b.block_id for b in t.get(rid, ())] for t in self.tables]
 
 
+def _external(
+    scheduler: Any, waiting: int, reservations: ContiguousReservations | GroupedReservations | None
+) -> int | None:
+    """Contiguous reservations' external fragmentation for the waiting head; None for paging."""
+    if reservations is None:
+        return None
+    return reservations.external_positions(next(iter(scheduler.waiting), None) if waiting else None)
+
+
 def read_group_occupancy(
     scheduler: Any,
     tables: GroupTables,
@@ -180,9 +189,6 @@ def read_group_occupancy(
     else:
         used, internal, groups = use.measure(requests)
     running, waiting = scheduler.get_request_counts()
-    external = None
-    if reservations is not None:
-        external = reservations.external_positions(next(iter(scheduler.waiting), None) if waiting else None)
     return Occupancy(
         running=running,
         waiting=waiting,
@@ -190,7 +196,7 @@ def read_group_occupancy(
         computed_tokens=sum(r[0] for r in requests),
         held_blocks=held,
         internal_positions=internal // use.unit,
-        external_positions=external,
+        external_positions=_external(scheduler, waiting, reservations),
         cached_free_blocks=cached_free_block_count(pool),
         used_positions=used // use.unit,
         groups=tuple(groups),
@@ -236,9 +242,6 @@ def read_occupancy(
             internal += extra
     running, waiting = scheduler.get_request_counts()
     free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
-    external = None
-    if reservations is not None:
-        external = reservations.external_positions(next(iter(scheduler.waiting), None) if waiting else None)
     return Occupancy(
         running=running,
         waiting=waiting,
@@ -246,6 +249,6 @@ def read_occupancy(
         computed_tokens=computed,
         held_blocks=held,
         internal_positions=internal,
-        external_positions=external,
+        external_positions=_external(scheduler, waiting, reservations),
         cached_free_blocks=cached_free_block_count(scheduler.kv_cache_manager.block_pool),
     )

@@ -213,10 +213,6 @@ class VllmScheduler:
         self._answers: dict[str, list[int]] = {}  # scripted answers of conversation turns
         self._preemptions_at_finish: dict[int, int] = {}
 
-    @property
-    def evictions(self) -> int:
-        return self.cache.count if self.cache is not None else 0
-
     # -- requests ------------------------------------------------------------
     def add(
         self, seq_index: int, prompt_ids: list[int], output_len: int, arrival_s: float, answer: list[int] | None = None

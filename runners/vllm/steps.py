@@ -60,10 +60,7 @@ class StepSource(Protocol):
     def placement(self, seq_index: int) -> tuple[int, int] | None:
         """A contiguous request's (first block, runs of consecutive block ids); None otherwise."""
 
-    @property
-    def evictions(self) -> int: ...
-
-    cache: CacheWatcher | None  # prefix caching: the block pool's watcher
+    cache: CacheWatcher | None  # prefix caching: the block pool's watcher (its count: evictions)
 
 
 class VllmStepEngine:
@@ -170,7 +167,7 @@ class VllmStepEngine:
                 for i, (g, (blocks, used_bytes)) in enumerate(zip(self.use.groups, occ.groups))
             ]
         internal = occ.internal_positions
-        evictions = self.source.evictions
+        evictions = self.source.cache.count if self.source.cache is not None else 0
         evicted, self.evictions_seen = evictions - self.evictions_seen, evictions
         row = StepRow(
             step=self.step_index,
