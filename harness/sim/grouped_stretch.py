@@ -75,7 +75,9 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
         c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
     }
     finished = events[R.FINISHED]
-    head_key: tuple[FastSeq, int, int] | None = None  # what ``head_need`` was worked out for
+    # What ``head_need`` was worked out for: the head and its tokens (a preempted head comes back
+    # longer), the decoders and the running count (the budget and ``max_num_seqs`` left).
+    head_key: tuple[FastSeq, int, int, int] | None = None
     head_need = -1
     n = base = computed = 0  # decoders, their Σ (computed − dec_tick), tokens computed in the stretch
     changed = True  # the state moved since the last level
@@ -104,7 +106,8 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                     need, net = policy.acts_need(acting)
                     general = need > free  # they may not fit: preemptions, event by event
                 if waiting and not general:
-                    key = (waiting[0], dec.count, len(sched.running))
+                    head = waiting[0]
+                    key = (head, head.num_tokens, dec.count, len(sched.running))
                     if key != head_key:
                         head_key, head_need = key, _head_blocks(sched, dec, policy)
                     if 0 <= head_need <= free - takes:
