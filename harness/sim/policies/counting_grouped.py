@@ -213,51 +213,65 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         limit = self.max_model_len
         computed = c if c < limit else limit
         free = self._free
-        final_len = seq.final_len
         tables = seq.group_tables
-        line = self._lines[index]
-        totals = self._totals
+        line = None
         held = waste = 0
         act = self._bends[index]
         for p, k, first, rest, m, bs, skips, window, overhead, token_bytes in self._acts:
             t = tables[first]
             t0, t1 = t
-            skip = 0 if skips == _KEEP else _skipped_blocks(p, computed, t0)
+            # ``_skipped_blocks`` and ``_block_act``, the window's inlined: a skip ≤ 0 frees nothing.
+            if skips == _KEEP:
+                skip = 0
+            elif skips == _WINDOW:
+                skip = (computed - window + 1) // bs
+                if skip > t0:
+                    skip = t0
+            else:
+                skip = _skipped_blocks(p, computed, t0)
             need = -(-tokens // bs)
             if skip > t1 or need > t0:
+                if line is None:
+                    line = self._lines[index]
                 h0 = t0 - t1
-                w0 = h0 * overhead
-                over = t0 * bs - final_len
-                if over > 0 and token_bytes:
-                    w0 += over * token_bytes
                 if skip > t1:
                     free += (skip - t1) * m
                     t1 = skip
                 if need > t0:
                     free -= (need - t0) * m
+                    if token_bytes:  # a token past the sequence's end wastes its bytes
+                        over = need * bs - seq.final_len
+                        if over > 0:
+                            before = over - (need - t0) * bs
+                            waste += (over - before if before > 0 else over) * token_bytes * m
                     t0 = need
                 t[0], t[1] = t0, t1
                 for i in rest:
                     twin = tables[i]
                     twin[0], twin[1] = t0, t1
                 h = t0 - t1
-                totals[k + 2] += h - h0
                 line[k + 2] = h
-                w1 = h * overhead
-                over = t0 * bs - final_len
-                if over > 0 and token_bytes:
-                    w1 += over * token_bytes
-                waste += (w1 - w0) * m
+                if h != h0:
+                    self._totals[k + 2] += h - h0
+                    if overhead:
+                        waste += (h - h0) * overhead * m
             else:
                 h = t0 - t1
             held += h * m
-            nxt = t0 * bs + 1 if skips == _KEEP else _block_act(bs, skips, window, t0, t1)
+            nxt = t0 * bs + 1
+            if skips == _WINDOW:
+                nxt_skip = (t1 + 1) * bs + window
+                if nxt_skip < nxt:
+                    nxt = nxt_skip
+            elif skips != _KEEP:
+                nxt = _block_act(bs, skips, window, t0, t1)
             if nxt < act:
                 act = nxt
         assert free >= 0, "a decoder acted on blocks that were not free"
         self._free = free
         if waste:
-            totals[-1] += waste
+            assert line is not None
+            self._totals[-1] += waste
             line[-1] += waste
         seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
         if allocated > seq.peak_allocated:
