@@ -141,7 +141,6 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         self._sets = [(w.line, w.first, w.members[1:], len(w.members)) for w in self.twins]
         # … and its arithmetic for ``_line``, unpacked once.
         self._draw = [(w.first, len(w.members), *dataclasses.astuple(w.line)) for w in self.twins]
-        self.skips = any(w.line.skips != _KEEP for w in self.twins)  # whether an act may free blocks
         self.twin_of = [0] * len(self.groups)  # per group: its twin set
         for k, w in enumerate(self.twins):
             for i in w.members:
