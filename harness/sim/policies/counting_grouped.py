@@ -378,12 +378,56 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
 
     # -- allocation ---------------------------------------------------------------------
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
-        ok = super().allocate(seq, num_tokens, must_fit)
-        if ok:
-            self._line(seq, num_tokens)
-        elif seq.group_tables:  # refused after freeing skipped blocks: its tokens stay, its blocks moved
-            self._line(seq, seq.num_computed)
-        return ok
+        """``GroupedPagedPolicy.allocate`` a twin set at a time (their tables alike), the request's
+        lines drawn again: from ``num_tokens``, or, refused after freeing its skipped blocks, from
+        its computed tokens."""
+        tables = seq.group_tables
+        free = self._free
+        sets = self._sets
+        new = 0
+        if not tables:
+            if must_fit and self._admission_need(must_fit) > free:
+                return False
+            for p, _, _, m in sets:
+                new += -(-num_tokens // p.block_size) * m
+            if new > free:
+                return False
+            seq.group_tables = tables = [[0, 0] for _ in self.block_sizes]
+            self.live[seq.index] = seq
+        else:
+            c = seq.num_computed
+            computed = c if c < self.max_model_len else self.max_model_len
+            for p, first, rest, m in sets:  # ``remove_skipped_blocks``, whatever follows
+                t = tables[first]
+                if p.skips != _KEEP:
+                    skip = _skipped_blocks(p, computed, t[0])
+                    if skip > t[1]:
+                        free += (skip - t[1]) * m
+                        t[1] = skip
+                        for i in rest:
+                            tables[i][1] = skip
+                need = -(-num_tokens // p.block_size) - t[0]
+                if need > 0:
+                    new += need * m
+            if new > free:
+                self._free = free
+                self._line(seq, c)
+                return False
+        self._free = free - new
+        held = 0
+        for p, first, rest, m in sets:
+            t = tables[first]
+            need = -(-num_tokens // p.block_size)
+            if need > t[0]:
+                t[0] = need
+                for i in rest:
+                    tables[i][0] = need
+            held += (t[0] - t[1]) * m
+        seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
+        if allocated > seq.peak_allocated:
+            seq.peak_allocated = allocated
+        self._line(seq, num_tokens)
+        return True
 
     def free(self, seq: Seq) -> None:
         self._unline(seq.index)
