@@ -75,10 +75,10 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
         c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
     }
     finished = events[R.FINISHED]
-    # What ``head_need`` was worked out for: the head and its tokens (a preempted head comes back
-    # longer), the decoders and the running count (the budget and ``max_num_seqs`` left).
-    head_key: tuple[FastSeq, int, int, int] | None = None
-    head_need = -1
+    # The free blocks the head of ``waiting`` needs (``_head_blocks``); None: to be worked out again.
+    # What it depends on (the queue, its head's tokens, the decoders, the running count) moves
+    # only at the steps that set ``changed``: a general step, a finish.
+    head_need: int | None = None
     n = base = computed = 0  # decoders, their Σ (computed − dec_tick), tokens computed in the stretch
     changed = True  # the state moved since the last level
     j = 0
@@ -112,10 +112,8 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                         if nxt <= s.output_len - s.num_output + tick:
                             crossing[nxt].append((s, s.epoch))
                     if waiting:
-                        head = waiting[0]
-                        key = (head, head.num_tokens, dec.count, len(sched.running))
-                        if key != head_key:
-                            head_key, head_need = key, _head_blocks(sched, dec, policy)
+                        if head_need is None:
+                            head_need = _head_blocks(sched, dec, policy)
                         # An admission after the acts: the fast path's step takes the rest of this
                         # one, its crossers done (popped above).
                         general = 0 <= head_need <= policy.free_blocks()
@@ -145,6 +143,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 t = sched.now
                 next_arr = pending[0].arrival_s if pending else math.inf
                 changed = True
+                head_need = None
                 j += 1
                 if not work.scheduled_tokens:
                     break  # a step without work: the driver's livelock guard sees the next
@@ -172,6 +171,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 sched._retire(done)  # the reference's free, as ``finish_step`` calls it
                 finished.append((j, len(done)))
                 changed = True
+                head_need = None
                 next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
         j += 1
         if not changed:  # the steps before the next act or finish: only decoders run, and count
@@ -220,10 +220,8 @@ class Levels:
             scheduled,
             len(sched.running),
             len(waiting),
-            policy.allocated_blocks(),
-            policy.external_frag(waiting[0] if waiting else None),
         )
-        flat += policy.totals()
+        flat += policy.level(waiting[0] if waiting else None)
 
     def matrix(self) -> np.ndarray:
         """One row a level."""

@@ -367,6 +367,11 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         held, one member's; last the internal fragmentation in bytes."""
         return tuple(self._totals)
 
+    def level(self, head_of_line: Seq | None) -> tuple[int, ...]:
+        """What a stretch's level reads of the policy, in one call: the blocks allocated, the
+        external fragmentation (``head_of_line`` waiting), then ``totals``."""
+        return (self.num_blocks - self._free, 0 if head_of_line is None else self._external, *self._totals)
+
     # -- what the scheduler reads ---------------------------------------------------------
     def measure_use(self) -> tuple[int, int]:
         self.steps = at = self.steps + 1
