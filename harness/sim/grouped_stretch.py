@@ -101,7 +101,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                             acting.append(s)
                 # An act takes at most one block a group: within that bound the acts fit unasked;
                 # beyond it they may not fit (preemptions, event by event: the fast path's step).
-                if len(acting) * groups > policy.free_blocks():
+                if acting and len(acting) * groups > policy.free_blocks():
                     general = policy.acts_need(acting)[0] > policy.free_blocks()
                 if not general:
                     # The acting decoders allocate (all of them fit, in any order) and file their next act.

@@ -239,7 +239,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
                 if need > t0:
                     free -= (need - t0) * m
                     if token_bytes:  # a token past the sequence's end wastes its bytes
-                        over = need * bs - seq.final_len
+                        over = need * bs - seq.prompt_len - seq.output_len  # past ``final_len``
                         if over > 0:
                             before = over - (need - t0) * bs
                             waste += (over - before if before > 0 else over) * token_bytes * m
