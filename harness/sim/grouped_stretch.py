@@ -2,12 +2,12 @@
 policy of several block tables per request (``CountingGroupedPolicy``).
 
 A *plain* step — only decoders run, none acts (``reach``) or finishes, nothing is admitted —
-only counts: its time is the clock's formula, its row the level the last event left. A step in
-which decoders act is taken here when their new blocks fit the free ones whatever their own
-frees and the waiting head would not be admitted after them (its blocks counted after the
-acts' frees and takes, as ``allocate`` counts them): each acting decoder ``act``s (in any
-order: all of them fit) and files its next act; the decoders that sample their last token are
-freed at the step's end in running order. Every other step — an admission, a prompt chunk, a
+only counts: its time is the clock's formula, its row the level the last event left. A step's
+acts are taken here when their new blocks fit the free ones whatever their own frees: each
+acting decoder ``act``s (in any order: all of them fit) and files its next act. If the waiting
+head then fits in the free blocks (``allocate``'s test), the rest of the step, its admission,
+is the fast path's own, which finds no crossers left; otherwise the decoders that sample their
+last token are freed at the step's end in running order. Every other step — a prompt chunk, a
 preemption, more decoders than the token budget — is the fast path's own
 (``FastScheduler.schedule`` and ``finish_step``). Each non-plain step starts a *level*: the
 step columns and the policy's group totals (``CountingGroupedPolicy.totals``) from that step
@@ -75,8 +75,10 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
         c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
     }
     finished = events[R.FINISHED]
-    head_key: tuple[FastSeq, int, int] | None = None  # what ``head_need`` was worked out for
-    head_need = -1
+    # The free blocks the head of ``waiting`` needs (``_head_blocks``); None: to be worked out again.
+    # What it depends on (the queue, its head's tokens, the decoders, the running count) moves
+    # only at the steps that set ``changed``: a general step, a finish.
+    head_need: int | None = None
     n = base = computed = 0  # decoders, their Σ (computed − dec_tick), tokens computed in the stretch
     changed = True  # the state moved since the last level
     j = 0
@@ -84,8 +86,9 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
         T = dec.tick + 1
         if changed or dec.explicit or T in crossing:
             general = bool(dec.explicit) or not 0 < dec.count <= budget
-            acting: list[FastSeq] = []
+            policy.steps = measured0 + j
             if not general:
+                acting: list[FastSeq] = []
                 ends = crossing.get(T)
                 if ends:
                     tick = dec.tick
@@ -96,24 +99,24 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                             s.num_output += k
                             s.dec_tick = tick
                             acting.append(s)
-                free = policy.free_blocks()
-                # An act takes at most one block a group: within that bound the acts fit unasked.
-                takes = len(acting) * groups
-                net = None  # what the acts take from the free count: asked only where it matters
-                if takes > free:
-                    need, net = policy.acts_need(acting)
-                    general = need > free  # they may not fit: preemptions, event by event
-                if waiting and not general:
-                    key = (waiting[0], dec.count, len(sched.running))
-                    if key != head_key:
-                        head_key, head_need = key, _head_blocks(sched, dec, policy)
-                    if 0 <= head_need <= free - takes:
-                        general = True  # an admission, whatever the acts free
-                    elif head_need >= 0 and (head_need <= free or policy.skips):  # acts free no block: net ≥ 0
-                        if net is None:
-                            net = policy.acts_need(acting)[1] if acting else 0
-                        general = head_need <= free - net  # an admission after the acts
-            policy.steps = measured0 + j
+                # An act takes at most one block a group: within that bound the acts fit unasked;
+                # beyond it they may not fit (preemptions, event by event: the fast path's step).
+                if acting and len(acting) * groups > policy.free_blocks():
+                    general = policy.acts_need(acting)[0] > policy.free_blocks()
+                if not general:
+                    # The acting decoders allocate (all of them fit, in any order) and file their next act.
+                    crossing.pop(T, None)
+                    tick = dec.tick
+                    for s in acting:
+                        nxt = act(s) - s.num_computed + tick + 1
+                        if nxt <= s.output_len - s.num_output + tick:
+                            crossing[nxt].append((s, s.epoch))
+                    if waiting:
+                        if head_need is None:
+                            head_need = _head_blocks(sched, dec, policy)
+                        # An admission after the acts: the fast path's step takes the rest of this
+                        # one, its crossers done (popped above).
+                        general = 0 <= head_need <= policy.free_blocks()
             if general:
                 if not (sched.running or waiting):
                     break  # idle: the driver moves the clock on to the next arrival
@@ -140,17 +143,11 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 t = sched.now
                 next_arr = pending[0].arrival_s if pending else math.inf
                 changed = True
+                head_need = None
                 j += 1
                 if not work.scheduled_tokens:
                     break  # a step without work: the driver's livelock guard sees the next
                 continue
-            # The acting decoders allocate (all of them fit, in any order) and file their next act.
-            crossing.pop(T, None)
-            tick = dec.tick
-            for s in acting:
-                nxt = act(s) - s.num_computed + tick + 1
-                if nxt <= s.output_len - s.num_output + tick:
-                    crossing[nxt].append((s, s.epoch))
             n, base = dec.count, dec.dec_sum
             levels.add(sched, policy, j, n)
             changed = False
@@ -174,6 +171,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 sched._retire(done)  # the reference's free, as ``finish_step`` calls it
                 finished.append((j, len(done)))
                 changed = True
+                head_need = None
                 next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
         j += 1
         if not changed:  # the steps before the next act or finish: only decoders run, and count
@@ -222,10 +220,8 @@ class Levels:
             scheduled,
             len(sched.running),
             len(waiting),
-            policy.allocated_blocks(),
-            policy.external_frag(waiting[0] if waiting else None),
         )
-        flat += policy.totals()
+        flat += policy.level(waiting[0] if waiting else None)
 
     def matrix(self) -> np.ndarray:
         """One row a level."""

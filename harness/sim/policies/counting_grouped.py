@@ -141,7 +141,6 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         self._sets = [(w.line, w.first, w.members[1:], len(w.members)) for w in self.twins]
         # … and its arithmetic for ``_line``, unpacked once.
         self._draw = [(w.first, len(w.members), *dataclasses.astuple(w.line)) for w in self.twins]
-        self.skips = any(w.line.skips != _KEEP for w in self.twins)  # whether an act may free blocks
         self.twin_of = [0] * len(self.groups)  # per group: its twin set
         for k, w in enumerate(self.twins):
             for i in w.members:
@@ -213,51 +212,65 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         limit = self.max_model_len
         computed = c if c < limit else limit
         free = self._free
-        final_len = seq.final_len
         tables = seq.group_tables
-        line = self._lines[index]
-        totals = self._totals
+        line = None
         held = waste = 0
         act = self._bends[index]
         for p, k, first, rest, m, bs, skips, window, overhead, token_bytes in self._acts:
             t = tables[first]
             t0, t1 = t
-            skip = 0 if skips == _KEEP else _skipped_blocks(p, computed, t0)
+            # ``_skipped_blocks`` and ``_block_act``, the window's inlined: a skip ≤ 0 frees nothing.
+            if skips == _KEEP:
+                skip = 0
+            elif skips == _WINDOW:
+                skip = (computed - window + 1) // bs
+                if skip > t0:
+                    skip = t0
+            else:
+                skip = _skipped_blocks(p, computed, t0)
             need = -(-tokens // bs)
             if skip > t1 or need > t0:
+                if line is None:
+                    line = self._lines[index]
                 h0 = t0 - t1
-                w0 = h0 * overhead
-                over = t0 * bs - final_len
-                if over > 0 and token_bytes:
-                    w0 += over * token_bytes
                 if skip > t1:
                     free += (skip - t1) * m
                     t1 = skip
                 if need > t0:
                     free -= (need - t0) * m
+                    if token_bytes:  # a token past the sequence's end wastes its bytes
+                        over = need * bs - seq.prompt_len - seq.output_len  # past ``final_len``
+                        if over > 0:
+                            before = over - (need - t0) * bs
+                            waste += (over - before if before > 0 else over) * token_bytes * m
                     t0 = need
                 t[0], t[1] = t0, t1
                 for i in rest:
                     twin = tables[i]
                     twin[0], twin[1] = t0, t1
                 h = t0 - t1
-                totals[k + 2] += h - h0
                 line[k + 2] = h
-                w1 = h * overhead
-                over = t0 * bs - final_len
-                if over > 0 and token_bytes:
-                    w1 += over * token_bytes
-                waste += (w1 - w0) * m
+                if h != h0:
+                    self._totals[k + 2] += h - h0
+                    if overhead:
+                        waste += (h - h0) * overhead * m
             else:
                 h = t0 - t1
             held += h * m
-            nxt = t0 * bs + 1 if skips == _KEEP else _block_act(bs, skips, window, t0, t1)
+            nxt = t0 * bs + 1
+            if skips == _WINDOW:
+                nxt_skip = (t1 + 1) * bs + window
+                if nxt_skip < nxt:
+                    nxt = nxt_skip
+            elif skips != _KEEP:
+                nxt = _block_act(bs, skips, window, t0, t1)
             if nxt < act:
                 act = nxt
         assert free >= 0, "a decoder acted on blocks that were not free"
         self._free = free
         if waste:
-            totals[-1] += waste
+            assert line is not None
+            self._totals[-1] += waste
             line[-1] += waste
         seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
         if allocated > seq.peak_allocated:
@@ -354,6 +367,11 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         held, one member's; last the internal fragmentation in bytes."""
         return tuple(self._totals)
 
+    def level(self, head_of_line: Seq | None) -> tuple[int, ...]:
+        """What a stretch's level reads of the policy, in one call: the blocks allocated, the
+        external fragmentation (``head_of_line`` waiting), then ``totals``."""
+        return (self.num_blocks - self._free, 0 if head_of_line is None else self._external, *self._totals)
+
     # -- what the scheduler reads ---------------------------------------------------------
     def measure_use(self) -> tuple[int, int]:
         self.steps = at = self.steps + 1
@@ -365,12 +383,56 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
 
     # -- allocation ---------------------------------------------------------------------
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
-        ok = super().allocate(seq, num_tokens, must_fit)
-        if ok:
-            self._line(seq, num_tokens)
-        elif seq.group_tables:  # refused after freeing skipped blocks: its tokens stay, its blocks moved
-            self._line(seq, seq.num_computed)
-        return ok
+        """``GroupedPagedPolicy.allocate`` a twin set at a time (their tables alike), the request's
+        lines drawn again: from ``num_tokens``, or, refused after freeing its skipped blocks, from
+        its computed tokens."""
+        tables = seq.group_tables
+        free = self._free
+        sets = self._sets
+        new = 0
+        if not tables:
+            if must_fit and self._admission_need(must_fit) > free:
+                return False
+            for p, _, _, m in sets:
+                new += -(-num_tokens // p.block_size) * m
+            if new > free:
+                return False
+            seq.group_tables = tables = [[0, 0] for _ in self.block_sizes]
+            self.live[seq.index] = seq
+        else:
+            c = seq.num_computed
+            computed = c if c < self.max_model_len else self.max_model_len
+            for p, first, rest, m in sets:  # ``remove_skipped_blocks``, whatever follows
+                t = tables[first]
+                if p.skips != _KEEP:
+                    skip = _skipped_blocks(p, computed, t[0])
+                    if skip > t[1]:
+                        free += (skip - t[1]) * m
+                        t[1] = skip
+                        for i in rest:
+                            tables[i][1] = skip
+                need = -(-num_tokens // p.block_size) - t[0]
+                if need > 0:
+                    new += need * m
+            if new > free:
+                self._free = free
+                self._line(seq, c)
+                return False
+        self._free = free - new
+        held = 0
+        for p, first, rest, m in sets:
+            t = tables[first]
+            need = -(-num_tokens // p.block_size)
+            if need > t[0]:
+                t[0] = need
+                for i in rest:
+                    tables[i][0] = need
+            held += (t[0] - t[1]) * m
+        seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
+        if allocated > seq.peak_allocated:
+            seq.peak_allocated = allocated
+        self._line(seq, num_tokens)
+        return True
 
     def free(self, seq: Seq) -> None:
         self._unline(seq.index)
