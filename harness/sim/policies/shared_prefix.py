@@ -301,7 +301,8 @@ class CachedChains:
         run = Run(now)
         own.running = False
         top = own.holders[-1] if own.holders else own.a
-        if top < own.c:
+        freed = own.c - top
+        if freed:
             p = Piece(own, top, own.c, run)
             run.pieces.append(p)
             own.pieces.append(p)
@@ -315,11 +316,11 @@ class CachedChains:
                 p = Piece(ch, top, ch.h, run)
                 run.pieces.append(p)
                 ch.pieces.append(p)
+                freed += ch.h - top
                 ch.h = top
                 held += top - ch.a
             else:
                 held += end - ch.a
-        freed = sum(p.hi - p.lo for p in run.pieces)
         if freed:
             run.live = freed
             self.lru.append(run)
@@ -568,10 +569,11 @@ class SharedPrefixPolicy(CountingPagedPolicy):
     def _free_chains(self, seq: Seq, chains: CachedChains) -> None:
         """``free`` on ``CachedChains``."""
         bs = self.block_size
-        self.cache_full_blocks(seq, seq.num_computed)
-        if self.chains is None:  # some content is cached twice now: freed by handles
-            self.free(seq)
-            return
+        if seq.num_computed // bs > seq.num_cached_blocks:  # a decoder's blocks, cached now
+            self.cache_full_blocks(seq, seq.num_computed)
+            if self.chains is None:  # some content is cached twice now: freed by handles
+                self.free(seq)
+                return
         queued, kept = chains.free(seq, self.ledger.now)
         uncached = seq.allocated // bs - seq.num_cached_blocks
         chains.uncached += uncached
