@@ -229,6 +229,9 @@ def test_shared_prefix_chains_are_its_handles(block_size, budget, swap, specs, o
     handles, chains = SharedPrefixPolicy(budget, block_size), SharedPrefixPolicy(budget, block_size)
     handles._to_blocks()
     _drive_twins(handles, chains, twins, swap, ops)
+    if chains.chains is not None:  # the LRU holds only runs with free blocks left, and all of them
+        runs = chains.chains.lru
+        assert all(run.live for run in runs) and sum(run.live for run in runs) == chains.cached_free_blocks()
 
 
 def _shared_twins(specs) -> list[list[Seq]]:

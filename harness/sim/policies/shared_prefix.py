@@ -11,9 +11,10 @@ depth its hits end. Hits take a prefix, so a chain's held blocks are a prefix of
 puts what nobody else holds in the LRU as one *run*, a piece per chain, deepest first;
 evictions eat chains from their deep end, hits take them from their shallow end. A call costs
 per chain and run it touches, not per block. The first block cached twice (two requests
-computing one prompt at once, a request swapped in) moves the policy, once, to ``CachedBlocks``:
-a handle per cached block, the LRU an ``OrderedDict`` of handles (O(1) touch, evict, append),
-each key's cached handles, the references beyond the first.
+computing one prompt at once, a request swapped in, hits stopping a block short of a prompt)
+moves the policy, once, to ``CachedBlocks``: a handle per cached block, the LRU an
+``OrderedDict`` of handles (O(1) touch, evict, append), each key's cached handles, the
+references beyond the first.
 
 A stretch takes many blocks at once (``take``) without naming the blocks a decoder grows into:
 they hold only its own sampled tokens, so nothing can hit them before it frees them, and they
@@ -152,7 +153,7 @@ class Piece:
 
 class Run:
     """The blocks one free put in the LRU, deepest first: pieces of the chains it held, freed at
-    ``at`` (step, seconds). A run its hits emptied waits, empty, until it reaches the front."""
+    ``at`` (step, seconds). It leaves the LRU once evictions and hits have emptied it."""
 
     __slots__ = ("pieces", "front", "at", "live")
 
@@ -179,7 +180,7 @@ class CachedChains:
 
     def __init__(self, blocks: int) -> None:
         self.uncached = blocks
-        self.lru: deque[Run] = deque()
+        self.lru: OrderedDict[Run, None] = OrderedDict()  # O(1) at the front and wherever hits empty one
         self.queued = 0  # free cached blocks
         self.index: dict[int, Chain] = {}  # a chain's first key → it, while that block is cached
         self.live: dict[int, tuple[Seq, Hits, Chain]] = {}  # running sequence → (it, its hits, its own chain)
@@ -222,7 +223,7 @@ class CachedChains:
         self.queued -= rest
         lru, index = self.lru, self.index
         while rest:
-            run = lru[0]
+            run = next(iter(lru))
             pieces, i = run.pieces, run.front
             while rest and i < len(pieces):
                 p = pieces[i]
@@ -244,7 +245,7 @@ class CachedChains:
                     i += 1
             run.front = i
             if not run.live:
-                lru.popleft()
+                del lru[run]
         return n - u
 
     def admit(self, seq: Seq, path: Hits, ledger: ReuseLedger) -> tuple[int, int]:
@@ -262,10 +263,13 @@ class CachedChains:
                     assert p.lo == h
                     m = p.hi - h if p.hi < end else end - h
                     p.lo = h = h + m
-                    p.run.live -= m
-                    ledger.reused_run(m, p.run.at)
+                    run = p.run
+                    run.live -= m
+                    ledger.reused_run(m, run.at)
                     if p.lo == p.hi:
                         pieces.pop()
+                        if not run.live:
+                            del self.lru[run]
                 ch.h = end
             else:
                 shared += end - ch.a
@@ -323,7 +327,7 @@ class CachedChains:
                 held += end - ch.a
         if freed:
             run.live = freed
-            self.lru.append(run)
+            self.lru[run] = None
             self.queued += freed
         return freed, held
 
