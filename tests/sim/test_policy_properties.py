@@ -168,26 +168,23 @@ def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(bloc
     _drive_twins(PagedPrefixPolicy(BUDGET, block_size), CountingPrefixPolicy(BUDGET, block_size), twins, swap, ops)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# Sequences that share blocks (a group's prefix, a request's samples), on a budget that evicts or not.
+SHARED_CASES = dict(
     block_size=st.sampled_from([1, 4, 16]),
     budget=st.sampled_from([96, 200, BUDGET]),
     swap=st.booleans(),
     specs=st.lists(seq_strategy, min_size=2, max_size=12),
-    ops=st.lists(op_strategy, min_size=20, max_size=300),
 )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**SHARED_CASES, ops=st.lists(op_strategy, min_size=20, max_size=300))
 def test_shared_prefix_caching_is_the_block_table(block_size, budget, swap, specs, ops):
     """Prefix caching as counts and content keys (``SharedPrefixPolicy``) answers every call as
     the block table does on sequences that share blocks (a group's prefix, a request's samples):
     hits on blocks other sequences hold or freed, the LRU's evictions, shared positions, reuse
     distances, free and cached blocks, driven as the scheduler drives them."""
-    twins = []
-    for _ in range(2):
-        seqs = []
-        for i, (p, o, g, rid) in enumerate(specs):
-            prefix_len = min(48, p - 1) if g >= 0 and p > 1 else 0
-            seqs.append(Seq(i, rid * 100 + i if g < 0 else rid, 0, p, o, 0.0, g if prefix_len else -1, prefix_len))
-        twins.append(seqs)
+    twins = _shared_twins(specs)
     _drive_twins(PagedPrefixPolicy(budget, block_size), SharedPrefixPolicy(budget, block_size), twins, swap, ops)
 
 
@@ -213,6 +210,80 @@ def test_a_refused_head_asked_again_after_evictions_loses_the_evicted_hits():
     table, counts = PagedPrefixPolicy(96, 4), SharedPrefixPolicy(96, 4)
     _drive_twins(table, counts, twins, False, ops)
     assert counts.evictions == 2 and counts.prefix_hit(twins[1][1]) == 8 * 4
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    **SHARED_CASES,
+    ops=st.lists(
+        st.tuples(st.sampled_from(["admit", "grow", "free", "take"]), st.integers(0, 11), st.integers(1, 64)),
+        min_size=20,
+        max_size=300,
+    ),
+)
+def test_shared_prefix_chains_are_its_handles(block_size, budget, swap, specs, ops):
+    """``CachedChains`` (runs and chains, while no content is cached twice) answers every call as
+    ``CachedBlocks`` (a handle per block) does, the stretch's ``take`` of a decoder's blocks too,
+    and so does the policy once it has moved from one to the other."""
+    twins = _shared_twins(specs)
+    handles, chains = SharedPrefixPolicy(budget, block_size), SharedPrefixPolicy(budget, block_size)
+    handles._to_blocks()
+    _drive_twins(handles, chains, twins, swap, ops)
+    if chains.chains is not None:  # the LRU holds only runs with free blocks left, and all of them
+        runs = chains.chains.lru
+        assert all(run.live for run in runs) and sum(run.live for run in runs) == chains.cached_free_blocks()
+
+
+def _shared_twins(specs) -> list[list[Seq]]:
+    """Two copies of the sequences ``seq_strategy`` describes: a group's prefix, a request's samples."""
+    twins = []
+    for _ in range(2):
+        seqs = []
+        for i, (p, o, g, rid) in enumerate(specs):
+            prefix_len = min(48, p - 1) if g >= 0 and p > 1 else 0
+            seqs.append(Seq(i, rid * 100 + i if g < 0 else rid, 0, p, o, 0.0, g if prefix_len else -1, prefix_len))
+        twins.append(seqs)
+    return twins
+
+
+def test_shared_prefixes_taken_in_turn_stay_in_chains():
+    """Requests sharing a prefix, each admitted while the others run or after they freed it, with
+    evictions between: no content is cached twice, so the policy keeps its chains and runs."""
+    specs = [(40, 5, 0, 0), (80, 5, 0, 1), (40, 5, 0, 2), (30, 3, -1, 3)]  # 0, 1, 2 share 9 blocks of 4
+    twins = _shared_twins(specs)
+    ops = [
+        ("admit", 0, 40),
+        ("admit", 2, 40),  # its hits are held by 0
+        ("free", 0, 1),
+        ("admit", 3, 30),
+        ("free", 2, 1),
+        ("free", 3, 1),
+        ("admit", 1, 80),  # hits in the LRU, evicting what 0, 2 and 3 computed past the prefix
+        ("free", 1, 1),
+        ("admit", 0, 40),
+    ]
+    table, counts = PagedPrefixPolicy(96, 4), SharedPrefixPolicy(96, 4)
+    _drive_twins(table, counts, twins, False, ops)
+    assert counts.chains is not None and counts.evictions > 0 and counts.ledger.steps
+
+
+@pytest.mark.parametrize(
+    "specs, ops",
+    [
+        # two requests computing one prefix at once, the first in chunks
+        ([(40, 5, 0, 0), (80, 5, 0, 1), (40, 5, 0, 2)], [("admit", 0, 8), ("admit", 1, 80), ("grow", 0, 32)]),
+        # two samples of one prompt of whole blocks: the second's hits stop a block short of it
+        ([(40, 5, 0, 0), (40, 5, 0, 0), (40, 5, 0, 2)], [("admit", 0, 40), ("admit", 1, 40)]),
+    ],
+)
+def test_content_cached_twice_moves_the_policy_to_handles(specs, ops):
+    """Content cached twice moves the policy to ``CachedBlocks``, and it keeps answering as the
+    block table."""
+    twins = _shared_twins(specs)
+    ops = [*ops, ("free", 1, 1), ("admit", 2, 40), ("free", 0, 1)]
+    table, counts = PagedPrefixPolicy(BUDGET, 4), SharedPrefixPolicy(BUDGET, 4)
+    _drive_twins(table, counts, twins, False, ops)
+    assert counts.chains is None
 
 
 def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None:
@@ -254,6 +325,11 @@ def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None
             if both(lambda pol, ss: pol.allocate(ss[i], ss[i].num_computed + n)):
                 for ss in twins:
                     ss[i].num_computed += n
+        elif op == "take" and i in live:  # a decoder's crossings in a stretch: the caller grows it
+            n = min(amount, table.free_blocks())
+            both(lambda pol, ss: pol.take(n))
+            for ss in twins:
+                ss[i].allocated += n * table.block_size
         elif op == "free" and i in live:
             if twins[0][i].num_computed == twins[0][i].num_tokens:  # the step ends: a token, or the end
                 for ss in twins:
@@ -275,6 +351,8 @@ def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None
                 pol.allocated_positions,
                 pol.shared_excess_positions,
                 [s.allocated for s in ss],
+                # copy-on-write: which blocks of the running sequences others hold too
+                [pol.writable(ss[j], pos) for j in sorted(live) for pos in range(0, ss[j].allocated, pol.block_size)],
             )
         )
 
