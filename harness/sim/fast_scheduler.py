@@ -139,10 +139,7 @@ class FastScheduler(Scheduler[FastSeq]):
             dec.materialize(seq)
             seq.dec_tick = dec.tick
             policy.allocate(seq, seq.num_computed + 1)
-            reach = seq.allocated if groups is None else groups.reach(seq)
-            nxt = reach - seq.num_computed + dec.tick + 1
-            if nxt <= seq.output_len - seq.num_output + dec.tick:
-                dec.crossing[nxt].append((seq, seq.epoch))
+            self._file_next_crossing(seq)
         scheduled: list[tuple[FastSeq, int]] = []
         for seq in dec.explicit:
             n = seq.num_tokens - seq.num_computed
@@ -166,6 +163,14 @@ class FastScheduler(Scheduler[FastSeq]):
             self._compute(scheduled, decoders, implicit, implicit, decoders),
         )
 
+    def _file_next_crossing(self, seq: FastSeq) -> None:
+        """File a decoder that just took its blocks at its next crossing (or act), if it decodes that far."""
+        dec = self.dec
+        reach = seq.allocated if self._groups is None else self._groups.reach(seq)
+        nxt = reach - seq.num_computed + dec.tick + 1
+        if nxt <= seq.output_len - seq.num_output + dec.tick:
+            dec.crossing[nxt].append((seq, seq.epoch))
+
     def _schedule_preempting(self, tick: int, crossers: list[FastSeq]) -> StepPlan[FastSeq]:
         """A step whose token budget covers every running request but whose new blocks do not
         fit: the reference's rule (``make_room``), applied only where it acts. Only the
@@ -188,13 +193,9 @@ class FastScheduler(Scheduler[FastSeq]):
             if not policy.allocate(seq, target) and not self.make_room(seq, target, preempted):
                 break
             allocated.append(seq)
-        groups = self._groups
         for seq in allocated:
             if seq.dec_tick >= 0:  # a crossing decoder: its next crossing from here
-                reach = seq.allocated if groups is None else groups.reach(seq)
-                nxt = reach - seq.num_computed + dec.tick + 1
-                if nxt <= seq.output_len - seq.num_output + dec.tick:
-                    dec.crossing[nxt].append((seq, seq.epoch))
+                self._file_next_crossing(seq)
         scheduled: list[tuple[FastSeq, int]] = []
         for seq in dec.explicit:
             if seq.status == RUNNING:
