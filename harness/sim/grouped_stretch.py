@@ -63,14 +63,16 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     budget = sched.config.max_num_batched_tokens
     price = clock.price
     act = policy.act
-    groups = len(policy.groups)
+    groups, num_blocks = len(policy.groups), policy.num_blocks
     take = clock.take if type(clock).take is not Clock.take else None  # a clock with memory
+    # One second a step (``Clock`` itself, the default): the price is a constant, the steps only count.
+    second = type(clock).price is Clock.price and take is None
     waiting, pending, crossing, finishing = sched.waiting, sched.pending, dec.crossing, dec.finishing
     next_arr = pending[0].arrival_s if pending else math.inf
     step0, measured0 = sched.step_index, policy.steps
     t = sched.now
     ts: list[float] = []
-    levels = Levels(len(policy.totals()))
+    levels = Levels(policy)
     events: dict[int, list[tuple[int, int]]] = {
         c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
     }
@@ -85,38 +87,44 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     while j < MAX_STEPS and t < next_arr:  # an arrival due: the driver releases it before the step
         T = dec.tick + 1
         if changed or dec.explicit or T in crossing:
-            general = bool(dec.explicit) or not 0 < dec.count <= budget
             policy.steps = measured0 + j
+            if changed or dec.explicit:
+                general = bool(dec.explicit) or not 0 < dec.count <= budget
+            else:  # only acts are due: the decoders and the budget are the last level's, not general
+                general = False
             if not general:
-                acting: list[FastSeq] = []
-                ends = crossing.get(T)
+                ends = crossing.pop(T, None)
                 if ends:
                     tick = dec.tick
-                    for s, epoch in ends:  # ``Decoders.live``, each ``Decoders.materialize``d
-                        if s.epoch == epoch and s.dec_tick >= 0:
-                            k = tick - s.dec_tick
-                            s.num_computed += k
-                            s.num_output += k
-                            s.dec_tick = tick
-                            acting.append(s)
-                # An act takes at most one block a group: within that bound the acts fit unasked;
-                # beyond it they may not fit (preemptions, event by event: the fast path's step).
-                if acting and len(acting) * groups > policy.free_blocks():
-                    general = policy.acts_need(acting)[0] > policy.free_blocks()
+                    # An act takes at most one block a group: within that bound the acts fit unasked
+                    # (stale events counted too); beyond it they may not fit (preemptions, event by
+                    # event: the fast path's step, which takes these events back).
+                    if len(ends) * groups > policy.free_blocks():
+                        acting = dec.live(ends)
+                        for s in acting:
+                            dec.materialize(s)
+                        general = policy.acts_need(acting)[0] > policy.free_blocks()
+                        if general:
+                            crossing[T] = ends
+                    if not general:
+                        # The acting decoders allocate (all of them fit, in any order) and file their next act.
+                        for s, epoch in ends:
+                            if s.epoch == epoch and s.dec_tick >= 0:  # ``Decoders.live``, ``materialize``d
+                                k = tick - s.dec_tick
+                                c = s.num_computed = s.num_computed + k
+                                out = s.num_output = s.num_output + k
+                                s.dec_tick = tick
+                                nxt = act(s) - c + T
+                                if nxt <= s.output_len - out + tick:
+                                    crossing[nxt].append((s, epoch))
                 if not general:
-                    # The acting decoders allocate (all of them fit, in any order) and file their next act.
-                    crossing.pop(T, None)
-                    tick = dec.tick
-                    for s in acting:
-                        nxt = act(s) - s.num_computed + tick + 1
-                        if nxt <= s.output_len - s.num_output + tick:
-                            crossing[nxt].append((s, s.epoch))
+                    free = policy.free_blocks()
                     if waiting:
                         if head_need is None:
                             head_need = _head_blocks(sched, dec, policy)
                         # An admission after the acts: the fast path's step takes the rest of this
                         # one, its crossers done (popped above).
-                        general = 0 <= head_need <= policy.free_blocks()
+                        general = 0 <= head_need <= free
             if general:
                 if not (sched.running or waiting):
                     break  # idle: the driver moves the clock on to the next arrival
@@ -148,15 +156,21 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 if not work.scheduled_tokens:
                     break  # a step without work: the driver's livelock guard sees the next
                 continue
-            n, base = dec.count, dec.dec_sum
-            levels.add(sched, policy, j, n)
-            changed = False
+            if changed:
+                n, base = dec.count, dec.dec_sum
+                levels.add(sched, policy, j, n)
+                changed = False
+            else:
+                levels.act(j, num_blocks - free)
         # The step: every decoder computes one token.
         dec.tick = T
-        ctx = base + T * n
         ts.append(t)
-        dt = price(n, ctx, ctx, n)
-        t = t + (dt + take(n, n) if take is not None else dt)
+        if second:
+            t = t + 1.0
+        else:
+            ctx = base + T * n
+            dt = price(n, ctx, ctx, n)
+            t = t + (dt + take(n, n) if take is not None else dt)
         computed += n
         ends = finishing.pop(T, None)
         if ends:  # the decoders that sampled their last token, freed in running order
@@ -176,14 +190,22 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
         j += 1
         if not changed:  # the steps before the next act or finish: only decoders run, and count
             T += 1
-            while j < MAX_STEPS and t < next_arr and T not in crossing and T not in finishing:
-                ctx = base + T * n
-                ts.append(t)
-                dt = price(n, ctx, ctx, n)
-                t = t + (dt + take(n, n) if take is not None else dt)
-                computed += n
-                j += 1
-                T += 1
+            j0 = j
+            if second:
+                while j < MAX_STEPS and t < next_arr and T not in crossing and T not in finishing:
+                    ts.append(t)
+                    t = t + 1.0
+                    j += 1
+                    T += 1
+            else:
+                while j < MAX_STEPS and t < next_arr and T not in crossing and T not in finishing:
+                    ctx = base + T * n
+                    ts.append(t)
+                    dt = price(n, ctx, ctx, n)
+                    t = t + (dt + take(n, n) if take is not None else dt)
+                    j += 1
+                    T += 1
+            computed += n * (j - j0)
             dec.tick = T - 1
     sched.used_positions += computed
     policy.steps = measured0 + j
@@ -197,35 +219,47 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
 
 
 class Levels:
-    """The stretch's levels as one flat list of ints, a level's fields side by side (``WIDTH``
-    of them, then ``CountingGroupedPolicy.totals``): from its first step on, until the next
-    level, the step's scheduled tokens, running, waiting, blocks allocated and external
-    fragmentation, and the group totals. Flat, because a stretch adds a level at every act and
-    a flat list becomes one array in C."""
+    """The stretch's levels, one row each (``matrix``): from its first step on, until the next
+    level, the blocks allocated, the group totals (``CountingGroupedPolicy.totals``), then the
+    step's scheduled tokens, running, waiting and external fragmentation. A stretch adds a level
+    at every act, where only the blocks and the totals move: those are kept as one flat list of
+    ints (one array in C), the scheduler's four fields only where a level is ``add``ed, and
+    each act's level takes them from the last one added."""
 
-    WIDTH = 6  # the fields before the totals
+    SCALARS = 4  # the fields after the totals
 
-    __slots__ = ("flat", "width")
+    __slots__ = ("flat", "width", "totals", "marks")
 
-    def __init__(self, totals: int) -> None:
-        self.flat: list[int] = []
-        self.width = self.WIDTH + totals
+    def __init__(self, policy: CountingGroupedPolicy) -> None:
+        self.flat: list[int] = []  # per level: its first step, the blocks, the totals
+        self.totals = policy.sums  # live: a level copies them as they stand
+        self.width = 2 + len(self.totals)
+        self.marks: list[int] = []  # per level added: its index, then its four scheduler fields
 
     def add(self, sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, scheduled: int) -> None:
         """A level from ``step`` on, as the state stands after scheduling."""
         waiting = sched.waiting
-        flat = self.flat
-        flat += (
-            step,
+        head = waiting[0] if waiting else None
+        self.marks += (
+            len(self.flat) // self.width,
             scheduled,
             len(sched.running),
             len(waiting),
+            policy.external_frag(head),
         )
-        flat += policy.level(waiting[0] if waiting else None)
+        self.flat += (step, policy.num_blocks - policy.free_blocks(), *self.totals)
+
+    def act(self, step: int, blocks: int) -> None:
+        """A level from ``step`` on where only acts moved the blocks (``blocks`` allocated now)
+        and the totals."""
+        self.flat += (step, blocks, *self.totals)
 
     def matrix(self) -> np.ndarray:
-        """One row a level."""
-        return np.frombuffer(array("q", self.flat), dtype=np.int64).reshape(-1, self.width)
+        """One row a level: its first step, the blocks, the totals, the scheduler's four fields."""
+        rows = np.frombuffer(array("q", self.flat), dtype=np.int64).reshape(-1, self.width)
+        marks = np.array(self.marks, dtype=np.int64).reshape(-1, 1 + self.SCALARS)
+        last_added = np.searchsorted(marks[:, 0], np.arange(len(rows)), side="right") - 1
+        return np.hstack((rows, marks[last_added, 1:]))
 
 
 def _record(
@@ -241,13 +275,13 @@ def _record(
     records them step by step (``SimEngine.step``, ``Scheduler.measure_values``)."""
     k = len(ts) - 1
     g = len(policy.groups)
-    # One row per level (``Levels``): its first step, five scalars, then the totals (per twin set
-    # the line's constant and slope and the real blocks, last the internal bytes); per step.
+    # One row per level (``Levels``): its first step, the blocks, the totals (per twin set the
+    # line's constant and slope and the real blocks, last the internal bytes), four scalars.
     matrix = levels.matrix()
-    repeats = np.diff(matrix[:, 0], append=k)
-    per_step = np.repeat(matrix[:, : Levels.WIDTH], repeats, axis=0)
-    per_total = np.repeat(matrix[:, Levels.WIDTH :], repeats, axis=0)
-    sched_tokens, running, waiting, blocks = per_step[:, 1], per_step[:, 2], per_step[:, 3], per_step[:, 4]
+    per_level = np.repeat(matrix, np.diff(matrix[:, 0], append=k), axis=0)
+    blocks = per_level[:, 1]
+    per_total = per_level[:, 2 : -Levels.SCALARS]
+    sched_tokens, running, waiting, external = per_level[:, -Levels.SCALARS :].T
     twin_of = np.array(policy.twin_of, dtype=np.intp) * 3  # each group's twin set's columns
     group_blocks = per_total[:, twin_of + 2]
     at = measured0 + 1 + np.arange(k, dtype=np.int64)  # each step's measure (``measure_use``'s count)
@@ -266,7 +300,7 @@ def _record(
         R.USED: used,
         R.RESERVED: alloc - used - internal,
         R.INTERNAL: internal,
-        R.EXTERNAL: per_step[:, 5],
+        R.EXTERNAL: external,
         R.FREE: policy.budget_positions - alloc,
     }
     recorder.add_step_rows(R.step_rows(step0, np.frombuffer(array("d", ts)), k, columns, events))

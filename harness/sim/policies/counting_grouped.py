@@ -145,20 +145,24 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         for k, w in enumerate(self.twins):
             for i in w.members:
                 self.twin_of[i] = k
-        self._totals = [0] * (3 * len(self.twins) + 1)
-        self._slots = range(len(self._totals))
+        # ``totals()`` as a live list, updated in place (never replaced): a stretch's levels copy it.
+        self.sums = [0] * (3 * len(self.twins) + 1)
+        self._slots = range(len(self.sums))
         # … and what ``act`` reads of it where no used-bytes line bends: its line, its first slot
-        # in the totals, its first member, the others, how many, and of its line the block size,
-        # how it skips, its window, what a held block and a token past the sequence's end waste.
+        # in the totals, its slot in ``_due``, its first member, the others, how many, and of its
+        # line the block size, how it skips, its window, what a held block and a token past the
+        # sequence's end waste.
         self._acts = [
-            (w.line, 3 * k, w.first, w.members[1:], len(w.members), *_block_terms(w.line))
+            (w.line, 3 * k, k + 1, w.first, w.members[1:], len(w.members), *_block_terms(w.line))
             for k, w in enumerate(self.twins)
         ]
         self._lines: dict[int, list[int]] = {}  # per request (index): its share of the totals
         self._reach: dict[int, int] = {}  # per request: the last position before its next act
         # Per request: the first position at which one of its used-bytes lines bends (a window
-        # fills, a chunk ends), as drawn; 0 where its lines must be drawn again at the next act.
-        self._bends: dict[int, int] = {}
+        # fills, a chunk ends), as drawn, 0 where its lines must be drawn again at the next act;
+        # then per twin set the first position at which its table acts (``_block_act``): short of
+        # it, ``allocate`` leaves that table as it is.
+        self._due: dict[int, list[int]] = {}
         self._bytes_per_block = use.layout.bytes_per_block
         self._unit = use.unit
         self._external = self.budget_positions - use.usable_positions
@@ -213,12 +217,19 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         computed = c if c < limit else limit
         free = self._free
         tables = seq.group_tables
+        due = self._due[index]
         line = None
         held = waste = 0
-        act = self._bends[index]
-        for p, k, first, rest, m, bs, skips, window, overhead, token_bytes in self._acts:
+        act = bend = due[0]
+        for p, k, d, first, rest, m, bs, skips, window, overhead, token_bytes in self._acts:
             t = tables[first]
             t0, t1 = t
+            nxt = due[d]
+            if tokens < nxt:  # this table does not act yet
+                held += (t0 - t1) * m
+                if nxt < act:
+                    act = nxt
+                continue
             # ``_skipped_blocks`` and ``_block_act``, the window's inlined: a skip ≤ 0 frees nothing.
             if skips == _KEEP:
                 skip = 0
@@ -251,7 +262,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
                 h = t0 - t1
                 line[k + 2] = h
                 if h != h0:
-                    self._totals[k + 2] += h - h0
+                    self.sums[k + 2] += h - h0
                     if overhead:
                         waste += (h - h0) * overhead * m
             else:
@@ -264,18 +275,19 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
                     nxt = nxt_skip
             elif skips != _KEEP:
                 nxt = _block_act(bs, skips, window, t0, t1)
+            due[d] = nxt
             if nxt < act:
                 act = nxt
         assert free >= 0, "a decoder acted on blocks that were not free"
         self._free = free
         if waste:
             assert line is not None
-            self._totals[-1] += waste
+            self.sums[-1] += waste
             line[-1] += waste
         seq.allocated = allocated = held * self._bytes_per_block // self._unit  # ``KVUse.positions``
         if allocated > seq.peak_allocated:
             seq.peak_allocated = allocated
-        if tokens + 1 >= self._bends[index]:  # at a bend, or one short of it (a window full)
+        if tokens + 1 >= bend:  # at a bend, or one short of it (a window full)
             return self._line(seq, tokens)
         past = tokens + 1 + limit  # past any act
         if past < act:
@@ -292,7 +304,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
     def _unline(self, index: int) -> None:
         line = self._lines.pop(index, None)
         if line is not None:
-            totals = self._totals
+            totals = self.sums
             for i in self._slots:
                 totals[i] -= line[i]
 
@@ -308,6 +320,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         act = tokens + 1 + self.max_model_len  # past any act
         bend = _NEVER  # the first bend of a used-bytes line
         line: list[int] = []
+        due = [0]
         internal = 0
         for first, m, bs, skips, window, overhead, token_bytes, linear, state, sliding, chunked in self._draw:
             t0, t1 = tables[first]
@@ -336,11 +349,12 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
                 waste += over * token_bytes
             internal += waste * m
             nxt = _block_act(bs, skips, window, t0, t1)
+            due.append(nxt)
             if nxt < act:
                 act = nxt
             line += (used - slope * at, slope, t0 - t1)
         line.append(internal)
-        totals = self._totals
+        totals = self.sums
         old = self._lines.get(index)
         if old is None:
             for i in self._slots:
@@ -349,7 +363,8 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
             for i in self._slots:
                 totals[i] += line[i] - old[i]
         self._lines[index] = line
-        self._bends[index] = bend if tokens > 0 else 0  # no tokens, no line: drawn at the next act
+        due[0] = bend if tokens > 0 else 0  # no tokens, no line: drawn at the next act
+        self._due[index] = due
         if bend < act:
             act = bend
         self._reach[index] = reach = (act if act > tokens + 1 else tokens + 1) - 1
@@ -365,17 +380,12 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
         """The running totals (class docstring): per twin set the used-bytes line's constant
         and slope (the bytes used at step ``at``: ``const + slope × at``) and the real blocks
         held, one member's; last the internal fragmentation in bytes."""
-        return tuple(self._totals)
-
-    def level(self, head_of_line: Seq | None) -> tuple[int, ...]:
-        """What a stretch's level reads of the policy, in one call: the blocks allocated, the
-        external fragmentation (``head_of_line`` waiting), then ``totals``."""
-        return (self.num_blocks - self._free, 0 if head_of_line is None else self._external, *self._totals)
+        return tuple(self.sums)
 
     # -- what the scheduler reads ---------------------------------------------------------
     def measure_use(self) -> tuple[int, int]:
         self.steps = at = self.steps + 1
-        tot = self._totals
+        tot = self.sums
         per = [(tot[k + 2], tot[k] + tot[k + 1] * at) for k in range(0, len(tot) - 1, 3)]
         self.last_groups = groups = [per[k] for k in self.twin_of]
         unit = self._unit
@@ -437,5 +447,5 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
     def free(self, seq: Seq) -> None:
         self._unline(seq.index)
         self._reach.pop(seq.index, None)
-        self._bends.pop(seq.index, None)
+        self._due.pop(seq.index, None)
         super().free(seq)
