@@ -459,15 +459,18 @@ output_min = 200
 output_max = 600
 num_requests = {n}
 arrival = "batch"
-seed = 3
+seed = 3{workload}
 [scheduler]
 max_num_seqs = 64
 max_num_batched_tokens = 256
 [grid]
 runner = ["sim"]
-policy = ["paged"]
+policy = ["{policy}"]
 block_size = [16]
 """
+# Prefix caching over the groups (tests/runners/test_agreement_hybrid_prefix.py's workload: two
+# samples a request, four shared 192-token prefixes), for every case but state layers (refused).
+HYBRID_PREFIX = "\nn = 2\nprefix_groups = 4\nprefix_len = 192"
 
 
 def _config(name: str) -> str:
@@ -484,12 +487,31 @@ HYBRID_CASES: dict[str, tuple[str, str]] = {
 }
 
 
+def hybrid_rows() -> list[tuple[str, str, str, str]]:
+    """Part h's cases: (label, [model] lines, KV budget, policy), ``paged`` then ``paged-prefix``."""
+    rows = [(label, model, budget, "paged") for label, (model, budget) in HYBRID_CASES.items()]
+    rows += [
+        (f"{label}, paged-prefix", model, budget, "paged-prefix")
+        for label, (model, budget) in HYBRID_CASES.items()
+        if not label.startswith("state")
+    ]
+    return rows
+
+
+def hybrid_suite(model: str, budget: str, n: int, policy: str) -> str:
+    return HYBRID_SUITE.format(
+        model=model, budget=budget, n=n, policy=policy, workload=HYBRID_PREFIX if policy == "paged-prefix" else ""
+    )
+
+
 def part_h(args: argparse.Namespace) -> None:
     print("\n(h) KV cache groups: sim (fast path) vs vllm-sched, the hybrid agreement cases")
-    print(f"  {'case':<34}{'requests':>9}{'steps':>8}{'preempt':>8}{'sim s':>9}{'vllm s':>9}{'ratio':>9}")
-    for label, (model, budget) in HYBRID_CASES.items():
+    print(f"  {'case':<48}{'requests':>9}{'steps':>8}{'preempt':>8}{'sim s':>9}{'vllm s':>9}{'ratio':>9}")
+    for label, model, budget, policy in hybrid_rows():
+        if args.rows and not any(part in label for part in args.rows.split(",")):
+            continue
         for n in (30, 300):
-            text = HYBRID_SUITE.format(model=model, budget=budget, n=n)
+            text = hybrid_suite(model, budget, n, policy)
             cells = build_cells(
                 parse_suite(text, "bench.toml"), Path(tempfile.mkdtemp(prefix="bench-h-")), lambda m: None
             )
@@ -506,7 +528,7 @@ def part_h(args: argparse.Namespace) -> None:
             f, o = statistics.median(sim_s), statistics.median(vllm_s)
             first = rows[0]
             print(
-                f"  {label:<34}{n:>9,}{first['steps']:>8,}{first['preemptions']:>8,}{f:>9.3f}{o:>9.3f}{o / f:>8.1f}x",
+                f"  {label:<48}{n:>9,}{first['steps']:>8,}{first['preemptions']:>8,}{f:>9.3f}{o:>9.3f}{o / f:>8.1f}x",
                 flush=True,
             )
     print("  (goal: >= 50x vllm-sched; wall_s is the step loop, vLLM's start-up excluded on both sides)")
@@ -529,7 +551,7 @@ def main() -> None:
     ap.add_argument(
         "--rows",
         default="",
-        help="part w: only the rows whose workload, policy, arena or unit contain one of these (a,b)",
+        help="parts w and h: only the rows whose workload, policy, arena, unit or case contain one of these (a,b)",
     )
     args = ap.parse_args()
     if not args.parts or set(args.parts) - set("abcpwh"):
