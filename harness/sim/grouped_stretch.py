@@ -83,6 +83,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     head_need: int | None = None
     n = base = computed = 0  # decoders, their Σ (computed − dec_tick), tokens computed in the stretch
     changed = True  # the state moved since the last level
+    free = policy.free_blocks()  # read again after whatever moves it: acts, a general step, a finish
     j = 0
     while j < MAX_STEPS and t < next_arr:  # an arrival due: the driver releases it before the step
         T = dec.tick + 1
@@ -99,11 +100,11 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                     # An act takes at most one block a group: within that bound the acts fit unasked
                     # (stale events counted too); beyond it they may not fit (preemptions, event by
                     # event: the fast path's step, which takes these events back).
-                    if len(ends) * groups > policy.free_blocks():
+                    if len(ends) * groups > free:
                         acting = dec.live(ends)
                         for s in acting:
                             dec.materialize(s)
-                        general = policy.acts_need(acting)[0] > policy.free_blocks()
+                        general = policy.acts_need(acting)[0] > free
                         if general:
                             crossing[T] = ends
                     if not general:
@@ -152,6 +153,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 next_arr = pending[0].arrival_s if pending else math.inf
                 changed = True
                 head_need = None
+                free = policy.free_blocks()
                 j += 1
                 if not work.scheduled_tokens:
                     break  # a step without work: the driver's livelock guard sees the next
@@ -186,6 +188,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 finished.append((j, len(done)))
                 changed = True
                 head_need = None
+                free = policy.free_blocks()
                 next_arr = pending[0].arrival_s if pending else math.inf  # a next turn, released
         j += 1
         if not changed:  # the steps before the next act or finish: only decoders run, and count
