@@ -12,7 +12,8 @@ time (the run row's ``wall_s``; ``run()``'s end-to-end time, tables written, is 
 RSS (``--families`` adds a hash-id trace and conversations, ``FAMILIES``). (p) under memory
 pressure, every policy. (w) the workloads users run, every contiguous policy, arena and unit
 (``--rows`` picks rows by a word). (h) KV cache groups: the hybrid agreement cases of
-``tests/runners/test_agreement_hybrid.py`` at 30 and 300 requests, against vllm-sched. (c) peak
+``tests/runners/test_agreement_hybrid.py`` (``paged``) and ``test_agreement_hybrid_prefix.py``
+(``paged-prefix``) at 30 and 300 requests, against vllm-sched (``--rows`` too). (c) peak
 RSS of runs whose step count grows 10× and 100× at the same request count.
 
 docs/performance.md ("``bench_sim_speed.py``") gives each part's settings and the numbers.
