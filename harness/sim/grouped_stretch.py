@@ -73,6 +73,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     t = sched.now
     ts: list[float] = []
     levels = Levels(policy)
+    act_levels, sums = levels.flat, policy.sums  # an act's level: appended here (``Levels``)
     events: dict[int, list[tuple[int, int]]] = {
         c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
     }
@@ -87,14 +88,15 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     j = 0
     while j < MAX_STEPS and t < next_arr:  # an arrival due: the driver releases it before the step
         T = dec.tick + 1
-        if changed or dec.explicit or T in crossing:
+        if changed or dec.explicit:
+            general = bool(dec.explicit) or not 0 < dec.count <= budget
+            ends = None if general else crossing.pop(T, None)
+        else:  # only acts can be due: the decoders and the budget are the last level's, not general
+            general = False
+            ends = crossing.pop(T, None)
+        if changed or ends is not None or general:
             policy.steps = measured0 + j
-            if changed or dec.explicit:
-                general = bool(dec.explicit) or not 0 < dec.count <= budget
-            else:  # only acts are due: the decoders and the budget are the last level's, not general
-                general = False
             if not general:
-                ends = crossing.pop(T, None)
                 if ends:
                     tick = dec.tick
                     # An act takes at most one block a group: within that bound the acts fit unasked
@@ -163,7 +165,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 levels.add(sched, policy, j, n)
                 changed = False
             else:
-                levels.act(j, num_blocks - free)
+                act_levels += (j, num_blocks - free, *sums)
         # The step: every decoder computes one token.
         dec.tick = T
         ts.append(t)
@@ -227,7 +229,8 @@ class Levels:
     step's scheduled tokens, running, waiting and external fragmentation. A stretch adds a level
     at every act, where only the blocks and the totals move: those are kept as one flat list of
     ints (one array in C), the scheduler's four fields only where a level is ``add``ed, and
-    each act's level takes them from the last one added."""
+    each act's level takes them from the last one added. The stretch appends an act's level to
+    ``flat`` itself (its step, the blocks, the totals): one a step where a decoder acts."""
 
     SCALARS = 4  # the fields after the totals
 
@@ -251,11 +254,6 @@ class Levels:
             policy.external_frag(head),
         )
         self.flat += (step, policy.num_blocks - policy.free_blocks(), *self.totals)
-
-    def act(self, step: int, blocks: int) -> None:
-        """A level from ``step`` on where only acts moved the blocks (``blocks`` allocated now)
-        and the totals."""
-        self.flat += (step, blocks, *self.totals)
 
     def matrix(self) -> np.ndarray:
         """One row a level: its first step, the blocks, the totals, the scheduler's four fields."""
