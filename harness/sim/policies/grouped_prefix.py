@@ -29,12 +29,13 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from ...spec.kv_layout import cdiv
-from ...spec.kv_shared_use import NULL_BLOCK, RequestTables, measure_shared
+from ...spec.kv_shared_use import NULL_BLOCK
 from ...spec.kv_use import KVUse
 from ...spec.layer_kinds import FULL, MLA, SLIDING
 from ..sequence import Seq
 from .grouped import GroupedPagedPolicy
 from .paged import ReuseLedger
+from .shared_totals import SharedTotals
 
 FULL_SPECS = (FULL, MLA)  # vLLM's FullAttentionSpec and its subclass MLAAttentionSpec: FullAttentionManager
 
@@ -68,16 +69,16 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.num_cached: dict[int, list[int]] = {}  # per group, blocks already offered to the cache
         self.boundary: dict[int, int] = {}  # shared_prefix_boundary of the last lookup
         self.hits: dict[int, tuple[list[list[int]], int]] = {}  # the last lookup's blocks and length
+        self.totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
+        self.held_of: dict[int, int] = {}  # by sequence index: its real blocks over the groups
 
     # -- what the scheduler reads ------------------------------------------------------------
     def cached_free_blocks(self) -> int:
         return len(self.lru)
 
     def measure_use(self) -> tuple[int, int]:
-        requests: list[RequestTables] = [
-            (seq.num_computed, seq.final_len, self.tables[i]) for i, seq in self.live.items()
-        ]
-        used, internal, self.last_groups = measure_shared(self.use, requests)
+        """``measure_shared`` over the live tables, from the running totals (``SharedTotals``)."""
+        used, internal, self.last_groups = self.totals.measure(self.live)
         unit = self.use.unit
         return used // unit, internal // unit
 
@@ -105,9 +106,11 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self._free -= n
         return out
 
-    def _release(self, blocks: list[int]) -> None:
-        """``free_blocks``: one reference less each; a block no table holds goes to the front of the
-        free queue (uncached, in the given order) or to its back (cached)."""
+    def _release(self, idx: int, blocks: list[int]) -> None:
+        """``free_blocks`` of sequence ``idx``'s ``blocks``: one reference less each; a block no
+        table holds goes to the front of the free queue (uncached, in the given order) or to its
+        back (cached)."""
+        self.totals.drop(idx, blocks)
         first = []
         for b in blocks:
             if b == NULL_BLOCK:
@@ -124,10 +127,12 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 first.append(b)
         self.front.extendleft(reversed(first))
 
-    def _touch(self, blocks: list[int]) -> None:
-        for b in blocks:
+    def _touch(self, idx: int, gid: int, blocks: list[int], start: int) -> None:
+        """Sequence ``idx`` takes the hit ``blocks`` from ``start`` of group ``gid``'s table."""
+        for pos, b in enumerate(blocks, start):
             if b == NULL_BLOCK:
                 continue
+            self.totals.hold(idx, gid, b, pos)
             if self.ref[b] == 0:
                 del self.lru[b]
                 self.ledger.reused(b)
@@ -239,7 +244,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 freed.append(table[i])
                 table[i] = NULL_BLOCK
             if freed:
-                self._release(freed)
+                self._release(seq.index, freed)
+                self.held_of[seq.index] -= len(freed)
 
     def _skippable(self, seq: Seq) -> int:
         tables = self.tables.get(seq.index)
@@ -280,28 +286,45 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         slot = min(num_tokens, self.max_model_len)
         if self._needs(seq, slot, computed, hits, False) > self._free:
             return False
+        grown = tables is None
         if tables is None:
-            tables = []
-            total = min(computed, self.max_model_len)
-            for g, h in zip(self.groups, hits):
-                skipped = g.skipped_tokens(total) // self.bs
-                kept = h[skipped:]
-                self._touch(kept)
-                tables.append([NULL_BLOCK] * skipped + kept)
-            self.tables[idx] = tables
-            self.num_cached[idx] = [len(t) for t in tables]
-            self.live[idx] = seq
-            self.hits.pop(idx, None)
-        for t in tables:
-            new = cdiv(slot, self.bs) - len(t)
+            tables = self._open(seq, hits, min(computed, self.max_model_len))
+        want = cdiv(slot, self.bs)
+        for gid, t in enumerate(tables):
+            new = want - len(t)
             if new > 0:
-                t.extend(self._pop(new))
+                blocks = self._pop(new)
+                self.totals.hold_new(idx, gid, blocks, len(t))
+                t.extend(blocks)
+                self.held_of[idx] += new
+                grown = True
+        if grown:
+            self.totals.table_lengths(idx, [len(t) for t in tables], seq.final_len)
         self._cache(seq, min(num_tokens, seq.num_tokens))
-        held = sum(1 for t in tables for b in t if b != NULL_BLOCK)
-        seq.allocated = self.use.positions(held)
+        seq.allocated = self.use.positions(self.held_of[idx])
         if seq.allocated > seq.peak_allocated:
             seq.peak_allocated = seq.allocated
         return True
+
+    def _open(self, seq: Seq, hits: list[list[int]], computed: int) -> list[list[int]]:
+        """A new request's tables: per group its hit blocks past what its layers skip at
+        ``computed`` tokens, the null block before them."""
+        idx = seq.index
+        self.totals.add(idx, seq.num_computed)
+        tables = []
+        held = 0
+        for gid, (g, h) in enumerate(zip(self.groups, hits)):
+            skipped = g.skipped_tokens(computed) // self.bs
+            kept = h[skipped:]
+            self._touch(idx, gid, kept, skipped)
+            held += sum(1 for b in kept if b != NULL_BLOCK)
+            tables.append([NULL_BLOCK] * skipped + kept)
+        self.tables[idx] = tables
+        self.num_cached[idx] = [len(t) for t in tables]
+        self.held_of[idx] = held
+        self.live[idx] = seq
+        self.hits.pop(idx, None)
+        return tables
 
     def _cache(self, seq: Seq, num_tokens: int) -> None:
         """``cache_blocks``: each group's new full blocks keyed; a sliding group's only where a
@@ -344,9 +367,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         tables = self.tables.pop(seq.index, None)
         if tables is not None:
             for t in tables:
-                self._release(t[::-1])
-            del self.num_cached[seq.index]
-            del self.live[seq.index]
+                self._release(seq.index, t[::-1])
+            self.totals.remove(seq.index)
+            del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
         self.hits.pop(seq.index, None)
         seq.allocated = 0
         seq.pending_hits = []
