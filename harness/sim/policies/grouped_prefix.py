@@ -71,6 +71,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.hits: dict[int, tuple[list[list[int]], int]] = {}  # the last lookup's blocks and length
         self.totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
         self.held_of: dict[int, int] = {}  # by sequence index: its real blocks over the groups
+        self.block_bytes = use.layout.bytes_per_block
+        # The groups whose layers stop reading old tokens (full attention and MLA read them all).
+        self.skipping = [(gid, g) for gid, g in enumerate(self.groups) if g.kind not in FULL_SPECS]
 
     # -- what the scheduler reads ------------------------------------------------------------
     def cached_free_blocks(self) -> int:
@@ -216,11 +219,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         return hit
 
     # -- allocation --------------------------------------------------------------------------
-    def _needs(self, seq: Seq, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
-        """``get_num_blocks_to_allocate`` summed over groups."""
-        tables = self.tables.get(seq.index)
-        if tables is not None:
-            return sum(max(cdiv(num_tokens, self.bs) - len(t), 0) for t in tables)
+    def _new_need(self, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
+        """``get_num_blocks_to_allocate`` summed over groups, for a request without tables yet."""
         total = 0
         for g, h in zip(self.groups, hits):
             required = cdiv(num_tokens, self.bs)
@@ -231,11 +231,21 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             total += sum(1 for b in h[skipped:] if b != NULL_BLOCK and self.ref[b] == 0)
         return total
 
-    def _skip(self, seq: Seq) -> None:
+    def _grow_need(self, tables: list[list[int]], num_tokens: int) -> int:
+        """``get_num_blocks_to_allocate`` summed over a request's tables."""
+        want = -(-num_tokens // self.bs)
+        total = 0
+        for t in tables:
+            if want > len(t):
+                total += want - len(t)
+        return total
+
+    def _skip(self, seq: Seq, tables: list[list[int]]) -> None:
         """``remove_skipped_blocks``: per group, the blocks of tokens no layer reads any more freed
         from the last one back to the first null, the null block put in their place."""
         computed = min(seq.num_computed, self.max_model_len)
-        for g, table in zip(self.groups, self.tables[seq.index]):
+        for gid, g in self.skipping:
+            table = tables[gid]
             skipped = min(g.skipped_tokens(computed) // self.bs, len(table))
             freed = []
             for i in range(skipped - 1, -1, -1):
@@ -247,13 +257,11 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 self._release(seq.index, freed)
                 self.held_of[seq.index] -= len(freed)
 
-    def _skippable(self, seq: Seq) -> int:
-        tables = self.tables.get(seq.index)
-        if tables is None:
-            return 0
+    def _skippable(self, seq: Seq, tables: list[list[int]]) -> int:
         computed = min(seq.num_computed, self.max_model_len)
         n = 0
-        for g, table in zip(self.groups, tables):
+        for gid, g in self.skipping:
+            table = tables[gid]
             for i in range(min(g.skipped_tokens(computed) // self.bs, len(table)) - 1, -1, -1):
                 if table[i] == NULL_BLOCK:
                     break
@@ -261,35 +269,53 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         return n
 
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        tables = self.tables.get(seq.index)
+        if tables is not None:
+            return self._grow_need(tables, num_tokens) <= self._free + self._skippable(seq, tables)
         hits, hit = self.hits.get(seq.index, ([[] for _ in self.groups], 0))
-        if seq.index in self.tables:
-            hits, hit = [[] for _ in self.groups], 0
         computed = min(seq.num_computed + hit, self.max_model_len)
-        if must_fit and seq.index not in self.tables and self._needs(seq, must_fit, computed, hits, True) > self._free:
+        if must_fit and self._new_need(must_fit, computed, hits, True) > self._free:
             return False
-        return self._needs(seq, num_tokens, computed, hits, False) <= self._free + self._skippable(seq)
+        return self._new_need(num_tokens, computed, hits, False) <= self._free
 
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         """``allocate_slots``: the admission gate (with the hit), the skipped blocks freed, the new
         blocks if they fit (the hit touched first), then the full blocks offered to the cache."""
-        idx = seq.index
-        tables = self.tables.get(idx)
-        hits, hit = ([[] for _ in self.groups], 0) if tables is not None else self.hits.get(idx, ([], 0))
-        if tables is None and not hits:
+        tables = self.tables.get(seq.index)
+        if tables is None:
+            return self._admit(seq, num_tokens, must_fit)
+        self._skip(seq, tables)
+        slot = min(num_tokens, self.max_model_len)
+        need = self._grow_need(tables, slot)
+        if need > self._free:
+            return False
+        if need:
+            self._extend(seq, tables, slot)
+        self._cache(seq, min(num_tokens, seq.num_tokens))
+        self._held(seq)
+        return True
+
+    def _admit(self, seq: Seq, num_tokens: int, must_fit: int) -> bool:
+        """``allocate`` for a request without tables: the gate with its hit, then its tables."""
+        hits, hit = self.hits.get(seq.index, ([], 0))
+        if not hits:
             hits = [[] for _ in self.groups]
         computed = seq.num_computed + hit
-        if must_fit and tables is None:
-            if self._needs(seq, must_fit, min(computed, self.max_model_len), hits, True) > self._free:
-                return False
-        if tables is not None:
-            self._skip(seq)
-        slot = min(num_tokens, self.max_model_len)
-        if self._needs(seq, slot, computed, hits, False) > self._free:
+        if must_fit and self._new_need(must_fit, min(computed, self.max_model_len), hits, True) > self._free:
             return False
-        grown = tables is None
-        if tables is None:
-            tables = self._open(seq, hits, min(computed, self.max_model_len))
-        want = cdiv(slot, self.bs)
+        slot = min(num_tokens, self.max_model_len)
+        if self._new_need(slot, computed, hits, False) > self._free:
+            return False
+        tables = self._open(seq, hits, min(computed, self.max_model_len))
+        self._extend(seq, tables, slot)
+        self._cache(seq, min(num_tokens, seq.num_tokens))
+        self._held(seq)
+        return True
+
+    def _extend(self, seq: Seq, tables: list[list[int]], slot: int) -> None:
+        """Each table grown to cover ``slot`` tokens with blocks from the free queue."""
+        idx = seq.index
+        want = -(-slot // self.bs)
         for gid, t in enumerate(tables):
             new = want - len(t)
             if new > 0:
@@ -297,14 +323,13 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 self.totals.hold_new(idx, gid, blocks, len(t))
                 t.extend(blocks)
                 self.held_of[idx] += new
-                grown = True
-        if grown:
-            self.totals.table_lengths(idx, [len(t) for t in tables], seq.final_len)
-        self._cache(seq, min(num_tokens, seq.num_tokens))
-        seq.allocated = self.use.positions(self.held_of[idx])
+        self.totals.table_lengths(idx, [len(t) for t in tables], seq.final_len)
+
+    def _held(self, seq: Seq) -> None:
+        """``seq.allocated`` (and its peak) from the real blocks it holds."""
+        seq.allocated = self.held_of[seq.index] * self.block_bytes // self.use.unit
         if seq.allocated > seq.peak_allocated:
             seq.peak_allocated = seq.allocated
-        return True
 
     def _open(self, seq: Seq, hits: list[list[int]], computed: int) -> list[list[int]]:
         """A new request's tables: per group its hit blocks past what its layers skip at
@@ -332,6 +357,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         idx = seq.index
         full = num_tokens // self.bs
         done = self.num_cached[idx]
+        if min(done) >= full:
+            return
         keys = seq.block_keys
         boundaries = [seq.prompt_len - 1]
         if self.boundary.get(idx):
@@ -360,7 +387,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         tables = self.tables.get(seq.index)
         if tables is None:
             return len(self.groups) * cdiv(num_tokens, self.bs)
-        return sum(max(cdiv(num_tokens, self.bs) - len(t), 0) for t in tables)
+        return self._grow_need(tables, num_tokens)
 
     def free(self, seq: Seq) -> None:
         """Each group's table released last block first, group by group (``coordinator.free``)."""
