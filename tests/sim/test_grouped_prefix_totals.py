@@ -5,7 +5,9 @@ The policy keeps the step measures of prefix caching over KV cache groups as run
 call). Both must give the same (used, internal) and the same per-group (blocks, used bytes) after
 every step: under seeded random operations (shared prefixes, parallel samples, chunks, stalls,
 preemptions and re-admissions, a pool small enough to evict) on every layout the policy takes,
-and on the hybrid prefix-caching agreement workloads run by the reference scheduler.
+and on the hybrid prefix-caching agreement workloads run by the reference scheduler. The
+random operations also check that a lookup the policy remembers for a waiting request is what
+a fresh lookup finds.
 """
 
 from __future__ import annotations
@@ -55,12 +57,15 @@ def _step(policy: GroupedPrefixPolicy, seq: Seq, n: int) -> bool:
 
 
 def _admit(policy: GroupedPrefixPolicy, seq: Seq, rng: np.random.Generator) -> bool:
-    """The scheduler's admission: the lookup, then a chunk from the hit with vLLM's gate."""
-    hit = policy.prefix_hit(seq)
+    """The scheduler's admission: the lookup (a remembered one is a fresh one's answer), then a
+    chunk from the hit with vLLM's gate. A request that does not fit stays waiting, or leaves."""
     seq.num_computed = 0
+    hit = policy.prefix_hit(seq)
+    assert policy.lookups[seq.index][2:] == policy._lookup(seq)[2:]
     target = hit + min(seq.num_tokens - hit, int(rng.integers(1, 257)))
     if not policy.allocate(seq, target, must_fit=min(seq.num_tokens, MAX_LEN)):
-        policy.free(seq)
+        if rng.random() < 0.3:
+            policy.free(seq)
         return False
     seq.num_computed = target
     return True
@@ -93,15 +98,19 @@ def test_running_totals_are_the_plain_walk_under_random_operations(tmp_path: Pat
                     if not _step(policy, seq, int(rng.integers(2, 60)) if u < 0.2 else 1):
                         policy.free(seq)
                         live.remove(seq)
-                for _ in range(int(rng.integers(0, 3))):
-                    seq = waiting.pop(0) if waiting and rng.random() < 0.5 else _seq(step * 4 + _, rng, families)
-                    if rng.random() < 0.3 and live:  # a parallel sample: a running request's prompt
-                        twin = live[int(rng.integers(0, len(live)))]
-                        seq.prompt_len = min(twin.prompt_len, seq.final_len - 1)
-                        seq.block_keys = list(twin.block_keys)
-                    seq.num_output = 0
+                for k in range(int(rng.integers(0, 3))):
+                    if waiting and rng.random() < 0.7:
+                        seq = waiting.pop(0)  # the head of the queue, looked up again
+                    else:
+                        seq = _seq(step * 4 + k, rng, families)
+                        if rng.random() < 0.3 and live:  # a parallel sample: a running request's prompt
+                            twin = live[int(rng.integers(0, len(live)))]
+                            seq.prompt_len = min(twin.prompt_len, seq.final_len - 1)
+                            seq.block_keys = list(twin.block_keys)
                     if _admit(policy, seq, rng):
                         live.append(seq)
+                    else:
+                        waiting.insert(0, seq)
                 assert (policy.measure_use(), policy.last_groups) == _plain(policy), (case, fill, step)
             for seq in live:
                 policy.free(seq)

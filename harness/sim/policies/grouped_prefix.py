@@ -37,6 +37,9 @@ from .grouped import GroupedPagedPolicy
 from .paged import ReuseLedger
 from .shared_totals import SharedTotals
 
+# ``_lookup``'s answer: tokens looked up, the keys read, per group its hit blocks, hit, boundary.
+Lookup = tuple[int, set[int], list[list[int]], int, int]
+
 FULL_SPECS = (FULL, MLA)  # vLLM's FullAttentionSpec and its subclass MLAAttentionSpec: FullAttentionManager
 
 
@@ -69,11 +72,14 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.num_cached: dict[int, list[int]] = {}  # per group, blocks already offered to the cache
         self.boundary: dict[int, int] = {}  # shared_prefix_boundary of the last lookup
         self.hits: dict[int, tuple[list[list[int]], int]] = {}  # the last lookup's blocks and length
+        self.lookups: dict[int, Lookup] = {}  # by sequence index: its last ``_lookup`` while it waits
         self.totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
         self.held_of: dict[int, int] = {}  # by sequence index: its real blocks over the groups
         self.block_bytes = use.layout.bytes_per_block
         # The groups whose layers stop reading old tokens (full attention and MLA read them all).
         self.skipping = [(gid, g) for gid, g in enumerate(self.groups) if g.kind not in FULL_SPECS]
+        assert all(g.kind == SLIDING for _, g in self.skipping), "RunSpec refuses other layouts"
+        self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip`` acts
 
     # -- what the scheduler reads ------------------------------------------------------------
     def cached_free_blocks(self) -> int:
@@ -102,6 +108,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 holders.remove(b)
                 if not holders:
                     del self.cache[key]
+                self._key_changed(key[0])
                 self.ledger.freed_at.pop(b, None)
                 self.evictions += 1
             self.ref[b] = 1
@@ -180,10 +187,29 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         return [f[:run] for f in found]
 
     def prefix_hit(self, seq: Seq) -> int:
-        """``find_longest_cache_hit`` over the groups (module docstring); remembered for ``allocate``."""
+        """``find_longest_cache_hit`` over the groups (module docstring); remembered for ``allocate``.
+        A request that waits is looked up again each step: the last answer stands while no key
+        it reads gained or lost its first cached block (``_key_changed``)."""
         seq.pending_hits = []
         if seq.num_computed:
             return 0
+        last = self.lookups.get(seq.index)
+        if last is None or last[0] != seq.num_tokens:
+            last = self._lookup(seq)
+            self.lookups[seq.index] = last
+        _, _, out, hit, boundary = last
+        self.hits[seq.index] = (out, hit)
+        self.boundary[seq.index] = boundary
+        return hit
+
+    def _key_changed(self, key: int) -> None:
+        """The first cached block of ``key`` (in some group) changed: lookups that read it are stale."""
+        if self.lookups:
+            for idx in [i for i, last in self.lookups.items() if key in last[1]]:
+                del self.lookups[idx]
+
+    def _lookup(self, seq: Seq) -> Lookup:
+        """``prefix_hit``'s answer: (tokens, keys read, per group its hit blocks, hit, boundary)."""
         keys = seq.block_keys
         hit = seq.num_tokens - 1
         longest = 0
@@ -214,9 +240,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         for group, found_blocks in zip(self.groups, blocks):
             b = found_blocks if found_blocks is not None else []
             out.append(b[:n] if group.kind in FULL_SPECS else b)
-        self.hits[seq.index] = (out, hit)
-        self.boundary[seq.index] = longest if longest > hit else 0
-        return hit
+        read = set(keys[: (seq.num_tokens - 1) // self.bs])
+        return seq.num_tokens, read, out, hit, longest if longest > hit else 0
 
     # -- allocation --------------------------------------------------------------------------
     def _new_need(self, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
@@ -242,11 +267,22 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
 
     def _skip(self, seq: Seq, tables: list[list[int]]) -> None:
         """``remove_skipped_blocks``: per group, the blocks of tokens no layer reads any more freed
-        from the last one back to the first null, the null block put in their place."""
+        from the last one back to the first null, the null block put in their place. Nothing
+        moves until a window leaves one more block (``skip_from``): everything before the last
+        call's skipped blocks is null already, and tables only grow."""
         computed = min(seq.num_computed, self.max_model_len)
+        if computed < self.skip_from.get(seq.index, 0):
+            return
+        bs = self.bs
+        again = self.max_model_len + 1
         for gid, g in self.skipping:
             table = tables[gid]
-            skipped = min(g.skipped_tokens(computed) // self.bs, len(table))
+            skipped = g.skipped_tokens(computed) // bs
+            if skipped > len(table):
+                skipped = len(table)
+                again = 0  # the table grows under its skipped tokens: look again next call
+            else:
+                again = min(again, (skipped + 1) * bs + g.window - 1)  # a sliding group's next block out
             freed = []
             for i in range(skipped - 1, -1, -1):
                 if table[i] == NULL_BLOCK:
@@ -256,6 +292,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             if freed:
                 self._release(seq.index, freed)
                 self.held_of[seq.index] -= len(freed)
+        self.skip_from[seq.index] = again
 
     def _skippable(self, seq: Seq, tables: list[list[int]]) -> int:
         computed = min(seq.num_computed, self.max_model_len)
@@ -349,6 +386,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.held_of[idx] = held
         self.live[idx] = seq
         self.hits.pop(idx, None)
+        self.lookups.pop(idx, None)
         return tables
 
     def _cache(self, seq: Seq, num_tokens: int) -> None:
@@ -380,7 +418,12 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                     continue
                 key = (keys[i], gid)
                 self.block_hash[b] = key
-                self.cache.setdefault(key, []).append(b)
+                holders = self.cache.get(key)
+                if holders:
+                    holders.append(b)
+                else:
+                    self.cache[key] = [b]
+                    self._key_changed(keys[i])
             done[gid] = full
 
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
@@ -396,7 +439,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             for t in tables:
                 self._release(seq.index, t[::-1])
             self.totals.remove(seq.index)
+            self.skip_from.pop(seq.index, None)
             del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
         self.hits.pop(seq.index, None)
+        self.lookups.pop(seq.index, None)
         seq.allocated = 0
         seq.pending_hits = []

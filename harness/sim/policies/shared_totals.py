@@ -162,7 +162,10 @@ class SharedTotals:
                 seen[idx] = c
                 self.sum_computed += c - old
                 for k, cap in enumerate(self.caps):
-                    self.sum_capped[k] += min(c, cap) - min(old, cap)
+                    if old < cap:
+                        self.sum_capped[k] += (c if c < cap else cap) - old
+                    elif c < cap:
+                        self.sum_capped[k] += c - cap
                 dirty.update(self.shared_of[idx] if c < old else self.moving[idx])
         if dirty:
             for block in dirty:
