@@ -13,7 +13,9 @@ keeps the same numbers up to date as its tables change instead (``SharedTotals``
 - a shared block's surplus (its holders' reads less the largest): recomputed only when its
   holders change or a holder whose reads of it still move computes more. A holder whose
   computed tokens pass the block's end (full layers: all of it read) and, for sliding layers,
-  the end plus ``window − 1`` (none read) reads a constant amount of it from then on.
+  the end plus ``window − 1`` (none read) reads a constant amount of it from then on; between
+  the block's end and its start plus ``window − 1`` every layer reads all of it, so a holder
+  there wakes the block only when a window starts to leave it (``_wake``).
 
 ``tests/sim/test_grouped_prefix_totals.py`` pins it to ``measure_shared`` step by step.
 """
@@ -37,20 +39,21 @@ class SharedTotals:
         caps = sorted({w - 1 for g in use.groups for kind, w, _ in g.reads if kind == SLIDING})
         self.caps = caps  # distinct sliding spans (window − 1)
         self.rates: list[tuple[int, list[int]]] = []  # per group: bytes per computed token, per capped token
-        self.tail: list[int] = []  # per group: blocks of reads after a block's end (``settle``)
+        # Per group: its sliding layers' shortest and longest span (window − 1; 0: none).
+        self.spans: list[tuple[int, int]] = []
         for g in use.groups:
             per_cap = [0] * len(caps)
             full = 0
-            tail = 0
+            spans = [0]
             for kind, w, nbytes in g.reads:
                 if kind == SLIDING:
                     per_cap[caps.index(w - 1)] += nbytes
-                    tail = max(tail, w - 1)
+                    spans.append(w - 1)
                 else:
                     assert kind in (FULL, MLA), "RunSpec refuses other layers with prefix caching"
                     full += nbytes
             self.rates.append((full, per_cap))
-            self.tail.append(tail)
+            self.spans.append((min(spans[1:], default=0), max(spans)))
         self.held = [0] * len(use.groups)  # distinct real blocks per group
         self.surplus = [0] * len(use.groups)  # shared blocks' surplus bytes per group
         self.over_bytes = 0  # bytes beyond the requests' final lengths
@@ -62,7 +65,9 @@ class SharedTotals:
         self.group_of: dict[int, int] = {}  # held block -> its group
         self.extra: dict[int, int] = {}  # shared block -> its surplus in ``surplus``
         self.shared_of: dict[int, set[int]] = {}  # request -> shared blocks it holds
-        self.moving: dict[int, set[int]] = {}  # request -> shared blocks whose reads it still moves
+        # request -> shared blocks whose reads it may still move, each with the computed tokens
+        # from which it may (0: any step)
+        self.moving: dict[int, dict[int, int]] = {}
         self.dirty: set[int] = set()  # shared blocks whose holders changed
 
     # -- requests --------------------------------------------------------------------------
@@ -71,7 +76,7 @@ class SharedTotals:
         self.seen[idx] = computed
         self.over[idx] = 0
         self.shared_of[idx] = set()
-        self.moving[idx] = set()
+        self.moving[idx] = {}
         self._count(computed, 1)
 
     def remove(self, idx: int) -> None:
@@ -139,11 +144,11 @@ class SharedTotals:
     def _unshare(self, idx: int, block: int, holders: dict[int, int]) -> None:
         """``block`` lost holder ``idx`` and keeps others: its surplus is stale, or gone with one left."""
         self.shared_of[idx].discard(block)
-        self.moving[idx].discard(block)
+        self.moving[idx].pop(block, None)
         if len(holders) == 1:
             (last,) = holders
             self.shared_of[last].discard(block)
-            self.moving[last].discard(block)
+            self.moving[last].pop(block, None)
             self.surplus[self.group_of[block]] -= self.extra.pop(block)
             self.dirty.discard(block)
         else:
@@ -166,7 +171,12 @@ class SharedTotals:
                         self.sum_capped[k] += (c if c < cap else cap) - old
                     elif c < cap:
                         self.sum_capped[k] += c - cap
-                dirty.update(self.shared_of[idx] if c < old else self.moving[idx])
+                if c < old:
+                    dirty.update(self.shared_of[idx])
+                    continue
+                for block, wake in self.moving[idx].items():
+                    if c >= wake:
+                        dirty.add(block)
         if dirty:
             for block in dirty:
                 self._resurplus(block)
@@ -193,10 +203,24 @@ class SharedTotals:
             c = self.seen[idx]
             start = pos * bs
             reads.append(sum(read_tokens(k, w, c, start, start + bs) * nb for k, w, nb in g.reads))
-            if c < start + bs + self.tail[gid]:
-                self.moving[idx].add(block)
+            wake = self._wake(gid, c, start)
+            if wake < 0:
+                self.moving[idx].pop(block, None)
             else:
-                self.moving[idx].discard(block)
+                self.moving[idx][block] = wake
         extra = sum(reads) - max(reads)
         self.surplus[gid] += extra - self.extra[block]
         self.extra[block] = extra
+
+    def _wake(self, gid: int, c: int, start: int) -> int:
+        """From how many computed tokens a holder at ``c`` may read the block at ``start``
+        differently: 0 while its reads move with every token (before the block's end, or a
+        window leaving it), the first token a window leaves it while every layer reads all of
+        it, −1 once its reads are constant (all read, or none)."""
+        end = start + self.bs
+        short, long = self.spans[gid]
+        if c < end:
+            return 0
+        if c <= start + short:
+            return start + short + 1
+        return 0 if c < end + long else -1
