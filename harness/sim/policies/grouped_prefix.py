@@ -80,6 +80,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.skipping = [(gid, g) for gid, g in enumerate(self.groups) if g.kind not in FULL_SPECS]
         assert all(g.kind == SLIDING for _, g in self.skipping), "RunSpec refuses other layouts"
         self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip`` acts
+        self.covered: dict[int, int] = {}  # by sequence index: the tokens every one of its tables covers
 
     # -- what the scheduler reads ------------------------------------------------------------
     def cached_free_blocks(self) -> int:
@@ -246,14 +247,18 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
     # -- allocation --------------------------------------------------------------------------
     def _new_need(self, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
         """``get_num_blocks_to_allocate`` summed over groups, for a request without tables yet."""
+        blocks = -(-num_tokens // self.bs)
+        ref = self.ref
         total = 0
         for g, h in zip(self.groups, hits):
-            required = cdiv(num_tokens, self.bs)
-            if cap and g.admission_blocks is not None:
-                required = min(required, g.admission_blocks)
-            skipped = g.skipped_tokens(computed) // self.bs
+            required = blocks
+            if cap and g.admission_blocks is not None and g.admission_blocks < blocks:
+                required = g.admission_blocks
+            skipped = g.skipped_tokens(computed) // self.bs if g.kind == SLIDING else 0
             total += max(required - max(skipped, len(h)), 0)
-            total += sum(1 for b in h[skipped:] if b != NULL_BLOCK and self.ref[b] == 0)
+            for b in h[skipped:]:
+                if b != NULL_BLOCK and ref[b] == 0:
+                    total += 1  # a cached block the hit takes back from the free queue
         return total
 
     def _grow_need(self, tables: list[list[int]], num_tokens: int) -> int:
@@ -268,11 +273,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
     def _skip(self, seq: Seq, tables: list[list[int]]) -> None:
         """``remove_skipped_blocks``: per group, the blocks of tokens no layer reads any more freed
         from the last one back to the first null, the null block put in their place. Nothing
-        moves until a window leaves one more block (``skip_from``): everything before the last
-        call's skipped blocks is null already, and tables only grow."""
+        moves until a window leaves one more block (``skip_from``, which ``allocate`` checks):
+        everything before the last call's skipped blocks is null already, and tables only grow."""
         computed = min(seq.num_computed, self.max_model_len)
-        if computed < self.skip_from.get(seq.index, 0):
-            return
         bs = self.bs
         again = self.max_model_len + 1
         for gid, g in self.skipping:
@@ -318,17 +321,19 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         """``allocate_slots``: the admission gate (with the hit), the skipped blocks freed, the new
         blocks if they fit (the hit touched first), then the full blocks offered to the cache."""
-        tables = self.tables.get(seq.index)
+        idx = seq.index
+        tables = self.tables.get(idx)
         if tables is None:
             return self._admit(seq, num_tokens, must_fit)
-        self._skip(seq, tables)
+        if min(seq.num_computed, self.max_model_len) >= self.skip_from.get(idx, 0):
+            self._skip(seq, tables)
         slot = min(num_tokens, self.max_model_len)
-        need = self._grow_need(tables, slot)
-        if need > self._free:
-            return False
-        if need:
+        if slot > self.covered[idx]:  # else no table grows
+            if self._grow_need(tables, slot) > self._free:
+                return False
             self._extend(seq, tables, slot)
-        self._cache(seq, min(num_tokens, seq.num_tokens))
+        if min(num_tokens, seq.num_tokens) // self.bs > min(self.num_cached[idx]):  # else nothing new is full
+            self._cache(seq, min(num_tokens, seq.num_tokens))
         self._held(seq)
         return True
 
@@ -360,7 +365,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 self.totals.hold_new(idx, gid, blocks, len(t))
                 t.extend(blocks)
                 self.held_of[idx] += new
-        self.totals.table_lengths(idx, [len(t) for t in tables], seq.final_len)
+        lengths = [len(t) for t in tables]
+        self.covered[idx] = min(lengths) * self.bs
+        self.totals.table_lengths(idx, lengths, seq.final_len)
 
     def _held(self, seq: Seq) -> None:
         """``seq.allocated`` (and its peak) from the real blocks it holds."""
@@ -440,6 +447,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 self._release(seq.index, t[::-1])
             self.totals.remove(seq.index)
             self.skip_from.pop(seq.index, None)
+            del self.covered[seq.index]
             del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
         self.hits.pop(seq.index, None)
         self.lookups.pop(seq.index, None)
