@@ -379,7 +379,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         """A new request's tables: per group its hit blocks past what its layers skip at
         ``computed`` tokens, the null block before them."""
         idx = seq.index
-        self.totals.add(idx, seq.num_computed)
+        self.totals.add(idx)
         tables = []
         held = 0
         for gid, (g, h) in enumerate(zip(self.groups, hits)):

@@ -9,7 +9,8 @@ keeps the same numbers up to date as its tables change instead (``SharedTotals``
 - bytes beyond a request's final length: a request's share changes only when a table grows;
 - every request's read bytes (``GroupUse.used_bytes``): full and MLA layers read every computed
   token, sliding layers ``min(computed, window − 1)``, so per group a rate times the sum of the
-  computed tokens plus rates times the sums of ``min(computed, window − 1)``, kept per request;
+  computed tokens plus rates times the sums of ``min(computed, window − 1)``: sums taken each
+  step in one pass over the live requests, nothing kept per request;
 - a shared block's surplus (its holders' reads less the largest): recomputed only when its
   holders change or a holder whose reads of it still move computes more. A holder whose
   computed tokens pass the block's end (full layers: all of it read) and, for sliding layers,
@@ -23,11 +24,15 @@ keeps the same numbers up to date as its tables change instead (``SharedTotals``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import repeat
+from operator import attrgetter
 
 from ...spec.kv_shared_use import NULL_BLOCK, read_tokens
 from ...spec.kv_use import KVUse
 from ...spec.layer_kinds import FULL, MLA, SLIDING
 from ..sequence import Seq
+
+_COMPUTED = attrgetter("num_computed")
 
 
 class SharedTotals:
@@ -58,37 +63,22 @@ class SharedTotals:
         self.surplus = [0] * len(use.groups)  # shared blocks' surplus bytes per group
         self.over_bytes = 0  # bytes beyond the requests' final lengths
         self.over: dict[int, int] = {}  # … per request
-        self.sum_computed = 0
-        self.sum_capped = [0] * len(caps)
-        self.seen: dict[int, int] = {}  # request -> its computed tokens in the sums
         self.at: dict[int, dict[int, int]] = {}  # block -> {holder: position}
         self.group_of: dict[int, int] = {}  # held block -> its group
         self.extra: dict[int, int] = {}  # shared block -> its surplus in ``surplus``
-        self.shared_of: dict[int, set[int]] = {}  # request -> shared blocks it holds
-        # request -> shared blocks whose reads it may still move, each with the computed tokens
-        # from which it may (0: any step)
+        # request -> the shared blocks whose reads it may still move, each with the computed
+        # tokens from which it may (requests with none left out)
         self.moving: dict[int, dict[int, int]] = {}
         self.dirty: set[int] = set()  # shared blocks whose holders changed
 
     # -- requests --------------------------------------------------------------------------
-    def add(self, idx: int, computed: int) -> None:
-        """A request's tables start (empty); ``computed`` tokens enter the sums."""
-        self.seen[idx] = computed
+    def add(self, idx: int) -> None:
+        """A request's tables start (empty)."""
         self.over[idx] = 0
-        self.shared_of[idx] = set()
-        self.moving[idx] = {}
-        self._count(computed, 1)
 
     def remove(self, idx: int) -> None:
         """A request's tables gone (every block dropped first)."""
-        self._count(self.seen.pop(idx), -1)
         self.over_bytes -= self.over.pop(idx)
-        del self.shared_of[idx], self.moving[idx]
-
-    def _count(self, computed: int, sign: int) -> None:
-        self.sum_computed += sign * computed
-        for k, cap in enumerate(self.caps):
-            self.sum_capped[k] += sign * min(computed, cap)
 
     def table_lengths(self, idx: int, lengths: list[int], final_len: int) -> None:
         """A request's table lengths now: its bytes beyond ``final_len``."""
@@ -121,10 +111,6 @@ class SharedTotals:
         holders[idx] = pos
         if len(holders) == 2:
             self.extra[block] = 0
-            for h in holders:
-                self.shared_of[h].add(block)
-        else:
-            self.shared_of[idx].add(block)
         self.dirty.add(block)
 
     def drop(self, idx: int, blocks: list[int]) -> None:
@@ -143,12 +129,10 @@ class SharedTotals:
 
     def _unshare(self, idx: int, block: int, holders: dict[int, int]) -> None:
         """``block`` lost holder ``idx`` and keeps others: its surplus is stale, or gone with one left."""
-        self.shared_of[idx].discard(block)
-        self.moving[idx].pop(block, None)
+        self._settle(idx, block)
         if len(holders) == 1:
             (last,) = holders
-            self.shared_of[last].discard(block)
-            self.moving[last].pop(block, None)
+            self._settle(last, block)
             self.surplus[self.group_of[block]] -= self.extra.pop(block)
             self.dirty.discard(block)
         else:
@@ -157,70 +141,69 @@ class SharedTotals:
     # -- the measure -------------------------------------------------------------------------
     def measure(self, live: Mapping[int, Seq]) -> tuple[int, int, list[tuple[int, int]]]:
         """``measure_shared``'s (used bytes, internal bytes, per group (blocks, used bytes)) over
-        the ``live`` requests (by index, each added here) at their computed tokens now."""
+        the ``live`` requests (by index, each added here) at their computed tokens now. A
+        request's computed tokens only grow while it holds tables (a preemption frees them)."""
+        computed = list(map(_COMPUTED, live.values()))
+        sum_computed = sum(computed)
+        sum_capped = [sum(map(min, computed, repeat(cap))) for cap in self.caps]
         dirty = self.dirty
-        seen = self.seen
-        for idx, seq in live.items():
-            c = seq.num_computed
-            old = seen[idx]
-            if c != old:
-                seen[idx] = c
-                self.sum_computed += c - old
-                for k, cap in enumerate(self.caps):
-                    if old < cap:
-                        self.sum_capped[k] += (c if c < cap else cap) - old
-                    elif c < cap:
-                        self.sum_capped[k] += c - cap
-                if c < old:
-                    dirty.update(self.shared_of[idx])
-                    continue
-                for block, wake in self.moving[idx].items():
-                    if c >= wake:
-                        dirty.add(block)
+        for idx, blocks in self.moving.items():
+            c = live[idx].num_computed
+            for block, wake in blocks.items():
+                if c >= wake:
+                    dirty.add(block)
         if dirty:
             for block in dirty:
-                self._resurplus(block)
+                self._resurplus(block, live)
             dirty.clear()
         used = 0
         internal = self.over_bytes
         groups = []
         for g, (full, per_cap), held, surplus in zip(self.groups, self.rates, self.held, self.surplus):
-            u = full * self.sum_computed - surplus
-            for rate, s in zip(per_cap, self.sum_capped):
+            u = full * sum_computed - surplus
+            for rate, s in zip(per_cap, sum_capped):
                 u += rate * s
             used += u
             internal += held * g.block_overhead
             groups.append((held, u))
         return used, internal, groups
 
-    def _resurplus(self, block: int) -> None:
+    def _resurplus(self, block: int, live: Mapping[int, Seq]) -> None:
         """A shared block's surplus from its holders' reads now; which holders still move it."""
         gid = self.group_of[block]
         g = self.groups[gid]
         bs = self.bs
         reads = []
         for idx, pos in self.at[block].items():
-            c = self.seen[idx]
+            c = live[idx].num_computed
             start = pos * bs
             reads.append(sum(read_tokens(k, w, c, start, start + bs) * nb for k, w, nb in g.reads))
             wake = self._wake(gid, c, start)
             if wake < 0:
-                self.moving[idx].pop(block, None)
+                self._settle(idx, block)
             else:
-                self.moving[idx][block] = wake
+                self.moving.setdefault(idx, {})[block] = wake
         extra = sum(reads) - max(reads)
         self.surplus[gid] += extra - self.extra[block]
         self.extra[block] = extra
 
     def _wake(self, gid: int, c: int, start: int) -> int:
         """From how many computed tokens a holder at ``c`` may read the block at ``start``
-        differently: 0 while its reads move with every token (before the block's end, or a
-        window leaving it), the first token a window leaves it while every layer reads all of
-        it, −1 once its reads are constant (all read, or none)."""
+        differently: its next token while its reads move with every token (before the block's
+        end, or a window leaving it), the first token a window leaves it while every layer
+        reads all of it, −1 once its reads are constant (all read, or none)."""
         end = start + self.bs
         short, long = self.spans[gid]
         if c < end:
-            return 0
+            return c + 1
         if c <= start + short:
             return start + short + 1
-        return 0 if c < end + long else -1
+        return c + 1 if c < end + long else -1
+
+    def _settle(self, idx: int, block: int) -> None:
+        """Request ``idx`` no longer moves ``block``'s reads (or holds it)."""
+        blocks = self.moving.get(idx)
+        if blocks is not None:
+            blocks.pop(block, None)
+            if not blocks:
+                del self.moving[idx]
