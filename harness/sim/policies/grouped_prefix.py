@@ -81,6 +81,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         assert all(g.kind == SLIDING for _, g in self.skipping), "RunSpec refuses other layouts"
         self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip`` acts
         self.covered: dict[int, int] = {}  # by sequence index: the tokens every one of its tables covers
+        self.cache_from: dict[int, int] = {}  # by sequence index: tokens from which ``_cache`` has work
 
     # -- what the scheduler reads ------------------------------------------------------------
     def cached_free_blocks(self) -> int:
@@ -277,7 +278,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         everything before the last call's skipped blocks is null already, and tables only grow."""
         computed = min(seq.num_computed, self.max_model_len)
         bs = self.bs
-        again = self.max_model_len + 1
+        again = self.max_model_len + 1  # past every computed count ``_skip`` reads
         for gid, g in self.skipping:
             table = tables[gid]
             skipped = g.skipped_tokens(computed) // bs
@@ -325,16 +326,21 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         tables = self.tables.get(idx)
         if tables is None:
             return self._admit(seq, num_tokens, must_fit)
-        if min(seq.num_computed, self.max_model_len) >= self.skip_from.get(idx, 0):
+        # Each step is taken only where something can move (each is a no-op otherwise).
+        if seq.num_computed >= self.skip_from[idx]:
             self._skip(seq, tables)
         slot = min(num_tokens, self.max_model_len)
-        if slot > self.covered[idx]:  # else no table grows
+        if slot > self.covered[idx]:
             if self._grow_need(tables, slot) > self._free:
                 return False
             self._extend(seq, tables, slot)
-        if min(num_tokens, seq.num_tokens) // self.bs > min(self.num_cached[idx]):  # else nothing new is full
+        cache_from = self.cache_from[idx]
+        if num_tokens >= cache_from and seq.num_tokens >= cache_from:
             self._cache(seq, min(num_tokens, seq.num_tokens))
-        self._held(seq)
+        allocated = self.held_of[idx] * self.block_bytes // self.use.unit  # ``_held``
+        seq.allocated = allocated
+        if allocated > seq.peak_allocated:
+            seq.peak_allocated = allocated
         return True
 
     def _admit(self, seq: Seq, num_tokens: int, must_fit: int) -> bool:
@@ -390,6 +396,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             tables.append([NULL_BLOCK] * skipped + kept)
         self.tables[idx] = tables
         self.num_cached[idx] = [len(t) for t in tables]
+        self.cache_from[idx] = (min(self.num_cached[idx]) + 1) * self.bs
+        self.skip_from[idx] = 0
         self.held_of[idx] = held
         self.live[idx] = seq
         self.hits.pop(idx, None)
@@ -432,6 +440,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                     self.cache[key] = [b]
                     self._key_changed(keys[i])
             done[gid] = full
+        self.cache_from[idx] = (min(done) + 1) * self.bs
 
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         tables = self.tables.get(seq.index)
@@ -446,8 +455,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             for t in tables:
                 self._release(seq.index, t[::-1])
             self.totals.remove(seq.index)
-            self.skip_from.pop(seq.index, None)
-            del self.covered[seq.index]
+            del self.skip_from[seq.index], self.covered[seq.index], self.cache_from[seq.index]
             del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
         self.hits.pop(seq.index, None)
         self.lookups.pop(seq.index, None)
