@@ -31,7 +31,7 @@ NULL_BLOCK = 0  # vLLM's null block id: stands in for blocks a table no longer h
 RequestTables = tuple[int, int, Sequence[Sequence[int]]]
 
 
-def read_tokens(kind: str, window: int, computed: int, start: int, end: int) -> int:
+def _read_tokens(kind: str, window: int, computed: int, start: int, end: int) -> int:
     """Tokens of positions [start, end) a layer of ``kind`` reads at ``computed`` computed tokens."""
     if kind == SLIDING:
         start = max(start, computed - window + 1)
@@ -62,7 +62,7 @@ def measure_shared(use: KVUse, requests: Iterable[RequestTables]) -> tuple[int, 
                 continue
             reads = [
                 sum(
-                    read_tokens(kind, window, computed, j * bs, (j + 1) * bs) * nbytes
+                    _read_tokens(kind, window, computed, j * bs, (j + 1) * bs) * nbytes
                     for kind, window, nbytes in g.reads
                 )
                 for computed, j in held

@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from itertools import repeat
 from operator import attrgetter
 
-from ...spec.kv_shared_use import NULL_BLOCK, read_tokens
+from ...spec.kv_shared_use import NULL_BLOCK
 from ...spec.kv_use import KVUse
 from ...spec.layer_kinds import FULL, MLA, SLIDING
 from ..sequence import Seq
 
 _COMPUTED = attrgetter("num_computed")
+_ALL = 1 << 62  # a full or MLA layer's span: every computed token
 
 
 class SharedTotals:
@@ -46,6 +47,10 @@ class SharedTotals:
         self.rates: list[tuple[int, list[int]]] = []  # per group: bytes per computed token, per capped token
         # Per group: its sliding layers' shortest and longest span (window − 1; 0: none).
         self.spans: list[tuple[int, int]] = []
+        # Per group: (span, bytes per token) of its layers, for ``_reads``.
+        self.layers = [
+            [(w - 1 if kind == SLIDING else _ALL, nbytes) for kind, w, nbytes in g.reads] for g in use.groups
+        ]
         for g in use.groups:
             per_cap = [0] * len(caps)
             full = 0
@@ -171,13 +176,12 @@ class SharedTotals:
     def _resurplus(self, block: int, live: Mapping[int, Seq]) -> None:
         """A shared block's surplus from its holders' reads now; which holders still move it."""
         gid = self.group_of[block]
-        g = self.groups[gid]
         bs = self.bs
         reads = []
         for idx, pos in self.at[block].items():
             c = live[idx].num_computed
             start = pos * bs
-            reads.append(sum(read_tokens(k, w, c, start, start + bs) * nb for k, w, nb in g.reads))
+            reads.append(self._reads(gid, c, start))
             wake = self._wake(gid, c, start)
             if wake < 0:
                 self._settle(idx, block)
@@ -186,6 +190,21 @@ class SharedTotals:
         extra = sum(reads) - max(reads)
         self.surplus[gid] += extra - self.extra[block]
         self.extra[block] = extra
+
+    def _reads(self, gid: int, c: int, start: int) -> int:
+        """Bytes group ``gid``'s layers read of the block at ``start`` at ``c`` computed tokens
+        (``kv_shared_use._read_tokens`` per layer kind: a full layer every computed token, a
+        sliding one the last ``window − 1``)."""
+        end = start + self.bs
+        top = c if c < end else end
+        total = 0
+        for span, nbytes in self.layers[gid]:
+            low = c - span
+            if low < start:
+                low = start
+            if top > low:
+                total += (top - low) * nbytes
+        return total
 
     def _wake(self, gid: int, c: int, start: int) -> int:
         """From how many computed tokens a holder at ``c`` may read the block at ``start``
