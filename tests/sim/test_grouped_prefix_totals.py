@@ -58,12 +58,15 @@ def _step(policy: GroupedPrefixPolicy, seq: Seq, n: int) -> bool:
 
 def _admit(policy: GroupedPrefixPolicy, seq: Seq, rng: np.random.Generator) -> bool:
     """The scheduler's admission: the lookup (a remembered one is a fresh one's answer), then a
-    chunk from the hit with vLLM's gate. A request that does not fit stays waiting, or leaves."""
+    chunk from the hit with vLLM's gate (a remembered refusal is a fresh one's answer). A
+    request that does not fit stays waiting, or leaves."""
     seq.num_computed = 0
     hit = policy.prefix_hit(seq)
     assert policy.lookups[seq.index][2:] == policy._lookup(seq)[2:]
-    target = hit + min(seq.num_tokens - hit, int(rng.integers(1, 257)))
+    target = hit + min(seq.num_tokens - hit, 1 + seq.index % 256)  # the same chunk when asked again
     if not policy.allocate(seq, target, must_fit=min(seq.num_tokens, MAX_LEN)):
+        policy.refused.clear()
+        assert not policy.allocate(seq, target, must_fit=min(seq.num_tokens, MAX_LEN))
         if rng.random() < 0.3:
             policy.free(seq)
         return False

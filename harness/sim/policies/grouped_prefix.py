@@ -73,6 +73,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.boundary: dict[int, int] = {}  # shared_prefix_boundary of the last lookup
         self.hits: dict[int, tuple[list[list[int]], int]] = {}  # the last lookup's blocks and length
         self.lookups: dict[int, Lookup] = {}  # by sequence index: its last ``_lookup`` while it waits
+        self.frees = 0  # blocks returned to the free queue so far (``_admit``'s refusals)
+        # by sequence index: its last refusal's hit blocks and (frees, hit, computed, tokens, must fit)
+        self.refused: dict[int, tuple[list[list[int]], tuple[int, int, int, int, int]]] = {}
         self.totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
         self.held_of: dict[int, int] = {}  # by sequence index: its real blocks over the groups
         self.block_bytes = use.layout.bytes_per_block
@@ -132,6 +135,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             if r:
                 continue
             self._free += 1
+            self.frees += 1
             if b in self.block_hash:
                 self.lru[b] = None
                 self.ledger.freed(b)
@@ -344,15 +348,24 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         return True
 
     def _admit(self, seq: Seq, num_tokens: int, must_fit: int) -> bool:
-        """``allocate`` for a request without tables: the gate with its hit, then its tables."""
+        """``allocate`` for a request without tables: the gate with its hit, then its tables.
+        A refusal stands while the lookup and the asked stand and no block was freed: a block
+        taken from the free queue is one less free, and one less to take back if it is a hit
+        (an evicted hit makes a new lookup), so the blocks lacking never shrink."""
         hits, hit = self.hits.get(seq.index, ([], 0))
         if not hits:
             hits = [[] for _ in self.groups]
+        asked = (self.frees, hit, seq.num_computed, num_tokens, must_fit)
+        refused = self.refused.get(seq.index)
+        if refused is not None and refused[0] is hits and refused[1] == asked:
+            return False
         computed = seq.num_computed + hit
         if must_fit and self._new_need(must_fit, min(computed, self.max_model_len), hits, True) > self._free:
+            self.refused[seq.index] = (hits, asked)
             return False
         slot = min(num_tokens, self.max_model_len)
         if self._new_need(slot, computed, hits, False) > self._free:
+            self.refused[seq.index] = (hits, asked)
             return False
         tables = self._open(seq, hits, min(computed, self.max_model_len))
         self._extend(seq, tables, slot)
@@ -402,6 +415,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.live[idx] = seq
         self.hits.pop(idx, None)
         self.lookups.pop(idx, None)
+        self.refused.pop(idx, None)
         return tables
 
     def _cache(self, seq: Seq, num_tokens: int) -> None:
@@ -459,5 +473,6 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
         self.hits.pop(seq.index, None)
         self.lookups.pop(seq.index, None)
+        self.refused.pop(seq.index, None)
         seq.allocated = 0
         seq.pending_hits = []
