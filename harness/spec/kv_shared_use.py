@@ -14,7 +14,8 @@ shared block would count its bytes once per holder. ``measure_shared`` counts ea
 
 A shared block is a full block every holder has computed, so it never holds positions beyond a
 request's final length. State layers keep one private block per request and are not shared here.
-Both runners hand the same per-request block tables, so both rows come from this one function.
+The vLLM runners call it on their block tables; the simulator keeps the same three results as
+running totals (``harness.sim.policies.shared_totals``), pinned to this function step by step.
 """
 
 from __future__ import annotations

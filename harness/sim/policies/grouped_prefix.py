@@ -29,12 +29,16 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from ...spec.kv_layout import cdiv
-from ...spec.kv_shared_use import NULL_BLOCK, RequestTables, measure_shared
+from ...spec.kv_shared_use import NULL_BLOCK
 from ...spec.kv_use import KVUse
 from ...spec.layer_kinds import FULL, MLA, SLIDING
 from ..sequence import Seq
 from .grouped import GroupedPagedPolicy
 from .paged import ReuseLedger
+from .shared_totals import SharedTotals
+
+# ``_lookup``'s answer: tokens looked up, the keys read, per group its hit blocks, hit, boundary.
+Lookup = tuple[int, set[int], list[list[int]], int, int]
 
 FULL_SPECS = (FULL, MLA)  # vLLM's FullAttentionSpec and its subclass MLAAttentionSpec: FullAttentionManager
 
@@ -68,16 +72,27 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.num_cached: dict[int, list[int]] = {}  # per group, blocks already offered to the cache
         self.boundary: dict[int, int] = {}  # shared_prefix_boundary of the last lookup
         self.hits: dict[int, tuple[list[list[int]], int]] = {}  # the last lookup's blocks and length
+        self.lookups: dict[int, Lookup] = {}  # by sequence index: its last ``_lookup`` while it waits
+        self.frees = 0  # blocks returned to the free queue so far (``_admit``'s refusals)
+        # by sequence index: its last refusal's hit blocks and (frees, hit, computed, tokens, must fit)
+        self.refused: dict[int, tuple[list[list[int]], tuple[int, int, int, int, int]]] = {}
+        self.totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
+        self.held_of: dict[int, int] = {}  # by sequence index: its real blocks over the groups
+        self.block_bytes = use.layout.bytes_per_block
+        # The groups whose layers stop reading old tokens (full attention and MLA read them all).
+        self.skipping = [(gid, g) for gid, g in enumerate(self.groups) if g.kind not in FULL_SPECS]
+        assert all(g.kind == SLIDING for _, g in self.skipping), "RunSpec refuses other layouts"
+        self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip`` acts
+        self.covered: dict[int, int] = {}  # by sequence index: the tokens every one of its tables covers
+        self.cache_from: dict[int, int] = {}  # by sequence index: tokens from which ``_cache`` has work
 
     # -- what the scheduler reads ------------------------------------------------------------
     def cached_free_blocks(self) -> int:
         return len(self.lru)
 
     def measure_use(self) -> tuple[int, int]:
-        requests: list[RequestTables] = [
-            (seq.num_computed, seq.final_len, self.tables[i]) for i, seq in self.live.items()
-        ]
-        used, internal, self.last_groups = measure_shared(self.use, requests)
+        """``measure_shared`` over the live tables, from the running totals (``SharedTotals``)."""
+        used, internal, self.last_groups = self.totals.measure(self.live)
         unit = self.use.unit
         return used // unit, internal // unit
 
@@ -98,6 +113,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 holders.remove(b)
                 if not holders:
                     del self.cache[key]
+                self._key_changed(key[0])
                 self.ledger.freed_at.pop(b, None)
                 self.evictions += 1
             self.ref[b] = 1
@@ -105,9 +121,11 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self._free -= n
         return out
 
-    def _release(self, blocks: list[int]) -> None:
-        """``free_blocks``: one reference less each; a block no table holds goes to the front of the
-        free queue (uncached, in the given order) or to its back (cached)."""
+    def _release(self, idx: int, blocks: list[int]) -> None:
+        """``free_blocks`` of sequence ``idx``'s ``blocks``: one reference less each; a block no
+        table holds goes to the front of the free queue (uncached, in the given order) or to its
+        back (cached)."""
+        self.totals.drop(idx, blocks)
         first = []
         for b in blocks:
             if b == NULL_BLOCK:
@@ -117,6 +135,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             if r:
                 continue
             self._free += 1
+            self.frees += 1
             if b in self.block_hash:
                 self.lru[b] = None
                 self.ledger.freed(b)
@@ -124,10 +143,12 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 first.append(b)
         self.front.extendleft(reversed(first))
 
-    def _touch(self, blocks: list[int]) -> None:
-        for b in blocks:
+    def _touch(self, idx: int, gid: int, blocks: list[int], start: int) -> None:
+        """Sequence ``idx`` takes the hit ``blocks`` from ``start`` of group ``gid``'s table."""
+        for pos, b in enumerate(blocks, start):
             if b == NULL_BLOCK:
                 continue
+            self.totals.hold(idx, gid, b, pos)
             if self.ref[b] == 0:
                 del self.lru[b]
                 self.ledger.reused(b)
@@ -172,10 +193,29 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         return [f[:run] for f in found]
 
     def prefix_hit(self, seq: Seq) -> int:
-        """``find_longest_cache_hit`` over the groups (module docstring); remembered for ``allocate``."""
+        """``find_longest_cache_hit`` over the groups (module docstring); remembered for ``allocate``.
+        A request that waits is looked up again each step: the last answer stands while no key
+        it reads gained or lost its first cached block (``_key_changed``)."""
         seq.pending_hits = []
         if seq.num_computed:
             return 0
+        last = self.lookups.get(seq.index)
+        if last is None or last[0] != seq.num_tokens:
+            last = self._lookup(seq)
+            self.lookups[seq.index] = last
+        _, _, out, hit, boundary = last
+        self.hits[seq.index] = (out, hit)
+        self.boundary[seq.index] = boundary
+        return hit
+
+    def _key_changed(self, key: int) -> None:
+        """The first cached block of ``key`` (in some group) changed: lookups that read it are stale."""
+        if self.lookups:
+            for idx in [i for i, last in self.lookups.items() if key in last[1]]:
+                del self.lookups[idx]
+
+    def _lookup(self, seq: Seq) -> Lookup:
+        """``prefix_hit``'s answer: (tokens, keys read, per group its hit blocks, hit, boundary)."""
         keys = seq.block_keys
         hit = seq.num_tokens - 1
         longest = 0
@@ -206,32 +246,51 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         for group, found_blocks in zip(self.groups, blocks):
             b = found_blocks if found_blocks is not None else []
             out.append(b[:n] if group.kind in FULL_SPECS else b)
-        self.hits[seq.index] = (out, hit)
-        self.boundary[seq.index] = longest if longest > hit else 0
-        return hit
+        read = set(keys[: (seq.num_tokens - 1) // self.bs])
+        return seq.num_tokens, read, out, hit, longest if longest > hit else 0
 
     # -- allocation --------------------------------------------------------------------------
-    def _needs(self, seq: Seq, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
-        """``get_num_blocks_to_allocate`` summed over groups."""
-        tables = self.tables.get(seq.index)
-        if tables is not None:
-            return sum(max(cdiv(num_tokens, self.bs) - len(t), 0) for t in tables)
+    def _new_need(self, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
+        """``get_num_blocks_to_allocate`` summed over groups, for a request without tables yet."""
+        blocks = -(-num_tokens // self.bs)
+        ref = self.ref
         total = 0
         for g, h in zip(self.groups, hits):
-            required = cdiv(num_tokens, self.bs)
-            if cap and g.admission_blocks is not None:
-                required = min(required, g.admission_blocks)
-            skipped = g.skipped_tokens(computed) // self.bs
+            required = blocks
+            if cap and g.admission_blocks is not None and g.admission_blocks < blocks:
+                required = g.admission_blocks
+            skipped = g.skipped_tokens(computed) // self.bs if g.kind == SLIDING else 0
             total += max(required - max(skipped, len(h)), 0)
-            total += sum(1 for b in h[skipped:] if b != NULL_BLOCK and self.ref[b] == 0)
+            for b in h[skipped:]:
+                if b != NULL_BLOCK and ref[b] == 0:
+                    total += 1  # a cached block the hit takes back from the free queue
         return total
 
-    def _skip(self, seq: Seq) -> None:
+    def _grow_need(self, tables: list[list[int]], num_tokens: int) -> int:
+        """``get_num_blocks_to_allocate`` summed over a request's tables."""
+        want = -(-num_tokens // self.bs)
+        total = 0
+        for t in tables:
+            if want > len(t):
+                total += want - len(t)
+        return total
+
+    def _skip(self, seq: Seq, tables: list[list[int]]) -> None:
         """``remove_skipped_blocks``: per group, the blocks of tokens no layer reads any more freed
-        from the last one back to the first null, the null block put in their place."""
+        from the last one back to the first null, the null block put in their place. Nothing
+        moves until a window leaves one more block (``skip_from``, which ``allocate`` checks):
+        everything before the last call's skipped blocks is null already, and tables only grow."""
         computed = min(seq.num_computed, self.max_model_len)
-        for g, table in zip(self.groups, self.tables[seq.index]):
-            skipped = min(g.skipped_tokens(computed) // self.bs, len(table))
+        bs = self.bs
+        again = self.max_model_len + 1  # past every computed count ``_skip`` reads
+        for gid, g in self.skipping:
+            table = tables[gid]
+            skipped = g.skipped_tokens(computed) // bs
+            if skipped > len(table):
+                skipped = len(table)
+                again = 0  # the table grows under its skipped tokens: look again next call
+            else:
+                again = min(again, (skipped + 1) * bs + g.window - 1)  # a sliding group's next block out
             freed = []
             for i in range(skipped - 1, -1, -1):
                 if table[i] == NULL_BLOCK:
@@ -239,15 +298,15 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 freed.append(table[i])
                 table[i] = NULL_BLOCK
             if freed:
-                self._release(freed)
+                self._release(seq.index, freed)
+                self.held_of[seq.index] -= len(freed)
+        self.skip_from[seq.index] = again
 
-    def _skippable(self, seq: Seq) -> int:
-        tables = self.tables.get(seq.index)
-        if tables is None:
-            return 0
+    def _skippable(self, seq: Seq, tables: list[list[int]]) -> int:
         computed = min(seq.num_computed, self.max_model_len)
         n = 0
-        for g, table in zip(self.groups, tables):
+        for gid, g in self.skipping:
+            table = tables[gid]
             for i in range(min(g.skipped_tokens(computed) // self.bs, len(table)) - 1, -1, -1):
                 if table[i] == NULL_BLOCK:
                     break
@@ -255,53 +314,109 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         return n
 
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+        tables = self.tables.get(seq.index)
+        if tables is not None:
+            return self._grow_need(tables, num_tokens) <= self._free + self._skippable(seq, tables)
         hits, hit = self.hits.get(seq.index, ([[] for _ in self.groups], 0))
-        if seq.index in self.tables:
-            hits, hit = [[] for _ in self.groups], 0
         computed = min(seq.num_computed + hit, self.max_model_len)
-        if must_fit and seq.index not in self.tables and self._needs(seq, must_fit, computed, hits, True) > self._free:
+        if must_fit and self._new_need(must_fit, computed, hits, True) > self._free:
             return False
-        return self._needs(seq, num_tokens, computed, hits, False) <= self._free + self._skippable(seq)
+        return self._new_need(num_tokens, computed, hits, False) <= self._free
 
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         """``allocate_slots``: the admission gate (with the hit), the skipped blocks freed, the new
         blocks if they fit (the hit touched first), then the full blocks offered to the cache."""
         idx = seq.index
         tables = self.tables.get(idx)
-        hits, hit = ([[] for _ in self.groups], 0) if tables is not None else self.hits.get(idx, ([], 0))
-        if tables is None and not hits:
-            hits = [[] for _ in self.groups]
-        computed = seq.num_computed + hit
-        if must_fit and tables is None:
-            if self._needs(seq, must_fit, min(computed, self.max_model_len), hits, True) > self._free:
-                return False
-        if tables is not None:
-            self._skip(seq)
-        slot = min(num_tokens, self.max_model_len)
-        if self._needs(seq, slot, computed, hits, False) > self._free:
-            return False
         if tables is None:
-            tables = []
-            total = min(computed, self.max_model_len)
-            for g, h in zip(self.groups, hits):
-                skipped = g.skipped_tokens(total) // self.bs
-                kept = h[skipped:]
-                self._touch(kept)
-                tables.append([NULL_BLOCK] * skipped + kept)
-            self.tables[idx] = tables
-            self.num_cached[idx] = [len(t) for t in tables]
-            self.live[idx] = seq
-            self.hits.pop(idx, None)
-        for t in tables:
-            new = cdiv(slot, self.bs) - len(t)
-            if new > 0:
-                t.extend(self._pop(new))
+            return self._admit(seq, num_tokens, must_fit)
+        # Each step is taken only where something can move (each is a no-op otherwise).
+        if seq.num_computed >= self.skip_from[idx]:
+            self._skip(seq, tables)
+        slot = min(num_tokens, self.max_model_len)
+        if slot > self.covered[idx]:
+            if self._grow_need(tables, slot) > self._free:
+                return False
+            self._extend(seq, tables, slot)
+        cache_from = self.cache_from[idx]
+        if num_tokens >= cache_from and seq.num_tokens >= cache_from:
+            self._cache(seq, min(num_tokens, seq.num_tokens))
+        allocated = self.held_of[idx] * self.block_bytes // self.use.unit  # ``_held``
+        seq.allocated = allocated
+        if allocated > seq.peak_allocated:
+            seq.peak_allocated = allocated
+        return True
+
+    def _admit(self, seq: Seq, num_tokens: int, must_fit: int) -> bool:
+        """``allocate`` for a request without tables: the gate with its hit, then its tables.
+        A refusal stands while the lookup and the asked stand and no block was freed: a block
+        taken from the free queue is one less free, and one less to take back if it is a hit
+        (an evicted hit makes a new lookup), so the blocks lacking never shrink."""
+        hits, hit = self.hits.get(seq.index, ([], 0))
+        if not hits:
+            hits = [[] for _ in self.groups]
+        asked = (self.frees, hit, seq.num_computed, num_tokens, must_fit)
+        refused = self.refused.get(seq.index)
+        if refused is not None and refused[0] is hits and refused[1] == asked:
+            return False
+        computed = seq.num_computed + hit
+        if must_fit and self._new_need(must_fit, min(computed, self.max_model_len), hits, True) > self._free:
+            self.refused[seq.index] = (hits, asked)
+            return False
+        slot = min(num_tokens, self.max_model_len)
+        if self._new_need(slot, computed, hits, False) > self._free:
+            self.refused[seq.index] = (hits, asked)
+            return False
+        tables = self._open(seq, hits, min(computed, self.max_model_len))
+        self._extend(seq, tables, slot)
         self._cache(seq, min(num_tokens, seq.num_tokens))
-        held = sum(1 for t in tables for b in t if b != NULL_BLOCK)
-        seq.allocated = self.use.positions(held)
+        self._held(seq)
+        return True
+
+    def _extend(self, seq: Seq, tables: list[list[int]], slot: int) -> None:
+        """Each table grown to cover ``slot`` tokens with blocks from the free queue."""
+        idx = seq.index
+        want = -(-slot // self.bs)
+        for gid, t in enumerate(tables):
+            new = want - len(t)
+            if new > 0:
+                blocks = self._pop(new)
+                self.totals.hold_new(idx, gid, blocks, len(t))
+                t.extend(blocks)
+                self.held_of[idx] += new
+        lengths = [len(t) for t in tables]
+        self.covered[idx] = min(lengths) * self.bs
+        self.totals.table_lengths(idx, lengths, seq.final_len)
+
+    def _held(self, seq: Seq) -> None:
+        """``seq.allocated`` (and its peak) from the real blocks it holds."""
+        seq.allocated = self.held_of[seq.index] * self.block_bytes // self.use.unit
         if seq.allocated > seq.peak_allocated:
             seq.peak_allocated = seq.allocated
-        return True
+
+    def _open(self, seq: Seq, hits: list[list[int]], computed: int) -> list[list[int]]:
+        """A new request's tables: per group its hit blocks past what its layers skip at
+        ``computed`` tokens, the null block before them."""
+        idx = seq.index
+        self.totals.add(idx)
+        tables = []
+        held = 0
+        for gid, (g, h) in enumerate(zip(self.groups, hits)):
+            skipped = g.skipped_tokens(computed) // self.bs
+            kept = h[skipped:]
+            self._touch(idx, gid, kept, skipped)
+            held += sum(1 for b in kept if b != NULL_BLOCK)
+            tables.append([NULL_BLOCK] * skipped + kept)
+        self.tables[idx] = tables
+        self.num_cached[idx] = [len(t) for t in tables]
+        self.cache_from[idx] = (min(self.num_cached[idx]) + 1) * self.bs
+        self.skip_from[idx] = 0
+        self.held_of[idx] = held
+        self.live[idx] = seq
+        self.hits.pop(idx, None)
+        self.lookups.pop(idx, None)
+        self.refused.pop(idx, None)
+        return tables
 
     def _cache(self, seq: Seq, num_tokens: int) -> None:
         """``cache_blocks``: each group's new full blocks keyed; a sliding group's only where a
@@ -309,6 +424,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         idx = seq.index
         full = num_tokens // self.bs
         done = self.num_cached[idx]
+        if min(done) >= full:
+            return
         keys = seq.block_keys
         boundaries = [seq.prompt_len - 1]
         if self.boundary.get(idx):
@@ -330,23 +447,32 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                     continue
                 key = (keys[i], gid)
                 self.block_hash[b] = key
-                self.cache.setdefault(key, []).append(b)
+                holders = self.cache.get(key)
+                if holders:
+                    holders.append(b)
+                else:
+                    self.cache[key] = [b]
+                    self._key_changed(keys[i])
             done[gid] = full
+        self.cache_from[idx] = (min(done) + 1) * self.bs
 
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         tables = self.tables.get(seq.index)
         if tables is None:
             return len(self.groups) * cdiv(num_tokens, self.bs)
-        return sum(max(cdiv(num_tokens, self.bs) - len(t), 0) for t in tables)
+        return self._grow_need(tables, num_tokens)
 
     def free(self, seq: Seq) -> None:
         """Each group's table released last block first, group by group (``coordinator.free``)."""
         tables = self.tables.pop(seq.index, None)
         if tables is not None:
             for t in tables:
-                self._release(t[::-1])
-            del self.num_cached[seq.index]
-            del self.live[seq.index]
+                self._release(seq.index, t[::-1])
+            self.totals.remove(seq.index)
+            del self.skip_from[seq.index], self.covered[seq.index], self.cache_from[seq.index]
+            del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
         self.hits.pop(seq.index, None)
+        self.lookups.pop(seq.index, None)
+        self.refused.pop(seq.index, None)
         seq.allocated = 0
         seq.pending_hits = []
