@@ -82,7 +82,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         # The groups whose layers stop reading old tokens (full attention and MLA read them all).
         self.skipping = [(gid, g) for gid, g in enumerate(self.groups) if g.kind not in FULL_SPECS]
         assert all(g.kind == SLIDING for _, g in self.skipping), "RunSpec refuses other layouts"
-        self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip`` acts
+        self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip_in`` acts
         self.covered: dict[int, int] = {}  # by sequence index: the tokens every one of its tables covers
         self.cache_from: dict[int, int] = {}  # by sequence index: tokens from which ``_cache`` has work
 
@@ -275,14 +275,14 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 total += want - len(t)
         return total
 
-    def _skip(self, seq: Seq, tables: list[list[int]]) -> None:
+    def _skip_in(self, seq: Seq, tables: list[list[int]]) -> None:
         """``remove_skipped_blocks``: per group, the blocks of tokens no layer reads any more freed
         from the last one back to the first null, the null block put in their place. Nothing
         moves until a window leaves one more block (``skip_from``, which ``allocate`` checks):
         everything before the last call's skipped blocks is null already, and tables only grow."""
         computed = min(seq.num_computed, self.max_model_len)
         bs = self.bs
-        again = self.max_model_len + 1  # past every computed count ``_skip`` reads
+        again = self.max_model_len + 1  # past every computed count ``_skip_in`` reads
         for gid, g in self.skipping:
             table = tables[gid]
             skipped = g.skipped_tokens(computed) // bs
@@ -302,7 +302,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 self.held_of[seq.index] -= len(freed)
         self.skip_from[seq.index] = again
 
-    def _skippable(self, seq: Seq, tables: list[list[int]]) -> int:
+    def _skippable_in(self, seq: Seq, tables: list[list[int]]) -> int:
         computed = min(seq.num_computed, self.max_model_len)
         n = 0
         for gid, g in self.skipping:
@@ -316,7 +316,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         tables = self.tables.get(seq.index)
         if tables is not None:
-            return self._grow_need(tables, num_tokens) <= self._free + self._skippable(seq, tables)
+            return self._grow_need(tables, num_tokens) <= self._free + self._skippable_in(seq, tables)
         hits, hit = self.hits.get(seq.index, ([[] for _ in self.groups], 0))
         computed = min(seq.num_computed + hit, self.max_model_len)
         if must_fit and self._new_need(must_fit, computed, hits, True) > self._free:
@@ -332,7 +332,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             return self._admit(seq, num_tokens, must_fit)
         # Each step is taken only where something can move (each is a no-op otherwise).
         if seq.num_computed >= self.skip_from[idx]:
-            self._skip(seq, tables)
+            self._skip_in(seq, tables)
         slot = min(num_tokens, self.max_model_len)
         if slot > self.covered[idx]:
             if self._grow_need(tables, slot) > self._free:
