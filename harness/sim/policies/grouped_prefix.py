@@ -341,10 +341,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         cache_from = self.cache_from[idx]
         if num_tokens >= cache_from and seq.num_tokens >= cache_from:
             self._cache(seq, min(num_tokens, seq.num_tokens))
-        allocated = self.held_of[idx] * self.block_bytes // self.use.unit  # ``_held``
-        seq.allocated = allocated
-        if allocated > seq.peak_allocated:
-            seq.peak_allocated = allocated
+        self._held(seq)
         return True
 
     def _admit(self, seq: Seq, num_tokens: int, must_fit: int) -> bool:
