@@ -30,9 +30,11 @@ import json
 import multiprocessing
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -403,17 +405,27 @@ def workload_rows(trace: Path) -> list[Row]:
     return rows
 
 
+def no_rows(args: argparse.Namespace, part: str) -> NoReturn:
+    """A ``--rows`` that names nothing of a part: one line and exit 2, as argparse refuses."""
+    print(f"bench_sim_speed.py: --rows {args.rows!r} names nothing in part {part}", file=sys.stderr)
+    sys.exit(2)
+
+
 def part_w(args: argparse.Namespace) -> None:
+    trace = hash_id_trace(Path(tempfile.mkdtemp(prefix="bench-trace-")) / "hash-ids.jsonl", 600)
+    rows = [
+        row
+        for row in workload_rows(trace)
+        if not args.rows or any(part in f"{row.label} {row.policy} {row.grid_extra}" for part in args.rows.split(","))
+    ]
+    if not rows:
+        no_rows(args, "w")
     print("\n(w) the workloads users run: the fast path vs vllm-sched (or the reference where vLLM hosts no such cell)")
     print(
         "    Llama-3-8B fp16, block 16, 256 seqs, 2048 batched tokens, roofline A100-80GB; medians of interleaved runs"
     )
     print(f"  {'workload':<62}{'policy':<19}{'steps':>8}{'fast s':>16}{'other s':>16}{'ratio':>8}  vs")
-    trace = hash_id_trace(Path(tempfile.mkdtemp(prefix="bench-trace-")) / "hash-ids.jsonl", 600)
-    for row in workload_rows(trace):
-        text = f"{row.label} {row.policy} {row.grid_extra}"
-        if args.rows and not any(part in text for part in args.rows.split(",")):
-            continue
+    for row in rows:
         cell = row.cell()
         fast_s, other_s = [], []
         others = args.vllm_repeats if row.other == "vllm-sched" else args.repeats
@@ -506,11 +518,12 @@ def hybrid_suite(model: str, budget: str, n: int, policy: str) -> str:
 
 
 def part_h(args: argparse.Namespace) -> None:
+    cases = [r for r in hybrid_rows() if not args.rows or any(part in r[0] for part in args.rows.split(","))]
+    if not cases:
+        no_rows(args, "h")
     print("\n(h) KV cache groups: sim (fast path) vs vllm-sched, the hybrid agreement cases")
     print(f"  {'case':<48}{'requests':>9}{'steps':>8}{'preempt':>8}{'sim s':>9}{'vllm s':>9}{'ratio':>9}")
-    for label, model, budget, policy in hybrid_rows():
-        if args.rows and not any(part in label for part in args.rows.split(",")):
-            continue
+    for label, model, budget, policy in cases:
         for n in (30, 300):
             text = hybrid_suite(model, budget, n, policy)
             cells = build_cells(
