@@ -17,7 +17,9 @@ from ..harness.sim.fast_scheduler import FastScheduler
 from ..harness.sim.latency import itl_summary
 from ..harness.sim.policies import make_policy
 from ..harness.sim.policies.counting_grouped import CountingGroupedPolicy
+from ..harness.sim.policies.counting_grouped_prefix import CountingGroupedPrefixPolicy
 from ..harness.sim.policies.grouped import GroupedPagedPolicy
+from ..harness.sim.policies.grouped_prefix import GroupedPrefixPolicy
 from ..harness.sim.policies.paged import reuse_distance_columns
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
@@ -25,6 +27,8 @@ from ..harness.spec.feasibility import explain
 from .base import Cell, RunResult
 from .common import base_row, clock_for, expand_seqs, shortfall, write_status_only
 from .driver import drive
+
+GROUPED_FAST = ("paged", "paged-prefix")  # the policies over KV cache groups the fast path runs
 
 
 class StepExecutor(Protocol):
@@ -161,12 +165,15 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
-    if scheduler_cls is not Scheduler and not spec.geometry.is_uniform_full and spec.policy != "paged":
-        scheduler_cls = Scheduler  # KV cache groups take the fast path as plain paged only
+    if scheduler_cls is not Scheduler and not spec.geometry.is_uniform_full and spec.policy not in GROUPED_FAST:
+        scheduler_cls = Scheduler  # KV cache groups take the fast path as paged and paged-prefix
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
     policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
-    if type(policy) is GroupedPagedPolicy and not scheduler_cls.needs_block_ids:
-        policy = CountingGroupedPolicy(policy.use, policy.max_model_len)  # its measures as running totals
+    if not scheduler_cls.needs_block_ids:  # its measures as running totals
+        if type(policy) is GroupedPagedPolicy:
+            policy = CountingGroupedPolicy(policy.use, policy.max_model_len)
+        elif type(policy) is GroupedPrefixPolicy:
+            policy = CountingGroupedPrefixPolicy(policy.use, policy.max_model_len)
     row = base_row(cell, runner)
     short = shortfall(cell, seqs, policy)
     if short is not None:

@@ -25,6 +25,8 @@ docs/design.md ("The simulator's fast path") has the whole design."""
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from ..clock.clocks import Clock
 from ..records.recorder import RunRecorder
 from ..spec.specs import SchedulerSpec
@@ -32,9 +34,13 @@ from . import counted_stretch, grouped_stretch
 from .decoders import Decoders, FastSeq
 from .policies.base import Policy
 from .policies.counting_grouped import CountingGroupedPolicy
+from .policies.counting_grouped_prefix import CountingGroupedPrefixPolicy
+from .policies.group_counts import GroupCounts
 from .policies.paged import PagedBase, PagedPolicy
 from .scheduler import Arrivals, Scheduler, StepPlan
-from .sequence import RUNNING
+from .sequence import RUNNING, Seq
+
+_RUN_POS = attrgetter("run_pos")
 
 
 class FastScheduler(Scheduler[FastSeq]):
@@ -59,9 +65,17 @@ class FastScheduler(Scheduler[FastSeq]):
         self._caching = isinstance(policy, PagedPolicy) and policy.enable_caching
         self._counted = counted_stretch.eligible(self)
         # KV cache groups: a decoder acts where the policy says (``reach``), not at its allocation.
-        self._groups = policy if isinstance(policy, CountingGroupedPolicy) else None
+        self._groups: GroupCounts | None = None
+        if isinstance(policy, (CountingGroupedPolicy, CountingGroupedPrefixPolicy)):
+            self._groups = policy
+        # Block ids over the groups (prefix caching): a step's allocations in running order, and a
+        # decoder whose next act comes sooner than filed (a designation moved) filed again.
+        self._ordered = False
         if self._groups is not None:
             self.dec.reach = self._groups.reach
+            if isinstance(policy, CountingGroupedPrefixPolicy):
+                self._ordered = True
+                policy.refile = self._refile
 
     def start_running(self, seq: FastSeq, now: float) -> None:
         self._next_pos += 1
@@ -79,6 +93,13 @@ class FastScheduler(Scheduler[FastSeq]):
         policy = self.policy
         if self._caching and isinstance(policy, PagedPolicy):
             policy.cache_full_blocks(seq, seq.num_computed)  # the reference cached the block the step it filled
+
+    def _refile(self, seq: Seq) -> None:
+        """A decoder's next act filed again (``CountingGroupedPrefixPolicy.refile``)."""
+        assert isinstance(seq, FastSeq)
+        if seq.dec_tick >= 0:
+            self.dec.unregister(seq)
+            self.dec.register(seq)
 
     def record_quiet_steps(self, recorder: RunRecorder) -> int:
         """Run and record a run of steps at once, where one can be taken (module docstring);
@@ -117,7 +138,7 @@ class FastScheduler(Scheduler[FastSeq]):
             need_tokens += n
             need_blocks += policy.blocks_needed(seq, seq.num_computed + n)
         free = need_blocks  # contiguous: no blocks
-        if isinstance(policy, (PagedBase, CountingGroupedPolicy)):
+        if isinstance(policy, (PagedBase, CountingGroupedPolicy, CountingGroupedPrefixPolicy)):
             free = policy.free_blocks()
         self._simple = need_tokens <= budget and need_blocks <= free
         if need_tokens <= budget and not self._simple:
@@ -135,15 +156,23 @@ class FastScheduler(Scheduler[FastSeq]):
                 groups.resync()  # the requests the short budget left out did not advance
             return plan
 
+        explicit = dec.explicit
+        if self._ordered and crossers:  # block ids: every allocation in running order
+            for seq in sorted([*crossers, *explicit], key=_RUN_POS):
+                policy.allocate(seq, seq.num_computed + 1 if seq.dec_tick >= 0 else seq.num_tokens)
+                if seq.dec_tick >= 0:
+                    self._file_next_crossing(seq)
+            crossers = explicit = []
         for seq in crossers:  # a new block each, in any order: all of them fit
             dec.materialize(seq)
             seq.dec_tick = dec.tick
             policy.allocate(seq, seq.num_computed + 1)
             self._file_next_crossing(seq)
+        for seq in explicit:
+            policy.allocate(seq, seq.num_tokens)
         scheduled: list[tuple[FastSeq, int]] = []
         for seq in dec.explicit:
             n = seq.num_tokens - seq.num_computed
-            policy.allocate(seq, seq.num_computed + n)
             scheduled.append((seq, n))
             budget -= n
         budget -= dec.count

@@ -1,5 +1,5 @@
 """Stretches over vLLM's KV cache groups: the fast path's run of steps, recorded at once, for a
-policy of several block tables per request (``CountingGroupedPolicy``).
+policy of several block tables per request (``GroupCounts``).
 
 A *plain* step — only decoders run, none acts (``reach``) or finishes, nothing is admitted —
 only counts: its time is the clock's formula, its row the level the last event left. A step's
@@ -10,7 +10,7 @@ is the fast path's own, which finds no crossers left; otherwise the decoders tha
 last token are freed at the step's end in running order. Every other step — a prompt chunk, a
 preemption, more decoders than the token budget — is the fast path's own
 (``FastScheduler.schedule`` and ``finish_step``). Each non-plain step starts a *level*: the
-step columns and the policy's group totals (``CountingGroupedPolicy.totals``) from that step
+step columns and the policy's group totals (``GroupCounts.totals``) from that step
 on; a step's used bytes per group are its level's ``const + slope × step``. The step rows and
 KV cache group rows are built from the levels once per stretch (``bulk_rows.step_rows``).
 
@@ -31,7 +31,7 @@ import numpy as np
 from ..clock.clocks import Clock
 from . import bulk_rows as R
 from .decoders import Decoders, FastSeq
-from .policies.counting_grouped import CountingGroupedPolicy
+from .policies.group_counts import GroupCounts
 from .scheduling_rule import admission_open
 
 if TYPE_CHECKING:
@@ -42,7 +42,11 @@ MAX_STEPS = 8192  # steps per stretch (its rows are built at once)
 _RUN_POS = attrgetter("run_pos")
 
 
-def _head_blocks(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy) -> int:
+def _RUN_POS_OF_EVENT(event: tuple[FastSeq, int]) -> int:
+    return event[0].run_pos
+
+
+def _head_blocks(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts) -> int:
     """The free blocks (after the step's acts) the head of ``waiting`` needs to be admitted,
     with the budget the decoders leave (``Scheduler.admit_waiting``'s test); −1: the step
     admits nothing whatever is free."""
@@ -54,7 +58,7 @@ def _head_blocks(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroup
     return policy.admission_blocks(head, target, must_fit)
 
 
-def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy, recorder: RunRecorder) -> int:
+def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder: RunRecorder) -> int:
     """Take and record steps from the state of ``sched`` (the fast path's, its decoders ``dec``;
     module docstring); return how many (0: the next step goes one by one)."""
     clock = sched.clock
@@ -75,9 +79,16 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
     levels = Levels(policy)
     act_levels, sums = levels.flat, policy.sums  # an act's level: appended here (``Levels``)
     events: dict[int, list[tuple[int, int]]] = {
-        c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
+        c: [] for c in (R.FINISHED, R.ADMITTED, R.PREEMPTED, R.EVICTED, R.PREFIX_HIT, R.RECOMPUTED_HIT)
     }
-    finished = events[R.FINISHED]
+    finished, evicted = events[R.FINISHED], events[R.EVICTED]
+    # Block ids (prefix caching): acts in running order, each step's evictions and cached free
+    # blocks recorded, the reuse ledger's clock kept, a waiting head's need read again where the
+    # pool's cached blocks or the lookups moved (``admission_epoch``).
+    ordered = policy.needs_run_order
+    ledger = sched.ledger
+    cached_free = policy.cached_free_blocks
+    epoch_seen, grown_seen = policy.admission_epoch, policy.admission_grown
     # The free blocks the head of ``waiting`` needs (``_head_blocks``); None: to be worked out again.
     # What it depends on (the queue, its head's tokens, the decoders, the running count) moves
     # only at the steps that set ``changed``: a general step, a finish.
@@ -110,7 +121,12 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                         if general:
                             crossing[T] = ends
                     if not general:
-                        # The acting decoders allocate (all of them fit, in any order) and file their next act.
+                        # The acting decoders allocate (all of them fit) and file their next act:
+                        # in any order, or in running order where the policy keeps block ids.
+                        if ordered:
+                            ends = sorted(ends, key=_RUN_POS_OF_EVENT)
+                            if ledger is not None:
+                                ledger.now = (step0 + j, t)
                         for s, epoch in ends:
                             if s.epoch == epoch and s.dec_tick >= 0:  # ``Decoders.live``, ``materialize``d
                                 k = tick - s.dec_tick
@@ -120,11 +136,18 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                                 nxt = act(s) - c + T
                                 if nxt <= s.output_len - out + tick:
                                     crossing[nxt].append((s, epoch))
+                        if ordered and policy.evictions != sched._evictions_seen:
+                            evicted.append((j, sched.take_evictions()))
                 if not general:
                     free = policy.free_blocks()
                     if waiting:
-                        if head_need is None:
+                        if (
+                            head_need is None
+                            or policy.admission_epoch != epoch_seen
+                            or (policy.admission_grown != grown_seen and head_need <= free)
+                        ):  # the need moved, or grew where the last one would have fitted
                             head_need = _head_blocks(sched, dec, policy)
+                            epoch_seen, grown_seen = policy.admission_epoch, policy.admission_grown
                         # An admission after the acts: the fast path's step takes the rest of this
                         # one, its crossers done (popped above).
                         general = 0 <= head_need <= free
@@ -146,9 +169,14 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 ):
                     if value:
                         events[col].append((j, value))
+                if ordered and policy.evictions != sched._evictions_seen:
+                    ev = sched.take_evictions()
+                    if evicted and evicted[-1][0] == j:  # the step's acts evicted too
+                        ev += evicted.pop()[1]
+                    evicted.append((j, ev))
                 ts.append(t)
+                policy.steps = measured0 + j + 1  # the frees' lines are drawn for the next step measured
                 done = sched.finish_step(plan)
-                policy.steps = measured0 + j + 1
                 if done:
                     finished.append((j, len(done)))
                 t = sched.now
@@ -165,7 +193,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
                 levels.add(sched, policy, j, n)
                 changed = False
             else:
-                act_levels += (j, num_blocks - free, *sums)
+                act_levels += (j, num_blocks - free, cached_free(), *sums)
         # The step: every decoder computes one token.
         dec.tick = T
         ts.append(t)
@@ -181,6 +209,9 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
             done = dec.live(ends)
             if done:
                 sched.now = t
+                policy.steps = measured0 + j + 1
+                if ledger is not None:
+                    ledger.now = (step0 + j, ts[-1])
                 sched.used_positions += computed
                 computed = 0
                 for s in done:
@@ -225,7 +256,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: CountingGroupedPolicy,
 
 class Levels:
     """The stretch's levels, one row each (``matrix``): from its first step on, until the next
-    level, the blocks allocated, the group totals (``CountingGroupedPolicy.totals``), then the
+    level, the blocks allocated, the group totals (``GroupCounts.totals``), then the
     step's scheduled tokens, running, waiting and external fragmentation. A stretch adds a level
     at every act, where only the blocks and the totals move: those are kept as one flat list of
     ints (one array in C), the scheduler's four fields only where a level is ``add``ed, and
@@ -236,13 +267,13 @@ class Levels:
 
     __slots__ = ("flat", "width", "totals", "marks")
 
-    def __init__(self, policy: CountingGroupedPolicy) -> None:
-        self.flat: list[int] = []  # per level: its first step, the blocks, the totals
+    def __init__(self, policy: GroupCounts) -> None:
+        self.flat: list[int] = []  # per level: its first step, the blocks, the cached free blocks, the totals
         self.totals = policy.sums  # live: a level copies them as they stand
-        self.width = 2 + len(self.totals)
+        self.width = 3 + len(self.totals)
         self.marks: list[int] = []  # per level added: its index, then its four scheduler fields
 
-    def add(self, sched: Scheduler[FastSeq], policy: CountingGroupedPolicy, step: int, scheduled: int) -> None:
+    def add(self, sched: Scheduler[FastSeq], policy: GroupCounts, step: int, scheduled: int) -> None:
         """A level from ``step`` on, as the state stands after scheduling."""
         waiting = sched.waiting
         head = waiting[0] if waiting else None
@@ -253,7 +284,7 @@ class Levels:
             len(waiting),
             policy.external_frag(head),
         )
-        self.flat += (step, policy.num_blocks - policy.free_blocks(), *self.totals)
+        self.flat += (step, policy.num_blocks - policy.free_blocks(), policy.cached_free_blocks(), *self.totals)
 
     def matrix(self) -> np.ndarray:
         """One row a level: its first step, the blocks, the totals, the scheduler's four fields."""
@@ -265,7 +296,7 @@ class Levels:
 
 def _record(
     recorder: RunRecorder,
-    policy: CountingGroupedPolicy,
+    policy: GroupCounts,
     step0: int,
     measured0: int,
     ts: list[float],
@@ -281,7 +312,8 @@ def _record(
     matrix = levels.matrix()
     per_level = np.repeat(matrix, np.diff(matrix[:, 0], append=k), axis=0)
     blocks = per_level[:, 1]
-    per_total = per_level[:, 2 : -Levels.SCALARS]
+    cached = per_level[:, 2]
+    per_total = per_level[:, 3 : -Levels.SCALARS]
     sched_tokens, running, waiting, external = per_level[:, -Levels.SCALARS :].T
     twin_of = np.array(policy.twin_of, dtype=np.intp) * 3  # each group's twin set's columns
     group_blocks = per_total[:, twin_of + 2]
@@ -303,6 +335,7 @@ def _record(
         R.INTERNAL: internal,
         R.EXTERNAL: external,
         R.FREE: policy.budget_positions - alloc,
+        R.CACHED_FREE: cached,
     }
     recorder.add_step_rows(R.step_rows(step0, np.frombuffer(array("d", ts)), k, columns, events))
     kinds = [grp.kind for grp in policy.groups]

@@ -5,8 +5,10 @@ Models whose layers are not all full attention run ``paged`` on the fast path wi
 reference scheduler (``GroupedPagedPolicy``) on seeded variants of the hybrid agreement cases
 (gpt-oss's 1:1 and Gemma-3's 5:1 sliding/full interleave with the hybrid manager on and off,
 an MLA model, state layers of two kinds, Llama-4's chunked local attention), each under a
-budget that preempts; and the counting policy against ``GroupedPagedPolicy`` under the same
-random operations, where it calls ``allocate`` only at the acts it names (``reach``)."""
+budget that preempts; the same for ``paged-prefix`` (``CountingGroupedPrefixPolicy`` against
+``GroupedPrefixPolicy``) where requests share prompts and prefixes; and the counting policy against
+``GroupedPagedPolicy`` under the same random operations, where it calls ``allocate`` only at the
+acts it names (``reach``)."""
 
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ CASES: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _variant(case: str, seed: int, where: Path, budget: str | None = None) -> str:
+def _variant(case: str, seed: int, where: Path, budget: str | None = None, policy: str = "paged") -> str:
     rng = np.random.default_rng([seed, *case.encode()])
     prompt_min = int(rng.integers(20, 200))
     output_min = int(rng.integers(50, 250))
@@ -78,6 +80,8 @@ def _variant(case: str, seed: int, where: Path, budget: str | None = None) -> st
         "rate": 40.0 if poisson else None,
         "seed": seed,
     }
+    if policy == "paged-prefix":  # two samples a request, and prefixes shared between requests
+        workload.update(n=2, prefix_groups=4, prefix_len=96)
     scheduler = {
         "max_num_seqs": int(rng.integers(8, 65)),
         "max_num_batched_tokens": int(rng.choice([128, 256, 512])),
@@ -91,7 +95,7 @@ def _variant(case: str, seed: int, where: Path, budget: str | None = None) -> st
         memory={"kv_budget": budget or CASES[case][2], "max_model_len": 1024},
         workload=workload,
         scheduler=scheduler,
-        grid={"runner": ["sim"], "policy": ["paged"], "block_size": [16]},
+        grid={"runner": ["sim"], "policy": [policy], "block_size": [16]},
     )
 
 
@@ -108,19 +112,42 @@ def _part(out: Path, table: str, run_id: str) -> bytes:
     return (store.partition_dir(out, table, run_id) / store.PART).read_bytes()
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_fast_path_on_kv_cache_groups_is_the_reference_byte_for_byte(tmp_path: Path, case: str) -> None:
-    preempted = 0
+def _same_records(tmp_path: Path, case: str, policy: str) -> list[dict]:
+    """The fast path and the reference on seeded variants of ``case``: byte-identical tables;
+    the reference's run rows."""
+    rows = []
     for seed in (1, 2, 3):
         (tmp_path / str(seed)).mkdir()
-        text = _variant(case, seed, tmp_path / str(seed))
+        text = _variant(case, seed, tmp_path / str(seed), policy=policy)
         a, b, cell = _run_both(tmp_path / str(seed), text)
         assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
         for table in ("steps", "requests", "kv_groups"):
             fast = _part(tmp_path / str(seed) / "fast", table, cell.run_id)
             assert fast == _part(tmp_path / str(seed) / "ref", table, cell.run_id), (case, seed, table)
-        preempted += b["preemptions"]
-    assert preempted > 0  # the budget really preempts
+        rows.append(b)
+    return rows
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fast_path_on_kv_cache_groups_is_the_reference_byte_for_byte(tmp_path: Path, case: str) -> None:
+    rows = _same_records(tmp_path, case, "paged")
+    assert sum(r["preemptions"] for r in rows) > 0  # the budget really preempts
+
+
+PREFIX_CASES = ["gpt-oss-hybrid-on", "gpt-oss-hybrid-off", "gemma3-hybrid-on", "gemma3-hybrid-off", "mla"]
+
+
+@pytest.mark.parametrize("case", PREFIX_CASES)
+def test_fast_path_with_prefix_caching_on_kv_cache_groups_is_the_reference_byte_for_byte(
+    tmp_path: Path, case: str
+) -> None:
+    """``paged-prefix`` over the groups (``CountingGroupedPrefixPolicy`` on the fast path against
+    ``GroupedPrefixPolicy`` on the reference), where samples share a prompt and requests share
+    prefixes: hits, evictions and preemptions (recompute: a request hits its own freed blocks)."""
+    rows = _same_records(tmp_path, case, "paged-prefix")
+    # The budget preempts, the cache evicts, and every variant hits.
+    assert sum(r["preemptions"] for r in rows) > 0 and sum(r["evictions"] for r in rows) > 0
+    assert all(r["prefix_hit_rate"] > 0.3 for r in rows)
 
 
 # -- the counting policy against the block tables, operation for operation -------------------

@@ -26,6 +26,7 @@ from ...spec.kv_layout import KVGroup, cdiv
 from ...spec.kv_use import GroupUse, KVUse
 from ...spec.layer_kinds import CHUNKED, SLIDING, STATE_KINDS
 from ..sequence import Seq
+from .group_counts import measure_sums
 from .grouped import GroupedPagedPolicy
 
 # How a group frees blocks its layers no longer read (``KVGroup.skipped_tokens``).
@@ -132,6 +133,9 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
     The totals are kept per set of twin groups (``TwinGroups``, a *twin set*) as one flat list,
     ``totals()``: per twin set its line's constant, its slope and its real blocks (one member's:
     each member holds as much), then the internal bytes over every group."""
+
+    needs_run_order = False  # counts, no ids: acts in any order
+    admission_epoch = admission_grown = 0  # nothing cached: a waiting request's need moves only with the free blocks
 
     def __init__(self, use: KVUse, max_model_len: int) -> None:
         super().__init__(use, max_model_len)
@@ -384,12 +388,7 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
 
     # -- what the scheduler reads ---------------------------------------------------------
     def measure_use(self) -> tuple[int, int]:
-        self.steps = at = self.steps + 1
-        tot = self.sums
-        per = [(tot[k + 2], tot[k] + tot[k + 1] * at) for k in range(0, len(tot) - 1, 3)]
-        self.last_groups = groups = [per[k] for k in self.twin_of]
-        unit = self._unit
-        return sum(u for _, u in groups) // unit, tot[-1] // unit
+        return measure_sums(self)
 
     # -- allocation ---------------------------------------------------------------------
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:

@@ -27,6 +27,7 @@ refused (``RunSpec``). Every group has the run's block size (no state layers: eq
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from typing import Protocol
 
 from ...spec.kv_layout import cdiv
 from ...spec.kv_shared_use import NULL_BLOCK
@@ -37,10 +38,28 @@ from .grouped import GroupedPagedPolicy
 from .paged import ReuseLedger
 from .shared_totals import SharedTotals
 
-# ``_lookup``'s answer: tokens looked up, the keys read, per group its hit blocks, hit, boundary.
-Lookup = tuple[int, set[int], list[list[int]], int, int]
+# ``_lookup``'s answer: tokens looked up, the keys read, per group its hit blocks, hit, boundary,
+# and every block a finder found on the way.
+Lookup = tuple[int, set[int], list[list[int]], int, int, set[int]]
 
 FULL_SPECS = (FULL, MLA)  # vLLM's FullAttentionSpec and its subclass MLAAttentionSpec: FullAttentionManager
+
+
+class Holding(Protocol):
+    """What the policy tells of its tables (``SharedTotals``'s calls): a request's tables start
+    and end, take blocks (fresh or hit) and let them go, and grow."""
+
+    def add(self, idx: int) -> None: ...
+
+    def remove(self, idx: int) -> None: ...
+
+    def hold_new(self, idx: int, gid: int, blocks: list[int], start: int) -> None: ...
+
+    def hold(self, idx: int, gid: int, block: int, pos: int) -> None: ...
+
+    def drop(self, idx: int, blocks: list[int]) -> None: ...
+
+    def table_lengths(self, idx: int, lengths: list[int], final_len: int) -> None: ...
 
 
 class GroupedPrefixPolicy(GroupedPagedPolicy):
@@ -77,6 +96,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         # by sequence index: its last refusal's hit blocks and (frees, hit, computed, tokens, must fit)
         self.refused: dict[int, tuple[list[list[int]], tuple[int, int, int, int, int]]] = {}
         self.totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
+        self.holding: Holding = self.totals  # told of every block a table takes or lets go
         self.held_of: dict[int, int] = {}  # by sequence index: its real blocks over the groups
         self.block_bytes = use.layout.bytes_per_block
         # The groups whose layers stop reading old tokens (full attention and MLA read them all).
@@ -113,7 +133,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 holders.remove(b)
                 if not holders:
                     del self.cache[key]
-                self._key_changed(key[0])
+                self._block_evicted(b)
                 self.ledger.freed_at.pop(b, None)
                 self.evictions += 1
             self.ref[b] = 1
@@ -125,7 +145,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         """``free_blocks`` of sequence ``idx``'s ``blocks``: one reference less each; a block no
         table holds goes to the front of the free queue (uncached, in the given order) or to its
         back (cached)."""
-        self.totals.drop(idx, blocks)
+        self.holding.drop(idx, blocks)
         first = []
         for b in blocks:
             if b == NULL_BLOCK:
@@ -148,7 +168,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         for pos, b in enumerate(blocks, start):
             if b == NULL_BLOCK:
                 continue
-            self.totals.hold(idx, gid, b, pos)
+            self.holding.hold(idx, gid, b, pos)
             if self.ref[b] == 0:
                 del self.lru[b]
                 self.ledger.reused(b)
@@ -194,8 +214,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
 
     def prefix_hit(self, seq: Seq) -> int:
         """``find_longest_cache_hit`` over the groups (module docstring); remembered for ``allocate``.
-        A request that waits is looked up again each step: the last answer stands while no key
-        it reads gained or lost its first cached block (``_key_changed``)."""
+        A request that waits is looked up again each step: the last answer stands while no block
+        it found was evicted (``_block_evicted``) and no key it reads gained its first cached
+        block (``_key_changed``)."""
         seq.pending_hits = []
         if seq.num_computed:
             return 0
@@ -203,24 +224,35 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         if last is None or last[0] != seq.num_tokens:
             last = self._lookup(seq)
             self.lookups[seq.index] = last
-        _, _, out, hit, boundary = last
+        _, _, out, hit, boundary, _ = last
         self.hits[seq.index] = (out, hit)
         self.boundary[seq.index] = boundary
         return hit
 
     def _key_changed(self, key: int) -> None:
-        """The first cached block of ``key`` (in some group) changed: lookups that read it are stale."""
+        """``key`` gained its first cached block (in some group): lookups that read it are stale."""
         if self.lookups:
             for idx in [i for i, last in self.lookups.items() if key in last[1]]:
                 del self.lookups[idx]
 
+    def _block_evicted(self, block: int) -> None:
+        """``block`` left the cache: lookups that found it are stale. One that did not find it
+        stands: a finder reads a key's first cached block only (a later copy becomes first only
+        when the first leaves), and a block it did not find lay past the run it found (a full
+        group's first miss, a sliding group's run to the right too short)."""
+        if self.lookups:
+            for idx in [i for i, last in self.lookups.items() if block in last[5]]:
+                del self.lookups[idx]
+
     def _lookup(self, seq: Seq) -> Lookup:
-        """``prefix_hit``'s answer: (tokens, keys read, per group its hit blocks, hit, boundary)."""
+        """``prefix_hit``'s answer: (tokens, keys read, per group its hit blocks, hit, boundary,
+        blocks found)."""
         keys = seq.block_keys
         hit = seq.num_tokens - 1
         longest = 0
         blocks: list[list[int] | None] = [None] * len(self.groups)
         lengths = [0] * len(self.groups)
+        seen: set[int] = set()
         while True:
             curr = hit
             for (kind, window, _), gids in self.spec_groups:
@@ -235,6 +267,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 for g, f in zip(gids, found):
                     blocks[g] = f
                     lengths[g] = curr
+                    seen.update(f)
                 longest = max(longest, curr)
             if curr >= hit:
                 break
@@ -247,7 +280,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             b = found_blocks if found_blocks is not None else []
             out.append(b[:n] if group.kind in FULL_SPECS else b)
         read = set(keys[: (seq.num_tokens - 1) // self.bs])
-        return seq.num_tokens, read, out, hit, longest if longest > hit else 0
+        seen.discard(NULL_BLOCK)
+        return seq.num_tokens, read, out, hit, longest if longest > hit else 0, seen
 
     # -- allocation --------------------------------------------------------------------------
     def _new_need(self, num_tokens: int, computed: int, hits: list[list[int]], cap: bool) -> int:
@@ -378,12 +412,12 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             new = want - len(t)
             if new > 0:
                 blocks = self._pop(new)
-                self.totals.hold_new(idx, gid, blocks, len(t))
+                self.holding.hold_new(idx, gid, blocks, len(t))
                 t.extend(blocks)
                 self.held_of[idx] += new
         lengths = [len(t) for t in tables]
         self.covered[idx] = min(lengths) * self.bs
-        self.totals.table_lengths(idx, lengths, seq.final_len)
+        self.holding.table_lengths(idx, lengths, seq.final_len)
 
     def _held(self, seq: Seq) -> None:
         """``seq.allocated`` (and its peak) from the real blocks it holds."""
@@ -395,7 +429,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         """A new request's tables: per group its hit blocks past what its layers skip at
         ``computed`` tokens, the null block before them."""
         idx = seq.index
-        self.totals.add(idx)
+        self.holding.add(idx)
         tables = []
         held = 0
         for gid, (g, h) in enumerate(zip(self.groups, hits)):
@@ -427,11 +461,15 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         boundaries = [seq.prompt_len - 1]
         if self.boundary.get(idx):
             boundaries.append(self.boundary[idx])
+        last_wanted = max(boundaries) // self.bs  # a sliding group caches no block from here on
         for gid, (g, table) in enumerate(zip(self.groups, self.tables[idx])):
             start = done[gid]
             if start >= full:
                 continue
             wanted: set[int] | None = None
+            if g.kind == SLIDING and start >= last_wanted:
+                done[gid] = full
+                continue
             if g.kind == SLIDING:
                 need = cdiv(g.window - 1, self.bs)
                 wanted = set()
@@ -465,7 +503,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         if tables is not None:
             for t in tables:
                 self._release(seq.index, t[::-1])
-            self.totals.remove(seq.index)
+            self.holding.remove(seq.index)
             del self.skip_from[seq.index], self.covered[seq.index], self.cache_from[seq.index]
             del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
         self.hits.pop(seq.index, None)
