@@ -88,7 +88,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
     ordered = policy.needs_run_order
     ledger = sched.ledger
     cached_free = policy.cached_free_blocks
-    epoch_seen, grown_seen = policy.admission_epoch, policy.admission_grown
+    epoch_seen, grown_seen, slack_seen = policy.admission_epoch, policy.admission_grown, policy.admission_slack
     # The free blocks the head of ``waiting`` needs (``_head_blocks``); None: to be worked out again.
     # What it depends on (the queue, its head's tokens, the decoders, the running count) moves
     # only at the steps that set ``changed``: a general step, a finish.
@@ -124,7 +124,8 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                         # The acting decoders allocate (all of them fit) and file their next act:
                         # in any order, or in running order where the policy keeps block ids.
                         if ordered:
-                            ends = sorted(ends, key=_RUN_POS_OF_EVENT)
+                            if len(ends) > 1:
+                                ends.sort(key=_RUN_POS_OF_EVENT)
                             if ledger is not None:
                                 ledger.now = (step0 + j, t)
                         for s, epoch in ends:
@@ -141,16 +142,22 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                 if not general:
                     free = policy.free_blocks()
                     if waiting:
-                        if (
-                            head_need is None
-                            or policy.admission_epoch != epoch_seen
-                            or (policy.admission_grown != grown_seen and head_need <= free)
-                        ):  # the need moved, or grew where the last one would have fitted
+                        # The need worked out again where it may have moved and may now fit:
+                        # the last one less what it may have fallen by is a lower bound.
+                        if head_need is None or policy.admission_epoch != epoch_seen:
+                            head_need = -2
+                        elif head_need >= 0 and (
+                            policy.admission_grown != grown_seen or policy.admission_slack != slack_seen
+                        ):
+                            if head_need - (policy.admission_slack - slack_seen) <= free:
+                                head_need = -2
+                        if head_need == -2:
                             head_need = _head_blocks(sched, dec, policy)
                             epoch_seen, grown_seen = policy.admission_epoch, policy.admission_grown
+                            slack_seen = policy.admission_slack
                         # An admission after the acts: the fast path's step takes the rest of this
                         # one, its crossers done (popped above).
-                        general = 0 <= head_need <= free
+                        general = 0 <= head_need - (policy.admission_slack - slack_seen) <= free
             if general:
                 if not (sched.running or waiting):
                     break  # idle: the driver moves the clock on to the next arrival

@@ -135,7 +135,8 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
     each member holds as much), then the internal bytes over every group."""
 
     needs_run_order = False  # counts, no ids: acts in any order
-    admission_epoch = admission_grown = 0  # nothing cached: a waiting request's need moves only with the free blocks
+    # Nothing cached: a waiting request's need moves only at the events that end a level.
+    admission_epoch = admission_grown = admission_slack = 0
 
     def __init__(self, use: KVUse, max_model_len: int) -> None:
         super().__init__(use, max_model_len)

@@ -93,13 +93,6 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         self._off: dict[int, int] = {}  # per request: computed tokens less the measured step
         self._own: dict[int, tuple[list[int], int]] = {}  # per request: its own reads' lines, valid through
         self._reach: dict[int, int] = {}
-        # A waiting request's admission need (``admission_blocks``) may have moved where
-        # ``admission_epoch`` moves, and may only have grown where only ``admission_grown`` does: a
-        # hit block back in the free queue costs a free block again, a hit over full-attention
-        # groups shortened by an eviction costs a block more for each block it lost.
-        self.admission_epoch = 0
-        self.admission_grown = 0
-        self._watch: set[int] = set()  # the blocks the last ``admission_blocks`` hit
         # The fast path files a decoder's next act again where it comes sooner than filed.
         self.refile: Callable[[Seq], None] | None = None
 
@@ -126,10 +119,46 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
 
     def act(self, seq: Seq) -> int:
         """A decoder computing one more token acts, its blocks known to fit: ``allocate`` to
-        ``num_computed + 1``. Returns its ``reach`` from there."""
-        ok = self.allocate(seq, seq.num_computed + 1)
-        assert ok, "a decoder acted on blocks that were not free"
-        return self._reach[seq.index]
+        ``num_computed + 1``, each of its steps taken where it has work. Returns its ``reach``
+        from there."""
+        idx = seq.index
+        c = seq.num_computed
+        tokens = c + 1
+        assert tokens <= self.max_model_len, "a decoder past the model's length"
+        tables = self.tables[idx]
+        if c >= self.skip_from[idx]:
+            self._skip_in(seq, tables)
+        if tokens > self.covered[idx]:
+            self._grow(seq, tables, tokens)
+        cache_from = self.cache_from[idx]
+        if tokens >= cache_from and seq.num_tokens >= cache_from:
+            self._cache(seq, tokens if tokens < seq.num_tokens else seq.num_tokens)
+        self._held(seq)
+        self._draw(seq, tokens)
+        return self._reach[idx]
+
+    def _grow(self, seq: Seq, tables: list[list[int]], tokens: int) -> None:
+        """``_extend`` for a decoder: a table short of ``tokens`` is one block short, and the
+        blocks are known to fit. The blocks come off the free queue group by group, as there."""
+        idx = seq.index
+        bs = self.bs
+        want = -(-tokens // bs)
+        grow = [gid for gid, t in enumerate(tables) if len(t) < want]
+        assert len(grow) <= self._free, "a decoder acted on blocks that were not free"
+        held = self.held
+        sums, overhead, tracked, where, holders = self.sums, held.overhead, held.tracked, held.where, held.holders
+        for gid, block in zip(grow, self._pop(len(grow))):  # ``Held.hold_new``, a block at a time
+            t = tables[gid]
+            where[block] = (gid, len(t))
+            if tracked[gid]:
+                holders[block] = [idx]
+            t.append(block)
+            sums[3 * gid + 2] += 1
+            sums[-1] += overhead[gid]
+        self.held_of[idx] += len(grow)
+        self.covered[idx] = want * bs
+        if want * bs > seq.final_len or held.over[idx]:
+            held.table_lengths(idx, [len(t) for t in tables], seq.final_len)
 
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``
@@ -137,7 +166,7 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         hits, hit = self.hits.get(seq.index, ([], 0))
         if not hits:
             hits = [[] for _ in self.groups]
-        self._watch = {b for h in hits for b in h if b != NULL_BLOCK}
+        self.watch = {b for h in hits for b in h if b != NULL_BLOCK}
         computed = seq.num_computed + hit
         need = self._new_need(min(num_tokens, self.max_model_len), computed, hits, False)
         if must_fit:
@@ -147,34 +176,13 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
     def measure_use(self) -> tuple[int, int]:
         return measure_sums(self)
 
-    # -- the pool's moves that a waiting request's need reads ------------------------------
-    def _release(self, idx: int, blocks: list[int]) -> None:
-        super()._release(idx, blocks)
-        if self._watch and not self._watch.isdisjoint(blocks):  # a hit block may be back in the free queue
-            self.admission_grown += 1
-
-    def _key_changed(self, key: int) -> None:
-        n = len(self.lookups)
-        super()._key_changed(key)
-        if len(self.lookups) != n:  # a lookup may find more now
-            self.admission_epoch += 1
-
-    def _block_evicted(self, block: int) -> None:
-        n = len(self.lookups)
-        super()._block_evicted(block)
-        if len(self.lookups) != n:  # a hit lost a block: over full-attention groups only, it only shortened
-            if self.skipping:
-                self.admission_epoch += 1
-            else:
-                self.admission_grown += 1
-
     # -- allocation ------------------------------------------------------------------------
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         ok = super().allocate(seq, num_tokens, must_fit)
-        if seq.index in self.tables:
-            self._draw(seq, num_tokens if ok else seq.num_computed)
-        elif self.held.dirty or self.held.left:
-            self._settle()
+        # Refused, a running request is freed or allocated again in the same step (preemption):
+        # its line is drawn then, and the designations settled with it.
+        if ok:
+            self._draw(seq, num_tokens)
         return ok
 
     def free(self, seq: Seq) -> None:
@@ -440,12 +448,13 @@ class Held:
         where = self.where
         tracked = self.tracked
         sums = self.policy.sums
+        gone: dict[int, int] = {}  # per group: blocks that lost their last holder
         for block in blocks:
             if block == NULL_BLOCK:
                 continue
             if ref[block] == 1:  # its last holder
                 gid, _ = where.pop(block)
-                self._blocks(gid, -1)
+                gone[gid] = gone.get(gid, 0) + 1
                 if tracked[gid]:
                     del self.holders[block]
                     if block in self.designated:
@@ -461,3 +470,5 @@ class Held:
             if mine is not None and block in mine:
                 mine.discard(block)
                 self.left.append(idx)
+        for gid, n in gone.items():
+            self._blocks(gid, -n)

@@ -37,10 +37,12 @@ class GroupCounts(Protocol):
     twin_of: list[int]  # per group: its twin set
     last_groups: list[tuple[int, int]]
     evictions: int
-    # A waiting request's admission need may have moved where ``admission_epoch`` moves, and may
-    # only have grown where only ``admission_grown`` does.
+    # Since a waiting request's admission need was worked out, it may have moved anyhow where
+    # ``admission_epoch`` moves; else it may have grown where ``admission_grown`` moves, and
+    # fallen by no more than ``admission_slack`` grew.
     admission_epoch: int
     admission_grown: int
+    admission_slack: int
 
     def free_blocks(self) -> int: ...
 

@@ -105,6 +105,19 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip_in`` acts
         self.covered: dict[int, int] = {}  # by sequence index: the tokens every one of its tables covers
         self.cache_from: dict[int, int] = {}  # by sequence index: tokens from which ``_cache`` has work
+        # What a waiting request's admission need (the fast path's ``admission_blocks``) may have
+        # done since it was worked out, for the fast path (the reference reads none of it): moved
+        # anyhow where ``admission_epoch`` moves (a key it reads newly cached: it may hit more);
+        # grown where ``admission_grown`` does (a block it hit, ``watch``, back in the free queue
+        # costs a free block again); fallen by at most ``admission_slack``'s growth, where a
+        # block its lookup found is evicted: the hit shortens, a full-attention group's need
+        # grows by the blocks it lost (each hit block costs at most what a missing one does), a
+        # sliding group's run moves and saves at most its ``cdiv(window − 1, block)`` blocks.
+        self.admission_epoch = 0
+        self.admission_grown = 0
+        self.admission_slack = 0
+        self.slack_per_eviction = sum(cdiv(g.window - 1, self.bs) for _, g in self.skipping)
+        self.watch: set[int] = set()
 
     # -- what the scheduler reads ------------------------------------------------------------
     def cached_free_blocks(self) -> int:
@@ -133,7 +146,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 holders.remove(b)
                 if not holders:
                     del self.cache[key]
-                self._block_evicted(b)
+                if self.lookups:
+                    self._block_evicted(b)
                 self.ledger.freed_at.pop(b, None)
                 self.evictions += 1
             self.ref[b] = 1
@@ -159,6 +173,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             if b in self.block_hash:
                 self.lru[b] = None
                 self.ledger.freed(b)
+                if b in self.watch:
+                    self.admission_grown += 1
             else:
                 first.append(b)
         self.front.extendleft(reversed(first))
@@ -231,8 +247,10 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
 
     def _key_changed(self, key: int) -> None:
         """``key`` gained its first cached block (in some group): lookups that read it are stale."""
-        if self.lookups:
-            for idx in [i for i, last in self.lookups.items() if key in last[1]]:
+        stale = [i for i, last in self.lookups.items() if key in last[1]]
+        if stale:
+            self.admission_epoch += 1
+            for idx in stale:
                 del self.lookups[idx]
 
     def _block_evicted(self, block: int) -> None:
@@ -240,8 +258,11 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         stands: a finder reads a key's first cached block only (a later copy becomes first only
         when the first leaves), and a block it did not find lay past the run it found (a full
         group's first miss, a sliding group's run to the right too short)."""
-        if self.lookups:
-            for idx in [i for i, last in self.lookups.items() if block in last[5]]:
+        stale = [i for i, last in self.lookups.items() if block in last[5]]
+        if stale:
+            self.admission_grown += 1
+            self.admission_slack += self.slack_per_eviction
+            for idx in stale:
                 del self.lookups[idx]
 
     def _lookup(self, seq: Seq) -> Lookup:
@@ -408,14 +429,19 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         """Each table grown to cover ``slot`` tokens with blocks from the free queue."""
         idx = seq.index
         want = -(-slot // self.bs)
-        for gid, t in enumerate(tables):
-            new = want - len(t)
-            if new > 0:
-                blocks = self._pop(new)
-                self.holding.hold_new(idx, gid, blocks, len(t))
-                t.extend(blocks)
-                self.held_of[idx] += new
         lengths = [len(t) for t in tables]
+        total = sum(want - n for n in lengths if n < want)
+        if total:
+            blocks = self._pop(total)  # group by group, as each group's own call would take them
+            i = 0
+            for gid, (t, n) in enumerate(zip(tables, lengths)):
+                if n < want:
+                    part = blocks[i : i + want - n]
+                    i += want - n
+                    self.holding.hold_new(idx, gid, part, n)
+                    t.extend(part)
+            self.held_of[idx] += total
+            lengths = [len(t) for t in tables]
         self.covered[idx] = min(lengths) * self.bs
         self.holding.table_lengths(idx, lengths, seq.final_len)
 
@@ -487,7 +513,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                     holders.append(b)
                 else:
                     self.cache[key] = [b]
-                    self._key_changed(keys[i])
+                    if self.lookups:
+                        self._key_changed(keys[i])
             done[gid] = full
         self.cache_from[idx] = (min(done) + 1) * self.bs
 
