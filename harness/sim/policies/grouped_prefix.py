@@ -102,6 +102,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         # The groups whose layers stop reading old tokens (full attention and MLA read them all).
         self.skipping = [(gid, g) for gid, g in enumerate(self.groups) if g.kind not in FULL_SPECS]
         assert all(g.kind == SLIDING for _, g in self.skipping), "RunSpec refuses other layouts"
+        self.windows = [(gid, g.window) for gid, g in self.skipping]
         self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip_in`` acts
         self.covered: dict[int, int] = {}  # by sequence index: the tokens every one of its tables covers
         self.cache_from: dict[int, int] = {}  # by sequence index: tokens from which ``_cache`` has work
@@ -155,29 +156,32 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self._free -= n
         return out
 
-    def _release(self, idx: int, blocks: list[int]) -> None:
-        """``free_blocks`` of sequence ``idx``'s ``blocks``: one reference less each; a block no
-        table holds goes to the front of the free queue (uncached, in the given order) or to its
-        back (cached)."""
-        self.holding.drop(idx, blocks)
-        first = []
-        for b in blocks:
-            if b == NULL_BLOCK:
-                continue
-            r = self.ref[b] - 1
-            self.ref[b] = r
-            if r:
-                continue
-            self._free += 1
-            self.frees += 1
-            if b in self.block_hash:
-                self.lru[b] = None
-                self.ledger.freed(b)
-                if b in self.watch:
-                    self.admission_grown += 1
-            else:
-                first.append(b)
-        self.front.extendleft(reversed(first))
+    def _release(self, idx: int, runs: list[list[int]]) -> None:
+        """``free_blocks`` of sequence ``idx``'s blocks, run by run (one a group, as vLLM frees them
+        group by group): one reference less each; a block no table holds goes to the front of
+        the free queue (a run's uncached blocks in the run's order, before the earlier runs') or
+        to its back (cached)."""
+        self.holding.drop(idx, [b for run in runs for b in run] if len(runs) > 1 else runs[0])
+        ref, block_hash, lru, front = self.ref, self.block_hash, self.lru, self.front
+        for blocks in runs:
+            first = []
+            for b in blocks:
+                if b == NULL_BLOCK:
+                    continue
+                r = ref[b] - 1
+                ref[b] = r
+                if r:
+                    continue
+                self._free += 1
+                self.frees += 1
+                if b in block_hash:
+                    lru[b] = None
+                    self.ledger.freed(b)
+                    if b in self.watch:
+                        self.admission_grown += 1
+                else:
+                    first.append(b)
+            front.extendleft(reversed(first))
 
     def _touch(self, idx: int, gid: int, blocks: list[int], start: int) -> None:
         """Sequence ``idx`` takes the hit ``blocks`` from ``start`` of group ``gid``'s table."""
@@ -202,6 +206,15 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
 
     # -- lookup ------------------------------------------------------------------------------
     def _find_full(self, keys: list[int], max_len: int, gids: list[int]) -> list[list[int]]:
+        if len(gids) == 1:  # one group of this spec (the usual case): ``_cached`` inlined
+            cache, g = self.cache, gids[0]
+            one: list[int] = []
+            for key in keys[: max_len // self.bs]:
+                holders = cache.get((key, g))
+                if not holders:
+                    break
+                one.append(holders[0])
+            return [one]
         found: list[list[int]] = [[] for _ in gids]
         for key in keys[: max_len // self.bs]:
             cached = self._cached(key, gids)
@@ -214,8 +227,21 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
     def _find_sliding(self, keys: list[int], max_len: int, gids: list[int], window: int) -> list[list[int]]:
         need = cdiv(window - 1, self.bs)
         n = max_len // self.bs
-        found = [[NULL_BLOCK] * n for _ in gids]
         run = 0
+        if len(gids) == 1:  # one group of this spec: ``_cached`` inlined
+            cache, g = self.cache, gids[0]
+            one = [NULL_BLOCK] * n
+            for i in range(n - 1, -1, -1):
+                holders = cache.get((keys[i], g))
+                if not holders:
+                    run = 0
+                    continue
+                one[i] = holders[0]
+                run += 1
+                if run >= need:
+                    return [one[: i + run]]
+            return [one[:run]]
+        found = [[NULL_BLOCK] * n for _ in gids]
         for i in range(n - 1, -1, -1):
             cached = self._cached(keys[i], gids)
             if cached is None:
@@ -338,14 +364,17 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         computed = min(seq.num_computed, self.max_model_len)
         bs = self.bs
         again = self.max_model_len + 1  # past every computed count ``_skip_in`` reads
-        for gid, g in self.skipping:
+        runs = []
+        for gid, window in self.windows:
             table = tables[gid]
-            skipped = g.skipped_tokens(computed) // bs
+            skipped = (computed - window + 1) // bs if computed >= window else 0  # ``skipped_tokens``, in blocks
             if skipped > len(table):
                 skipped = len(table)
                 again = 0  # the table grows under its skipped tokens: look again next call
             else:
-                again = min(again, (skipped + 1) * bs + g.window - 1)  # a sliding group's next block out
+                nxt = (skipped + 1) * bs + window - 1  # a sliding group's next block out
+                if nxt < again:
+                    again = nxt
             freed = []
             for i in range(skipped - 1, -1, -1):
                 if table[i] == NULL_BLOCK:
@@ -353,8 +382,10 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 freed.append(table[i])
                 table[i] = NULL_BLOCK
             if freed:
-                self._release(seq.index, freed)
+                runs.append(freed)
                 self.held_of[seq.index] -= len(freed)
+        if runs:
+            self._release(seq.index, runs)
         self.skip_from[seq.index] = again
 
     def _skippable_in(self, seq: Seq, tables: list[list[int]]) -> int:
@@ -528,8 +559,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         """Each group's table released last block first, group by group (``coordinator.free``)."""
         tables = self.tables.pop(seq.index, None)
         if tables is not None:
-            for t in tables:
-                self._release(seq.index, t[::-1])
+            self._release(seq.index, [t[::-1] for t in tables])
             self.holding.remove(seq.index)
             del self.skip_from[seq.index], self.covered[seq.index], self.cache_from[seq.index]
             del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
