@@ -16,9 +16,9 @@ window filling, or a surplus read bending (a window entering or leaving a shared
 A request's *offset* (computed tokens less the step) orders the holders: decoders keep theirs,
 so designations move only where a holder joins or leaves a block or a request computes other
 than one token a step; a holder that loses its designation there may bend sooner than its filed
-act, and the fast path files it again (``refile``). A decoder's full blocks are cached at its
-next act or before it is freed: a decoded block's content key is its own, so no other request
-can look it up in between, and only its release reads whether it is cached.
+act, and the fast path files it again (``refile``). A decoder's full blocks are cached when it
+is freed (or at its next ``allocate``), not the step each fills: a decoded block's content key
+is its own, so no other request looks it up meanwhile, and only its release reads whether it is.
 ``tests/sim/test_fast_path_hybrid.py`` holds it to ``GroupedPrefixPolicy`` record for record.
 """
 
@@ -119,8 +119,8 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
 
     def act(self, seq: Seq) -> int:
         """A decoder computing one more token acts, its blocks known to fit: ``allocate`` to
-        ``num_computed + 1``, each of its steps taken where it has work. Returns its ``reach``
-        from there."""
+        ``num_computed + 1`` less the caching, each step taken where it has work. Returns its
+        ``reach`` from there."""
         idx = seq.index
         c = seq.num_computed
         tokens = c + 1
@@ -130,10 +130,7 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
             self._skip_in(seq, tables)
         if tokens > self.covered[idx]:
             self._grow(seq, tables, tokens)
-        cache_from = self.cache_from[idx]
-        if tokens >= cache_from and seq.num_tokens >= cache_from:
-            self._cache(seq, tokens if tokens < seq.num_tokens else seq.num_tokens)
-        self._held(seq)
+        self._held(seq)  # its decoded blocks are cached when it is freed (module docstring)
         self._draw(seq, tokens)
         return self._reach[idx]
 

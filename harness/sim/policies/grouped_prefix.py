@@ -103,6 +103,9 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.skipping = [(gid, g) for gid, g in enumerate(self.groups) if g.kind not in FULL_SPECS]
         assert all(g.kind == SLIDING for _, g in self.skipping), "RunSpec refuses other layouts"
         self.windows = [(gid, g.window) for gid, g in self.skipping]
+        self.window_of = [g.window if g.kind == SLIDING else 0 for g in self.groups]  # 0: a full group
+        # by sequence index: the block counts at which a lookup can end (``_cache``), in order
+        self.cache_ends: dict[int, list[int]] = {}
         self.skip_from: dict[int, int] = {}  # by sequence index: computed tokens at which ``_skip_in`` acts
         self.covered: dict[int, int] = {}  # by sequence index: the tokens every one of its tables covers
         self.cache_from: dict[int, int] = {}  # by sequence index: tokens from which ``_cache`` has work
@@ -497,6 +500,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             tables.append([NULL_BLOCK] * skipped + kept)
         self.tables[idx] = tables
         self.num_cached[idx] = [len(t) for t in tables]
+        boundary = self.boundary.get(idx, 0)
+        self.cache_ends[idx] = sorted({(seq.prompt_len - 1) // self.bs, *([boundary // self.bs] if boundary else [])})
         self.cache_from[idx] = (min(self.num_cached[idx]) + 1) * self.bs
         self.skip_from[idx] = 0
         self.held_of[idx] = held
@@ -508,46 +513,47 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
 
     def _cache(self, seq: Seq, num_tokens: int) -> None:
         """``cache_blocks``: each group's new full blocks keyed; a sliding group's only where a
-        later lookup can end (module docstring)."""
+        later lookup can end (module docstring): the blocks before one of the request's
+        boundaries (``cache_ends``), none from the last of them on."""
         idx = seq.index
-        full = num_tokens // self.bs
+        bs = self.bs
+        full = num_tokens // bs
         done = self.num_cached[idx]
         if min(done) >= full:
             return
         keys = seq.block_keys
-        boundaries = [seq.prompt_len - 1]
-        if self.boundary.get(idx):
-            boundaries.append(self.boundary[idx])
-        last_wanted = max(boundaries) // self.bs  # a sliding group caches no block from here on
-        for gid, (g, table) in enumerate(zip(self.groups, self.tables[idx])):
+        ends = self.cache_ends[idx]
+        block_hash, cache = self.block_hash, self.cache
+        for gid, table in enumerate(self.tables[idx]):
             start = done[gid]
             if start >= full:
                 continue
+            done[gid] = full
+            stop = full
             wanted: set[int] | None = None
-            if g.kind == SLIDING and start >= last_wanted:
-                done[gid] = full
-                continue
-            if g.kind == SLIDING:
-                need = cdiv(g.window - 1, self.bs)
+            window = self.window_of[gid]
+            if window:  # a sliding group
+                if start >= ends[-1]:
+                    continue
+                need = cdiv(window - 1, bs)
                 wanted = set()
-                for tokens in boundaries:
-                    end = tokens // self.bs
+                for end in ends:
                     wanted.update(range(max(start, end - need), min(full, end)))
-            for i in range(start, full):
+                stop = min(full, ends[-1])
+            for i in range(start, stop):
                 b = table[i]
                 if b == NULL_BLOCK or (wanted is not None and i not in wanted):
                     continue
                 key = (keys[i], gid)
-                self.block_hash[b] = key
-                holders = self.cache.get(key)
+                block_hash[b] = key
+                holders = cache.get(key)
                 if holders:
                     holders.append(b)
                 else:
-                    self.cache[key] = [b]
+                    cache[key] = [b]
                     if self.lookups:
                         self._key_changed(keys[i])
-            done[gid] = full
-        self.cache_from[idx] = (min(done) + 1) * self.bs
+        self.cache_from[idx] = (min(done) + 1) * bs
 
     def blocks_needed(self, seq: Seq, num_tokens: int) -> int:
         tables = self.tables.get(seq.index)
@@ -563,6 +569,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
             self.holding.remove(seq.index)
             del self.skip_from[seq.index], self.covered[seq.index], self.cache_from[seq.index]
             del self.num_cached[seq.index], self.live[seq.index], self.held_of[seq.index]
+            del self.cache_ends[seq.index]
         self.hits.pop(seq.index, None)
         self.lookups.pop(seq.index, None)
         self.refused.pop(seq.index, None)
