@@ -14,7 +14,8 @@ decoder and runs the reference ``Scheduler.schedule`` unchanged.
 Before each step the driver asks for a run of steps at once (``record_quiet_steps``): a
 counted stretch (``harness.sim.counted_stretch``) for every policy that keeps no block ids on
 a model clock, or ``harness.sim.grouped_stretch`` for vLLM's KV cache groups
-(``CountingGroupedPolicy``: decoders act where the policy says, ``reach``; a step taken whole
+(``CountingGroupedPolicy``, or ``CountingGroupedPrefixPolicy`` with block ids, whose allocations
+go in running order: decoders act where the policy says, ``reach``; a step taken whole
 from the reference redraws the policy's lines, ``resync``).
 
 Equality with the reference is tested record for record (``tests/sim/test_fast_path.py``).

@@ -1,17 +1,19 @@
 """Stretches over vLLM's KV cache groups: the fast path's run of steps, recorded at once, for a
-policy of several block tables per request (``GroupCounts``).
+policy of several block tables per request (``GroupCounts``: ``paged``, or ``paged-prefix``
+with block ids).
 
 A *plain* step — only decoders run, none acts (``reach``) or finishes, nothing is admitted —
 only counts: its time is the clock's formula, its row the level the last event left. A step's
 acts are taken here when their new blocks fit the free ones whatever their own frees: each
-acting decoder ``act``s (in any order: all of them fit) and files its next act. If the waiting
-head then fits in the free blocks (``allocate``'s test), the rest of the step, its admission,
+acting decoder ``act``s (in any order where the policy keeps counts, in running order where it
+keeps block ids) and files its next act. If the waiting head then fits in the free blocks
+(``allocate``'s test; a need known to be out of reach is not worked out again), the rest of the step, its admission,
 is the fast path's own, which finds no crossers left; otherwise the decoders that sample their
 last token are freed at the step's end in running order. Every other step — a prompt chunk, a
 preemption, more decoders than the token budget — is the fast path's own
 (``FastScheduler.schedule`` and ``finish_step``). Each non-plain step starts a *level*: the
-step columns and the policy's group totals (``GroupCounts.totals``) from that step
-on; a step's used bytes per group are its level's ``const + slope × step``. The step rows and
+step columns and the policy's group totals (``GroupCounts.sums``) and cached free blocks from
+that step on; a step's used bytes per group are its level's ``const + slope × step``. The step rows and
 KV cache group rows are built from the levels once per stretch (``bulk_rows.step_rows``).
 
 A stretch ends where the driver must act: an arrival due, nothing left to run, a step that
