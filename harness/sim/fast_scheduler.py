@@ -157,23 +157,23 @@ class FastScheduler(Scheduler[FastSeq]):
                 groups.resync()  # the requests the short budget left out did not advance
             return plan
 
-        explicit = dec.explicit
-        if self._ordered and crossers:  # block ids: every allocation in running order
-            for seq in sorted([*crossers, *explicit], key=_RUN_POS):
+        ordered = self._ordered and bool(crossers)
+        if ordered:  # block ids: every allocation in running order
+            for seq in sorted([*crossers, *dec.explicit], key=_RUN_POS):
                 policy.allocate(seq, seq.num_computed + 1 if seq.dec_tick >= 0 else seq.num_tokens)
                 if seq.dec_tick >= 0:
                     self._file_next_crossing(seq)
-            crossers = explicit = []
-        for seq in crossers:  # a new block each, in any order: all of them fit
-            dec.materialize(seq)
-            seq.dec_tick = dec.tick
-            policy.allocate(seq, seq.num_computed + 1)
-            self._file_next_crossing(seq)
-        for seq in explicit:
-            policy.allocate(seq, seq.num_tokens)
+        else:
+            for seq in crossers:  # a new block each, in any order: all of them fit
+                dec.materialize(seq)
+                seq.dec_tick = dec.tick
+                policy.allocate(seq, seq.num_computed + 1)
+                self._file_next_crossing(seq)
         scheduled: list[tuple[FastSeq, int]] = []
         for seq in dec.explicit:
             n = seq.num_tokens - seq.num_computed
+            if not ordered:
+                policy.allocate(seq, seq.num_computed + n)
             scheduled.append((seq, n))
             budget -= n
         budget -= dec.count

@@ -144,22 +144,24 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                 if not general:
                     free = policy.free_blocks()
                     if waiting:
-                        # The need worked out again where it may have moved and may now fit:
-                        # the last one less what it may have fallen by is a lower bound.
-                        if head_need is None or policy.admission_epoch != epoch_seen:
-                            head_need = -2
-                        elif head_need >= 0 and (
-                            policy.admission_grown != grown_seen or policy.admission_slack != slack_seen
-                        ):
-                            if head_need - (policy.admission_slack - slack_seen) <= free:
+                        if not ordered:  # counts: the need moves only where a level ends
+                            if head_need is None:
+                                head_need = _head_blocks(sched, dec, policy)
+                        else:  # block ids: worked out again where it may have moved and may now fit
+                            if head_need is None or policy.admission_epoch != epoch_seen:
                                 head_need = -2
-                        if head_need == -2:
-                            head_need = _head_blocks(sched, dec, policy)
-                            epoch_seen, grown_seen = policy.admission_epoch, policy.admission_grown
-                            slack_seen = policy.admission_slack
+                            elif head_need >= 0 and (
+                                policy.admission_grown != grown_seen or policy.admission_slack != slack_seen
+                            ):  # the last need less what it may have fallen by is a lower bound
+                                if head_need - (policy.admission_slack - slack_seen) <= free:
+                                    head_need = -2
+                            if head_need == -2:
+                                head_need = _head_blocks(sched, dec, policy)
+                                epoch_seen, grown_seen = policy.admission_epoch, policy.admission_grown
+                                slack_seen = policy.admission_slack
                         # An admission after the acts: the fast path's step takes the rest of this
                         # one, its crossers done (popped above).
-                        general = 0 <= head_need - (policy.admission_slack - slack_seen) <= free
+                        general = 0 <= head_need - (policy.admission_slack - slack_seen if ordered else 0) <= free
             if general:
                 if not (sched.running or waiting):
                     break  # idle: the driver moves the clock on to the next arrival
@@ -202,7 +204,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                 levels.add(sched, policy, j, n)
                 changed = False
             else:
-                act_levels += (j, num_blocks - free, cached_free(), *sums)
+                act_levels += (j, num_blocks - free, cached_free() if ordered else 0, *sums)
         # The step: every decoder computes one token.
         dec.tick = T
         ts.append(t)
