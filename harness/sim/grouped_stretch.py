@@ -7,14 +7,15 @@ only counts: its time is the clock's formula, its row the level the last event l
 acts are taken here when their new blocks fit the free ones whatever their own frees: each
 acting decoder ``act``s (in any order where the policy keeps counts, in running order where it
 keeps block ids) and files its next act. If the waiting head then fits in the free blocks
-(``allocate``'s test; a need known to be out of reach is not worked out again), the rest of the step, its admission,
-is the fast path's own, which finds no crossers left; otherwise the decoders that sample their
-last token are freed at the step's end in running order. Every other step — a prompt chunk, a
-preemption, more decoders than the token budget — is the fast path's own
-(``FastScheduler.schedule`` and ``finish_step``). Each non-plain step starts a *level*: the
-step columns and the policy's group totals (``GroupCounts.sums``) and cached free blocks from
-that step on; a step's used bytes per group are its level's ``const + slope × step``. The step rows and
-KV cache group rows are built from the levels once per stretch (``bulk_rows.step_rows``).
+(``allocate``'s test; a need known to be out of reach is not worked out again), the rest of
+the step, its admission, is the fast path's own, which finds no crossers left; otherwise the
+decoders that sample their last token are freed at the step's end in running order. Every
+other step — a prompt chunk, a preemption, more decoders than the token budget — is the fast
+path's own (``FastScheduler.schedule`` and ``finish_step``). Each non-plain step starts a
+*level*: the step columns, the cached free blocks and the policy's group totals
+(``GroupCounts.sums``) from that step on; a step's used bytes per group are its level's
+``const + slope × step``. The step rows and KV cache group rows are built from the levels
+once per stretch (``bulk_rows.step_rows``).
 
 A stretch ends where the driver must act: an arrival due, nothing left to run, a step that
 computed nothing, or ``MAX_STEPS``. Equality with the reference scheduler is tested record for
@@ -140,7 +141,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                                 if nxt <= s.output_len - out + tick:
                                     crossing[nxt].append((s, epoch))
                         if ordered and policy.evictions != sched._evictions_seen:
-                            evicted.append((j, sched.take_evictions()))
+                            evicted.append((j, sched.take_evictions()))  # the first of the step's
                 if not general:
                     free = policy.free_blocks()
                     if waiting:
@@ -149,16 +150,18 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                                 head_need = _head_blocks(sched, dec, policy)
                         else:  # block ids: worked out again where it may have moved and may now fit
                             if head_need is None or policy.admission_epoch != epoch_seen:
-                                head_need = -2
+                                again = True
                             elif head_need >= 0 and (
                                 policy.admission_grown != grown_seen or policy.admission_slack != slack_seen
                             ):  # the last need less what it may have fallen by is a lower bound
-                                if head_need - (policy.admission_slack - slack_seen) <= free:
-                                    head_need = -2
-                            if head_need == -2:
+                                again = head_need - (policy.admission_slack - slack_seen) <= free
+                            else:
+                                again = False
+                            if again:
                                 head_need = _head_blocks(sched, dec, policy)
                                 epoch_seen, grown_seen = policy.admission_epoch, policy.admission_grown
                                 slack_seen = policy.admission_slack
+                        assert head_need is not None
                         # An admission after the acts: the fast path's step takes the rest of this
                         # one, its crossers done (popped above).
                         general = 0 <= head_need - (policy.admission_slack - slack_seen if ordered else 0) <= free
@@ -180,11 +183,9 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                 ):
                     if value:
                         events[col].append((j, value))
-                if ordered and policy.evictions != sched._evictions_seen:
+                if ordered and policy.evictions != sched._evictions_seen:  # added to the acts' ones
                     ev = sched.take_evictions()
-                    if evicted and evicted[-1][0] == j:  # the step's acts evicted too
-                        ev += evicted.pop()[1]
-                    evicted.append((j, ev))
+                    evicted.append((j, ev + evicted.pop()[1] if evicted and evicted[-1][0] == j else ev))
                 ts.append(t)
                 policy.steps = measured0 + j + 1  # the frees' lines are drawn for the next step measured
                 done = sched.finish_step(plan)
@@ -267,12 +268,12 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
 
 class Levels:
     """The stretch's levels, one row each (``matrix``): from its first step on, until the next
-    level, the blocks allocated, the group totals (``GroupCounts.totals``), then the
-    step's scheduled tokens, running, waiting and external fragmentation. A stretch adds a level
-    at every act, where only the blocks and the totals move: those are kept as one flat list of
-    ints (one array in C), the scheduler's four fields only where a level is ``add``ed, and
-    each act's level takes them from the last one added. The stretch appends an act's level to
-    ``flat`` itself (its step, the blocks, the totals): one a step where a decoder acts."""
+    level, the blocks allocated, the cached free blocks, the group totals (``GroupCounts.sums``),
+    then the step's scheduled tokens, running, waiting and external fragmentation. A stretch
+    adds a level at every act, where only the blocks, cached blocks and totals move: those are
+    kept as one flat list of ints, the scheduler's four fields only where a level is ``add``ed,
+    and each act's level takes them from the last one added. The stretch appends an act's level
+    to ``flat`` itself (its step, the blocks, the cached blocks, the totals)."""
 
     SCALARS = 4  # the fields after the totals
 
@@ -298,7 +299,8 @@ class Levels:
         self.flat += (step, policy.num_blocks - policy.free_blocks(), policy.cached_free_blocks(), *self.totals)
 
     def matrix(self) -> np.ndarray:
-        """One row a level: its first step, the blocks, the totals, the scheduler's four fields."""
+        """One row a level: its first step, the blocks, the cached free blocks, the totals, the
+        scheduler's four fields."""
         rows = np.frombuffer(array("q", self.flat), dtype=np.int64).reshape(-1, self.width)
         marks = np.array(self.marks, dtype=np.int64).reshape(-1, 1 + self.SCALARS)
         last_added = np.searchsorted(marks[:, 0], np.arange(len(rows)), side="right") - 1

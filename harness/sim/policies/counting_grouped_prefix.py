@@ -30,9 +30,9 @@ from ...spec.kv_shared_use import NULL_BLOCK
 from ...spec.kv_use import KVUse
 from ...spec.layer_kinds import SLIDING
 from ..sequence import Seq
-from .counting_grouped import GroupLine, TwinGroups
 from .group_counts import measure_sums
 from .grouped_prefix import GroupedPrefixPolicy
+from .shared_totals import bytes_past
 
 _ALL = 1 << 62  # a full or MLA layer's span: every computed token
 _NEVER = 1 << 62  # past any position
@@ -61,21 +61,17 @@ def _reads(layers: list[tuple[int, int]], start: int, end: int, c: int) -> tuple
 
 class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
     """``GroupedPrefixPolicy`` with running totals for its measures and each request's next act
-    (module docstring). The totals, ``sums``, are laid out as ``CountingGroupedPolicy``'s: per
-    twin set its used-bytes line's constant and slope and one member's real blocks, last the
-    internal bytes over every group."""
+    (module docstring). The totals, ``sums``, are laid out as ``CountingGroupedPolicy``'s with
+    every group a set of its own (groups of one arithmetic share cached content unevenly: an
+    eviction takes one group's copy of a key and not another's): per group its used-bytes line's
+    constant and slope and its real blocks, last the internal bytes over every group."""
 
     needs_run_order = True  # block ids: acts allocate and free in running order, as the reference
-    block_tables = False
 
     def __init__(self, use: KVUse, max_model_len: int) -> None:
         super().__init__(use, max_model_len)
         self.steps = 0  # steps measured so far
-        # The stretch's layout of the totals, one set per group: groups of one arithmetic share
-        # cached content unevenly (an eviction takes one group's copy of a key and not another's).
-        lines = [GroupLine.of(g, gu) for g, gu in zip(self.groups, use.groups)]
-        self.twins = tuple(TwinGroups(line, (i,)) for i, line in enumerate(lines))
-        self.twin_of = list(range(len(self.groups)))
+        self.twin_of = list(range(len(self.groups)))  # each group its own set (class docstring)
         self.sums = [0] * (3 * len(self.groups) + 1)
         # Per group: (span, bytes a token) of each layer (span: window − 1, or every token); the
         # sliding layers alone, whose reads of a shared block differ between its holders; and the
@@ -160,15 +156,9 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``
         with the hit ``prefix_hit`` remembered (``_admit``'s test)."""
-        hits, hit = self.hits.get(seq.index, ([], 0))
-        if not hits:
-            hits = [[] for _ in self.groups]
+        hits, hit = self._hit_of(seq)
         self.watch = {b for h in hits for b in h if b != NULL_BLOCK}
-        computed = seq.num_computed + hit
-        need = self._new_need(min(num_tokens, self.max_model_len), computed, hits, False)
-        if must_fit:
-            need = max(need, self._new_need(must_fit, min(computed, self.max_model_len), hits, True))
-        return need
+        return self._need_to_admit(seq, num_tokens, must_fit, hits, hit)
 
     def measure_use(self) -> tuple[int, int]:
         return measure_sums(self)
@@ -190,7 +180,7 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         line = self._lines.pop(idx, None)
         if line is not None:
             sums = self.sums
-            for k in range(len(self.twins)):
+            for k in range(len(self.groups)):
                 sums[3 * k] -= line[2 * k]
                 sums[3 * k + 1] -= line[2 * k + 1]
         for d in (self._surplus, self._off, self._own, self._reach):
@@ -292,10 +282,10 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         self._lines[idx] = line
 
     def _draw_surplus(self, idx: int, tokens: int, at: int) -> tuple[list[int], int]:
-        """Per twin set the line of ``idx``'s reads of the shared blocks it is not designated
-        for, at ``tokens`` computed tokens; and the last position through which it holds."""
+        """Per group the line of ``idx``'s reads of the shared blocks it is not designated for,
+        at ``tokens`` computed tokens; and the last position through which it holds."""
         self._stale.discard(idx)
-        lines = [0] * (2 * len(self.twins))
+        lines = [0] * (2 * len(self.groups))
         bend = _NEVER
         held = self.held
         mine = held.mine.get(idx)
@@ -407,11 +397,7 @@ class Held:
         policy = self.policy
         if max(lengths) * policy.bs <= final_len and not self.over[idx]:
             return  # no table past the final length, as before
-        over = 0
-        for g, n in zip(policy.use.groups, lengths):
-            tokens = n * policy.bs - final_len
-            if tokens > 0 and g.token_bytes:
-                over += tokens * g.token_bytes
+        over = bytes_past(policy.use.groups, policy.bs, lengths, final_len)
         policy.sums[-1] += over - self.over[idx]
         self.over[idx] = over
 

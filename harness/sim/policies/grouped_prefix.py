@@ -438,26 +438,35 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         A refusal stands while the lookup and the asked stand and no block was freed: a block
         taken from the free queue is one less free, and one less to take back if it is a hit
         (an evicted hit makes a new lookup), so the blocks lacking never shrink."""
-        hits, hit = self.hits.get(seq.index, ([], 0))
-        if not hits:
-            hits = [[] for _ in self.groups]
+        hits, hit = self._hit_of(seq)
         asked = (self.frees, hit, seq.num_computed, num_tokens, must_fit)
         refused = self.refused.get(seq.index)
         if refused is not None and refused[0] is hits and refused[1] == asked:
             return False
+        if self._need_to_admit(seq, num_tokens, must_fit, hits, hit) > self._free:
+            self.refused[seq.index] = (hits, asked)
+            return False
         computed = seq.num_computed + hit
-        if must_fit and self._new_need(must_fit, min(computed, self.max_model_len), hits, True) > self._free:
-            self.refused[seq.index] = (hits, asked)
-            return False
         slot = min(num_tokens, self.max_model_len)
-        if self._new_need(slot, computed, hits, False) > self._free:
-            self.refused[seq.index] = (hits, asked)
-            return False
         tables = self._open(seq, hits, min(computed, self.max_model_len))
         self._extend(seq, tables, slot)
         self._cache(seq, min(num_tokens, seq.num_tokens))
         self._held(seq)
         return True
+
+    def _hit_of(self, seq: Seq) -> tuple[list[list[int]], int]:
+        """The hit ``prefix_hit`` remembered for ``seq``: per group its blocks, and its tokens."""
+        hits, hit = self.hits.get(seq.index, ([], 0))
+        return (hits or [[] for _ in self.groups]), hit
+
+    def _need_to_admit(self, seq: Seq, num_tokens: int, must_fit: int, hits: list[list[int]], hit: int) -> int:
+        """The free blocks admitting ``seq`` to ``num_tokens`` with ``hits`` asks: its slot's and,
+        with ``must_fit``, its whole sequence's (vLLM's gate, a sliding group's capped), the larger."""
+        computed = seq.num_computed + hit
+        need = self._new_need(min(num_tokens, self.max_model_len), computed, hits, False)
+        if must_fit:
+            need = max(need, self._new_need(must_fit, min(computed, self.max_model_len), hits, True))
+        return need
 
     def _extend(self, seq: Seq, tables: list[list[int]], slot: int) -> None:
         """Each table grown to cover ``slot`` tokens with blocks from the free queue."""

@@ -23,17 +23,27 @@ keeps the same numbers up to date as its tables change instead (``SharedTotals``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
 
 from ...spec.kv_shared_use import NULL_BLOCK
-from ...spec.kv_use import KVUse
+from ...spec.kv_use import GroupUse, KVUse
 from ...spec.layer_kinds import FULL, MLA, SLIDING
 from ..sequence import Seq
 
 _COMPUTED = attrgetter("num_computed")
 _ALL = 1 << 62  # a full or MLA layer's span: every computed token
+
+
+def bytes_past(groups: Sequence[GroupUse], block_size: int, lengths: list[int], final_len: int) -> int:
+    """The bytes of tables of ``lengths`` blocks (one a group) past a request's ``final_len``."""
+    over = 0
+    for g, n in zip(groups, lengths):
+        tokens = n * block_size - final_len
+        if tokens > 0 and g.token_bytes:
+            over += tokens * g.token_bytes
+    return over
 
 
 class SharedTotals:
@@ -87,11 +97,7 @@ class SharedTotals:
 
     def table_lengths(self, idx: int, lengths: list[int], final_len: int) -> None:
         """A request's table lengths now: its bytes beyond ``final_len``."""
-        over = 0
-        for g, n in zip(self.groups, lengths):
-            tokens = n * self.bs - final_len
-            if tokens > 0 and g.token_bytes:
-                over += tokens * g.token_bytes
+        over = bytes_past(self.groups, self.bs, lengths, final_len)
         self.over_bytes += over - self.over[idx]
         self.over[idx] = over
 
