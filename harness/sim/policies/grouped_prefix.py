@@ -406,11 +406,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         tables = self.tables.get(seq.index)
         if tables is not None:
             return self._grow_need(tables, num_tokens) <= self._free + self._skippable_in(seq, tables)
-        hits, hit = self.hits.get(seq.index, ([[] for _ in self.groups], 0))
-        computed = min(seq.num_computed + hit, self.max_model_len)
-        if must_fit and self._new_need(must_fit, computed, hits, True) > self._free:
-            return False
-        return self._new_need(num_tokens, computed, hits, False) <= self._free
+        hits, hit = self._hit_of(seq)
+        return self._need_to_admit(seq, num_tokens, must_fit, hits, hit) <= self._free
 
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         """``allocate_slots``: the admission gate (with the hit), the skipped blocks freed, the new
