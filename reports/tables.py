@@ -173,7 +173,7 @@ def geometric_mean(values: Iterable[float]) -> float:
 def geomean(ratio_table: pd.DataFrame, metrics: Sequence[str] = RATIO_METRICS) -> pd.DataFrame:
     """Per cell (runner, policy, block size, device, page size): the geometric mean of each
     ``<metric>_x`` over the comparison groups where it exists, with ``groups`` = how many groups
-    each one spans."""
+    each one spans. A cell with no ratio in any group (no baseline beside it) has no row."""
     rows = []
     keys = [k for k in CELL_KEYS if k in ratio_table]
     for key, sub in ratio_table.groupby(keys, sort=False, dropna=False):
@@ -182,7 +182,8 @@ def geomean(ratio_table: pd.DataFrame, metrics: Sequence[str] = RATIO_METRICS) -
             col = sub[f"{m}_x"].dropna()
             row[f"{m}_x"] = geometric_mean(col)
             row[f"{m}_groups"] = int(len(col))
-        rows.append(row)
+        if any(row[f"{m}_groups"] for m in metrics):
+            rows.append(row)
     table = pd.DataFrame(rows)
     if table.empty:
         return table
