@@ -89,6 +89,7 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         self._off: dict[int, int] = {}  # per request: computed tokens less the measured step
         self._own: dict[int, tuple[list[int], int]] = {}  # per request: its own reads' lines, valid through
         self._reach: dict[int, int] = {}
+        self._through: dict[int, int] = {}  # per request: the last position both its lines hold through
         # The fast path files a decoder's next act again where it comes sooner than filed.
         self.refile: Callable[[Seq], None] | None = None
 
@@ -122,13 +123,28 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         tokens = c + 1
         assert tokens <= self.max_model_len, "a decoder past the model's length"
         tables = self.tables[idx]
-        if c >= self.skip_from[idx]:
+        skip_from, covered = self.skip_from, self.covered
+        if c >= skip_from[idx]:
             self._skip_in(seq, tables)
-        if tokens > self.covered[idx]:
+        if tokens > covered[idx]:
             self._grow(seq, tables, tokens)
         self._held(seq)  # its decoded blocks are cached when it is freed (module docstring)
-        self._draw(seq, tokens)
-        return self._reach[idx]
+        held = self.held
+        through = self._through.get(idx, -1)
+        if held.dirty or held.left or tokens > through or self._off.get(idx) != c - self.steps or idx in self._stale:
+            self._draw(seq, tokens)
+            return self._reach[idx]
+        # Its lines hold (``_draw``'s test): only its block acts move its reach (``_reach_of``).
+        reach = covered[idx]
+        skip = skip_from[idx]
+        if skip < reach:
+            reach = skip
+        if through < reach:
+            reach = through
+        if reach < tokens:
+            reach = tokens
+        self._reach[idx] = reach
+        return reach
 
     def _grow(self, seq: Seq, tables: list[list[int]], tokens: int) -> None:
         """``_extend`` for a decoder: a table short of ``tokens`` is one block short, and the
@@ -152,6 +168,51 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         self.covered[idx] = want * bs
         if want * bs > seq.final_len or held.over[idx]:
             held.table_lengths(idx, [len(t) for t in tables], seq.final_len)
+
+    def _release(self, idx: int, runs: list[list[int]]) -> None:
+        """``GroupedPrefixPolicy._release`` and ``Held.drop`` in one pass over the blocks: each
+        goes to the free queue as there, and leaves the measures as ``drop`` takes it out."""
+        held = self.held
+        ref, block_hash, lru, front, watch = self.ref, self.block_hash, self.lru, self.front, self.watch
+        where, tracked, holders, designated = held.where, held.tracked, held.holders, held.designated
+        sums, full_block, overhead = self.sums, self.full_block, held.overhead
+        now = self.ledger.now
+        freed = 0
+        for blocks in runs:
+            first = []
+            for b in blocks:
+                if b == NULL_BLOCK:
+                    continue
+                r = ref[b] - 1
+                ref[b] = r
+                if r:  # another table holds it: its full layers' surplus goes, its holders shrink
+                    gid = where[b][0]
+                    sums[3 * gid] += full_block[gid]
+                    if tracked[gid]:
+                        holders[b].remove(idx)
+                        held.dirty.add(b)
+                        mine = held.mine.get(idx)
+                        if mine is not None and b in mine:
+                            mine.discard(b)
+                            held.left.append(idx)
+                    continue
+                gid = where.pop(b)[0]
+                sums[3 * gid + 2] -= 1
+                sums[-1] -= overhead[gid]
+                if tracked[gid]:
+                    del holders[b]
+                    if b in designated:
+                        held.dirty.add(b)
+                freed += 1
+                if b in block_hash:
+                    lru[b] = now
+                    if b in watch:
+                        self.admission_grown += 1
+                else:
+                    first.append(b)
+            front.extend(reversed(first))
+        self._free += freed
+        self.frees += freed
 
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``
@@ -183,7 +244,7 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
             for k in range(len(self.groups)):
                 sums[3 * k] -= line[2 * k]
                 sums[3 * k + 1] -= line[2 * k + 1]
-        for d in (self._surplus, self._off, self._own, self._reach):
+        for d in (self._surplus, self._off, self._own, self._reach, self._through):
             d.pop(idx, None)
         self._stale.discard(idx)
         if self.held.dirty or self.held.left:
@@ -233,14 +294,14 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
     def _reach_of(self, idx: int, tokens: int, own_bend: int, surplus_bend: int) -> int:
         """``idx``'s reach: the last position before a block act (a block needed or skipped) or a
         bend of one of its lines, at least ``tokens``."""
+        through = own_bend if own_bend < surplus_bend else surplus_bend
+        self._through[idx] = through
         reach = self.covered[idx]
         skip = self.skip_from[idx]
         if skip < reach:
             reach = skip
-        if own_bend < reach:
-            reach = own_bend
-        if surplus_bend < reach:
-            reach = surplus_bend
+        if through < reach:
+            reach = through
         if reach < tokens:
             reach = tokens
         self._reach[idx] = reach
@@ -366,7 +427,8 @@ class Held:
     and the full-attention surplus (every holder past a shared block's end reads all of it: each
     holder but one adds a block's full-layer bytes), in the policy's ``sums``; the bytes past each
     request's final length; and, for groups with sliding layers, which requests hold each block
-    (the designations' input)."""
+    (the designations' input). Blocks let go leave these in the policy's ``_release``, in its
+    one pass over them."""
 
     def __init__(self, policy: CountingGroupedPrefixPolicy) -> None:
         self.policy = policy
@@ -425,33 +487,3 @@ class Held:
         if tracked:
             self.holders[block].append(idx)
             self.dirty.add(block)
-
-    def drop(self, idx: int, blocks: list[int]) -> None:
-        ref = self.policy.ref
-        where = self.where
-        tracked = self.tracked
-        sums = self.policy.sums
-        gone: dict[int, int] = {}  # per group: blocks that lost their last holder
-        for block in blocks:
-            if block == NULL_BLOCK:
-                continue
-            if ref[block] == 1:  # its last holder
-                gid, _ = where.pop(block)
-                gone[gid] = gone.get(gid, 0) + 1
-                if tracked[gid]:
-                    del self.holders[block]
-                    if block in self.designated:
-                        self.dirty.add(block)
-                continue
-            gid, _ = where[block]
-            sums[3 * gid] += self.policy.full_block[gid]
-            if not tracked[gid]:
-                continue
-            self.holders[block].remove(idx)
-            self.dirty.add(block)
-            mine = self.mine.get(idx)
-            if mine is not None and block in mine:
-                mine.discard(block)
-                self.left.append(idx)
-        for gid, n in gone.items():
-            self._blocks(gid, -n)

@@ -26,7 +26,7 @@ refused (``RunSpec``). Every group has the run's block size (no state layers: eq
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Protocol
 
 from ...spec.kv_layout import cdiv
@@ -47,7 +47,9 @@ FULL_SPECS = (FULL, MLA)  # vLLM's FullAttentionSpec and its subclass MLAAttenti
 
 class Holding(Protocol):
     """What the policy tells of its tables (``SharedTotals``'s calls): a request's tables start
-    and end, take blocks (fresh or hit) and let them go, and grow."""
+    and end, take blocks (fresh or hit), and grow. Blocks let go reach the measures through
+    ``_release``, which ``CountingGroupedPrefixPolicy`` overrides to take them out of its
+    own in the same pass."""
 
     def add(self, idx: int) -> None: ...
 
@@ -56,8 +58,6 @@ class Holding(Protocol):
     def hold_new(self, idx: int, gid: int, blocks: list[int], start: int) -> None: ...
 
     def hold(self, idx: int, gid: int, block: int, pos: int) -> None: ...
-
-    def drop(self, idx: int, blocks: list[int]) -> None: ...
 
     def table_lengths(self, idx: int, lengths: list[int], final_len: int) -> None: ...
 
@@ -80,10 +80,10 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.simple = len(self.spec_groups) == 2 and self.spec_groups[0][0][0] in FULL_SPECS
         # The pool: free queue in three parts popped in order (as ``PagedPolicy``'s): uncached frees,
         # never-used ids (``next_fresh`` on; id 0 is the null block), cached frees (LRU).
-        self.front: deque[int] = deque()
+        self.front: list[int] = []  # the uncached frees, the free queue's front last (popped first)
         self.next_fresh = 1
-        self.lru: OrderedDict[int, None] = OrderedDict()
-        self.ref: dict[int, int] = {}
+        self.lru: OrderedDict[int, tuple[int, float]] = OrderedDict()  # cached free -> when freed (``ledger.now``)
+        self.ref = [0] * (self.num_blocks + 1)  # by block id: the tables holding it
         self.block_hash: dict[int, tuple[int, int]] = {}  # block -> (content key, group)
         self.cache: dict[tuple[int, int], list[int]] = {}  # (content key, group) -> blocks, first inserted first
         self.ledger = ReuseLedger()
@@ -135,37 +135,52 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
 
     # -- the pool ----------------------------------------------------------------------------
     def _pop(self, n: int) -> list[int]:
-        """``get_new_blocks``: ``n`` blocks from the front of the free queue, a cached one evicted."""
-        out = []
-        for _ in range(n):
-            if self.front:
-                b = self.front.popleft()
-            elif self.next_fresh <= self.num_blocks:
-                b = self.next_fresh
-                self.next_fresh += 1
-            else:
-                b, _ = self.lru.popitem(last=False)
-                key = self.block_hash.pop(b)
-                holders = self.cache[key]
-                holders.remove(b)
-                if not holders:
-                    del self.cache[key]
-                if self.lookups:
-                    self._block_evicted(b)
-                self.ledger.freed_at.pop(b, None)
-                self.evictions += 1
-            self.ref[b] = 1
-            out.append(b)
+        """``get_new_blocks``: ``n`` blocks from the front of the free queue (its three parts in
+        order: uncached frees, never-used ids, cached frees), each cached one evicted."""
+        front = self.front
+        if len(front) >= n:
+            out = front[: -n - 1 : -1]
+            del front[-n:]
+        else:
+            out = front[::-1]
+            front.clear()
+            fresh = self.next_fresh
+            take = min(n - len(out), self.num_blocks + 1 - fresh)
+            if take > 0:
+                out.extend(range(fresh, fresh + take))
+                self.next_fresh = fresh + take
+            if len(out) < n:
+                self._evict(n - len(out), out)
+        ref = self.ref
+        for b in out:
+            ref[b] = 1
         self._free -= n
         return out
+
+    def _evict(self, n: int, out: list[int]) -> None:
+        """The ``n`` least recently freed cached blocks out of the cache, onto ``out``."""
+        lru, block_hash, cache, lookups = self.lru, self.block_hash, self.cache, self.lookups
+        for _ in range(n):
+            b, _ = lru.popitem(last=False)
+            key = block_hash.pop(b)
+            holders = cache[key]
+            if len(holders) == 1:
+                del cache[key]
+            else:
+                holders.remove(b)
+            if lookups:
+                self._block_evicted(b)
+            out.append(b)
+        self.evictions += n
 
     def _release(self, idx: int, runs: list[list[int]]) -> None:
         """``free_blocks`` of sequence ``idx``'s blocks, run by run (one a group, as vLLM frees them
         group by group): one reference less each; a block no table holds goes to the front of
         the free queue (a run's uncached blocks in the run's order, before the earlier runs') or
         to its back (cached)."""
-        self.holding.drop(idx, [b for run in runs for b in run] if len(runs) > 1 else runs[0])
+        self.totals.drop(idx, [b for run in runs for b in run] if len(runs) > 1 else runs[0])
         ref, block_hash, lru, front = self.ref, self.block_hash, self.lru, self.front
+        now = self.ledger.now
         for blocks in runs:
             first = []
             for b in blocks:
@@ -178,13 +193,12 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 self._free += 1
                 self.frees += 1
                 if b in block_hash:
-                    lru[b] = None
-                    self.ledger.freed(b)
+                    lru[b] = now
                     if b in self.watch:
                         self.admission_grown += 1
                 else:
                     first.append(b)
-            front.extendleft(reversed(first))
+            front.extend(reversed(first))
 
     def _touch(self, idx: int, gid: int, blocks: list[int], start: int) -> None:
         """Sequence ``idx`` takes the hit ``blocks`` from ``start`` of group ``gid``'s table."""
@@ -193,8 +207,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
                 continue
             self.holding.hold(idx, gid, b, pos)
             if self.ref[b] == 0:
-                del self.lru[b]
-                self.ledger.reused(b)
+                self.ledger.reused_run(1, self.lru.pop(b))
                 self._free -= 1
             self.ref[b] += 1
 
@@ -265,10 +278,11 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         seq.pending_hits = []
         if seq.num_computed:
             return 0
-        last = self.lookups.get(seq.index)
+        idx = seq.index
+        last = self.lookups.get(idx)
         if last is None or last[0] != seq.num_tokens:
             last = self._lookup(seq)
-            self.lookups[seq.index] = last
+            self.lookups[idx] = last
         _, _, out, hit, boundary, _ = last
         self.hits[seq.index] = (out, hit)
         self.boundary[seq.index] = boundary
