@@ -169,7 +169,9 @@ class RunRecorder:
         self._tmp_steps = store.make_temp_dir(self.out, "steps", run_id)
         self._writer: pq.ParquetWriter | None = None
         try:
-            self._writer = pq.ParquetWriter(self._tmp_steps / store.PART, with_version(STEPS))
+            self._writer = pq.ParquetWriter(
+                self._tmp_steps / store.PART, with_version(STEPS), **store.parquet_options(STEPS)
+            )
         except OSError as exc:
             self.abort()
             raise self._failed("steps", exc) from None
