@@ -123,10 +123,9 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         tokens = c + 1
         assert tokens <= self.max_model_len, "a decoder past the model's length"
         tables = self.tables[idx]
-        skip_from, covered = self.skip_from, self.covered
-        if c >= skip_from[idx]:
+        if c >= self.skip_from[idx]:
             self._skip_in(seq, tables)
-        if tokens > covered[idx]:
+        if tokens > self.covered[idx]:
             self._grow(seq, tables, tokens)
         self._held(seq)  # its decoded blocks are cached when it is freed (module docstring)
         held = self.held
@@ -134,17 +133,7 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         if held.dirty or held.left or tokens > through or self._off.get(idx) != c - self.steps or idx in self._stale:
             self._draw(seq, tokens)
             return self._reach[idx]
-        # Its lines hold (``_draw``'s test): only its block acts move its reach (``_reach_of``).
-        reach = covered[idx]
-        skip = skip_from[idx]
-        if skip < reach:
-            reach = skip
-        if through < reach:
-            reach = through
-        if reach < tokens:
-            reach = tokens
-        self._reach[idx] = reach
-        return reach
+        return self._reach_within(idx, tokens, through)  # its lines hold (``_draw``'s test)
 
     def _grow(self, seq: Seq, tables: list[list[int]], tokens: int) -> None:
         """``_extend`` for a decoder: a table short of ``tokens`` is one block short, and the
@@ -296,6 +285,10 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         bend of one of its lines, at least ``tokens``."""
         through = own_bend if own_bend < surplus_bend else surplus_bend
         self._through[idx] = through
+        return self._reach_within(idx, tokens, through)
+
+    def _reach_within(self, idx: int, tokens: int, through: int) -> int:
+        """``idx``'s reach where its lines hold through ``through``: only its block acts move it."""
         reach = self.covered[idx]
         skip = self.skip_from[idx]
         if skip < reach:
