@@ -164,7 +164,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                         assert head_need is not None
                         # An admission after the acts: the fast path's step takes the rest of this
                         # one, its crossers done (popped above).
-                        general = 0 <= head_need - (policy.admission_slack - slack_seen if ordered else 0) <= free
+                        general = 0 <= head_need - (policy.admission_slack - slack_seen) <= free
             if general:
                 if not (sched.running or waiting):
                     break  # idle: the driver moves the clock on to the next arrival
@@ -185,7 +185,9 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                         events[col].append((j, value))
                 if ordered and policy.evictions != sched._evictions_seen:  # added to the acts' ones
                     ev = sched.take_evictions()
-                    evicted.append((j, ev + evicted.pop()[1] if evicted and evicted[-1][0] == j else ev))
+                    if evicted and evicted[-1][0] == j:
+                        ev += evicted.pop()[1]
+                    evicted.append((j, ev))
                 ts.append(t)
                 policy.steps = measured0 + j + 1  # the frees' lines are drawn for the next step measured
                 done = sched.finish_step(plan)

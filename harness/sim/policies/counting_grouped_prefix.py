@@ -89,7 +89,7 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         self._off: dict[int, int] = {}  # per request: computed tokens less the measured step
         self._own: dict[int, tuple[list[int], int]] = {}  # per request: its own reads' lines, valid through
         self._reach: dict[int, int] = {}
-        self._through: dict[int, int] = {}  # per request: the last position both its lines hold through
+        self._through: dict[int, int] = {}  # per request: the last position both its lines hold through (``_reach_of``)
         # The fast path files a decoder's next act again where it comes sooner than filed.
         self.refile: Callable[[Seq], None] | None = None
 
@@ -128,12 +128,8 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         if tokens > self.covered[idx]:
             self._grow(seq, tables, tokens)
         self._held(seq)  # its decoded blocks are cached when it is freed (module docstring)
-        held = self.held
-        through = self._through.get(idx, -1)
-        if held.dirty or held.left or tokens > through or self._off.get(idx) != c - self.steps or idx in self._stale:
-            self._draw(seq, tokens)
-            return self._reach[idx]
-        return self._reach_within(idx, tokens, through)  # its lines hold (``_draw``'s test)
+        self._draw(seq, tokens)
+        return self._reach[idx]
 
     def _grow(self, seq: Seq, tables: list[list[int]], tokens: int) -> None:
         """``_extend`` for a decoder: a table short of ``tokens`` is one block short, and the
@@ -157,51 +153,6 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         self.covered[idx] = want * bs
         if want * bs > seq.final_len or held.over[idx]:
             held.table_lengths(idx, [len(t) for t in tables], seq.final_len)
-
-    def _release(self, idx: int, runs: list[list[int]]) -> None:
-        """``GroupedPrefixPolicy._release`` and ``Held.drop`` in one pass over the blocks: each
-        goes to the free queue as there, and leaves the measures as ``drop`` takes it out."""
-        held = self.held
-        ref, block_hash, lru, front, watch = self.ref, self.block_hash, self.lru, self.front, self.watch
-        where, tracked, holders, designated = held.where, held.tracked, held.holders, held.designated
-        sums, full_block, overhead = self.sums, self.full_block, held.overhead
-        now = self.ledger.now
-        freed = 0
-        for blocks in runs:
-            first = []
-            for b in blocks:
-                if b == NULL_BLOCK:
-                    continue
-                r = ref[b] - 1
-                ref[b] = r
-                if r:  # another table holds it: its full layers' surplus goes, its holders shrink
-                    gid = where[b][0]
-                    sums[3 * gid] += full_block[gid]
-                    if tracked[gid]:
-                        holders[b].remove(idx)
-                        held.dirty.add(b)
-                        mine = held.mine.get(idx)
-                        if mine is not None and b in mine:
-                            mine.discard(b)
-                            held.left.append(idx)
-                    continue
-                gid = where.pop(b)[0]
-                sums[3 * gid + 2] -= 1
-                sums[-1] -= overhead[gid]
-                if tracked[gid]:
-                    del holders[b]
-                    if b in designated:
-                        held.dirty.add(b)
-                freed += 1
-                if b in block_hash:
-                    lru[b] = now
-                    if b in watch:
-                        self.admission_grown += 1
-                else:
-                    first.append(b)
-            front.extend(reversed(first))
-        self._free += freed
-        self.frees += freed
 
     def admission_blocks(self, seq: Seq, num_tokens: int, must_fit: int) -> int:
         """The free blocks ``allocate`` needs to admit ``seq`` (holding none) to ``num_tokens``
@@ -268,13 +219,14 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
                 self.held.dirty.update(mine)
         if self.held.dirty or self.held.left:
             self._settle(idx)
+        through = self._through.get(idx, -1)
+        if not moved and tokens <= through and idx not in self._stale:
+            self._reach_within(idx, tokens, through)
+            return  # neither line moved
         own = self._own.get(idx)
         surplus = self._surplus.get(idx)
         if moved or own is None or tokens > own[1]:
             own = self._draw_own(idx, tokens, at)
-        elif surplus is not None and idx not in self._stale and tokens <= surplus[1]:
-            self._reach_of(idx, tokens, own[1], surplus[1])
-            return  # neither line moved
         if surplus is None or idx in self._stale or tokens > surplus[1]:
             surplus = self._draw_surplus(idx, tokens, at)
         self._put_line(idx, own[0], surplus[0])
@@ -420,8 +372,7 @@ class Held:
     and the full-attention surplus (every holder past a shared block's end reads all of it: each
     holder but one adds a block's full-layer bytes), in the policy's ``sums``; the bytes past each
     request's final length; and, for groups with sliding layers, which requests hold each block
-    (the designations' input). Blocks let go leave these in the policy's ``_release``, in its
-    one pass over them."""
+    (the designations' input)."""
 
     def __init__(self, policy: CountingGroupedPrefixPolicy) -> None:
         self.policy = policy
@@ -480,3 +431,29 @@ class Held:
         if tracked:
             self.holders[block].append(idx)
             self.dirty.add(block)
+
+    def drop(self, idx: int, blocks: list[int]) -> None:
+        ref, where, tracked, holders = self.policy.ref, self.where, self.tracked, self.holders
+        sums, full_block, overhead = self.policy.sums, self.policy.full_block, self.overhead
+        for block in blocks:
+            if block == NULL_BLOCK:
+                continue
+            if ref[block] == 1:  # its last holder
+                gid = where.pop(block)[0]
+                sums[3 * gid + 2] -= 1
+                sums[-1] -= overhead[gid]
+                if tracked[gid]:
+                    del holders[block]
+                    if block in self.designated:
+                        self.dirty.add(block)
+                continue
+            gid = where[block][0]  # another table holds it: its full layers' surplus goes
+            sums[3 * gid] += full_block[gid]
+            if not tracked[gid]:
+                continue
+            holders[block].remove(idx)
+            self.dirty.add(block)
+            mine = self.mine.get(idx)
+            if mine is not None and block in mine:
+                mine.discard(block)
+                self.left.append(idx)

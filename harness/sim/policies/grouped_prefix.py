@@ -47,9 +47,7 @@ FULL_SPECS = (FULL, MLA)  # vLLM's FullAttentionSpec and its subclass MLAAttenti
 
 class Holding(Protocol):
     """What the policy tells of its tables (``SharedTotals``'s calls): a request's tables start
-    and end, take blocks (fresh or hit), and grow. Blocks let go reach the measures through
-    ``_release``, which ``CountingGroupedPrefixPolicy`` overrides to take them out of its
-    own in the same pass."""
+    and end, take blocks (fresh or hit) and let them go, and grow."""
 
     def add(self, idx: int) -> None: ...
 
@@ -58,6 +56,8 @@ class Holding(Protocol):
     def hold_new(self, idx: int, gid: int, blocks: list[int], start: int) -> None: ...
 
     def hold(self, idx: int, gid: int, block: int, pos: int) -> None: ...
+
+    def drop(self, idx: int, blocks: list[int]) -> None: ...
 
     def table_lengths(self, idx: int, lengths: list[int], final_len: int) -> None: ...
 
@@ -139,7 +139,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         order: uncached frees, never-used ids, cached frees), each cached one evicted."""
         front = self.front
         if len(front) >= n:
-            out = front[: -n - 1 : -1]
+            out = front[: -n - 1 : -1]  # its last n, the last first
             del front[-n:]
         else:
             out = front[::-1]
@@ -178,7 +178,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         group by group): one reference less each; a block no table holds goes to the front of
         the free queue (a run's uncached blocks in the run's order, before the earlier runs') or
         to its back (cached)."""
-        self.totals.drop(idx, [b for run in runs for b in run] if len(runs) > 1 else runs[0])
+        self.holding.drop(idx, [b for run in runs for b in run] if len(runs) > 1 else runs[0])
         ref, block_hash, lru, front = self.ref, self.block_hash, self.lru, self.front
         now = self.ledger.now
         for blocks in runs:
@@ -278,11 +278,10 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         seq.pending_hits = []
         if seq.num_computed:
             return 0
-        idx = seq.index
-        last = self.lookups.get(idx)
+        last = self.lookups.get(seq.index)
         if last is None or last[0] != seq.num_tokens:
             last = self._lookup(seq)
-            self.lookups[idx] = last
+            self.lookups[seq.index] = last
         _, _, out, hit, boundary, _ = last
         self.hits[seq.index] = (out, hit)
         self.boundary[seq.index] = boundary
