@@ -23,6 +23,7 @@ MAX_SUITE_BYTES = 1 * MIB
 def kind(mode: int) -> str:
     """What a file system entry is, in words, from its ``st_mode``."""
     for test, name in (
+        (stat.S_ISREG, "a regular file"),
         (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISDIR, "a directory"),
         (stat.S_ISCHR, "a character device"),

@@ -81,9 +81,14 @@ def results_dir(args: argparse.Namespace, suite_name: str) -> Path:
     return out
 
 
-def create_results_dir(out: Path) -> None:
+def check_results_path(out: Path) -> None:
+    """``out`` is a directory or nothing yet (checked first, before any workload is built)."""
     if os.path.lexists(out) and not out.is_dir():
         raise KvbenchError(f"--out {out}: exists and is {kind(os.lstat(out).st_mode)}, not a directory")
+
+
+def create_results_dir(out: Path) -> None:
+    check_results_path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -117,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                 "(set it in [scheduler] or [runners.NAME])"
             )
     out = results_dir(args, suite.name)
+    check_results_path(out)
 
     def log(msg: str) -> None:
         if not args.quiet:

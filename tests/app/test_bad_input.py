@@ -505,7 +505,7 @@ CASES.update(
         ),
         "run-out-a-regular-file": Case(
             ("run", str(ROOT / "suites" / "example.toml"), "--out", "{tmp}/file"),
-            ("not a directory",),
+            ("is a regular file, not a directory",),
             files({"file": "x"}),
         ),
     }
