@@ -41,7 +41,7 @@ from .decoders import Decoders, FastSeq
 from .policies.base import internal_of
 from .policies.contiguous import ContiguousPolicy
 from .policies.paged import CountingPagedPolicy
-from .scheduling_rule import admission_open, preempt_until_fits
+from .scheduling_rule import admission_must_fit, admission_open, preempt_until_fits
 from .sequence import FINISHED, RUNNING, WAITING
 
 if TYPE_CHECKING:
@@ -603,9 +603,22 @@ class Stretch:
         budget = sched.config.max_num_batched_tokens - self.dec.count
         if not admission_open(budget, self.running, sched.config.max_num_seqs):
             return False
+        if self._below_floor():
+            return False
         head = sched.waiting[0]
         _, target, must_fit = sched.admission(head, budget)
         return self.policy.can_allocate(head, target, must_fit=must_fit)
+
+    def _below_floor(self) -> bool:
+        """Whether the free blocks are fewer than any admission of the head of ``waiting`` needs
+        (``CountingPagedPolicy.admission_floor``): it is refused whatever the budget, as
+        ``Scheduler.admit_waiting`` would refuse it, at the cost of a comparison."""
+        counting = self.counting
+        if counting is None:
+            return False
+        head = self.sched.waiting[0]
+        must_fit = admission_must_fit(head.prompt_len + head.num_output, self.sched.max_model_len)
+        return counting.admission_floor(head, must_fit) > self.free
 
     def _flush_taken(self, taken: int) -> None:
         """Take from the policy the blocks a run of plain steps counted (evicting what they
@@ -634,7 +647,14 @@ class Stretch:
             next_arr = pending[0].arrival_s if pending else math.inf
             # Requests wait and none can be admitted until something finishes: arrivals only join them.
             closed = bool(waiting) and (blocked or not admission_open(B - dec.count, self.running, max_seqs))
-            if self.prefilling is None and (closed or (not waiting and t < next_arr)):
+            T = tick0 + 1 + j
+            # A run of plain steps, unless the first one's crossings do not fit (a preemption: the
+            # general step takes it at once).
+            if (
+                self.prefilling is None
+                and (closed or (not waiting and t < next_arr))
+                and now[T % bs] + delta.get(T, 0) <= self.free
+            ):
                 j0 = j
                 j, t, refused = self._plain(j, t, next_arr, closed)
                 if refused is not None:
@@ -642,8 +662,7 @@ class Stretch:
                 if j > j0:
                     if dec.count == 0 and self.prefilling is None and (not waiting or blocked):
                         break
-                    continue
-            T = tick0 + 1 + j
+                    continue  # (a run of none leaves ``T`` this step's)
             if ledger is not None:
                 ledger.now = (base + j, t)
             if next_arr <= t:  # the driver releases the arrivals due before the step
@@ -676,10 +695,13 @@ class Stretch:
                         assert v is s
                         self._evict(v, T)
                 if waiting and not blocked and not victims:  # admission, first come first served
-                    admitted = self._admit(budget, t, scheduled)
-                    for _, n in scheduled:
-                        budget -= n
-                    blocked = bool(waiting) and admission_open(budget, self.running, max_seqs)
+                    if self._below_floor():
+                        blocked = admission_open(budget, self.running, max_seqs)  # as _admit would leave it
+                    else:
+                        admitted = self._admit(budget, t, scheduled)
+                        for _, n in scheduled:
+                            budget -= n
+                        blocked = bool(waiting) and admission_open(budget, self.running, max_seqs)
                 self._refresh()
             if victims:
                 log.event(R.PREEMPTED, j, victims)

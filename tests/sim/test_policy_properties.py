@@ -11,7 +11,12 @@ from kvbench.harness.sim.block_keys import BlockKeys
 from kvbench.harness.sim.policies.arena import Arena, BuddyArena, top_blocks
 from kvbench.harness.sim.policies.contiguous import ContiguousMax, ContiguousOracle, ContiguousPolicy, ContiguousPow2
 from kvbench.harness.sim.policies.counting_prefix import CountingPrefixPolicy
-from kvbench.harness.sim.policies.paged import PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
+from kvbench.harness.sim.policies.paged import (
+    CountingPagedPolicy,
+    PagedPolicy,
+    PagedPrefixPolicy,
+    VirtualContiguousPolicy,
+)
 from kvbench.harness.sim.policies.shared_prefix import SharedPrefixPolicy
 from kvbench.harness.sim.sequence import Seq
 
@@ -154,18 +159,34 @@ def _write(policy, seq: Seq, start: int, end: int) -> None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     block_size=st.sampled_from([1, 4, 16]),
+    budget=st.sampled_from([96, 200, BUDGET]),
     swap=st.booleans(),
     specs=st.lists(st.tuples(st.integers(1, 100), st.integers(1, 59)), min_size=1, max_size=12),
     ops=st.lists(op_strategy, max_size=150),
 )
-def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(block_size, swap, specs, ops):
+def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(block_size, budget, swap, specs, ops):
     """Prefix caching as counts (``CountingPrefixPolicy``) answers every call as the block table
     does — hits, fits, evictions, free blocks, internal fragmentation — on sequences that share
     nothing, driven as the scheduler drives them: a sequence is freed only between steps (its
     computed tokens short of its known ones), a preempted one is re-admitted on its cached
     blocks (recompute) or with its computed tokens (swap)."""
     twins = [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
-    _drive_twins(PagedPrefixPolicy(BUDGET, block_size), CountingPrefixPolicy(BUDGET, block_size), twins, swap, ops)
+    _drive_twins(PagedPrefixPolicy(budget, block_size), CountingPrefixPolicy(budget, block_size), twins, swap, ops)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    block_size=st.sampled_from([1, 4, 16]),
+    budget=st.sampled_from([96, 200, BUDGET]),
+    swap=st.booleans(),
+    specs=st.lists(st.tuples(st.integers(1, 100), st.integers(1, 59)), min_size=2, max_size=12),
+    ops=st.lists(op_strategy, min_size=20, max_size=150),
+)
+def test_block_counts_are_the_block_table(block_size, budget, swap, specs, ops):
+    """``paged`` as block counts (``CountingPagedPolicy``, the fast path's) answers every call as
+    the block table does, its admission floor included."""
+    twins = [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
+    _drive_twins(PagedPolicy(budget, block_size), CountingPagedPolicy(budget, block_size), twins, swap, ops)
 
 
 # Sequences that share blocks (a group's prefix, a request's samples), on a budget that evicts or not.
@@ -307,7 +328,13 @@ def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None
             continue
         if op == "admit" and i not in live:
             # Asked first whether it fits (a stretch's refused head, asked again at each finish), then admitted.
-            both(lambda pol, ss: (pol.prefix_hit(ss[i]), pol.can_allocate(ss[i], ss[i].num_tokens, ss[i].num_tokens)))
+            _, fits = both(
+                lambda pol, ss: (pol.prefix_hit(ss[i]), pol.can_allocate(ss[i], ss[i].num_tokens, ss[i].num_tokens))
+            )
+            # The counts' admission floor (a counted stretch's refusal without asking) never refuses
+            # what the block table admits.
+            if counts.admission_floor(twins[1][i], twins[1][i].num_tokens) > counts.free_blocks():
+                assert not fits
             hit = both(lambda pol, ss: pol.prefix_hit(ss[i]))
             computed = twins[0][i].num_computed + hit
             n = min(amount, twins[0][i].num_tokens - computed)
@@ -345,7 +372,7 @@ def _drive_twins(table, counts, twins: list[list[Seq]], swap: bool, ops) -> None
             lambda pol, ss: (
                 pol.free_blocks(),
                 pol.cached_free_blocks(),
-                pol.ledger.steps,
+                pol.ledger.steps if hasattr(pol, "ledger") else [],  # no caching: no reuse distances
                 pol.evictions,
                 pol.internal_positions,
                 pol.allocated_positions,

@@ -354,18 +354,23 @@ class CountingPagedPolicy(PagedBase):
         """Free blocks ``take`` hands out before it must evict (all of them here)."""
         return self._free
 
+    def admission_floor(self, seq: Seq, must_fit: int) -> int:
+        """Free blocks below which no admission of ``seq`` with ``must_fit`` positions to fit can
+        succeed: the must-fit gate's blocks, ``seq`` holding none of them (a prefix hit could stand
+        in for some: the prefix policies' floor is 0)."""
+        need = cdiv(must_fit, self.block_size) - seq.allocated // self.block_size
+        return need if need > 0 else 0
+
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
-        bs = self.block_size
-        held = seq.allocated // bs
-        if must_fit and max(cdiv(must_fit, bs) - held, 0) > self._free:
+        if must_fit and self.admission_floor(seq, must_fit) > self._free:
             return False
-        return cdiv(num_tokens, bs) - held <= self._free
+        return cdiv(num_tokens, self.block_size) - seq.allocated // self.block_size <= self._free
 
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         bs = self.block_size
         held = seq.allocated // bs
         free = self._free
-        if must_fit and max(cdiv(must_fit, bs) - held, 0) > free:
+        if must_fit and self.admission_floor(seq, must_fit) > free:
             return False
         new = cdiv(num_tokens, bs) - held
         if new < 0:

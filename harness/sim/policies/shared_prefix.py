@@ -461,6 +461,9 @@ class SharedPrefixPolicy(CountingPagedPolicy):
             return -1, evictable
         return (new if new + evictable <= free else -1), evictable
 
+    def admission_floor(self, seq: Seq, must_fit: int) -> int:
+        return 0  # a hit on a block another request holds stands in for a free block
+
     def can_allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
         return self._new_blocks(seq, num_tokens, must_fit)[0] >= 0
 
