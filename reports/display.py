@@ -45,6 +45,8 @@ GEOMEAN_COLUMNS: tuple[Column, ...] = (
     ("runner", "runner", "text"),
     ("policy", "policy", "text"),
     ("block_size", "block", "block"),
+    ("device", "device", "text"),  # these two only where they differ (VARYING_ONLY), as in the cell table
+    ("arena", "arena", "text"),
     ("hybrid_kv", "hybrid KV", "onoff"),  # where it varies: cells of one model, manager on and off, are two rows
     ("mean_running_x", "× mean running", "ratio"),
     ("peak_running_x", "× peak running", "ratio"),

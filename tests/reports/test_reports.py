@@ -72,6 +72,23 @@ def test_paged_2x_and_8x_across_groups_is_4x_not_5x() -> None:
     assert paged["mean_running_groups"] == 2
 
 
+def test_the_geometric_means_name_the_arena_where_cells_differ_by_it() -> None:
+    # contiguous-max placed first-fit and buddy are two cells: two rows, told apart by their arena
+    # (first-fit, the default, reads "-" as in the cell tables).
+    from kvbench.reports import display
+
+    rows = [
+        run("sim", "paged", 16, mean_running=4.0),
+        run("sim", "contiguous-max", mean_running=2.0, arena="first-fit"),
+        run("sim", "contiguous-max", mean_running=1.0, arena="buddy"),
+    ]
+    geo = geomean(ratios(cells_of(rows), baseline="paged"))
+    columns = display.visible(display.GEOMEAN_COLUMNS, geo, {"sim"})
+    shown = {tuple(r[:4]) for r in display.rows(columns, geo)}
+    assert [key for key, _, _ in columns][:4] == ["runner", "policy", "block_size", "arena"]
+    assert {("sim", "contiguous-max", "-", "-"), ("sim", "contiguous-max", "-", "buddy")} <= shown
+
+
 def test_2x_faster_and_2x_slower_cancel() -> None:
     assert geometric_mean([2.0, 0.5]) == 1.0
     assert geometric_mean([3.0, 3.0, 3.0]) == pytest.approx(3.0, rel=1e-15)
