@@ -126,6 +126,7 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
                     f"livelock: {stall} steps without progress with {step.waiting} waiting and {step.running} running"
                 )
                 break
+        recorder.settle()  # the batches the loop filled are written within its time
     except BaseException:
         recorder.abort()
         raise

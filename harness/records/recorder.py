@@ -12,6 +12,11 @@ land in one float64 buffer (a null is NaN there; integers are exact below
 bit for bit, however the rows were added: row groups always hold
 ``BATCH_ROWS`` rows, and every time-weighted sum is accumulated in row order.
 
+A full batch is written on a thread of its own (``_Background``) while the run goes on: pyarrow
+encodes and compresses without the GIL, so on a second core the write costs the run nothing. One
+batch at most is in flight, and ``settle`` waits for it: a runner's step loop settles before it
+stops its clock, so the loop's time still covers the batches it filled.
+
 Every file is written under a temporary name first; ``finish`` writes all three
 tables' data before it publishes any of them, so a full disk or an interrupt
 leaves either the whole run or none of it (``store.clean_stale_temps`` removes
@@ -25,6 +30,7 @@ from __future__ import annotations
 import math
 import shutil
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -158,6 +164,42 @@ def _arrow(values: np.ndarray, field: pa.Field, is_float: bool) -> pa.Array:
     return pa.array(ints.astype(np.int64), type=field.type, mask=mask)
 
 
+class _Background:
+    """A Parquet writer fed one record batch at a time on a thread of its own (started at the
+    first batch): pyarrow encodes, compresses and writes without the GIL, so the caller's thread
+    runs on meanwhile (the batch is built in the caller's: Python work there would only take
+    turns with it). ``put`` hands a batch over once the one before it is written; a write's error
+    is raised by the next ``put`` or by ``wait``, in the caller's thread."""
+
+    def __init__(self, writer: pq.ParquetWriter) -> None:
+        self.writer = writer
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[None] | None = None
+
+    def put(self, batch: pa.RecordBatch) -> None:
+        self.wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvbench-steps")
+        self._pending = self._pool.submit(self.writer.write_batch, batch)
+
+    def wait(self) -> None:
+        """Until the batch in flight, if any, is written; its error raised here."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def stop(self) -> None:
+        """Wait for the batch in flight (its error ignored: the caller is failing already, or has
+        waited) and end the thread."""
+        try:
+            self.wait()
+        except BaseException:
+            pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
 class RunRecorder:
     """Writes one run's partitions under ``out`` (which must exist); publish order: steps,
     requests, runs."""
@@ -175,6 +217,7 @@ class RunRecorder:
         except OSError as exc:
             self.abort()
             raise self._failed("steps", exc) from None
+        self._background = _Background(self._writer)
         # Buffered steps, one row per step, one float64 column per field (NaN: null). Unused
         # rows hold the "nothing" row (0, nulls as NaN), so bulk writes skip such columns.
         self._blank = np.array([math.nan if name in MEASURED_FIELDS else 0.0 for name in STEP_FIELDS])
@@ -261,11 +304,15 @@ class RunRecorder:
         buf = self._buf
         for start in range(0, done, BATCH_ROWS):
             stop = min(start + BATCH_ROWS, done)
+            # A full batch's columns are copies (strided slices of the buffer), so it is written while
+            # the buffer moves on; the last, short one may share the buffer's memory: waited for.
             batch = pa.RecordBatch.from_arrays(
                 [_arrow(buf[start:stop, i], field, _FLOAT[i]) for i, field in enumerate(STEPS)], schema=STEPS
             )
             try:
-                self._writer.write_batch(batch)
+                self._background.put(batch)
+                if final:
+                    self._background.wait()
             except OSError as exc:
                 raise self._failed("steps", exc) from None
         rest = n - done
@@ -273,6 +320,13 @@ class RunRecorder:
         buf[rest:n] = self._blank
         self._n = rest
         self._summarized = min(self._summarized, n) - done
+
+    def settle(self) -> None:
+        """Until every full batch handed over is written (the step loop's clock stops after this)."""
+        try:
+            self._background.wait()
+        except OSError as exc:
+            raise self._failed("steps", exc) from None
 
     def _summarize_pending(self) -> None:
         lo, hi = self._summarized, self._n
@@ -303,6 +357,8 @@ class RunRecorder:
             if run_row.get("status", OK) not in STATUSES:
                 raise ValueError(f"run row: status {run_row['status']!r} is not one of {', '.join(STATUSES)}")
             self._flush(final=True)
+            self.settle()  # a batch still in flight where nothing was left to flush
+            self._background.stop()
             if self._writer is not None:
                 writer, self._writer = self._writer, None
                 try:
@@ -354,6 +410,9 @@ class RunRecorder:
 
     def abort(self) -> None:
         """Drop the run's temporary files; never raises (it runs on the way out of a failure)."""
+        background = getattr(self, "_background", None)  # absent where opening the writer failed
+        if background is not None:
+            background.stop()  # no write lands in the files removed below
         if self._writer is not None:
             writer, self._writer = self._writer, None
             try:

@@ -66,6 +66,31 @@ def test_recorder_refuses_a_run_row_column_the_schema_does_not_declare(tmp_path:
     assert not list(tmp_path.glob("*/.tmp-*")) and not list(tmp_path.glob("*/run_id=*"))
 
 
+def test_a_steps_batch_that_fails_while_the_run_goes_on_stops_it_as_a_storage_error(tmp_path: Path, monkeypatch):
+    # A full batch is written on the recorder's own thread; its disk error reaches the run where
+    # it next hands rows over or settles, as the one-line StorageError, and nothing is left behind.
+    import errno
+
+    import numpy as np
+    import pyarrow.parquet as pq
+    from kvbench.harness.errors import StorageError
+    from kvbench.harness.records.recorder import BATCH_ROWS, STEP_FIELDS
+
+    def full(self, batch, row_group_size=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_batch", full)
+    recorder = RunRecorder(tmp_path, "r1", 1000)
+    rows = np.zeros((BATCH_ROWS, len(STEP_FIELDS)))
+    rows[:, STEP_FIELDS.index("kv_bytes_allocated") :] = np.nan  # the measured fields: null
+    recorder.add_step_rows(rows)  # a full batch: handed to the writer's thread
+    with pytest.raises(StorageError, match="No space left on device"):
+        recorder.settle()
+    recorder.abort()
+    assert not store.existing_run_ids(tmp_path)
+    assert not list(tmp_path.glob("*/.tmp-*")) and not list(tmp_path.glob("*/run_id=*"))
+
+
 def test_run_result_is_the_recorded_row(tmp_path: Path):
     cell = one_cell(tmp_path)
     result = SimRunner().run(cell)
