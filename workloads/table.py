@@ -15,6 +15,7 @@ from ..harness.errors import KvbenchError, StorageError, os_cause
 from ..harness.files import GIB, check_regular_input
 from ..harness.records.atomic import replace_file
 from ..harness.records.safe_paths import output_file
+from ..harness.records.store import parquet_options
 from ..harness.spec.geometry import ModelGeometry
 
 SCHEMA_VERSION = 1
@@ -304,7 +305,7 @@ def write_workload(w: Workload, path: str | Path) -> Path:
     table = table.replace_schema_metadata(metadata)
     try:
         with replace_file(p, "workload") as fh:
-            pq.write_table(table, fh)
+            pq.write_table(table, fh, **parquet_options(table.schema))  # as every kvbench table
     except StorageError as exc:
         raise StorageError(f"workload {exc}") from None
     return p
