@@ -95,8 +95,8 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self.frees = 0  # blocks returned to the free queue so far (``_admit``'s refusals)
         # by sequence index: its last refusal's hit blocks and (frees, hit, computed, tokens, must fit)
         self.refused: dict[int, tuple[list[list[int]], tuple[int, int, int, int, int]]] = {}
-        self.totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
-        self.holding: Holding = self.totals  # told of every block a table takes or lets go
+        self.shared_totals = SharedTotals(use, self.bs)  # ``measure_shared`` kept up to date
+        self.holding: Holding = self.shared_totals  # told of every block a table takes or lets go
         self.held_of: dict[int, int] = {}  # by sequence index: its real blocks over the groups
         self.block_bytes = use.layout.bytes_per_block
         # The groups whose layers stop reading old tokens (full attention and MLA read them all).
@@ -129,7 +129,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
 
     def measure_use(self) -> tuple[int, int]:
         """``measure_shared`` over the live tables, from the running totals (``SharedTotals``)."""
-        used, internal, self.last_groups = self.totals.measure(self.live)
+        used, internal, self.last_groups = self.shared_totals.measure(self.live)
         unit = self.use.unit
         return used // unit, internal // unit
 
