@@ -1,28 +1,13 @@
 """Recording one run: steps streamed in record batches, requests and the run row at the end.
 
-Memory stays flat as steps grow: step rows are buffered column-wise and
-flushed as Parquet row groups every ``BATCH_ROWS`` rows. The run summary
-(time-weighted fractions of the budget, running-request statistics) is
-accumulated from the same rows, a buffer at a time.
-
-Steps arrive one ``StepRow`` at a time (``add_step``) or a run of rows at a time
-(``add_step_rows``, the simulator's quiet stretches; ``add_steps``, column-wise). Either way they
-land in one float64 buffer (a null is NaN there; integers are exact below
-2**53, which is checked), and the Parquet file and the summary are the same,
-bit for bit, however the rows were added: row groups always hold
-``BATCH_ROWS`` rows, and every time-weighted sum is accumulated in row order.
-
-A full batch is written on a thread of its own (``_Background``) while the run goes on: pyarrow
-encodes and compresses without the GIL, so on a second core the write costs the run nothing. One
-batch at most is in flight, and ``settle`` waits for it: a runner's step loop settles before it
-stops its clock, so the loop's time still covers the batches it filled.
-
-Every file is written under a temporary name first; ``finish`` writes all three
-tables' data before it publishes any of them, so a full disk or an interrupt
-leaves either the whole run or none of it (``store.clean_stale_temps`` removes
-what a killed process left), never a run row over steps that did not land. A run
-row with a key that ``RUNS`` does not declare is refused (``UnknownColumns``): a
-column silently dropped would be a measurement silently lost.
+Step rows, however they arrive (``add_step``, ``add_steps``, ``add_step_rows``), land in one
+float64 buffer (NaN a null, integers exact below 2**53) and leave it as Parquet row groups of
+``BATCH_ROWS`` rows, so memory stays flat and the file and the run summary are the same bit for
+bit whatever the mix of calls. A full row group is written on a thread of its own
+(``_Background``: pyarrow works without the GIL) while the run goes on; ``settle`` waits for it,
+and a runner settles before it stops its step loop's clock. ``finish`` writes every table under
+a temporary name before it publishes any, the run row last: a full disk or an interrupt leaves
+the whole run or none of it (docs/records.md, docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -662,7 +662,8 @@ class Stretch:
                 if j > j0:
                     if dec.count == 0 and self.prefilling is None and (not waiting or blocked):
                         break
-                    continue  # (a run of none leaves ``T`` this step's)
+                    continue
+                # No plain step taken: the general step takes this one (``T`` is still its tick).
             if ledger is not None:
                 ledger.now = (base + j, t)
             if next_arr <= t:  # the driver releases the arrivals due before the step

@@ -156,36 +156,38 @@ def _write(policy, seq: Seq, start: int, end: int) -> None:
     seq.num_computed = end
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# Sequences that share nothing, on a budget that refuses and evicts or not.
+UNSHARED_CASES = dict(
     block_size=st.sampled_from([1, 4, 16]),
     budget=st.sampled_from([96, 200, BUDGET]),
     swap=st.booleans(),
     specs=st.lists(st.tuples(st.integers(1, 100), st.integers(1, 59)), min_size=1, max_size=12),
-    ops=st.lists(op_strategy, max_size=150),
+    ops=st.lists(op_strategy, min_size=20, max_size=150),
 )
+
+
+def _unshared_twins(specs: list[tuple[int, int]]) -> list[list[Seq]]:
+    return [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**UNSHARED_CASES)
 def test_counting_prefix_caching_is_the_block_table_where_nothing_is_shared(block_size, budget, swap, specs, ops):
     """Prefix caching as counts (``CountingPrefixPolicy``) answers every call as the block table
     does — hits, fits, evictions, free blocks, internal fragmentation — on sequences that share
     nothing, driven as the scheduler drives them: a sequence is freed only between steps (its
     computed tokens short of its known ones), a preempted one is re-admitted on its cached
     blocks (recompute) or with its computed tokens (swap)."""
-    twins = [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
+    twins = _unshared_twins(specs)
     _drive_twins(PagedPrefixPolicy(budget, block_size), CountingPrefixPolicy(budget, block_size), twins, swap, ops)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    block_size=st.sampled_from([1, 4, 16]),
-    budget=st.sampled_from([96, 200, BUDGET]),
-    swap=st.booleans(),
-    specs=st.lists(st.tuples(st.integers(1, 100), st.integers(1, 59)), min_size=2, max_size=12),
-    ops=st.lists(op_strategy, min_size=20, max_size=150),
-)
+@given(**UNSHARED_CASES)
 def test_block_counts_are_the_block_table(block_size, budget, swap, specs, ops):
     """``paged`` as block counts (``CountingPagedPolicy``, the fast path's) answers every call as
     the block table does, its admission floor included."""
-    twins = [[Seq(k, k, 0, p, o, 0.0) for k, (p, o) in enumerate(specs)] for _ in range(2)]
+    twins = _unshared_twins(specs)
     _drive_twins(PagedPolicy(budget, block_size), CountingPagedPolicy(budget, block_size), twins, swap, ops)
 
 
