@@ -81,6 +81,9 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         ]
         self.sliding = [[(span, nbytes) for span, nbytes in layers if span < _ALL] for layers in self.layers]
         self.full_block = [self.bs * sum(nbytes for span, nbytes in layers if span == _ALL) for layers in self.layers]
+        # Per group: the tokens past a block's start from which no sliding layer reads it (``_reads``
+        # is nothing and bends no more there).
+        self.read_past = [self.bs + max((span for span, _ in sliding), default=0) for sliding in self.sliding]
         self.held = Held(self)
         self.holding = self.held  # in place of ``SharedTotals``: the same calls, kept as lines here
         self._lines: dict[int, list[int]] = {}  # per request: its share of the used-bytes lines
@@ -297,12 +300,14 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         mine = held.mine.get(idx)
         if mine:
             bs = self.bs
-            designated = held.designated
+            designated, where, read_past = held.designated, held.where, self.read_past
             for block in mine:
                 if designated[block] == idx:
                     continue
-                gid, pos = held.where[block]
+                gid, pos = where[block]
                 start = pos * bs
+                if start + read_past[gid] <= tokens:
+                    continue  # read by none of its sliding layers, from here on
                 value, slope, kink = _reads(self.sliding[gid], start, start + bs, tokens)
                 lines[2 * gid] += value - slope * at
                 lines[2 * gid + 1] += slope
