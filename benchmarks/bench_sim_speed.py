@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
+from kvbench.harness.sim import FORM
 from kvbench.harness.spec.specs import ARENAS
 from kvbench.runners.base import Cell
 from kvbench.runners.sim import SimRunner
@@ -572,6 +573,7 @@ def main() -> None:
         ap.error(f"--parts takes letters from a, b, c, p, w and h, got {args.parts!r}")
     if set(args.families.split(",")) - set(FAMILIES):
         ap.error(f"--families takes names from {', '.join(FAMILIES)}, got {args.families!r}")
+    print(f"simulator: {FORM.describe()}", flush=True)  # compiled or Python: the fast path's times differ
     if "h" in args.parts:
         part_h(args)
     if "w" in args.parts:

@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     prov = provenance()
     for key in ("kvbench_version", "python_version", "torch_version", "vllm_version", "git_sha", "host"):
         print(f"{key:16} {prov.get(key)}")
+    from ...harness.sim import FORM
+
+    print(f"{'simulator':16} {FORM.describe()}")  # compiled (mypyc) or Python, and why
     print("runners:")
     for name, reason in runner_status().items():
         print(f"  {name:12} {'available' if reason is None else 'unavailable: ' + reason}{_where(name, reason)}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
 
 from .sequence import Seq
 
@@ -29,8 +28,18 @@ class FastSeq(Seq):
 
     __slots__ = ("dec_tick", "epoch", "run_pos")
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # ``Seq``'s arguments
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        index: int,
+        request_id: int,
+        sample: int,
+        prompt_len: int,
+        output_len: int,
+        arrival_s: float,
+        prefix_group: int = -1,
+        prefix_len: int = 0,
+    ) -> None:
+        super().__init__(index, request_id, sample, prompt_len, output_len, arrival_s, prefix_group, prefix_len)
         self.dec_tick = -1  # ≥ 0: decoding implicitly since this tick
         self.epoch = 0  # bumped at every change of state: events filed before it are stale
         self.run_pos = 0  # its place in the running order (admission order), for ordered frees

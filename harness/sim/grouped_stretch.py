@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from array import array
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -277,7 +277,7 @@ class Levels:
     and each act's level takes them from the last one added. The stretch appends an act's level
     to ``flat`` itself (its step, the blocks, the cached blocks, the totals)."""
 
-    SCALARS = 4  # the fields after the totals
+    SCALARS: ClassVar[int] = 4  # the fields after the totals
 
     __slots__ = ("flat", "width", "totals", "marks")
 

@@ -136,7 +136,9 @@ class CountingGroupedPolicy(GroupedPagedPolicy):
 
     needs_run_order = False  # counts, no ids: acts in any order
     # Nothing cached: a waiting request's need moves only at the events that end a level.
-    admission_epoch = admission_grown = admission_slack = 0
+    admission_epoch = 0
+    admission_grown = 0
+    admission_slack = 0
 
     def __init__(self, use: KVUse, max_model_len: int) -> None:
         super().__init__(use, max_model_len)

@@ -70,7 +70,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
     def __init__(self, use: KVUse, max_model_len: int) -> None:
         super().__init__(use, max_model_len)
         sizes = set(self.block_sizes)
-        assert len(sizes) == 1 and self.groups[0].kind in (*FULL_SPECS, SLIDING), "RunSpec refuses other layouts"
+        assert len(sizes) == 1 and self.groups[0].kind in (FULL, MLA, SLIDING), "RunSpec refuses other layouts"
         self.bs = self.block_sizes[0]
         # Groups of one spec are looked up together, full attention first (a stable sort, as vLLM's).
         specs: dict[tuple[str, int, int], list[int]] = {}
