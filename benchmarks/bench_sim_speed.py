@@ -14,7 +14,8 @@ pressure, every policy. (w) the workloads users run, every contiguous policy, ar
 (``--rows`` picks rows by a word). (h) KV cache groups: the hybrid agreement cases of
 ``tests/runners/test_agreement_hybrid.py`` (``paged``) and ``test_agreement_hybrid_prefix.py``
 (``paged-prefix``) at 30 and 300 requests, against vllm-sched (``--rows`` too). (c) peak
-RSS of runs whose step count grows 10× and 100× at the same request count.
+RSS of runs whose step count grows 10× and 100× at the same request count. (f) the fast path
+compiled against the same code as Python (``KVBENCH_PURE=1``), in fresh child processes.
 
 docs/performance.md ("``bench_sim_speed.py``") gives each part's settings and the numbers.
 
@@ -28,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
+import os
 import resource
 import statistics
 import sys
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
-from kvbench.harness.sim import FORM
+from kvbench.harness.sim import FORM, compiled
 from kvbench.harness.spec.specs import ARENAS
 from kvbench.runners.base import Cell
 from kvbench.runners.sim import SimRunner
@@ -549,6 +551,65 @@ def part_h(args: argparse.Namespace) -> None:
     print("  (goal: >= 50x vllm-sched; wall_s is the step loop, vLLM's start-up excluded on both sides)")
 
 
+def _form_child(cell: Cell, repeats: int, queue: multiprocessing.Queue) -> None:
+    from kvbench.harness.sim import FORM
+
+    queue.put((FORM.name, [run_once(cell, "fast")["wall_s"] for _ in range(repeats)]))
+
+
+def in_form(cell: Cell, pure: bool, repeats: int) -> tuple[str, list[float]]:
+    """``repeats`` fast-path runs of ``cell`` in a fresh interpreter, which loads the simulator
+    compiled or, ``pure``, as Python (the form is fixed when a process imports it)."""
+    saved = os.environ.pop(compiled.PURE_ENV, None)
+    if pure:
+        os.environ[compiled.PURE_ENV] = "1"
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_form_child, args=(cell, repeats, queue))
+        proc.start()
+    finally:
+        os.environ.pop(compiled.PURE_ENV, None)
+        if saved is not None:
+            os.environ[compiled.PURE_ENV] = saved
+    out = queue.get()
+    proc.join()
+    return out
+
+
+def part_f(args: argparse.Namespace) -> None:
+    print("\n(f) the fast path compiled against the same code as Python (KVBENCH_PURE=1)")
+    if FORM.name != "compiled":
+        print(f"  skipped: the simulator is not compiled in this install ({FORM.reason})")
+        return
+    print(f"    each form in fresh child processes, {args.repeats} rounds interleaved, {args.repeats} runs a round")
+    print(f"  {'case':<62}{'policy':<16}{'compiled s':>11}{'python s':>10}{'python / compiled':>19}")
+    trace = hash_id_trace(Path(tempfile.mkdtemp(prefix="bench-trace-")) / "hash-ids.jsonl", 600)
+    # Part w's slowest relative to its goal, one of each kind, and part h's worst case.
+    wanted = {("prefill-heavy", "paged"), ("hash-id trace", "paged-prefix"), ("Azure trace", "contiguous-max")}
+    rows = [
+        (r.label, r.policy, r.cell())
+        for r in workload_rows(trace)
+        if (r.label.split(",")[0], r.policy) in wanted and "blocks" not in r.label and "buddy" not in r.label
+    ]
+    label, policy = "gpt-oss-20b, hybrid on, 300 requests", "paged-prefix"
+    model, budget = HYBRID_CASES["gpt-oss-20b, hybrid on"]
+    (cell,) = build_cells(
+        parse_suite(hybrid_suite(model, budget, 300, policy), "bench.toml"),
+        Path(tempfile.mkdtemp(prefix="bench-f-")),
+        lambda m: None,
+    )
+    rows.append((label, policy, cell))
+    for label, policy, cell in rows:
+        times: dict[str, list[float]] = {"compiled": [], "python": []}
+        for _ in range(args.repeats):
+            for pure in (False, True):
+                form, walls = in_form(cell, pure, args.repeats)
+                times[form] += walls
+        c, p = statistics.median(times["compiled"]), statistics.median(times["python"])
+        print(f"  {label:<62}{policy:<16}{c:>11.3f}{p:>10.3f}{p / c:>18.2f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="fast-path repeats (median); the reference runs fewer")
@@ -561,7 +622,8 @@ def main() -> None:
     ap.add_argument(
         "--parts",
         default="abc",
-        help="which parts to run (a, b, c; p: under memory pressure; w: workloads users run; h: KV cache groups)",
+        help="which parts to run (a, b, c; p: under memory pressure; w: workloads users run; h: KV cache groups; "
+        "f: compiled against Python)",
     )
     ap.add_argument(
         "--rows",
@@ -569,8 +631,8 @@ def main() -> None:
         help="parts w and h: only the rows whose workload, policy, arena, unit or case contain one of these (a,b)",
     )
     args = ap.parse_args()
-    if not args.parts or set(args.parts) - set("abcpwh"):
-        ap.error(f"--parts takes letters from a, b, c, p, w and h, got {args.parts!r}")
+    if not args.parts or set(args.parts) - set("abcpwhf"):
+        ap.error(f"--parts takes letters from a, b, c, p, w, h and f, got {args.parts!r}")
     if set(args.families.split(",")) - set(FAMILIES):
         ap.error(f"--families takes names from {', '.join(FAMILIES)}, got {args.families!r}")
     print(f"simulator: {FORM.describe()}", flush=True)  # compiled or Python: the fast path's times differ
@@ -586,6 +648,8 @@ def main() -> None:
         part_b(args)
     if "c" in args.parts:
         part_c(args)
+    if "f" in args.parts:
+        part_f(args)
 
 
 if __name__ == "__main__":
