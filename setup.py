@@ -43,25 +43,30 @@ def _stage() -> Path:
     top.mkdir(parents=True, exist_ok=True)
     (top / "__init__.py").touch()
     link = top / "harness"
+    if link.is_symlink() and link.resolve() != (ROOT / "harness").resolve():
+        link.unlink()  # a build folder copied from another clone: compile this one's sources
     if not link.is_symlink():
         link.symlink_to(ROOT / "harness", target_is_directory=True)
     return stage
 
 
-def _mypyc_extensions() -> list[Extension]:
+def _mypyc_extensions() -> tuple[list[Extension], str]:
+    """The extensions mypyc writes, and the digest of the sources it read (taken first: a source
+    edited while the C compiles must not be stamped as compiled)."""
+    digest = compiled.sources_digest(ROOT / "harness" / "sim")
     if os.environ.get(compiled.PURE_ENV) == "1":
         _say(f"{compiled.PURE_ENV}=1: the simulator stays Python")
-        return []
+        return [], digest
     try:
         from mypyc.build import mypycify
     except ImportError:
         _say("mypyc is not installed here: the simulator stays Python")
-        return []
+        return [], digest
     sources = compiled.source_paths(_stage() / "kvbench" / "harness" / "sim")
     exts = mypycify([str(s) for s in sources], group_name=PACKAGE, target_dir=str(ROOT / "build" / "mypyc"))
     for ext in exts:
         ext.optional = True  # a compiler error leaves the Python form, with a warning
-    return exts
+    return exts, digest
 
 
 class BuildCompiled(build_ext):
@@ -69,7 +74,7 @@ class BuildCompiled(build_ext):
     the sources it compiled where every extension built."""
 
     def finalize_options(self) -> None:
-        self.distribution.ext_modules = _mypyc_extensions()
+        self.distribution.ext_modules, self.digest = _mypyc_extensions()
         super().finalize_options()
 
     def run(self) -> None:
@@ -82,7 +87,7 @@ class BuildCompiled(build_ext):
         if self.built != {e.name for e in self.extensions}:
             _say("compiling the simulator failed (above): it runs as Python")
             return
-        stamp.write_text(compiled.sources_digest(ROOT / "harness" / "sim") + "\n")
+        stamp.write_text(self.digest + "\n")
 
     def build_extension(self, ext: Extension) -> None:
         super().build_extension(ext)

@@ -28,6 +28,8 @@ class FastSeq(Seq):
 
     __slots__ = ("dec_tick", "epoch", "run_pos")
 
+    # ``Seq``'s arguments, spelled out: compiled (mypyc), forwarding ``*args`` to a compiled
+    # base's ``__init__`` fails at run time. tests/sim/test_compiled.py keeps the two lists equal.
     def __init__(
         self,
         index: int,

@@ -4,6 +4,7 @@ otherwise. Both write the same records; a stale or partial build is never loaded
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import os
 import subprocess
@@ -151,3 +152,24 @@ def test_a_partial_or_unstamped_build_runs_as_python(tmp_path, finders, monkeypa
     full = _package(tmp_path, "unstamped", len(compiled.MODULES))
     assert compiled.select_form("unstamped", full).name == "python"
     _import_all(tmp_path, "unstamped")
+
+
+def _init_arguments(path: Path, cls: str) -> list[tuple[str, str | None]]:
+    """``cls.__init__``'s arguments in ``path``'s source, with their defaults (read from the
+    source: a compiled class's signature is opaque)."""
+    tree = ast.parse(path.read_text())
+    (init,) = (
+        f
+        for c in tree.body
+        if isinstance(c, ast.ClassDef) and c.name == cls
+        for f in c.body
+        if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+    )
+    args = init.args.args
+    defaults = [None] * (len(args) - len(init.args.defaults)) + [ast.unparse(d) for d in init.args.defaults]
+    return [(a.arg, d) for a, d in zip(args, defaults, strict=True)]
+
+
+def test_fast_seq_takes_seq_s_arguments() -> None:
+    sim = ROOT / "harness" / "sim"
+    assert _init_arguments(sim / "decoders.py", "FastSeq") == _init_arguments(sim / "sequence.py", "Seq")
