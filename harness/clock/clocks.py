@@ -52,6 +52,11 @@ class Clock:
         building a ``StepWork``); ``step_time`` is this, ``step_times`` the same over arrays."""
         return 1.0
 
+    def price_terms(self) -> tuple[float, float, float, float, float, float, float] | None:
+        """The roofline's constants where ``price`` is ``RooflineClock``'s formula, for a compiled
+        copy of it (``harness.sim.step_price``); None for any other price."""
+        return None
+
     def step_time(self, work: StepWork) -> float:
         return self.price(work.scheduled_tokens, work.context_tokens, work.attention_pairs, work.scheduled_seqs)
 
@@ -147,6 +152,10 @@ class RooflineClock(Clock):
         memory = (weights + context_tokens * kv) / bw
         compute = (scheduled_tokens * per_token + attention_pairs * per_pair) / peak
         return (memory if memory >= compute else compute) * scale  # max(), without the call
+
+    def price_terms(self) -> tuple[float, float, float, float, float, float, float] | None:
+        # ``price``'s constants in its order, unless a subclass prices otherwise.
+        return self._k if type(self).price is RooflineClock.price else None
 
     def step_times(
         self, scheduled_tokens: Counts, context_tokens: np.ndarray, attention_pairs: np.ndarray, scheduled_seqs: Counts

@@ -102,7 +102,7 @@ class StepLog:
         self.blocks.append(blocks)
         self.cached.append(cached)
 
-    def steady(self, times: array[float], m: int, blocks: int, cached: int) -> None:
+    def steady(self, times: list[float], m: int, blocks: int, cached: int) -> None:
         """``m`` steps starting at ``times[:m]`` in which nothing is allocated or freed: the
         blocks and cached free blocks stay."""
         self.ts.extend(times[:m])

@@ -31,8 +31,10 @@ from types import ModuleType
 # event; the rest of the simulator (the reference scheduler, the drivers) stays Python.
 MODULES: tuple[str, ...] = (
     "sequence",
+    "scheduling_rule",
     "decoders",
     "bulk_rows",
+    "step_price",
     "counted_stretch",
     "grouped_stretch",
     "policies.arena",

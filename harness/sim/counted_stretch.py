@@ -6,16 +6,16 @@ Where memory is block counts (``CountingPagedPolicy``; ``paged-prefix`` as
 admission (``ContiguousPolicy``, either arena, either unit), a run of steps in which every
 running request decodes needs no per-request work per step: each decoder's block crossings
 are an arithmetic progression (``CrossingPlan``), the step's price the clock's formula
-(``Clock.price``), its row a few running totals (``bulk_rows.StepLog``): a *plain* step costs a
+(``StepPrice``), its row a few running totals (``bulk_rows.StepLog``): a *plain* step costs a
 few operations (``Stretch._count_crossings``; a contiguous policy's run to the next finish, at
 once: ``Stretch._glide``). What an event touches goes through the policy and the reference's rules:
 
 - an **arrival** is released at the step the driver would release it (a conversation's next
   turn too, filed when the turn before it finishes inside the stretch);
-- **waiting** requests are admitted by ``Scheduler.admit_waiting``, the last perhaps in chunks
-  (the prefilling request is the tail of ``running``); one with a single token to sample
-  finishes at once; a head refused for memory is not tried again until memory is freed or a
-  prompt chunk caches blocks;
+- **waiting** requests are admitted by the reference's rule (``scheduling_rule.admit_waiting``),
+  the last perhaps in chunks (the prefilling request is the tail of ``running``); one with a
+  single token to sample finishes at once; a head refused for memory is not tried again until
+  memory is freed or a prompt chunk caches blocks;
 - a **finish** frees the finisher at the end of its step, in running order; a step whose
   crossings do not fit **preempts**: crossers (``CrossingPlan.crossers``) ask in running
   order, victims come from the tail; a prefilling tail whose next chunk does not fit preempts
@@ -29,11 +29,8 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from array import array
 from operator import attrgetter
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from ..clock.clocks import Clock
 from . import bulk_rows as R
@@ -41,8 +38,9 @@ from .decoders import Decoders, FastSeq
 from .policies.base import internal_of
 from .policies.contiguous import ContiguousPolicy
 from .policies.paged import CountingPagedPolicy
-from .scheduling_rule import admission_must_fit, admission_open, preempt_until_fits
+from .scheduling_rule import admission, admission_must_fit, admission_open, admit_waiting, preempt_until_fits
 from .sequence import FINISHED, RUNNING, WAITING
+from .step_price import StepPrice
 
 if TYPE_CHECKING:
     from ..records.recorder import RunRecorder
@@ -50,32 +48,6 @@ if TYPE_CHECKING:
 
 MAX_STEPS = 8192  # steps per counted stretch (its rows are built at once)
 _RUN_POS = attrgetter("run_pos")
-# Runs at least this long are priced as arrays (``run_times``): below it, numpy's fixed cost per
-# call is more than a Python loop's per step.
-PRICED_AT_ONCE = 48
-
-
-def run_times(clock: Clock, t: float, n: int, dec_sum: int, tick: int, m: int) -> array[float]:
-    """The start times of ``m`` steps from ``tick`` in which only ``n`` decoders run (the first
-    starting at ``t``; ``dec_sum + T × n`` their context at tick ``T``), then the last one's end:
-    each step's price (``Clock.price``, or ``Clock.step_times``, its floats bit for bit) added in
-    turn, as a step-by-step loop adds them (``np.add.accumulate`` is sequential). For a clock
-    without memory."""
-    if m < PRICED_AT_ONCE:
-        price = clock.price
-        out = array("d", (t,))
-        for T in range(tick, tick + m):
-            ctx = dec_sum + T * n
-            t += price(n, ctx, ctx, n)
-            out.append(t)
-        return out
-    contexts = np.arange(tick, tick + m, dtype=np.int64)
-    contexts *= n
-    contexts += dec_sum
-    acc = np.empty(m + 1)
-    acc[0] = t
-    acc[1:] = clock.step_times(n, contexts, contexts, n)
-    return array("d", np.add.accumulate(acc, out=acc).tobytes())
 
 
 class CrossingPlan:
@@ -243,6 +215,7 @@ class Stretch:
         "log",
         "consts",
         "clock",
+        "price",
         "glides",
     )
 
@@ -277,12 +250,13 @@ class Stretch:
         clock = sched.clock
         assert clock is not None
         self.clock = clock
+        self.price = price = StepPrice(clock)
         # A contiguous policy's plain steps allocate nothing: priced and logged a run at once
         # (``_glide``), where the clock has no memory of the steps it priced.
         self.glides = self.counting is None and type(clock).take is Clock.take
         plan = self.plan
         self.consts = (
-            clock.price,
+            price,
             clock.take if type(clock).take is not Clock.take else None,  # a clock with memory
             plan.now,
             plan.delta,
@@ -396,17 +370,27 @@ class Stretch:
 
     def _admit(self, budget: int, t: float, scheduled: list[tuple[FastSeq, int]]) -> tuple[int, int, int]:
         """Admit waiting requests at ``t`` by the reference's own rule and policy calls
-        (``Scheduler.admit_waiting``), into ``scheduled``; (admitted, hit tokens, recomputed hit tokens)."""
+        (``scheduling_rule.admit_waiting``), into ``scheduled``; (admitted, hit tokens, recomputed hit tokens)."""
         sched, policy = self.sched, self.policy
         sched.now = t
-        sched.used_positions = self.used + policy.shared_excess_positions
-        internal = policy.internal_positions
-        admitted = sched.admit_waiting(budget, scheduled)
+        internal, shared = policy.internal_positions, policy.shared_excess_positions
+        admitted, hits, recomputed, held = admit_waiting(
+            sched.waiting,
+            sched.running,
+            policy,
+            budget,
+            sched.config.max_num_seqs,
+            sched.max_model_len,
+            t,
+            scheduled,
+            sched.admissions,
+        )
+        sched.admissions += admitted
         self.internal += policy.internal_positions - internal
-        self.used = sched.used_positions - policy.shared_excess_positions
-        self.running += admitted[0]
-        self.dec.stretch_admissions += admitted[0]
-        return admitted
+        self.used += held - (policy.shared_excess_positions - shared)
+        self.running += admitted
+        self.dec.stretch_admissions += admitted
+        return admitted, hits, recomputed
 
     def _finish(self, tick: int, end_s: float) -> int:
         """Decoders sampling their last token at ``tick`` (their step ending at ``end_s``): brought
@@ -545,7 +529,7 @@ class Stretch:
             c_blocks(blocks)
             c_cached(cached)
             ctx = dec_sum + T * n
-            dt = price(n, ctx, ctx, n)
+            dt = price.step(n, ctx, ctx, n)
             t_end = t + (dt + extra(n, n) if extra is not None else dt)
             j += 1
             if 0 <= fin <= T:
@@ -563,7 +547,7 @@ class Stretch:
     ) -> tuple[int, float, float, bool]:
         """``_count_crossings`` for a contiguous policy on a clock without memory: nothing
         crosses (a reservation covers its request's whole life), so the steps up to the next
-        finish are known before they are taken, priced at once (``run_times``) and logged at once
+        finish are known before they are taken, priced at once (``StepPrice.decode_run``) and logged at once
         (``StepLog.steady``); arrivals are placed among them by their start times."""
         dec, log = self.dec, self.log
         n = dec.count
@@ -575,7 +559,7 @@ class Stretch:
         finishing = bool(heap) and heap[0] < T0 + m
         if finishing:
             m = max(heap[0] - T0 + 1, 1)  # a finish tick already past (its decoder gone) ends the first step
-        times = run_times(self.clock, t, n, dec.dec_sum, T0, m)
+        times = self.price.decode_run(t, n, dec.dec_sum, T0, m)
         if next_arr <= times[m - 1]:  # the driver releases an arrival before one of these steps
             if not closed:
                 m = bisect.bisect_left(times, next_arr, 0, m)  # it may be admitted: the general step takes it
@@ -598,7 +582,7 @@ class Stretch:
     def _head_fits(self) -> bool:
         """Whether the head of ``waiting`` could be admitted now, before the next step's crossings
         take their blocks (so False stays False through them): room under ``max_num_seqs`` and
-        the token budget, and memory for it as ``Scheduler.admit_waiting`` asks."""
+        the token budget, and memory for it as ``scheduling_rule.admit_waiting`` asks."""
         sched = self.sched
         budget = sched.config.max_num_batched_tokens - self.dec.count
         if not admission_open(budget, self.running, sched.config.max_num_seqs):
@@ -606,13 +590,13 @@ class Stretch:
         if self._below_floor():
             return False
         head = sched.waiting[0]
-        _, target, must_fit = sched.admission(head, budget)
+        _, target, must_fit = admission(self.policy, head, budget, sched.max_model_len)
         return self.policy.can_allocate(head, target, must_fit=must_fit)
 
     def _below_floor(self) -> bool:
         """Whether the free blocks are fewer than any admission of the head of ``waiting`` needs
         (``CountingPagedPolicy.admission_floor``): it is refused whatever the budget, as
-        ``Scheduler.admit_waiting`` would refuse it, at the cost of a comparison."""
+        ``scheduling_rule.admit_waiting`` would refuse it, at the cost of a comparison."""
         counting = self.counting
         if counting is None:
             return False
@@ -631,7 +615,7 @@ class Stretch:
         sched, plan, policy, dec, log = self.sched, self.plan, self.policy, self.dec, self.log
         clock = sched.clock
         assert clock is not None
-        price, extra = clock.price, clock.take
+        price, extra = self.price, clock.take
         cfg = sched.config
         B, max_seqs = cfg.max_num_batched_tokens, cfg.max_num_seqs
         tick0 = self.tick0
@@ -746,7 +730,7 @@ class Stretch:
                 self.alloc - self.blocks * log.per_block,
                 self.used,
             )
-            t_end = t + (price(new, ctx, pairs, seqs) + extra(new, seqs))
+            t_end = t + (price.step(new, ctx, pairs, seqs) + extra(new, seqs))
 
             # The end of the step: finishers freed, then the requests done with their prompt decode.
             done = self._finish(T, t_end) if heap and heap[0] <= T else 0

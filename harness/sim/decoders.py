@@ -26,7 +26,7 @@ from .sequence import Seq
 class FastSeq(Seq):
     """A sequence as the fast path schedules it: ``Seq`` and the fast path's own state."""
 
-    __slots__ = ("dec_tick", "epoch", "run_pos")
+    __slots__ = ("dec_tick", "epoch")
 
     # ``Seq``'s arguments, spelled out: compiled (mypyc), forwarding ``*args`` to a compiled
     # base's ``__init__`` fails at run time. tests/sim/test_compiled.py keeps the two lists equal.
@@ -44,7 +44,6 @@ class FastSeq(Seq):
         super().__init__(index, request_id, sample, prompt_len, output_len, arrival_s, prefix_group, prefix_len)
         self.dec_tick = -1  # ≥ 0: decoding implicitly since this tick
         self.epoch = 0  # bumped at every change of state: events filed before it are stale
-        self.run_pos = 0  # its place in the running order (admission order), for ordered frees
 
 
 Events = list[tuple[FastSeq, int]]  # (sequence, its epoch when the event was filed)

@@ -61,7 +61,6 @@ class FastScheduler(Scheduler[FastSeq]):
     ) -> None:
         super().__init__(arrivals, policy, config, max_model_len, clock)
         self.dec = Decoders()
-        self._next_pos = 0
         self._simple = False
         self._caching = isinstance(policy, PagedPolicy) and policy.enable_caching
         self._counted = counted_stretch.eligible(self)
@@ -77,11 +76,6 @@ class FastScheduler(Scheduler[FastSeq]):
             if isinstance(policy, CountingGroupedPrefixPolicy):
                 self._ordered = True
                 policy.refile = self._refile
-
-    def start_running(self, seq: FastSeq, now: float) -> None:
-        self._next_pos += 1
-        seq.run_pos = self._next_pos
-        super().start_running(seq, now)
 
     def preempt(self, seq: FastSeq) -> None:
         """An implicit decoder is made explicit first, so its computed tokens count up to this step."""

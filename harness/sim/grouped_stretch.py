@@ -3,10 +3,10 @@ policy of several block tables per request (``GroupCounts``: ``paged``, or ``pag
 with block ids).
 
 A *plain* step — only decoders run, none acts (``reach``) or finishes, nothing is admitted —
-only counts: its time is the clock's formula, its row the level the last event left. A step's
-acts are taken here when their new blocks fit the free ones whatever their own frees: each
-acting decoder ``act``s (in any order where the policy keeps counts, in running order where it
-keeps block ids) and files its next act. If the waiting head then fits in the free blocks
+only counts: its time is the clock's formula (``StepPrice``), its row the level the last event
+left. A step's acts are taken here when their new blocks fit the free ones whatever their own
+frees: each acting decoder ``act``s (in any order where the policy keeps counts, in running
+order where it keeps block ids) and files its next act. If the waiting head then fits in the free blocks
 (``allocate``'s test; a need known to be out of reach is not worked out again), the rest of
 the step, its admission, is the fast path's own, which finds no crossers left; otherwise the
 decoders that sample their last token are freed at the step's end in running order. Every
@@ -35,7 +35,8 @@ from ..clock.clocks import Clock
 from . import bulk_rows as R
 from .decoders import Decoders, FastSeq
 from .policies.group_counts import GroupCounts
-from .scheduling_rule import admission_open
+from .scheduling_rule import admission, admission_open
+from .step_price import StepPrice
 
 if TYPE_CHECKING:
     from ..records.recorder import RunRecorder
@@ -51,13 +52,13 @@ def _RUN_POS_OF_EVENT(event: tuple[FastSeq, int]) -> int:
 
 def _head_blocks(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts) -> int:
     """The free blocks (after the step's acts) the head of ``waiting`` needs to be admitted,
-    with the budget the decoders leave (``Scheduler.admit_waiting``'s test); −1: the step
+    with the budget the decoders leave (``scheduling_rule.admit_waiting``'s test); −1: the step
     admits nothing whatever is free."""
     budget = sched.config.max_num_batched_tokens - dec.count
     if not admission_open(budget, len(sched.running), sched.config.max_num_seqs):
         return -1
     head = sched.waiting[0]
-    _, target, must_fit = sched.admission(head, budget)
+    _, target, must_fit = admission(sched.policy, head, budget, sched.max_model_len)
     return policy.admission_blocks(head, target, must_fit)
 
 
@@ -68,12 +69,12 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
     if clock is None or not (sched.running or sched.waiting):
         return 0
     budget = sched.config.max_num_batched_tokens
-    price = clock.price
+    price = StepPrice(clock)
     act = policy.act
     groups, num_blocks = len(policy.groups), policy.num_blocks
     take = clock.take if type(clock).take is not Clock.take else None  # a clock with memory
     # One second a step (``Clock`` itself, the default): the price is a constant, the steps only count.
-    second = type(clock).price is Clock.price and take is None
+    second = price.second and take is None
     waiting, pending, crossing, finishing = sched.waiting, sched.pending, dec.crossing, dec.finishing
     next_arr = pending[0].arrival_s if pending else math.inf
     step0, measured0 = sched.step_index, policy.steps
@@ -215,7 +216,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
             t = t + 1.0
         else:
             ctx = base + T * n
-            dt = price(n, ctx, ctx, n)
+            dt = price.step(n, ctx, ctx, n)
             t = t + (dt + take(n, n) if take is not None else dt)
         computed += n
         ends = finishing.pop(T, None)
@@ -251,7 +252,7 @@ def run(sched: Scheduler[FastSeq], dec: Decoders, policy: GroupCounts, recorder:
                 while j < MAX_STEPS and t < next_arr and T not in crossing and T not in finishing:
                     ctx = base + T * n
                     ts.append(t)
-                    dt = price(n, ctx, ctx, n)
+                    dt = price.step(n, ctx, ctx, n)
                     t = t + (dt + take(n, n) if take is not None else dt)
                     j += 1
                     T += 1

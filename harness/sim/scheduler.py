@@ -36,8 +36,8 @@ from ..clock.clocks import Clock, StepWork
 from ..spec.specs import SchedulerSpec
 from .policies.base import Policy
 from .policies.paged import ReuseLedger
-from .scheduling_rule import S, admission_chunk, admission_must_fit, admission_open, preempt_until_fits
-from .sequence import FINISHED, RUNNING, WAITING, Seq
+from .scheduling_rule import S, admit_waiting, preempt_until_fits
+from .sequence import FINISHED, WAITING, Seq
 
 
 @dataclasses.dataclass
@@ -101,8 +101,8 @@ class Arrivals(Generic[S]):
 
 
 class Scheduler(Generic[S]):
-    """The reference scheduler. Its public hooks — ``start_running``, ``preempt``,
-    ``make_room``, ``admit_waiting``, ``take_evictions`` — are what the fast path (``harness.sim.fast_scheduler``
+    """The reference scheduler. Its public hooks — ``preempt``, ``make_room``,
+    ``admit_waiting``, ``take_evictions`` — are what the fast path (``harness.sim.fast_scheduler``
     and its stretches) builds on; the rule itself is ``harness.sim.scheduling_rule``."""
 
     needs_block_ids = True  # the reference may be driven with an executor that reads block tables
@@ -125,19 +125,13 @@ class Scheduler(Generic[S]):
         self.now = 0.0
         self.step_index = 0
         self.finished = 0
+        self.admissions = 0  # admissions so far, re-admissions included: a request's ``run_pos``
         self.used_positions = 0  # Σ computed positions over sequences holding memory
         # A policy over KV cache groups measures use itself (bytes-equivalent positions).
         self._measure_use: Callable[[], tuple[int, int]] | None = getattr(policy, "measure_use", None)
         self._evictions_seen = 0
 
     # -- the hooks -----------------------------------------------------------------------
-    def start_running(self, seq: S, now: float) -> None:
-        """``seq``, just admitted at ``now``, joins the tail of ``running``."""
-        self.running.append(seq)
-        seq.status = RUNNING
-        if seq.num_preemptions == 0:  # first admission
-            seq.first_scheduled_s = now
-
     def preempt(self, seq: S) -> None:
         """Preempt ``seq`` (already out of ``running``): its memory freed, recompute forgets its
         computed tokens (swap keeps them), and it waits at the front of ``waiting``."""
@@ -213,46 +207,25 @@ class Scheduler(Generic[S]):
         return StepWork(new_tokens, context, pairs, seqs + len(scheduled))
 
     def admit_waiting(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
-        """Admit waiting requests at ``now`` while the rule allows (``scheduling_rule``), with
-        ``budget`` tokens left; append them to ``scheduled`` (each with the tokens it computes,
-        its ``num_computed`` its hit or what a swap kept); return (admitted, hit tokens at first
-        admissions, hit tokens at re-admissions after a preemption: vLLM counts these apart,
-        never as prefix-cache hits)."""
-        policy = self.policy
-        running = self.running
-        waiting = self.waiting
-        max_seqs = self.config.max_num_seqs
-        admitted = hit_tokens = recomputed = 0
-        while waiting and admission_open(budget, len(running), max_seqs):
-            seq = waiting[0]
-            hit, target, must_fit = self.admission(seq, budget)
-            if not policy.allocate(seq, target, must_fit=must_fit):
-                break
-            computed = seq.num_computed + hit
-            num_new = target - computed
-            waiting.popleft()
-            self.start_running(seq, self.now)
-            seq.num_computed = computed
-            self.used_positions += computed
-            if hit and seq.num_preemptions:
-                seq.recomputed_hit_tokens += hit
-                recomputed += hit
-            elif hit:
-                seq.prefix_hit_tokens += hit
-                hit_tokens += hit
-            scheduled.append((seq, num_new))
-            budget -= num_new
-            admitted += 1
+        """Admit waiting requests at ``now`` while the rule allows (``scheduling_rule.admit_waiting``),
+        with ``budget`` tokens left; append them to ``running`` and ``scheduled`` (each with the
+        tokens it computes, its ``num_computed`` its hit or what a swap kept); return (admitted,
+        hit tokens at first admissions, hit tokens at re-admissions after a preemption: vLLM
+        counts these apart, never as prefix-cache hits)."""
+        admitted, hit_tokens, recomputed, held = admit_waiting(
+            self.waiting,
+            self.running,
+            self.policy,
+            budget,
+            self.config.max_num_seqs,
+            self.max_model_len,
+            self.now,
+            scheduled,
+            self.admissions,
+        )
+        self.admissions += admitted
+        self.used_positions += held
         return admitted, hit_tokens, recomputed
-
-    def admission(self, seq: S, budget: int) -> tuple[int, int, int]:
-        """What admitting ``seq`` with ``budget`` tokens left asks of the policy: (its hit tokens,
-        the positions to back, the positions that must fit). The policy remembers the hit
-        (``prefix_hit``) for the ``allocate`` that follows."""
-        hit = self.policy.prefix_hit(seq) if seq.num_computed == 0 else 0
-        computed = seq.num_computed + hit
-        target = computed + admission_chunk(seq.num_tokens, computed, budget)
-        return hit, target, admission_must_fit(seq.num_tokens, self.max_model_len)
 
     def measure_values(self) -> tuple[int, ...]:
         """The allocation state while the step computes (after scheduling, before frees), as a

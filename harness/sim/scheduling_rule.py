@@ -10,7 +10,9 @@ its own way; the rule they apply is these functions:
   step that preempted nothing);
 - ``admission_chunk``, ``admission_must_fit``: the head computes what it lacks, as much as
   the budget allows, and must fit its whole current sequence (vLLM's
-  ``scheduler_reserve_full_isl``); the first head that does not fit stops admission;
+  ``scheduler_reserve_full_isl``); the first head that does not fit stops admission
+  (``admission``: what a head asks of the policy; ``admit_waiting``: the admissions of a step,
+  which the reference and the fast path's paths all call);
 - ``preempt_until_fits``: a running request that cannot grow preempts the most recently
   admitted running request, again and again, until it fits or is itself preempted, which
   ends the step's scheduling pass.
@@ -18,10 +20,12 @@ its own way; the rule they apply is these functions:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-from .sequence import Seq
+from .policies.base import Policy
+from .sequence import RUNNING, Seq
 
 S = TypeVar("S", bound=Seq)
 
@@ -56,3 +60,58 @@ def preempt_until_fits(
             return False
         if fits():
             return True
+
+
+def admission(policy: Policy, seq: Seq, budget: int, max_model_len: int) -> tuple[int, int, int]:
+    """What admitting ``seq`` with ``budget`` tokens left asks of ``policy``: (its hit tokens,
+    the positions to back, the positions that must fit). The policy remembers the hit
+    (``prefix_hit``) for the ``allocate`` that follows."""
+    hit = policy.prefix_hit(seq) if seq.num_computed == 0 else 0
+    computed = seq.num_computed + hit
+    target = computed + admission_chunk(seq.num_tokens, computed, budget)
+    return hit, target, admission_must_fit(seq.num_tokens, max_model_len)
+
+
+def admit_waiting(
+    waiting: deque[S],
+    running: list[S],
+    policy: Policy,
+    budget: int,
+    max_num_seqs: int,
+    max_model_len: int,
+    now: float,
+    scheduled: list[tuple[S, int]],
+    admissions: int,
+) -> tuple[int, int, int, int]:
+    """Admit the head of ``waiting`` at ``now``, again and again, while the rule allows and it
+    fits: each joins the tail of ``running`` (``run_pos``: ``admissions`` so far, counted on)
+    and ``scheduled`` (with the tokens it computes, its ``num_computed`` its hit or what a swap
+    kept). Returns (admitted, hit tokens at first admissions, hit tokens at re-admissions after
+    a preemption: vLLM counts these apart, never as prefix-cache hits; the positions the
+    admitted hold computed before the step)."""
+    admitted = hit_tokens = recomputed = held = 0
+    while waiting and admission_open(budget, len(running), max_num_seqs):
+        seq = waiting[0]
+        hit, target, must_fit = admission(policy, seq, budget, max_model_len)
+        if not policy.allocate(seq, target, must_fit):
+            break
+        computed = seq.num_computed + hit
+        num_new = target - computed
+        waiting.popleft()
+        running.append(seq)
+        seq.status = RUNNING
+        admitted += 1
+        seq.run_pos = admissions + admitted
+        if seq.num_preemptions == 0:  # first admission
+            seq.first_scheduled_s = now
+        seq.num_computed = computed
+        held += computed
+        if hit and seq.num_preemptions:
+            seq.recomputed_hit_tokens += hit
+            recomputed += hit
+        elif hit:
+            seq.prefix_hit_tokens += hit
+            hit_tokens += hit
+        scheduled.append((seq, num_new))
+        budget -= num_new
+    return admitted, hit_tokens, recomputed, held

@@ -22,6 +22,7 @@ class Seq:
         "num_preemptions",
         "status",
         "first_scheduled_s",
+        "run_pos",
         "first_token_s",
         "finished_s",
         "peak_allocated",
@@ -70,6 +71,7 @@ class Seq:
         self.num_preemptions = 0
         self.status = WAITING
         self.first_scheduled_s = float("nan")
+        self.run_pos = 0  # its place in the running order: the scheduler's admissions up to its latest
         self.first_token_s = float("nan")
         self.finished_s = float("nan")
         self.peak_allocated = 0

@@ -1,19 +1,17 @@
 """A contiguous policy's plain steps taken a run at once (``Stretch._glide``, priced by
-``run_times``) against the same steps counted one by one (``Stretch._count_crossings``, which
-every policy can take): byte-identical steps and requests files, whichever way ``run_times``
-prices a run (a Python loop below ``PRICED_AT_ONCE`` steps, arrays from it on). The fast-path
-identity tests pin both to the reference; this pins the glide to the loop it stands for."""
+``StepPrice.decode_run``) against the same steps counted one by one (``Stretch._count_crossings``,
+which every policy can take): byte-identical steps and requests files, whichever way a run is
+priced (the clock's formula in the loop; a clock priced through its Python: a loop of its
+``price`` below ``PRICED_AT_ONCE`` steps, its ``step_times`` from it on). The fast-path identity
+tests pin both to the reference; this pins the glide to the loop it stands for."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells
-from kvbench.harness.clock.clocks import Clock, ParallelRooflineClock, RooflineClock
-from kvbench.harness.clock.model import GPU_PRESETS
-from kvbench.harness.sim import counted_stretch
-from kvbench.harness.spec.geometry import resolve_model
+from kvbench.harness.clock.clocks import Clock
+from kvbench.harness.sim import step_price
 from kvbench.runners import sim as sim_runner
 from kvbench.runners.sim import SimRunner
 
@@ -44,8 +42,10 @@ CASES = {
 
 def _counting(clock: Clock, how: str, calls: list[int]) -> Clock:
     """``clock`` as a subclass of its class that counts the glide's array pricing; for "loop",
-    one that also has a memory adding nothing (a clock with memory is never glided). Subclassed,
-    not patched: compiled, the stretch calls its own methods natively, but a clock's through it."""
+    one that also has a memory adding nothing (a clock with memory is never glided); for
+    "python" and "arrays", one whose ``price`` is its own (so ``StepPrice`` calls it: a subclass
+    may price otherwise). Subclassed, not patched: compiled, the stretch calls its own methods
+    natively, but a clock's through it."""
     base = type(clock)
 
     def step_times(self, *args):
@@ -55,18 +55,26 @@ def _counting(clock: Clock, how: str, calls: list[int]) -> Clock:
     def take(self, scheduled_tokens: int, scheduled_seqs: int) -> float:
         return base.take(self, scheduled_tokens, scheduled_seqs)
 
-    methods = {"__slots__": (), "step_times": step_times} | ({"take": take} if how == "loop" else {})
+    def price(self, *args) -> float:
+        return base.price(self, *args)
+
+    methods = {"__slots__": (), "step_times": step_times}
+    if how == "loop":
+        methods["take"] = take
+    if how in ("python", "arrays"):
+        methods["price"] = price
     clock.__class__ = type(f"Counting{base.__name__}", (base,), methods)
     return clock
 
 
 def _runs(tmp_path, monkeypatch, case: str, unit: str, how: str) -> dict[str, tuple[bytes, bytes]]:
     """Each cell's steps and requests files, with plain steps taken ``how``: "loop" (one by one),
-    "python" or "arrays" (a glide, priced by a loop or as arrays)."""
+    "inline" (a glide, the clock's formula in the loop), "python" or "arrays" (a glide, the
+    clock's own ``price`` in a loop, or its ``step_times``)."""
     calls = [0]
     real_clock_for = sim_runner.clock_for
     monkeypatch.setattr(sim_runner, "clock_for", lambda *args: _counting(real_clock_for(*args), how, calls))
-    monkeypatch.setattr(counted_stretch, "PRICED_AT_ONCE", 10**9 if how == "python" else 1)
+    monkeypatch.setattr(step_price, "PRICED_AT_ONCE", 10**9 if how == "python" else 1)
     text = _suite(**CASES[case], policies=CONTIGUOUS, block_sizes="[16]", grid_extra=BOTH.format(unit=unit))
     out = tmp_path / how
     files = {}
@@ -83,36 +91,6 @@ def _runs(tmp_path, monkeypatch, case: str, unit: str, how: str) -> dict[str, tu
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_glide_is_the_counted_loop_record_for_record(tmp_path, monkeypatch, case, unit):
     loop = _runs(tmp_path, monkeypatch, case, unit, "loop")
+    assert _runs(tmp_path, monkeypatch, case, unit, "inline") == loop
     assert _runs(tmp_path, monkeypatch, case, unit, "python") == loop
     assert _runs(tmp_path, monkeypatch, case, unit, "arrays") == loop
-
-
-def _clocks() -> list[Clock]:
-    g = resolve_model("llama-3-8b", None)
-    kv = g.kv_bytes_per_token("fp16")
-    gpu = GPU_PRESETS["A100-80GB"]
-    return [
-        Clock(),
-        RooflineClock(g, kv, gpu),
-        RooflineClock(g, kv, gpu, scale=1.534),
-        ParallelRooflineClock(g, kv, gpu, tensor_parallel_size=2, pipeline_parallel_size=2),
-    ]
-
-
-@pytest.mark.parametrize("m", [0, 1, 5, counted_stretch.PRICED_AT_ONCE - 1, counted_stretch.PRICED_AT_ONCE, 3000])
-def test_run_times_adds_each_steps_price_in_turn(m):
-    rng = np.random.default_rng(m)
-    for clock in _clocks():
-        for n in (0, 1, 7, 256):
-            t0, dec_sum, tick = (
-                float(rng.random() * 100),
-                int(rng.integers(-(10**6), 10**6)),
-                int(rng.integers(0, 10**5)),
-            )
-            want = [t0]
-            t = t0
-            for T in range(tick, tick + m):
-                ctx = dec_sum + T * n
-                t = t + clock.price(n, ctx, ctx, n)
-                want.append(t)
-            assert counted_stretch.run_times(clock, t0, n, dec_sum, tick, m).tolist() == want
