@@ -214,7 +214,6 @@ class Stretch:
         "seen",
         "log",
         "consts",
-        "clock",
         "price",
         "glides",
     )
@@ -249,7 +248,6 @@ class Stretch:
         # What the plain steps read, fetched once (``_plain`` is entered at every event).
         clock = sched.clock
         assert clock is not None
-        self.clock = clock
         self.price = price = StepPrice(clock)
         # A contiguous policy's plain steps allocate nothing: priced and logged a run at once
         # (``_glide``), where the clock has no memory of the steps it priced.

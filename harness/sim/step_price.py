@@ -50,20 +50,7 @@ class StepPrice:
         without memory. A clock priced through its Python gives long runs to ``Clock.step_times``
         (its floats bit for bit; ``np.add.accumulate`` adds in turn)."""
         out = [t] * (m + 1)
-        if self.roofline:  # ``step``'s formula, its per-step constants taken once
-            weights, kv, per_pair = self.weights, self.kv, self.per_pair
-            bw, peak, scale = self.bw, self.peak, self.scale
-            tokens = n * self.per_token
-            i = 0
-            for T in range(tick, tick + m):
-                ctx = dec_sum + T * n
-                memory = (weights + ctx * kv) / bw
-                compute = (tokens + ctx * per_pair) / peak
-                t += (memory if memory >= compute else compute) * scale
-                i += 1
-                out[i] = t
-            return out
-        if self.second or m < PRICED_AT_ONCE:
+        if self.roofline or self.second or m < PRICED_AT_ONCE:
             for i in range(1, m + 1):
                 ctx = dec_sum + (tick + i - 1) * n
                 t += self.step(n, ctx, ctx, n)
