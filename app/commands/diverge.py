@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ...harness.errors import KvbenchError
-from ...harness.records.safe_paths import nonempty_path
+from ...harness.records.safe_paths import check_records, nonempty_path
 from ...harness.records.statuses import OK
 from .base import Command
 
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
             f"--columns: unknown steps column(s) {', '.join(unknown) or '(none given)'} "
             f"(known: {', '.join(n for n in STEPS.names if n != 'step')})"
         )
+    check_records(out)  # run ids are not read through a link into another directory
     ids = store.existing_run_ids(out)
     run_a, run_b = _resolve(out, ids, args.run_a), _resolve(out, ids, args.run_b)
     store.check_complete(out, {run_a, run_b})  # 0 steps against 800 would be no comparison

@@ -200,9 +200,9 @@ def _plain(v: Any) -> Any:
 
 def _drop_empty_folders(out: Path, before: set[str]) -> None:
     """The table folders an aborted import made (empty once its temporary partitions are gone)."""
-    from ...harness.records.safe_paths import OWN_FOLDERS
+    from ...harness.records.safe_paths import own_folders
 
-    for name in OWN_FOLDERS:
+    for name in own_folders():
         if name not in before:
             try:
                 (out / name).rmdir()

@@ -19,10 +19,25 @@ from pathlib import Path
 from ..errors import KvbenchError
 from ..files import kind
 
-# The folders kvbench makes inside a results directory (``harness.records.store`` and the report).
-OWN_FOLDERS: tuple[str, ...] = ("runs", "steps", "requests", "workloads", "report")
+# The folders kvbench makes inside a results directory besides one per declared table (see
+# ``own_folders``): the workloads a run saved (``workloads.table``) and the report.
+OTHER_FOLDERS: tuple[str, ...] = ("workloads", "report")
 # The single files it keeps at a results directory's top level.
 OWN_FILES: tuple[str, ...] = ("reference.parquet", "slo.parquet", ".kvbench.lock", "kvbench.log")
+
+
+def table_folders() -> tuple[str, ...]:
+    """The folder of each declared table (``schema.TABLES``), each holding ``run_id=`` partitions:
+    a table added there is guarded here with no edit."""
+    from .schema import TABLES  # here, not at the top: every command imports this module, pyarrow is heavy
+
+    return tuple(TABLES)
+
+
+def own_folders() -> tuple[str, ...]:
+    """Every folder kvbench makes inside a results directory: one per declared table, and
+    ``OTHER_FOLDERS``. The one list the guards against links (and ``import``'s cleanup) use."""
+    return (*table_folders(), *OTHER_FOLDERS)
 
 
 def nonempty_text(text: str) -> str:
@@ -87,29 +102,43 @@ def own_file(path: Path) -> None:
         )
 
 
+def check_table(out: Path, table: str) -> None:
+    """Before reading or writing ``table`` of ``out``: its folder is real (or absent) and none of
+    its ``run_id=`` partitions is a symbolic link, so nothing is read from, written to or
+    removed from another directory through one."""
+    folder = out / table
+    own_folder(folder)
+    if not folder.is_dir():
+        return
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as exc:
+        raise KvbenchError(f"{folder}: cannot list ({exc.strerror or exc})") from None
+    for entry in entries:
+        if entry.name.startswith("run_id=") and entry.is_symlink():
+            raise KvbenchError(
+                f"{folder / entry.name}: is a symbolic link; kvbench reads, writes and removes "
+                f"only partitions it made: move it away or choose another directory"
+            )
+
+
+def check_records(out: Path) -> None:
+    """Before reading ``out``'s records: ``check_table`` for every declared table."""
+    for table in table_folders():
+        check_table(out, table)
+
+
 def check_results_layout(out: Path) -> None:
     """Before writing ``out``: every folder and file kvbench keeps there is real (no symbolic
-    link, no device), and so is every run partition, so no write or removal leaves ``out``."""
+    link, no device), and so is every run partition of every table, so no write or removal
+    leaves ``out``."""
     if not out.is_dir():
         return  # absent (created later), or not a directory (refused where it would be created)
-    for name in OWN_FOLDERS:
+    for name in own_folders():
         own_folder(out / name)
     for name in OWN_FILES:
         own_file(out / name)
-    for table in ("runs", "steps", "requests"):
-        folder = out / table
-        if not folder.is_dir():
-            continue
-        try:
-            entries = list(os.scandir(folder))
-        except OSError as exc:
-            raise KvbenchError(f"{folder}: cannot list ({exc.strerror or exc})") from None
-        for entry in entries:
-            if entry.name.startswith("run_id=") and entry.is_symlink():
-                raise KvbenchError(
-                    f"{folder / entry.name}: is a symbolic link; kvbench writes and removes "
-                    f"only partitions it made: move it away or choose another --out"
-                )
+    check_records(out)
 
 
 def is_own_partition(path: Path, part: str) -> bool:

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from ..errors import KvbenchError, StorageError, storage_error
 from .atomic import replace_file, temp_folder
-from .safe_paths import is_own_partition, own_file
+from .safe_paths import check_records, check_table, is_own_partition, own_file
 from .schema import SCHEMA_VERSION, TABLES, VERSION_KEY, with_version
 
 PART = "part-0.parquet"
@@ -118,6 +118,7 @@ def complete_run_ids(out: Path) -> set[str]:
 def check_complete(out: Path, run_ids: set[str] | None = None) -> None:
     """Refuse to read a results directory holding an incomplete run, naming the run: its numbers
     would be read as whole. The same ``kvbench run`` runs such a cell again."""
+    check_records(out)  # no table read through a link into another directory
     problems = incomplete_runs(out, run_ids)
     if problems:
         rid, why = next(iter(problems.items()))
@@ -176,8 +177,8 @@ STALE_PATTERNS: tuple[tuple[str, str], ...] = (
 
 
 def clean_stale_temps(out: Path) -> None:
-    """Remove temporary files left by killed or faulted runs, and the steps and requests
-    partitions of runs that never got their ``runs/`` partition (a run cut short between
+    """Remove temporary files left by killed or faulted runs, and the partitions (of every table
+    but ``runs/``) of runs that never got their ``runs/`` partition (a run cut short between
     publishing its steps and its run row), so that the directory holds whole runs only.
 
     Only safe while no other process writes ``out``: ``kvbench run`` holds the directory's
@@ -203,7 +204,7 @@ def clean_stale_temps(out: Path) -> None:
         runs = existing_run_ids(out)
     except StorageError:
         return  # cannot tell whole runs from orphans: leave them
-    for table in ("steps", "requests", "metrics", "kv_groups"):
+    for table in (t for t in TABLES if t != "runs"):
         d = out / table
         try:
             if d.is_symlink() or not d.is_dir():
@@ -301,6 +302,7 @@ def check_file(path: Path) -> None:
 def read_table(out: Path, table: str, run_ids: set[str] | None = None) -> pd.DataFrame:
     """One table of a results directory as a DataFrame with a ``run_id`` column."""
     root = Path(out) / table
+    check_table(Path(out), table)  # never read through a link into another directory
     if not root.is_dir():
         raise KvbenchError(f"{out}: no {table}/ directory; is this a kvbench results directory?")
     files = sorted(
