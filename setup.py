@@ -3,12 +3,12 @@ with mypyc into extension modules beside their sources, and a stamp of the sourc
 
 Nothing is compiled where ``KVBENCH_PURE=1``, where mypyc is absent (a build without isolation)
 or where the C compiler fails: the package then runs those modules as Python, with the same
-records, more slowly (``kvbench doctor`` says which form runs and why)."""
+records, more slowly (``kvbench doctor`` says which form runs and why). ``KVBENCH_PURE`` set to
+anything but ``1``, ``0`` or empty fails the build, with the values it takes."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -34,6 +34,14 @@ def _say(message: str) -> None:
     print(f"kvbench build: {message}", file=sys.stderr)
 
 
+# Checked before anything is built: a KVBENCH_PURE of "true" must not quietly compile.
+try:
+    PURE = compiled.pure_requested()
+except compiled.PureSettingError as exc:
+    _say(f"error: {exc}")
+    sys.exit(2)
+
+
 def _stage() -> Path:
     """A ``kvbench/`` folder whose ``harness`` links to the repository's: mypyc names a module by
     its folders, and the repository keeps ``harness/`` where the installed package has
@@ -54,7 +62,7 @@ def _mypyc_extensions() -> tuple[list[Extension], str]:
     """The extensions mypyc writes, and the digest of the sources it read (taken first: a source
     edited while the C compiles must not be stamped as compiled)."""
     digest = compiled.sources_digest(ROOT / "harness" / "sim")
-    if os.environ.get(compiled.PURE_ENV) == "1":
+    if PURE:
         _say(f"{compiled.PURE_ENV}=1: the simulator stays Python")
         return [], digest
     try:

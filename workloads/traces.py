@@ -63,6 +63,19 @@ MAX_TRACE_S = float(2**32)
 Label = Callable[[int], str]
 
 
+class _NaNCell:
+    """A cell that holds NaN itself (JSON's bare ``NaN``, a float NaN in Parquet), told apart
+    from a missing cell, which pandas also fills with NaN."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NaN"
+
+
+NAN_CELL = _NaNCell()
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceData:
     """Requests read from a file, in file order."""
@@ -170,6 +183,7 @@ def _read_csv(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, Lab
 
 def _read_parquet(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, Label]:
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
@@ -180,9 +194,17 @@ def _read_parquet(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame,
     except (pa.ArrowException, OSError) as exc:
         raise KvbenchError(f"{where}: not a readable Parquet file ({exc.__class__.__name__})") from None
     _check_unique_names([str(c) for c in table.column_names], where, "column")
-    frame = table.to_pandas()
+    frame = table.to_pandas().reset_index(drop=True)
     frame.columns = [str(c) for c in frame.columns]
-    return frame.reset_index(drop=True), lambda i: f"row {i + 1}"
+    for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_floating(column.type) and str(name) in frame.columns:
+            # to_pandas makes a null NaN as well: a NaN the file holds is kept as what it is
+            held = pc.fill_null(pc.is_nan(column), False).to_numpy(zero_copy_only=False)
+            if held.any():
+                cells = frame[str(name)].astype(object)
+                cells[held] = NAN_CELL
+                frame[str(name)] = cells
+    return frame, lambda i: f"row {i + 1}"
 
 
 def _read_jsonl(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, Label]:
@@ -197,7 +219,7 @@ def _read_jsonl(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, L
                 if len(records) >= rows:
                     break
                 try:
-                    record = json.loads(text, object_pairs_hook=_object_once)
+                    record = json.loads(text, object_pairs_hook=_object_once, parse_constant=_json_constant)
                 except _DuplicateKey as exc:
                     raise KvbenchError(
                         f"{where}: line {lineno}: key {exc.key!r} appears more than once: keep one"
@@ -221,6 +243,12 @@ def _read_jsonl(p: Path, where: str, limit: int | None) -> tuple[pd.DataFrame, L
         columns.extend(k for k in record if k not in columns)
     frame = pd.DataFrame.from_records(records, columns=columns)
     return frame, lambda i: f"line {lines[i]}"
+
+
+def _json_constant(name: str) -> object:
+    """JSON's non-standard constants: ``NaN`` kept as what it is (not a missing value), the
+    infinities as floats."""
+    return NAN_CELL if name == "NaN" else float(name)
 
 
 class _DuplicateKey(Exception):
@@ -333,6 +361,11 @@ def _is_blank(value: object) -> bool:
     )
 
 
+def _is_nan(value: object) -> bool:
+    """A cell that says NaN: JSON's or Parquet's (``NAN_CELL``), or CSV text such as ``NaN``."""
+    return value is NAN_CELL or (isinstance(value, str) and value.strip().lstrip("+-").lower() == "nan")
+
+
 def _lengths(series: pd.Series, column: str, where: str, label: Label, typed: bool = False) -> np.ndarray:
     """A column of token counts as int64, every value a whole number >= 1."""
     raw = series.to_numpy(dtype=object)
@@ -345,6 +378,8 @@ def _lengths(series: pd.Series, column: str, where: str, label: Label, typed: bo
         value, number = raw[i], numbers[i]
         if _is_blank(value):
             problem = "is missing or empty"
+        elif _is_nan(value):
+            problem = "is not a number (NaN)"
         elif is_bool[i] or math.isnan(number):
             problem = f"{value!r} is not a number"
         elif not math.isfinite(number) or number != round(number):
@@ -365,7 +400,7 @@ def _numbers(series: pd.Series, typed: bool = False) -> np.ndarray:
         def number(v: Any) -> Any:
             if isinstance(v, str):
                 return None if typed else v.strip()
-            return None if isinstance(v, bool) else v
+            return None if isinstance(v, bool) or v is NAN_CELL else v
 
         series = series.map(number)
     return pd.to_numeric(series, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
@@ -381,7 +416,12 @@ def _times(
     bad = ~np.isfinite(numbers) | (numbers < 0)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        what = "is missing or empty" if _is_blank(raw[i]) else f"must be a number of {unit} >= 0, got {raw[i]!r}"
+        if _is_blank(raw[i]):
+            what = "is missing or empty"
+        elif _is_nan(raw[i]):
+            what = "is not a number (NaN)"
+        else:
+            what = f"must be a number of {unit} >= 0, got {raw[i]!r}"
         raise KvbenchError(f"{where}: {label(i)}: {column} {what}")
     seconds = numbers / per_s + 0.0  # + 0.0 turns any -0.0 into 0.0 (identical bytes, identical id)
     far = seconds > MAX_TRACE_S

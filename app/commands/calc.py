@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_text
 from ...harness.spec.feasibility import levers
-from ...harness.spec.geometry import ModelGeometry, kv_dtype_bytes, resolve_model
+from ...harness.spec.geometry import PRESETS, ModelGeometry, kv_dtype_bytes, resolve_model
 from ...harness.spec.kv_layout import KVLayout, kv_layout
 from ...harness.spec.layer_kinds import CHUNKED, STATE_KINDS
 from ...harness.spec.units import format_bytes, parse_size
@@ -157,7 +158,11 @@ def workload_fit(
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, action="append", required=True, metavar="N")
     p.add_argument("--tokens", type=int, action="append", required=True, metavar="N")
-    p.add_argument("--model", type=nonempty_text, help="preset name (see `kvbench doctor`) or a config.json path")
+    p.add_argument(
+        "--model",
+        type=nonempty_text,
+        help="preset name (see `kvbench doctor`), a config.json path or a model directory holding one",
+    )
     p.add_argument("--kv-dtype", default="fp16")
     p.add_argument("--budget", help="KV budget such as 12GiB, 40GB or bytes (per GPU with --tp / --pp)")
     p.add_argument("--tp", type=int, default=1, metavar="N", help="tensor parallel size: KV heads split across N ranks")
@@ -174,7 +179,9 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def _geometry(model: str) -> ModelGeometry:
-    if model.endswith(".json") or "/" in model:
+    """A preset by its name; otherwise a config.json, or a model directory holding one (a name
+    that is neither a preset nor a path that exists is taken for a mistyped preset)."""
+    if model not in PRESETS and (model.endswith(".json") or "/" in model or os.path.lexists(model)):
         return resolve_model(config=model)
     return resolve_model(preset_name=model)
 

@@ -4,7 +4,11 @@ to the step-by-step reference."""
 
 from pathlib import Path
 
-from .compiled import select_form
+from ..errors import KvbenchError
+from .compiled import PureSettingError, select_form
 
 # Before any of the compiled modules is imported: which form of them this process loads.
-FORM = select_form(__name__, Path(__file__).parent)
+try:
+    FORM = select_form(__name__, Path(__file__).parent)
+except PureSettingError as exc:  # a bad KVBENCH_PURE: the CLI's one line, exit 2
+    raise KvbenchError(str(exc)) from None

@@ -8,7 +8,9 @@ code. ``select_form``, run once by the package's ``__init__`` before any of them
 therefore loads them compiled only when every one was built and the stamp still matches the
 sources; otherwise it loads all of them from their ``.py`` files (compiled modules call each other
 natively, so the two forms never mix in one process) and says why in ``FORM.reason``.
-``KVBENCH_PURE=1`` asks for the Python form: at install (nothing is compiled) and at run time.
+``KVBENCH_PURE=1`` asks for the Python form: at install (nothing is compiled) and at run time;
+unset, empty or ``0`` leaves the compiled form where it was built. Any other value (``true``,
+``yes``) is refused (``PureSettingError``), at install and at run time, rather than read as either.
 
 The records are the same in both forms (the test suite runs on both); only the time differs.
 Stdlib only: ``setup.py`` loads this file by path, before kvbench is installed.
@@ -22,7 +24,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -50,6 +52,28 @@ MODULES: tuple[str, ...] = (
 )
 STAMP = "compiled-sources.sha256"  # beside the modules: the digest of the sources a build compiled
 PURE_ENV = "KVBENCH_PURE"
+# What PURE_ENV may be set to, and whether it asks for the Python form.
+PURE_VALUES: dict[str, bool] = {"": False, "0": False, "1": True}
+
+
+class PureSettingError(ValueError):
+    """``PURE_ENV`` set to a value it does not take (stdlib only: the package turns it into its
+    one-line error, ``setup.py`` into a failed build)."""
+
+
+def pure_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``PURE_ENV`` asks for the Python form: ``1`` does; unset, empty and ``0`` do not;
+    anything else raises ``PureSettingError``, naming the variable and the values it takes."""
+    value = (os.environ if environ is None else environ).get(PURE_ENV)
+    if value is None:
+        return False
+    if value not in PURE_VALUES:
+        shown = repr(value) if len(value) <= 40 else repr(value[:37]) + "..."
+        raise PureSettingError(
+            f"{PURE_ENV}={shown} is not a setting it takes: 1 runs the simulator as Python, "
+            "0 or empty (or unset) runs it compiled where the install compiled it"
+        )
+    return PURE_VALUES[value]
 
 
 @dataclass(frozen=True)
@@ -98,11 +122,12 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
 
 def select_form(package: str, package_dir: Path) -> Form:
     """Decide the form for ``package`` (this package's dotted name) and, for the Python form where
-    extension modules are present, put a finder ahead of them."""
+    extension modules are present, put a finder ahead of them. ``PureSettingError`` where
+    ``PURE_ENV`` holds a value it does not take."""
     sources = source_paths(package_dir)
     built = [_extension(s) for s in sources]
     stamp = package_dir / STAMP
-    if os.environ.get(PURE_ENV) == "1":
+    if pure_requested():
         form = Form("python", f"{PURE_ENV}=1")
     elif not all(built) or not stamp.exists():
         form = Form("python", "not compiled by this install")

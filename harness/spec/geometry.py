@@ -16,8 +16,19 @@ from typing import Any
 
 from ..errors import KvbenchError
 from . import identity
-from .layer_kinds import ATTENTION_KINDS, FULL, GDN, MLA, SLIDING, STATE_KINDS, LayerRun, StateGeometry, runs_of
-from .model_config import read_config_json
+from .layer_kinds import (
+    ATTENTION_KINDS,
+    FULL,
+    GDN,
+    MLA,
+    SLIDING,
+    STATE_KINDS,
+    LayerRun,
+    StateGeometry,
+    merged,
+    runs_of,
+)
+from .model_config import UPPER_BOUNDS, read_config_json  # the bounds a config's keys are read against too
 
 # Bytes per element of each supported KV cache dtype. fp8 means e4m3, the
 # format vLLM's "fp8" cache dtype resolves to.
@@ -29,23 +40,6 @@ KV_DTYPE_BYTES: dict[str, int] = {
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
     "int8": 1,
-}
-
-
-# Sane upper bounds: several times the largest published decoders (Llama 3.1 405B: 126
-# layers, 128 heads, hidden 16,384, MLP 53,248; head sizes up to 256; vocabularies up to
-# ~262k; MLA latents of 512 + 64), so a real model never trips them and a typo (an extra digit
-# or three) does.
-UPPER_BOUNDS: dict[str, int] = {
-    "num_layers": 1024,
-    "num_attention_heads": 1024,
-    "num_kv_heads": 1024,
-    "head_dim": 1024,
-    "hidden_size": 131_072,
-    "intermediate_size": 1_048_576,
-    "vocab_size": 4_194_304,
-    "kv_lora_rank": 16_384,
-    "qk_rope_head_dim": 1024,
 }
 
 
@@ -102,7 +96,9 @@ class ModelGeometry:
         self._check_layers()
 
     def _check_layers(self) -> None:
-        runs = runs_of([(r.kind, r.window) for r in self.layers for _ in range(r.count)])
+        # Runs are counted and merged as runs: never spelled out layer by layer before their
+        # total is checked against num_layers (itself bounded above).
+        runs = merged(self.layers)
         if all(r.kind == FULL for r in runs):
             runs = ()  # every layer full attention: the default spelling, whatever was given
         object.__setattr__(self, "layers", runs)  # neighbours of one kind merged: one spelling per layout

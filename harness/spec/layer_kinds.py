@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 from ..errors import KvbenchError
 
@@ -27,6 +28,9 @@ ATTENTION_KINDS: tuple[str, ...] = (FULL, SLIDING, CHUNKED, MLA)
 STATE_KINDS: tuple[str, ...] = (MAMBA1, MAMBA2, GDN)
 WINDOWED_KINDS: tuple[str, ...] = (SLIDING, CHUNKED)  # kinds whose run carries a window (chunk) in tokens
 KINDS: tuple[str, ...] = ATTENTION_KINDS + STATE_KINDS
+# The longest window (or chunk) a run may carry, in tokens: far past any context length (a window
+# as long as the context is full attention), and well inside int64 wherever it is counted with.
+MAX_WINDOW = 2**32
 
 # Bytes per element of the dtypes a state is kept in (vLLM's model dtype and its
 # mamba_ssm_cache_dtype choices).
@@ -48,9 +52,10 @@ class LayerRun:
         if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count <= 0:
             raise KvbenchError(f"layer run of {self.kind}: count must be a positive integer, got {self.count!r}")
         windowed = self.kind in WINDOWED_KINDS
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or not 0 <= self.window <= MAX_WINDOW:
             raise KvbenchError(
-                f"layer run of {self.kind}: window must be a whole number of tokens, got {self.window!r}"
+                f"layer run of {self.kind}: window must be a whole number of tokens up to {MAX_WINDOW:,}, "
+                f"got {self.window!r}"
             )
         if windowed and self.window == 0:
             raise KvbenchError(f"{self.kind} layers need a window of at least one token")
@@ -60,13 +65,18 @@ class LayerRun:
 
 def runs_of(kinds: list[tuple[str, int]]) -> tuple[LayerRun, ...]:
     """Per-layer (kind, window) pairs, in layer order, as runs of equal neighbours."""
-    runs: list[LayerRun] = []
-    for kind, window in kinds:
-        if runs and (runs[-1].kind, runs[-1].window) == (kind, window):
-            runs[-1] = dataclasses.replace(runs[-1], count=runs[-1].count + 1)
+    return merged([LayerRun(kind, 1, window) for kind, window in kinds])
+
+
+def merged(runs: Iterable[LayerRun]) -> tuple[LayerRun, ...]:
+    """Runs with equal neighbours joined, without spelling out their layers one by one."""
+    out: list[LayerRun] = []
+    for run in runs:
+        if out and (out[-1].kind, out[-1].window) == (run.kind, run.window):
+            out[-1] = dataclasses.replace(out[-1], count=out[-1].count + run.count)
         else:
-            runs.append(LayerRun(kind, 1, window))
-    return tuple(runs)
+            out.append(run)
+    return tuple(out)
 
 
 def _divide(value: int, tp: int, what: str) -> int:

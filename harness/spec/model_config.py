@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import KvbenchError, one_line
 from ..files import MIB, read_text_capped
-from .layer_kinds import CHUNKED, FULL, GDN, MAMBA1, MAMBA2, MLA, SLIDING, StateGeometry, runs_of
+from .layer_kinds import CHUNKED, FULL, GDN, MAMBA1, MAMBA2, MAX_WINDOW, MLA, SLIDING, StateGeometry, runs_of
 
 # Real config.json files are a few KiB; one of megabytes is not a model's configuration.
 MAX_CONFIG_BYTES = 16 * MIB
@@ -75,6 +75,62 @@ NON_UNIFORM_KEYS = (
     "layers_block_type",
 )
 WEIGHT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+# Sane upper bounds on a model's shape: several times the largest published decoders (Llama 3.1
+# 405B: 126 layers, 128 heads, hidden 16,384, MLP 53,248; head sizes up to 256; vocabularies up
+# to ~262k; MLA latents of 512 + 64), so a real model never trips them and a typo (an extra digit
+# or three) does. ``ModelGeometry`` holds its fields to them; a config's keys are held to them as
+# they are read (``CONFIG_BOUNDS``), before anything is built from them.
+UPPER_BOUNDS: dict[str, int] = {
+    "num_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_kv_heads": 1024,
+    "head_dim": 1024,
+    "hidden_size": 131_072,
+    "intermediate_size": 1_048_576,
+    "vocab_size": 4_194_304,
+    "kv_lora_rank": 16_384,
+    "qk_rope_head_dim": 1024,
+}
+# Layer periods and offsets count layers; a window counts tokens (MAX_WINDOW); a state's sizes are
+# Mamba's and the gated delta net's (real ones: kernel 4, 128 heads of 64, states of 16 to 256,
+# expansion 2): heads and head sizes held to attention's bounds, the rest to 1,024 or 16,384.
+_LAYERS, _HEADS, _HEAD = UPPER_BOUNDS["num_layers"], UPPER_BOUNDS["num_attention_heads"], UPPER_BOUNDS["head_dim"]
+
+
+def _bounded(upper: int, field: str | None, *keys: str) -> dict[str, tuple[int, str | None]]:
+    return {key: (upper, field) for key in keys}
+
+
+# Every count a config's key gives, bounded: (the most it may be, the ModelGeometry field it
+# becomes, if any). A key read without a bound here is a bug (``_Config.integer``).
+CONFIG_BOUNDS: dict[str, tuple[int, str | None]] = {
+    **_bounded(_LAYERS, "num_layers", "num_hidden_layers", "n_layer", "num_layers"),
+    **_bounded(_HEADS, "num_attention_heads", "num_attention_heads", "n_head"),
+    **_bounded(UPPER_BOUNDS["num_kv_heads"], "num_kv_heads", "num_key_value_heads"),
+    **_bounded(UPPER_BOUNDS["hidden_size"], "hidden_size", "hidden_size", "n_embd", "d_model"),
+    **_bounded(UPPER_BOUNDS["intermediate_size"], "intermediate_size", "intermediate_size", "ffn_dim", "n_inner"),
+    **_bounded(UPPER_BOUNDS["vocab_size"], "vocab_size", "vocab_size"),
+    **_bounded(_HEAD, "head_dim", "head_dim"),
+    **_bounded(UPPER_BOUNDS["kv_lora_rank"], "kv_lora_rank", "kv_lora_rank"),
+    **_bounded(UPPER_BOUNDS["qk_rope_head_dim"], "qk_rope_head_dim", "qk_rope_head_dim"),
+    **_bounded(_HEAD, None, "qk_nope_head_dim"),
+    **_bounded(
+        _LAYERS,
+        None,
+        "max_window_layers",
+        "sliding_window_pattern",
+        "full_attention_interval",
+        "no_rope_layer_interval",
+        "attn_layer_period",
+        "attn_layer_offset",
+    ),
+    **_bounded(MAX_WINDOW, None, "sliding_window", "attention_chunk_size"),
+    **_bounded(_LAYERS, None, "linear_conv_kernel_dim", "mamba_d_conv", "mamba_expand", "mamba_n_groups"),
+    **_bounded(_HEADS, None, "linear_num_key_heads", "linear_num_value_heads", "mamba_n_heads"),
+    **_bounded(_HEAD, None, "linear_key_head_dim", "linear_value_head_dim", "mamba_d_head"),
+    **_bounded(16_384, None, "mamba_d_state"),
+}
 FULL_ATTN, SLIDING_ATTN, LINEAR_ATTN = "full_attention", "sliding_attention", "linear_attention"
 
 
@@ -103,7 +159,9 @@ class _Config:
     def __init__(self, path: Path, cfg: dict[str, Any]) -> None:
         self.path = path
         archs = cfg.get("architectures")
-        self.architecture = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+        if archs is not None and (not isinstance(archs, list) or not all(isinstance(a, str) for a in archs)):
+            raise self.error(f"architectures must be a list of names, got {_brief(archs)}")
+        self.architecture: str | None = archs[0] if archs else None
         text = cfg.get("text_config")
         merged = {k: v for k, v in cfg.items() if k != "text_config"}
         if isinstance(text, dict):
@@ -120,15 +178,19 @@ class _Config:
 
     def integer(self, *keys: str, default: int | None = None, minimum: int | None = 1) -> int:
         """The first of ``keys`` present, an integer of at least ``minimum`` (None: any; the
-        geometry checks its own fields and says which)."""
+        geometry checks its own fields and says which) and at most its ``CONFIG_BOUNDS``."""
         for key in keys:
             value = self.cfg.get(key)
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int):
-                raise self.error(f"{key} must be an integer, got {value!r}")
+                raise self.error(f"{key} must be an integer, got {_brief(value)}")
             if minimum is not None and value < minimum:
-                raise self.error(f"{key} must be at least {minimum}, got {value}")
+                raise self.error(f"{key} must be at least {minimum}, got {_brief(value)}")
+            upper, field = CONFIG_BOUNDS[key]
+            if value > upper:
+                what = f"{field}: at most {upper:,}" if field and field != key else f"at most {upper:,}"
+                raise self.error(f"{key} = {_brief(value)} is beyond any real model ({what})")
             return value
         if default is None:
             raise self.error(f"missing key {keys[0]!r} (also tried: {', '.join(keys[1:]) or 'none'})")
@@ -145,11 +207,13 @@ class _Config:
         raw = self.cfg.get(key)
         if raw is None:
             return default
-        if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
-            raise self.error(f"{key} must be a list of layer kind names, got {one_line(repr(raw))[:80]}")
+        if not isinstance(raw, list):
+            raise self.error(f"{key} must be a list of layer kind names, got {_brief(raw)}")
         layers = self.integer("num_hidden_layers")
-        if len(raw) != layers:
+        if len(raw) != layers:  # before reading the entries: a list this long is no model's
             raise self.error(f"{key} has {len(raw)} entries but num_hidden_layers is {layers}")
+        if not all(isinstance(v, str) for v in raw):
+            raise self.error(f"{key} must be a list of layer kind names, got {_brief(raw)}")
         types = [LEGACY_LAYER_TYPES.get(str(v), str(v)) for v in raw]
         for i, v in enumerate(types):
             if v not in allowed:
@@ -170,6 +234,17 @@ class _Config:
                 f"kv_lora_rank is an MLA field and {self.architecture or 'a config without architectures'} is not "
                 f"an MLA architecture (vLLM reads MLA for {', '.join(MLA_ARCHITECTURES)})"
             )
+
+
+def _brief(value: object) -> str:
+    """A config's value for a one-line error, cut short: the start of a long list (without
+    writing all of it out first), a number of thousands of digits by its length."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
+        return f"a {len(str(abs(value)))}-digit number"
+    if isinstance(value, list) and len(value) > 8:
+        return one_line(repr(value[:8]))[:-1][:72] + f", ... ({len(value):,} entries)]"
+    text = one_line(repr(value))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _uniform_window(c: _Config, per_layer: bool) -> _Layers:
@@ -318,7 +393,7 @@ def _llama4(c: _Config) -> _Layers:
     interval = c.integer("no_rope_layer_interval")
     rope = c.cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
     if not isinstance(rope, list) or len(rope) != layers or not all(v in (0, 1) for v in rope):
-        raise c.error(f"no_rope_layers must hold one 0 or 1 per layer ({layers}), got {one_line(repr(rope))[:80]}")
+        raise c.error(f"no_rope_layers must hold one 0 or 1 per layer ({layers}), got {_brief(rope)}")
     return _Layers([(CHUNKED, chunk) if r and chunk else (FULL, 0) for r in rope])
 
 
@@ -372,11 +447,14 @@ def load_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
     p = Path(path)
     if "\x00" in str(p):  # the OS cannot take it; Path would raise ValueError further on
         raise KvbenchError(f"{str(p)!r}: a config path cannot hold a NUL character")
-    if p.is_dir():
+    folder = p.is_dir()
+    if folder:
         p = p / "config.json"
     try:
         cfg = json.loads(read_text_capped(p, "config.json", MAX_CONFIG_BYTES))
     except FileNotFoundError:
+        if folder:
+            raise KvbenchError(f"{p.parent}: the directory holds no config.json") from None
         raise KvbenchError(f"{p}: no such config.json") from None
     except json.JSONDecodeError as exc:
         raise KvbenchError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno}") from None
