@@ -82,6 +82,17 @@ POLICIES: tuple[str, ...] = tuple(POLICY_FACTS)
 
 
 @dataclasses.dataclass(frozen=True)
+class BlockBound:
+    """The most KV blocks a cell's budget may hold on a runner that makes something for every
+    block of the budget, not for every block a run uses: past it, the cell is refused before
+    anything runs (``RunSpec``), where it would take the host's memory or minutes to start."""
+
+    max_blocks: int
+    policies: tuple[str, ...]  # the policies that make it (the runner's others keep counts)
+    why: str  # what is made per block, for the refusal
+
+
+@dataclasses.dataclass(frozen=True)
 class RunnerFacts:
     """A runner: what it hosts and what it needs."""
 
@@ -93,6 +104,7 @@ class RunnerFacts:
     measures_steps: bool  # times its own steps (step_wall_s), so it can run on a measured clock
     chooses_device: bool  # computes on a device the spec names (cpu, cuda, auto): the device is part of the cell
     gpu_when_auto: bool  # with device = "auto", asks an executor for a GPU (device = "cuda" always does)
+    block_bound: BlockBound | None  # the KV blocks a budget may hold there (None: no bound in blocks)
     summary: str
 
 
@@ -107,7 +119,28 @@ _VLLM_KV = ("fp16", "bf16", "fp32", "fp8", "fp8_e4m3", "fp8_e5m2")  # what vLLM'
 _VLLM_HOSTS: dict[str, Any] = dict(
     policies=_VLLM_POLICIES, contiguous_units=("block",), preemption=("recompute",), kv_dtypes=_VLLM_KV
 )
-_VLLM_ENGINE: dict[str, Any] = dict(_VLLM_HOSTS, measures_steps=True, chooses_device=True, gpu_when_auto=True)
+_VLLM_ENGINE: dict[str, Any] = dict(
+    _VLLM_HOSTS, measures_steps=True, chooses_device=True, gpu_when_auto=True, block_bound=None
+)
+
+# Bounds in blocks (``BlockBound``), from what a pool of N blocks costs to make on this project's
+# 2-core CPU host (RSS growth and wall time; vLLM 0.32 at 1M and 4M blocks, the simulator compiled
+# by mypyc at 16M). Each keeps that cost under 2 GiB and about ten seconds of start-up:
+# - vllm-sched: vLLM's ``BlockPool`` makes one ``KVCacheBlock`` (a dataclass with free-list links)
+#   per block id, one pool for every KV cache group: about 137 B and 2.5-3 µs each, so 2^22 blocks
+#   are about 0.55 GiB and 10-12 s before the first step. That is 4x the blocks of an H200's
+#   141 GB of llama-3-8b KV at block_size 1 (1.1M), while 1 PiB of opt-13b at block_size 16 is
+#   86M blocks: 11 GiB and minutes of start-up for a cell that never computes a tensor.
+# - sim: paged-prefix keeps a slot per block of the pool, sized at the start: a reference count
+#   per block id over KV cache groups (``GroupedPrefixPolicy.ref``, 8 B a block), a content handle
+#   and a spare-handle entry per block without groups (``CachedBlocks``, 48 B a block, 56 ns). 2^25
+#   blocks are at most 1.5 GiB and 2 s; 1 PiB of gpt-oss-20b would be 2.9G blocks (23 GiB: the
+#   MemoryError an `oom` row used to report). Its other policies keep counts (paged's block table
+#   names only the blocks in use): no bound.
+# - torch, vllm, serve: a block there is real KV memory, kilobytes to megabytes, against ~140 B of
+#   bookkeeping; the budget's bytes meet the device first (an `infeasible` or `oom` row).
+VLLM_SCHED_MAX_BLOCKS = 2**22
+SIM_MAX_BLOCKS = 2**25
 
 RUNNER_FACTS: dict[str, RunnerFacts] = {
     r.name: r
@@ -121,6 +154,9 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
             measures_steps=False,
             chooses_device=False,
             gpu_when_auto=False,
+            block_bound=BlockBound(
+                SIM_MAX_BLOCKS, ("paged-prefix",), "its prefix cache keeps a slot per block of the budget"
+            ),
             summary="the simulator: kvbench's scheduler and policies, no tensors",
         ),
         RunnerFacts(
@@ -129,6 +165,9 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
             measures_steps=False,
             chooses_device=False,
             gpu_when_auto=False,
+            block_bound=BlockBound(
+                VLLM_SCHED_MAX_BLOCKS, _VLLM_POLICIES, "vLLM's block pool makes a Python object per block"
+            ),
             summary="vLLM's own v1 scheduler and KV cache manager, stepped on the CPU",
         ),
         RunnerFacts(
@@ -140,6 +179,7 @@ RUNNER_FACTS: dict[str, RunnerFacts] = {
             measures_steps=True,
             chooses_device=True,
             gpu_when_auto=False,
+            block_bound=None,
             summary="real tensors: a decoder over a KV cache laid out by the policy",
         ),
         RunnerFacts(
@@ -200,6 +240,13 @@ def hosted_policies_phrase(runner: str) -> str:
     """'paged and paged-prefix': for refusals that name what a runner does host."""
     names = RUNNER_FACTS[runner].policies
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def block_bound(runner: str, policy: str) -> BlockBound | None:
+    """The bound in blocks a cell of ``policy`` on ``runner`` is held to, if any."""
+    facts = RUNNER_FACTS.get(runner)
+    bound = facts.block_bound if facts is not None else None
+    return bound if bound is not None and policy in bound.policies else None
 
 
 def needs_gpu(runner: str, device: str) -> bool:

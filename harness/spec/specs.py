@@ -26,11 +26,14 @@ from .capabilities import (
     PARALLEL_RUNNERS,
     POLICIES,
     PREFIX_LAYOUT_KINDS,
+    RUNNER_FACTS,
+    block_bound,
     is_contiguous,
 )
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .kv_layout import KVLayout, kv_layout
 from .kv_use import KVUse
+from .units import format_bytes
 from .workload_spec import WorkloadSpec
 
 if TYPE_CHECKING:
@@ -224,6 +227,7 @@ class RunSpec:
                 f"runner {self.runner}: computes on one device's tensors, so tensor_parallel_size {tp} × "
                 f"pipeline_parallel_size {pp} cannot run there (runners that take them: {', '.join(PARALLEL_RUNNERS)})"
             )
+        self._check_block_bound()
         clock = self.scheduler.clock
         if clock == "measured" and self.runner not in MEASURING_RUNNERS:
             raise KvbenchError(
@@ -238,6 +242,23 @@ class RunSpec:
                 self.block_size,
                 self.policy in BLOCK_TABLE_POLICIES,
                 f"clock profile {self.scheduler.clock_profile}",
+            )
+
+    def _check_block_bound(self) -> None:
+        """Refuse a budget of more KV blocks than the runner can hold (``capabilities.BlockBound``):
+        where a runner makes something for every block of the budget, the budget's blocks must fit
+        a host, whatever a run would use of them."""
+        bound = block_bound(self.runner, self.policy)
+        if bound is None:
+            return
+        blocks, size = self.pool_blocks
+        if blocks > bound.max_blocks:
+            every = set(bound.policies) >= set(RUNNER_FACTS[self.runner].policies)
+            who = self.runner if every else f"{self.runner}'s {self.policy}"
+            raise KvbenchError(
+                f"kv_budget {format_bytes(self.memory.kv_budget_bytes)} holds {blocks:,} blocks of {size} tokens, "
+                f"more than {who} can hold (at most {bound.max_blocks:,} blocks: {bound.why}); give it "
+                f"a smaller kv_budget or a larger block_size"
             )
 
     def _check_layout(self) -> None:
@@ -338,6 +359,16 @@ class RunSpec:
     def budget_blocks(self) -> int:
         """Whole blocks of ``block_size`` positions the budget holds (paged runners)."""
         return self.budget_positions // self.block_size
+
+    @property
+    def pool_blocks(self) -> tuple[int, int]:
+        """The blocks the budget holds and their size in tokens, as a block pool over it is made:
+        ``budget_blocks`` of ``block_size``, or for a model of KV cache groups vLLM's split of the
+        budget (``KVLayout.num_blocks``, at its block size)."""
+        if self.geometry.is_uniform_full:
+            return self.budget_blocks, self.block_size
+        layout = self.layout
+        return layout.num_blocks(self.memory.kv_budget_bytes), layout.block_size
 
     def canonical(self, workload_id: str) -> dict[str, Any]:
         """What the run id hashes: everything that changes the measurement (``harness.spec.identity``)."""
