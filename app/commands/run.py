@@ -19,7 +19,7 @@ from ...harness.records.lock import ResultsLock
 from ...harness.records.safe_paths import check_results_layout, nonempty_path, nonempty_text
 from ...harness.records.statuses import FAILURES, INFEASIBLE
 from ..signals import raise_pending
-from ..third_party import open_results_log, to_log
+from ..third_party import Redirect, open_results_log, to_log
 from .base import Command
 
 if TYPE_CHECKING:
@@ -96,14 +96,22 @@ def create_results_dir(out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..suite import default_suite_path, load_suite
-
     if args.jobs < 1:
         raise KvbenchError(f"--jobs must be at least 1, got {args.jobs}")
     if args.rerun and args.keep_stale:
         raise KvbenchError("--rerun runs every cell again and --keep-stale keeps some: give one of them")
     if args.address is not None and args.executor != "ray":
         raise KvbenchError("--address names a Ray cluster: give it with --executor ray")
+    # What other libraries print (Ray, torch and vLLM as the runners are probed and run) goes to
+    # DIR/kvbench.log from before the first of them is imported: into ``earlier`` until the run
+    # creates DIR, into DIR/kvbench.log after (``Redirect.switch``). kvbench's own lines keep the console.
+    with tempfile.TemporaryFile() as earlier, contextlib.nullcontext() if args.verbose else to_log(earlier) as redirect:
+        return _run(args, earlier, redirect)
+
+
+def _run(args: argparse.Namespace, earlier: IO[bytes], redirect: Redirect | None) -> int:
+    from ..suite import default_suite_path, load_suite
+
     if args.executor == "ray":
         from ..ray_executor import check_ray
 
@@ -134,9 +142,7 @@ def run(args: argparse.Namespace) -> int:
         raise KvbenchError(
             f"--runner {', '.join(sorted(unknown))}: not in suite {suite.name!r} (it has: {', '.join(suite.runners())})"
         )
-    # Probing a runner imports its library, which may print: kept for DIR/kvbench.log.
-    with tempfile.TemporaryFile() as earlier:
-        return _probe_and_run(args, suite, out, wanted, log, earlier)
+    return _probe_and_run(args, suite, out, wanted, log, earlier, redirect)
 
 
 def _probe_and_run(
@@ -146,19 +152,19 @@ def _probe_and_run(
     wanted: set[str],
     log: Callable[[str], None],
     earlier: IO[bytes],
+    redirect: Redirect | None,
 ) -> int:
-    """Probe the optional runners (what their libraries print is kept in ``earlier`` for
-    DIR/kvbench.log), validate everything, then create the results directory and run."""
+    """Probe the optional runners (probing one imports its library: what it prints is kept in
+    ``earlier`` for DIR/kvbench.log), validate everything, then create the results directory and run."""
     from ...runners import availability
 
     skipped: dict[str, str] = {}
-    with contextlib.nullcontext() if args.verbose else to_log(earlier):
-        for runner in suite.runners():
-            if runner in wanted and runner in suite.optional_runners:
-                reason = availability(runner)
-                if reason:
-                    skipped[runner] = reason
-                    wanted.discard(runner)
+    for runner in suite.runners():
+        if runner in wanted and runner in suite.optional_runners:
+            reason = availability(runner)
+            if reason:
+                skipped[runner] = reason
+                wanted.discard(runner)
     for runner, reason in skipped.items():
         log(f"skipping optional runner {runner}: {reason}")
 
@@ -189,7 +195,7 @@ def _probe_and_run(
     with ResultsLock(out, "run") as lock:
         try:
             check_results_layout(out)  # again, now that no other kvbench process writes here
-            return _run_locked(args, prepared, out, lock, log, earlier)
+            return _run_locked(args, prepared, out, lock, log, earlier, redirect)
         except KvbenchError as exc:
             if not isinstance(exc, StorageError):
                 discard_if_untouched(out, before, made, lock)
@@ -222,6 +228,7 @@ def _run_locked(
     lock: ResultsLock,
     log: Callable[[str], None],
     earlier: IO[bytes],
+    redirect: Redirect | None,
 ) -> int:
     """The run proper, while this process alone writes ``out``. An interrupt or a fault of the
     environment leaves only whole runs behind and says how many cells are complete."""
@@ -243,8 +250,8 @@ def _run_locked(
     output = contextlib.ExitStack()
     try:
         plan = plan_sweep(prepared, out, options, log)
-        if not args.verbose:  # from here on other libraries print into DIR/kvbench.log
-            output.enter_context(to_log(output.enter_context(open_results_log(out, earlier))))
+        if redirect is not None:  # from here on other libraries print into DIR/kvbench.log
+            redirect.switch(output.enter_context(open_results_log(out, earlier)))
         rows = run_sweep(prepared, plan, out, options, lock.check, log, state)
         text, runs = summary(out, suite.name, [c.run_id for c in prepared.cells], bool(suite.reference), suite.slo, log)
         print(text, end="")
