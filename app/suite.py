@@ -106,6 +106,8 @@ class Suite:
     named_workloads: bool = False  # [workloads.NAME] tables, not one [workload]
     # [grids.NAME]: more grids over the suite's tables, each without [grid] and [runners.*].
     grids: Mapping[str, Mapping[str, tuple[Any, ...]]] = dataclasses.field(default_factory=dict)
+    # The table each of ``settings`` was written in ("model", "scheduler", ...).
+    setting_tables: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def grid_runners(self, grid: Mapping[str, tuple[Any, ...]]) -> tuple[str, ...]:
         return tuple(grid.get("runner", (self.settings.get("runner", DEFAULTS["runner"]),)))
@@ -115,36 +117,47 @@ class Suite:
         found = self.grid_runners(self.grid) + tuple(r for g in self.grids.values() for r in self.grid_runners(g))
         return tuple(dict.fromkeys(found))
 
-    def plans(self) -> Iterator[tuple[Mapping[str, tuple[Any, ...]], Mapping[str, Mapping[str, Any]]]]:
-        """Each grid with the runner overrides that apply to it: [grid] with [runners.*], then
-        every [grids.NAME] alone."""
-        yield self.grid, self.runner_overrides
-        for grid in self.grids.values():
-            yield grid, {}
+    def plans(
+        self,
+    ) -> Iterator[tuple[str, Mapping[str, tuple[Any, ...]], Mapping[str, Mapping[str, Any]]]]:
+        """Each grid, by its table's name, with the runner overrides that apply to it: [grid] with
+        [runners.*], then every [grids.NAME] alone."""
+        yield "grid", self.grid, self.runner_overrides
+        for name, grid in self.grids.items():
+            yield f"grids.{name}", grid, {}
 
     def cells(self) -> Iterator[tuple[RunSpec, str]]:
         """Every (spec, workload name) of the grids, validated, without duplicates."""
         seen: set[str] = set()
-        for plan, overrides in self.plans():
-            for spec, name in self._grid_cells(plan, overrides):
-                ident = spec.to_json()
-                if ident not in seen:
-                    seen.add(ident)
-                    yield spec, name
+        for spec, name, _ in self.planned():
+            ident = spec.to_json()
+            if ident not in seen:
+                seen.add(ident)
+                yield spec, name
+
+    def planned(self) -> Iterator[tuple[RunSpec, str, Mapping[str, str]]]:
+        """Every cell of the grids, duplicates included, as (spec, workload name, given): ``given``
+        names the table each setting the suite states for this cell was written in (``[grid]``,
+        ``[runners.vllm]``, ``[workloads.chat]``, ...), for ``app.key_use``."""
+        for table, plan, overrides in self.plans():
+            yield from self._grid_cells(table, plan, overrides)
 
     def _grid_cells(
-        self, plan: Mapping[str, tuple[Any, ...]], overrides: Mapping[str, Mapping[str, Any]]
-    ) -> Iterator[tuple[RunSpec, str]]:
+        self, table: str, plan: Mapping[str, tuple[Any, ...]], overrides: Mapping[str, Mapping[str, Any]]
+    ) -> Iterator[tuple[RunSpec, str, Mapping[str, str]]]:
         for runner in self.grid_runners(plan):
             settings = dict(DEFAULTS)
             settings.update(self.settings)
+            origin = {k: f"[{self.setting_tables[k]}]" for k in self.settings if k in self.setting_tables}
             grid = {k: v for k, v in plan.items() if k != "runner"}
+            origin.update({k: f"[{table}]" for k in grid if k not in (TOGETHER, "workload")})
             for key, value in overrides.get(runner, {}).items():
                 if isinstance(value, list):
                     grid[key] = tuple(value)
                 else:
                     grid.pop(key, None)
                     settings[key] = value
+                origin[key] = f"[runners.{runner}]"
             if "workload" not in grid:  # a runner's one workload, else every workload
                 grid["workload"] = (settings["workload"],) if "workload" in settings else tuple(self.workloads)
             if self.repeats > 1 and "repeat" not in grid:
@@ -152,12 +165,22 @@ class Suite:
             keys = list(grid)
             for combo in itertools.product(*(grid[k] for k in keys)):
                 cell = dict(settings, runner=runner, **dict(zip(keys, combo)))
-                cell.update(cell.pop(TOGETHER, {}))
+                together = cell.pop(TOGETHER, {})
+                cell.update(together)
+                name = cell["workload"]
+                wl_table = self.workloads[name]
+                given = {k: self.workload_table(name) for k in wl_table}
+                given.update((k, v) for k, v in origin.items() if k != "workload")
+                given.update((k, f"[{table}] {TOGETHER}") for k in together)
                 # A workload's own sweeps: a list in [workloads.NAME] (rate = [0.5, 1, 2]) is a grid
                 # axis of that workload alone (each dataset has its own range of rates).
-                own = {k: v for k, v in self.workloads[cell["workload"]].items() if isinstance(v, list)}
+                own = {k: v for k, v in wl_table.items() if isinstance(v, list)}
                 for values in itertools.product(*own.values()):
-                    yield self._spec(dict(cell, **dict(zip(own, values))), overrides), cell["workload"]
+                    yield self._spec(dict(cell, **dict(zip(own, values))), overrides), name, given
+
+    def workload_table(self, name: str) -> str:
+        """How the suite spells workload ``name``'s table."""
+        return f"[workloads.{name}]" if self.named_workloads else "[workload]"
 
     def _serve_clock(self, s: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]]) -> str:
         """A serve cell's clock: ``measured``, whatever the suite's other runners run on; a clock
@@ -175,8 +198,7 @@ class Suite:
             wl_table = dict(self.workloads[s["workload"]])
             # Workload keys in the cell come from [grid] or [runners.NAME]: they win.
             wl_table.update({k: s[k] for k in WORKLOAD_KEYS if k in s})
-            table = f"[workloads.{s['workload']}]" if self.named_workloads else "[workload]"
-            workload = WorkloadSpec.from_mapping(wl_table, where=where, table=table)
+            workload = WorkloadSpec.from_mapping(wl_table, where=where, table=self.workload_table(s["workload"]))
             model = ModelSpec(
                 preset=s.get("preset") if s.get("config") is None else None,
                 config=s.get("config"),
@@ -286,6 +308,18 @@ def _check_keys(table: Mapping[str, Any], allowed: tuple[str, ...] | frozenset[s
             raise KvbenchError(f"{where}: unknown key {key!r} in [{name}]{why} (known: {', '.join(sorted(allowed))})")
 
 
+def _check_scalars(table: Mapping[str, Any], where: str, name: str) -> None:
+    """A setting of [model], [memory], [scheduler], [parallel] or [run] is one value: a list there
+    is refused, not swept (the axes are [grid]'s, [runners.NAME]'s and a workload table's own)."""
+    for key, value in table.items():
+        if isinstance(value, (list, dict)):
+            kind = "a list" if isinstance(value, list) else "a table"
+            raise KvbenchError(
+                f"{where}: [{name}] {key} must be one value, not {kind} ({value!r}); to sweep it, "
+                f"write {key} = [...] in [grid]"
+            )
+
+
 def _check_workload_names(values: Any, workloads: Mapping[str, Any], where: str, table: str) -> None:
     for v in values:
         if not isinstance(v, str) or v not in workloads:
@@ -368,10 +402,13 @@ def parse_suite(text: str, where: str) -> Suite:
         raise KvbenchError(f"{where}: malformed TOML ({one_line(str(exc)).split(';')[0]})") from None
     _check_keys(doc, TOP_KEYS, where, "top level")
     settings: dict[str, Any] = {}
+    setting_tables: dict[str, str] = {}
     for name in ("model", "memory", "scheduler", "parallel", "run"):
         table = _table(doc, name, where)
         _check_keys(table, TABLE_KEYS[name], where, name)
+        _check_scalars(table, where, name)
         settings.update(table)
+        setting_tables.update(dict.fromkeys(table, name))
     if "workload" in doc and "workloads" in doc:
         raise KvbenchError(f"{where}: give either [workload] or [workloads.NAME] tables, not both")
     if "workloads" in doc:
@@ -457,6 +494,7 @@ def parse_suite(text: str, where: str) -> Suite:
         slo=_slo(doc, where),
         named_workloads="workloads" in doc,
         grids=grids,
+        setting_tables=setting_tables,
     )
     runs = suite.runners()
     for runner in runs:
@@ -496,7 +534,7 @@ def count_cells(suite: Suite) -> int:
     them but without expanding: per runner, the product of the lengths of its axes, with the
     workload axis weighted by each workload's own sweeps."""
     total = 0
-    for plan, overrides in suite.plans():
+    for _, plan, overrides in suite.plans():
         for runner in suite.grid_runners(plan):
             grid = {k: len(v) for k, v in plan.items() if k != "runner"}
             workloads = plan.get("workload")

@@ -41,18 +41,23 @@ class Prepared:
 
 
 def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepared:
-    """Expand the grid, validate every spec and build each distinct workload once, in memory:
-    a suite that is refused is refused here, before anything is written."""
-    from ..workloads import build_workload
+    """Expand the grid, validate every spec, build each distinct workload once, in memory, and
+    plan each run once (cells that differ only in settings their run does not read are one run):
+    a suite that is refused is refused here, before anything is written. Every key the suite
+    states must be read by a cell it is given to (``app.key_use``)."""
+    from ..workloads.reads import build_noting_reads
+    from .key_use import KeyUse
 
-    built: dict[tuple[str, int], Workload] = {}
+    built: dict[tuple[str, int], tuple[Workload, frozenset[str]]] = {}
     cells: list[Cell] = []
+    planned: set[str] = set()
     names: dict[str, str] = {}
-    for spec, name in suite.cells():
+    use = KeyUse()
+    for spec, name, given in suite.planned():
         key = (spec.workload.to_json(), spec.memory.max_model_len)
         if key not in built:
             try:
-                w = build_workload(spec.workload, spec.memory.max_model_len)
+                w, read = build_noting_reads(spec.workload, spec.memory.max_model_len)
             except KvbenchError as exc:
                 msg = str(exc)
                 raise KvbenchError(msg if msg.startswith(suite.path) else f"{suite.path}: {msg}") from None
@@ -67,14 +72,19 @@ def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepar
                     f"workload {tag}: raised {w.raised} sampled prompt(s) to prefix_len + 1 = "
                     f"{spec.workload.prefix_len + 1} tokens (each request computes a token of its own)"
                 )
-            built[key] = w
-        check_hash_blocks(spec, built[key], suite.path)
+            built[key] = (w, read)
+        workload, read = built[key]
+        use.note(spec, given, read)
+        cell = Cell(spec=spec, workload=workload, out=out, workload_name=name if suite.named_workloads else None)
+        if cell.run_id in planned:
+            continue
+        planned.add(cell.run_id)
+        check_hash_blocks(spec, workload, suite.path)
         check_slo_clock(spec, suite)
-        cells.append(
-            Cell(spec=spec, workload=built[key], out=out, workload_name=name if suite.named_workloads else None)
-        )
+        cells.append(cell)
         if spec.runner == "sim":
-            names.setdefault(name, built[key].workload_id)
+            names.setdefault(name, workload.workload_id)
+    use.check(suite.path)
     check_attached_cells(cells, suite.path)
     return Prepared(suite, cells, names)
 

@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
 from kvbench.harness.records import store
+from kvbench.harness.spec.capabilities import is_contiguous
 from kvbench.reports.divergence import DEFAULT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +118,9 @@ def one_workload_suite(**settings: object) -> str:
     )
     s.update(settings)
     policies = s.get("policies", f'["{s["policy"]}"]')
-    model = f"preset = {toml_value(s['preset'])}\nkv_dtype = {toml_value(s['kv_dtype'])}\n{s['model_extra']}"
+    # a config in ``model_extra`` is the model: a preset beside it would be read by no cell
+    preset = "" if "config =" in str(s["model_extra"]) else f"preset = {toml_value(s['preset'])}\n"
+    model = f"{preset}kv_dtype = {toml_value(s['kv_dtype'])}\n{s['model_extra']}"
     return suite_toml(
         str(s["name"]),
         model=model,
@@ -129,7 +133,14 @@ def one_workload_suite(**settings: object) -> str:
             "clock": s["clock"],
         },
         grid=f"runner = {s['runners']}\npolicy = {policies}\nblock_size = [{s['block_size']}]\n"
-        f'arena = "{s["arena"]}"\n' + (f'contiguous_unit = "{s["contiguous_unit"]}"\n' if s["contiguous_unit"] else ""),
+        # a contiguous reservation's settings, where a contiguous policy reads them (kvbench refuses a
+        # setting no cell reads)
+        + (
+            f'arena = "{s["arena"]}"\n'
+            + (f'contiguous_unit = "{s["contiguous_unit"]}"\n' if s["contiguous_unit"] else "")
+            if any(is_contiguous(p) for p in tomllib.loads(f"p = {policies}")["p"])
+            else ""
+        ),
     )
 
 

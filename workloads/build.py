@@ -85,7 +85,10 @@ def build_workload(spec: WorkloadSpec, max_model_len: int | None = None) -> Work
         )
     prompts, outputs = prompts[keep], outputs[keep]
     times = trace_times[keep] if trace_times is not None else None
-    arrivals = make_arrivals(spec, kept, arrival_rng, times, where=f"trace {spec.path}")
+    # (the file is named only where there is one: a build reads only what its source uses)
+    arrivals = make_arrivals(
+        spec, kept, arrival_rng, times, where=f"trace {spec.path}" if times is not None else "workload"
+    )
     groups, prefix_lens = assign_prefix_groups(kept, spec.prefix_groups, spec.prefix_len)
 
     table = pd.DataFrame(

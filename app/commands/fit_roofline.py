@@ -144,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
     names: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="kvbench-fit-") as tmp:
         cells = build_cells(suite, Path(tmp), lambda m: None)
-        for (_, name), c in zip(suite.cells(), cells):  # build_cells keeps the suite's cell order
-            names.setdefault(name, c.workload.workload_id)
+        for c in cells:
+            names.setdefault(c.workload_name or "default", c.workload.workload_id)
         if args.workload is None and len(names) > 1:
             raise KvbenchError(
                 f"{suite.path}: has {len(names)} workloads ({', '.join(names)}): choose one with --workload"

@@ -154,12 +154,14 @@ def load_suite_workload(path: str | Path) -> tuple[dict[str, Any], int | None, l
 
 
 def cmd_make(args: argparse.Namespace) -> int:
-    from ...workloads.build import build_workload
+    from ...workloads.reads import build_noting_reads
     from ...workloads.table import write_workload
+    from ..key_use import workload_key_why
 
     output_file(args.out, "--out")  # before building: a device, a FIFO or a folder is refused at once
     table: dict[str, Any] = {}
     max_model_len: int | None = None
+    grid_keys: list[str] = []
     flags = {name: getattr(args, f"spec_{name}") for name in FIELD_KINDS if getattr(args, f"spec_{name}") is not None}
     if args.suite:
         table, max_model_len, grid_keys = load_suite_workload(args.suite)
@@ -175,7 +177,15 @@ def cmd_make(args: argparse.Namespace) -> int:
         spec = WorkloadSpec(**flags)
     if args.max_model_len is not None:
         max_model_len = args.max_model_len
-    workload = build_workload(spec, max_model_len)
+    workload, read = build_noting_reads(spec, max_model_len)
+    # As in a suite, a setting the build does not read is refused, not ignored: each flag, and each
+    # [workload] key of a suite that sweeps none of them in [grid] (there a key may be another cell's).
+    given = [(f"--{k.replace('_', '-')}", k) for k in flags]
+    if args.suite and not grid_keys:
+        given += [(f"{args.suite}: [workload] {k}", k) for k in table if k not in flags]
+    for name, key in given:
+        if key not in read:
+            raise KvbenchError(f"{name} is not read: {workload_key_why(key, spec, read)}")
     out = write_workload(workload, args.out)
     if workload.dropped:
         total = workload.num_requests + workload.dropped

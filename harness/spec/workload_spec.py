@@ -227,10 +227,10 @@ class WorkloadSpec:
             raise KvbenchError(f"workload: sigma must be >= 0, got {self.sigma!r}")
         if self.source in FILE_SOURCES and not self.path:
             raise KvbenchError(f"workload: source {self.source!r} needs a path")
-        # Parameters another source/arrival would use (path with source fixed, rate
-        # with arrival batch) are accepted and ignored, like prompt_min with fixed:
-        # a suite's [grid] may vary source or arrival over one shared [workload]
-        # table. They stay visible in the spec JSON; the content id ignores them.
+        # Parameters another source/arrival would use (path with source fixed, rate with
+        # arrival batch) are valid in a spec: a suite's [grid] may vary source or arrival over
+        # one shared [workload] table. A suite refuses a key that none of its cells' builds
+        # reads (app.key_use); the content id ignores what a build does not read.
         if self.rate is not None and self.rate <= 0:
             raise KvbenchError(f"workload: rate must be > 0 (requests/s), got {self.rate!r}")
         if self.arrival in RATE_ARRIVALS and self.rate is None:

@@ -197,6 +197,8 @@ def test_trace_prompts_all_longer_than_the_prefix_are_read_as_written(tmp_path):
     text = EXAMPLE.replace(
         'source = "fixed"', f'source = "trace"\npath = "{trace}"\nprefix_groups = 2\nprefix_len = 20'
     )
+    for fixed in ("prompt_len = 100\n", "output_len = 100\n", "num_requests = 200\n"):  # the trace gives them
+        text = text.replace(fixed, "")
     proc = kvbench("run", suite_file(tmp_path, text), "--out", tmp_path / "out", "--quiet", "--no-report")
     assert proc.returncode == 0, proc.stderr
 

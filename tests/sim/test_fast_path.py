@@ -332,7 +332,7 @@ def _suite(**kw) -> str:
             "max_num_batched_tokens": values["tokens"],
             "preemption": values["preemption"],
             "clock": values["clock"],
-            "gpu": values["gpu"],
+            "gpu": values["gpu"] if values["clock"] == "roofline" else None,  # read by the roofline alone
             "roofline_scale": values.get("roofline_scale"),
             "clock_profile": values.get("clock_profile"),
         },
@@ -681,7 +681,10 @@ def _variant_suite(kind: str, rng: np.random.Generator, tmp_path) -> str:
         clock="roofline",
         policies="[" + ", ".join(f'"{p}"' for p in policies) + "]",
         block_sizes=f"[{int(rng.choice([16, 32]))}]",
-        grid_extra=f'arena = ["{arena}"]\ncontiguous_unit = "{unit}"',
+        # (drawn whatever the policies, so each seed's draws stay as they were; given where one reads them)
+        grid_extra=f'arena = ["{arena}"]\ncontiguous_unit = "{unit}"'
+        if any(p.startswith("contiguous") for p in policies)
+        else "",
         workload=workload,
     )
 
