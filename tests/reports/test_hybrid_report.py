@@ -58,7 +58,7 @@ def gemma3_suite(name: str, budget: str, output: tuple[int, int], requests: int,
         runners='["sim"]',
         policies=policies,
         block_size=16,
-    ).replace('arena = "first-fit"', 'arena = "first-fit"\nhybrid_kv = [true, false]')
+    ).replace("block_size = [16]\n", "block_size = [16]\nhybrid_kv = [true, false]\n")
 
 
 def test_the_report_sets_the_manager_on_against_off(tmp_path: Path) -> None:

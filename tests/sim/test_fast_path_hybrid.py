@@ -91,7 +91,8 @@ def _variant(case: str, seed: int, where: Path, budget: str | None = None, polic
     }
     return suite_toml(
         "fast-hybrid",
-        model='preset = "gpt-oss-20b"\nkv_dtype = "bf16"\n' + model_lines(case, where),
+        # a case's config is its model (a preset beside it would be read by no cell); gpt-oss-20b otherwise
+        model=("" if CASES[case][0] else 'preset = "gpt-oss-20b"\n') + 'kv_dtype = "bf16"\n' + model_lines(case, where),
         memory={"kv_budget": budget or CASES[case][2], "max_model_len": 1024},
         workload=workload,
         scheduler=scheduler,
