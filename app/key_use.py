@@ -10,7 +10,6 @@ cell reads instead.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from ..harness.errors import KvbenchError
@@ -57,19 +56,12 @@ def workload_kind(spec: WorkloadSpec) -> tuple[str, str, str]:
     return spec.source, spec.arrival, spec.lengths if spec.source == "sessions" else "fixed"
 
 
-@dataclasses.dataclass
-class _Unused:
-    """A key given in one table, not yet read by any cell it was given to: the first such cell's
-    reason, kept for the message."""
-
-    why: str
-
-
 class KeyUse:
     """Which (table, key) pairs a suite gave its cells, and whether any cell read each."""
 
     def __init__(self) -> None:
-        self._unused: dict[tuple[str, str], _Unused] = {}
+        # (table, key) not yet read by a cell it was given to: why the first such cell does not
+        self._unused: dict[tuple[str, str], str] = {}
         self._used: set[tuple[str, str]] = set()
 
     def note(self, spec: RunSpec, given: Mapping[str, str], workload_read: frozenset[str]) -> None:
@@ -88,12 +80,12 @@ class KeyUse:
                 self._used.add(pair)
                 self._unused.pop(pair, None)
             elif pair not in self._unused:
-                self._unused[pair] = _Unused(why)
+                self._unused[pair] = why
 
     def check(self, where: str) -> None:
         """Refuse, in one line, the first key no cell read."""
-        for (table, key), unused in self._unused.items():
-            raise KvbenchError(f"{where}: {table} {key} is not read by any cell: {unused.why}")
+        for (table, key), why in self._unused.items():
+            raise KvbenchError(f"{where}: {table} {key} is not read by any cell: {why}")
 
 
 def workload_key_why(key: str, spec: WorkloadSpec, read: frozenset[str]) -> str:
