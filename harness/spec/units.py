@@ -49,8 +49,8 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
 def format_bytes(nbytes: float) -> str:
     """Human-readable binary size: 819200 -> '800.0 KiB'."""
     value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(value) < 1024 or unit == "EiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
