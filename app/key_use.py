@@ -11,7 +11,6 @@ cell reads instead.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from ..harness.errors import KvbenchError
 from ..harness.spec import identity
@@ -20,20 +19,10 @@ from ..harness.spec.specs import RunSpec
 from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
 
 
-def unread(spec: RunSpec, stated: Mapping[str, Any] | None = None) -> dict[str, str]:
-    """The suite keys outside the workload that ``spec``'s cell does not read, each with why;
-    ``stated``, the settings the cell was built from, shows a setting the spec replaced."""
+def unread(spec: RunSpec) -> dict[str, str]:
+    """The suite keys outside the workload that ``spec``'s cell does not read, each with why."""
     runner, policy, clock = spec.runner, spec.policy, spec.scheduler.clock
     out: dict[str, str] = {}
-    size = (stated or {}).get("block_size")
-    if size is not None and size != spec.block_size:
-        if policy in PAGE_SIZED_POLICIES:
-            out["block_size"] = f"policy {policy} sizes its pages by page_bytes (here {spec.block_size} tokens a page)"
-        else:
-            out["block_size"] = (
-                f'policy {policy} on {runner} reserves token positions (contiguous_unit = "position"), not blocks; '
-                f'it reads block_size with contiguous_unit = "block"'
-            )
     if not identity.applies("device", runner, policy):
         out["device"] = f"runner {runner} does not choose a device (runners that do: {', '.join(DEVICE_RUNNERS)})"
     if not identity.applies("page_bytes", runner, policy):
@@ -75,16 +64,10 @@ class KeyUse:
         self._unused: dict[tuple[str, str], str] = {}
         self._used: set[tuple[str, str]] = set()
 
-    def note(
-        self,
-        spec: RunSpec,
-        given: Mapping[str, str],
-        workload_read: frozenset[str],
-        stated: Mapping[str, Any] | None = None,
-    ) -> None:
+    def note(self, spec: RunSpec, given: Mapping[str, str], workload_read: frozenset[str]) -> None:
         """One cell: ``given`` maps each key the suite stated for it to its table; the cell reads
         ``workload_read`` of the workload's fields and every other key ``unread`` does not name."""
-        other = unread(spec, stated)
+        other = unread(spec)
         for key, table in given.items():
             pair = (table, key)
             if pair in self._used:

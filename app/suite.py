@@ -129,23 +129,22 @@ class Suite:
     def cells(self) -> Iterator[tuple[RunSpec, str]]:
         """Every (spec, workload name) of the grids, validated, without duplicates."""
         seen: set[str] = set()
-        for spec, name, _, _ in self.planned():
+        for spec, name, _ in self.planned():
             ident = spec.to_json()
             if ident not in seen:
                 seen.add(ident)
                 yield spec, name
 
-    def planned(self) -> Iterator[tuple[RunSpec, str, Mapping[str, str], Mapping[str, Any]]]:
-        """Every cell of the grids, duplicates included, as (spec, workload name, given, stated):
-        ``given`` names the table each setting the suite states for this cell was written in
-        (``[grid]``, ``[runners.vllm]``, ``[workloads.chat]``, ...), ``stated`` is the cell's
-        settings as the suite states them, before the spec is built from them (``app.key_use``)."""
+    def planned(self) -> Iterator[tuple[RunSpec, str, Mapping[str, str]]]:
+        """Every cell of the grids, duplicates included, as (spec, workload name, given): ``given``
+        names the table each setting the suite states for this cell was written in (``[grid]``,
+        ``[runners.vllm]``, ``[workloads.chat]``, ...), for ``app.key_use``."""
         for table, plan, overrides in self.plans():
             yield from self._grid_cells(table, plan, overrides)
 
     def _grid_cells(
         self, table: str, plan: Mapping[str, tuple[Any, ...]], overrides: Mapping[str, Mapping[str, Any]]
-    ) -> Iterator[tuple[RunSpec, str, Mapping[str, str], Mapping[str, Any]]]:
+    ) -> Iterator[tuple[RunSpec, str, Mapping[str, str]]]:
         for runner in self.grid_runners(plan):
             settings = dict(DEFAULTS)
             settings.update(self.settings)
@@ -177,8 +176,7 @@ class Suite:
                 # axis of that workload alone (each dataset has its own range of rates).
                 own = {k: v for k, v in wl_table.items() if isinstance(v, list)}
                 for values in itertools.product(*own.values()):
-                    stated = dict(cell, **dict(zip(own, values)))
-                    yield self._spec(stated, overrides), name, given, stated
+                    yield self._spec(dict(cell, **dict(zip(own, values))), overrides), name, given
 
     def workload_table(self, name: str) -> str:
         """How the suite spells workload ``name``'s table."""

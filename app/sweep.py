@@ -53,7 +53,7 @@ def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepar
     planned: set[str] = set()
     names: dict[str, str] = {}
     use = KeyUse()
-    for spec, name, given, stated in suite.planned():
+    for spec, name, given in suite.planned():
         key = (spec.workload.to_json(), spec.memory.max_model_len)
         if key not in built:
             try:
@@ -74,7 +74,7 @@ def prepare_cells(suite: Suite, out: Path, log: Callable[[str], None]) -> Prepar
                 )
             built[key] = (w, read)
         workload, read = built[key]
-        use.note(spec, given, read, stated)
+        use.note(spec, given, read)
         cell = Cell(spec=spec, workload=workload, out=out, workload_name=name if suite.named_workloads else None)
         if cell.run_id in planned:
             continue

@@ -290,28 +290,3 @@ def test_workload_make_refuses_a_flag_its_source_does_not_read(tmp_path):
     proc = kvbench("workload", "make", "--out", out, "--source", "uniform", "--prompt-max", "40", timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert pd.read_parquet(out)["prompt_len"].max() <= 40  # the flag read is the flag used
-
-
-@pytest.mark.parametrize(
-    ("grid", "needles"),
-    [
-        ({"policy": ["contiguous-max"], "block_size": [16, 32]}, ("[grid] block_size is not read", "token positions")),
-        ({"policy": ["virtual-contiguous"], "block_size": [32]}, ("[grid] block_size is not read", "page_bytes")),
-    ],
-)
-def test_a_block_size_no_cell_reserves_by_is_refused(grid, needles, tmp_path):
-    """A contiguous policy reserving token positions, and vAttention's pages (sized by
-    page_bytes), read no block size: one stated for them alone is refused, not collapsed away."""
-    sections = dict(
-        model={"preset": "opt-13b"}, memory={"kv_budget": "2GiB"}, workload={"source": "fixed", "num_requests": 4}
-    )
-    suite = parse_suite(suite_toml(**sections, grid={"runner": ["sim"], **grid}), str(tmp_path / "s.toml"))
-    with pytest.raises(KvbenchError) as info:
-        prepare_cells(suite, tmp_path / "out", lambda m: None)
-    for needle in needles:
-        assert needle in str(info.value)
-    # in whole blocks, a contiguous reservation reads it: two cells
-    blocks = {"runner": ["sim"], "contiguous_unit": "block", **grid}
-    if grid["policy"] == ["contiguous-max"]:
-        suite = parse_suite(suite_toml(**sections, grid=blocks), str(tmp_path / "s.toml"))
-        assert {c.spec.block_size for c in prepare_cells(suite, tmp_path / "out", lambda m: None).cells} == {16, 32}
