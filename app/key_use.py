@@ -52,7 +52,7 @@ def unread(spec: RunSpec) -> dict[str, str]:
     return out
 
 
-def workload_kind(spec: WorkloadSpec) -> tuple[str, str, str]:
+def _workload_kind(spec: WorkloadSpec) -> tuple[str, str, str]:
     return spec.source, spec.arrival, spec.lengths if spec.source == "sessions" else "fixed"
 
 
@@ -93,7 +93,7 @@ def workload_key_why(key: str, spec: WorkloadSpec, read: frozenset[str]) -> str:
     workload reads instead."""
     from ..workloads.reads import readers
 
-    kind = workload_kind(spec)
+    kind = _workload_kind(spec)
     source, arrival, lengths = kind
     where = readers(key, kind)
     subject = f'source "{source}"'

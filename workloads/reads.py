@@ -112,9 +112,3 @@ def readers(key: str, kind: Kind) -> dict[str, tuple[str, ...]]:
             fam for (s, a, fam), r in table.items() if s == source == "sessions" and a == arrival and key in r
         ),
     }
-
-
-def reads_of(kind: Kind) -> frozenset[str]:
-    """The fields a workload of ``kind`` reads (as its small probe does); empty for a kind no
-    workload can have."""
-    return reads_by_kind().get(kind, frozenset())
