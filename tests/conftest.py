@@ -270,6 +270,22 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return suite, root / "out"
 
 
+def plant_link(out: Path, other: Path, what: str) -> None:
+    """Replace ``what`` of results directory ``out`` (a folder or file, or ``TABLE/run_id=*``: its
+    first partition) by a symbolic link to the same place in ``other``."""
+    if what.endswith("*"):
+        table = what.split("/")[0]
+        victim = sorted((out / table).glob("run_id=*"))[0]
+        target = other / table / victim.name
+    else:
+        victim, target = out / what, other / what
+    if victim.is_dir() and not victim.is_symlink():
+        shutil.rmtree(victim)
+    elif os.path.lexists(victim):
+        victim.unlink()
+    victim.symlink_to(target, target_is_directory=target.is_dir())
+
+
 def copy_of(recorded: tuple[Path, Path], tmp_path: Path, name: str = "out") -> tuple[Path, Path]:
     """The small suite written into ``tmp_path``, and a copy of ``recorded``'s results there."""
     dest = tmp_path / name

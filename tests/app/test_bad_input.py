@@ -29,6 +29,7 @@ from tests.conftest import (
     assert_one_line_error,
     copy_of,
     kvbench,
+    plant_link,
     serve_suite,
     special,
     suite_toml,
@@ -1081,19 +1082,9 @@ def linked_into_another(what: str) -> Setup:
     def setup(tmp: Path, request: pytest.FixtureRequest) -> dict[str, str]:
         _, out = copy_of(request.getfixturevalue("recorded"), tmp)
         _, other = copy_of(request.getfixturevalue("recorded"), tmp, "other")
-        if what.endswith("*"):
-            table = what.split("/")[0]
-            victim = sorted((out / table).glob("run_id=*"))[0]
-            target = other / table / victim.name
-        else:
-            victim, target = out / what, other / what
-            if what == "reference.parquet":
-                target.write_bytes(b"the other directory's file")
-        if victim.is_dir() and not victim.is_symlink():
-            shutil.rmtree(victim)
-        elif os.path.lexists(victim):
-            victim.unlink()
-        victim.symlink_to(target, target_is_directory=target.is_dir())
+        if what == "reference.parquet":
+            (other / what).write_bytes(b"the other directory's file")
+        plant_link(out, other, what)
         if what in ("steps", "requests"):
             # an orphan in the other directory: a run into out must not clean it through the link
             shutil.rmtree(sorted((other / "runs").glob("run_id=*"))[0])

@@ -19,7 +19,7 @@ from kvbench.harness.records import schema
 from kvbench.harness.records.safe_paths import OTHER_FOLDERS, check_records, check_results_layout, own_folders
 from kvbench.harness.records.store import PART, read_table
 
-from tests.conftest import EXAMPLE, assert_one_line_error, kvbench, suite_file, tree
+from tests.conftest import EXAMPLE, assert_one_line_error, kvbench, plant_link, suite_file, tree
 
 # gpt-oss-20b alternates sliding-window and full-attention layers: its runs write kv_groups/.
 HYBRID = (
@@ -59,14 +59,7 @@ def linked_into_another(hybrid: Path, tmp: Path, what: str) -> tuple[Path, Path]
     for dest in (out, other):
         shutil.copytree(hybrid, dest, symlinks=True)
     suite_file(tmp, HYBRID)
-    if what.endswith("*"):
-        table = what.split("/")[0]
-        victim = sorted((out / table).glob("run_id=*"))[0]
-        target = other / table / victim.name
-    else:
-        victim, target = out / what, other / what
-    shutil.rmtree(victim)
-    victim.symlink_to(target, target_is_directory=True)
+    plant_link(out, other, what)
     shutil.rmtree(sorted((other / "runs").glob("run_id=*"))[0])
     return out, other
 
