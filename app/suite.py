@@ -148,7 +148,7 @@ class Suite:
         for runner in self.grid_runners(plan):
             settings = dict(DEFAULTS)
             settings.update(self.settings)
-            origin = {k: f"[{self.setting_tables[k]}]" for k in self.settings if k in self.setting_tables}
+            origin = {k: f"[{t}]" for k, t in self.setting_tables.items()}
             grid = {k: v for k, v in plan.items() if k != "runner"}
             origin.update({k: f"[{table}]" for k in grid if k not in (TOGETHER, "workload")})
             for key, value in overrides.get(runner, {}).items():
@@ -157,7 +157,8 @@ class Suite:
                 else:
                     grid.pop(key, None)
                     settings[key] = value
-                origin[key] = f"[runners.{runner}]"
+                if key != "workload":  # which workloads it runs: not a setting of them
+                    origin[key] = f"[runners.{runner}]"
             if "workload" not in grid:  # a runner's one workload, else every workload
                 grid["workload"] = (settings["workload"],) if "workload" in settings else tuple(self.workloads)
             if self.repeats > 1 and "repeat" not in grid:
@@ -170,7 +171,7 @@ class Suite:
                 name = cell["workload"]
                 wl_table = self.workloads[name]
                 given = {k: self.workload_table(name) for k in wl_table}
-                given.update((k, v) for k, v in origin.items() if k != "workload")
+                given.update(origin)
                 given.update((k, f"[{table}] {TOGETHER}") for k in together)
                 # A workload's own sweeps: a list in [workloads.NAME] (rate = [0.5, 1, 2]) is a grid
                 # axis of that workload alone (each dataset has its own range of rates).
