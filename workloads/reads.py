@@ -100,15 +100,19 @@ def _probe_files(tmp: Path) -> dict[str, str]:
 
 
 def readers(key: str, kind: Kind) -> dict[str, tuple[str, ...]]:
-    """Where ``key`` is read, beside ``kind``: the other sources (same arrival), arrivals (same
-    source) and length families (same source and arrival) whose workloads read it. Empty
-    lists where none does."""
+    """Where ``key`` is read, beside ``kind``, one setting varied at a time: the other sources
+    (same arrival), the other arrivals (same source and lengths) and the other length families
+    (same source and arrival) whose workloads read it. Empty where none does."""
     source, arrival, lengths = kind
     table = reads_by_kind()
     return {
-        "source": tuple(dict.fromkeys(s for (s, a, _), r in table.items() if a == arrival and key in r)),
-        "arrival": tuple(dict.fromkeys(a for (s, a, _), r in table.items() if s == source and key in r)),
+        "source": tuple(
+            dict.fromkeys(s for (s, a, _), r in table.items() if a == arrival and s != source and key in r)
+        ),
+        "arrival": tuple(
+            a for (s, a, fam), r in table.items() if (s, fam) == (source, lengths) and a != arrival and key in r
+        ),
         "lengths": tuple(
-            fam for (s, a, fam), r in table.items() if s == source == "sessions" and a == arrival and key in r
+            fam for (s, a, fam), r in table.items() if (s, a) == (source, arrival) and fam != lengths and key in r
         ),
     }

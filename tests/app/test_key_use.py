@@ -225,6 +225,10 @@ CLI_CASES = {
         {"source": "trace", "path": "{trace}", "num_requests": 5},
         ("[workload] num_requests is not read", 'source "trace"'),
     ),
+    "sessions-of-uniform-lengths-with-a-fixed-message": (
+        {"source": "sessions", "lengths": "uniform", "message_len": 30},
+        ('lengths "uniform" does not read it', "length families that do: fixed", "message_min and message_max"),
+    ),
     "non-sessions-with-a-turn-count": ({"source": "uniform", "turns": 3}, ("[workload] turns is not read", "sessions")),
 }
 
