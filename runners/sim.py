@@ -15,11 +15,8 @@ from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.fast_scheduler import FastScheduler
 from ..harness.sim.latency import itl_summary
-from ..harness.sim.policies import make_policy
-from ..harness.sim.policies.counting_grouped import CountingGroupedPolicy
-from ..harness.sim.policies.counting_grouped_prefix import CountingGroupedPrefixPolicy
+from ..harness.sim.policies import FAST, REFERENCE, policy_entry
 from ..harness.sim.policies.grouped import GroupedPagedPolicy
-from ..harness.sim.policies.grouped_prefix import GroupedPrefixPolicy
 from ..harness.sim.policies.paged import reuse_distance_columns
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
@@ -27,8 +24,6 @@ from ..harness.spec.feasibility import explain
 from .base import Cell, RunResult
 from .common import base_row, clock_for, expand_seqs, shortfall, write_status_only
 from .driver import drive
-
-GROUPED_FAST = ("paged", "paged-prefix")  # the policies over KV cache groups the fast path runs
 
 
 class StepExecutor(Protocol):
@@ -165,16 +160,13 @@ def run_scheduler(
     """
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
-    if scheduler_cls is not Scheduler and not spec.geometry.is_uniform_full and spec.policy not in GROUPED_FAST:
-        scheduler_cls = Scheduler  # KV cache groups take the fast path as paged and paged-prefix
+    entry = policy_entry(spec)
+    if not entry.fast:
+        scheduler_cls = Scheduler  # a policy off the fast path runs exact on the reference loop
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
-    policy = make_policy(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
-    if not scheduler_cls.needs_block_ids:  # its measures as running totals
-        if type(policy) is GroupedPagedPolicy:
-            policy = CountingGroupedPolicy(policy.use, policy.max_model_len)
-        elif type(policy) is GroupedPrefixPolicy:
-            policy = CountingGroupedPrefixPolicy(policy.use, policy.max_model_len)
+    policy = entry.build(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
     row = base_row(cell, runner)
+    row["sim_path"] = REFERENCE if scheduler_cls is Scheduler else FAST
     short = shortfall(cell, seqs, policy)
     if short is not None:
         return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from ...harness.records.provenance import provenance
 from .base import Command
+
+if TYPE_CHECKING:
+    from ...harness.sim.policies import PolicyEntry
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -32,6 +37,12 @@ def _where(runner: str, reason: str | None) -> str:
     return "" if build is None else f" ({build.distribution} {build.version}: the engine runs on {build.device})"
 
 
+def _paths(table: Mapping[str, PolicyEntry]) -> str:
+    """'fast: a, b; reference: c' for one layout's registry."""
+    by_path = {path: [n for n, e in table.items() if e.fast == (path == "fast")] for path in ("fast", "reference")}
+    return "; ".join(f"{path}: {', '.join(names)}" for path, names in by_path.items() if names)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.gpu:
         from ..gpu_smoke import run_smoke
@@ -55,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     for name, facts in RUNNER_FACTS.items():
         units = " or ".join(f"{u}s" for u in facts.contiguous_units)
         print(f"  {name:12} {', '.join(facts.policies)} ({units})")
+    from ...harness.sim.policies import GROUPED, POLICIES
+
+    print("sim's loop per policy (fast: the fast path, record for record the reference's; reference: the step loop):")
+    for layout, table in (("full attention", POLICIES), ("KV cache groups", GROUPED)):
+        print(f"  {layout:16} {_paths(table)}")
     print("model presets (KV bytes per token at fp16, every attention layer as full attention; layer kinds):")
     for g in PRESETS.values():
         kinds = ", ".join(f"{g.layer_count(k)} {k}" for k in g.kinds)

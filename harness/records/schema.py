@@ -242,6 +242,9 @@ RUNS = pa.schema(
         *((name, pa.float64()) for name in ADDED_LATENCY_COLUMNS),
         ("clock_detail", pa.string()),  # the clock in one line: preset and factors, profile terms, or "measured"
         ("clock_profile", pa.string()),  # profile clock: the whole profile file (JSON), for the report
+        # Which loop of kvbench's scheduler ran it: "fast" or "reference" (harness/sim/README.md;
+        # sim and torch; null for vLLM's runners and in results written before it).
+        ("sim_path", pa.string()),
         ("git_sha", pa.string()),
         ("git_dirty", pa.bool_()),
         ("host", pa.string()),

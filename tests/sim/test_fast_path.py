@@ -346,6 +346,7 @@ def _path(out, table, run_id):
 
 
 WALL_COLUMNS = {"wall_s", "computed_tokens_per_wall_s", "started_at", "mean_step_wall_s"}
+NOT_COMPARED = WALL_COLUMNS | {"sim_path"}  # which loop ran: checked on its own
 
 
 @pytest.fixture
@@ -424,6 +425,7 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         a = SimRunner().run(cell).row
         b = SimRunner(reference=True).run(ref_cell).row
         assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
+        assert (a["sim_path"], b["sim_path"]) == ("fast", "reference")
         for table in ("steps", "requests"):
             ta, tb = pq.read_table(_path(fast, table, cell.run_id)), pq.read_table(_path(ref, table, cell.run_id))
             assert ta.equals(tb), (case, cell.spec.policy, cell.spec.block_size, table)
@@ -431,7 +433,7 @@ def test_fast_path_is_record_for_record_the_reference(tmp_path, case, bulk_count
         assert _path(fast, "steps", cell.run_id).read_bytes() == _path(ref, "steps", cell.run_id).read_bytes()
         # The run rows: identical but for wall-clock measurements (floats compared exactly).
         for key in set(a) | set(b):
-            if key not in WALL_COLUMNS:
+            if key not in NOT_COMPARED:
                 va, vb = a.get(key), b.get(key)
                 same = va == vb or (
                     isinstance(va, float) and isinstance(vb, float) and math.isnan(va) and math.isnan(vb)

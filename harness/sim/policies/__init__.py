@@ -1,7 +1,15 @@
-"""Allocation policies, by name (a plain dict registry checked against ``Policy``)."""
+"""Allocation policies, by name: a registry of ``PolicyEntry`` (a plain dict checked against ``Policy``).
+
+An entry is a policy as the simulator builds it: the reference implementation (block ids, run by
+the step-by-step ``Scheduler``), whether the fast scheduler may drive it, and its fast twins (the
+same decisions kept as counts). A policy that declares ``fast=False`` runs exact on the reference
+loop, and its runs say so (``sim_path``). harness/sim/README.md says what ``fast=True`` promises
+and lists the files a new policy touches.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from ...errors import KvbenchError
@@ -9,13 +17,50 @@ from ...spec import capabilities
 from ...spec.specs import ARENAS, RunSpec
 from .arena import ARENA_TYPES
 from .base import Policy
-from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPow2
+from .contiguous import ContiguousMax, ContiguousOracle, ContiguousPolicy, ContiguousPow2
+from .counting_grouped import CountingGroupedPolicy
+from .counting_grouped_prefix import CountingGroupedPrefixPolicy
 from .counting_prefix import CountingPrefixPolicy
 from .grouped import GroupedPagedPolicy
 from .grouped_contiguous import GroupedContiguousPolicy
 from .grouped_prefix import GroupedPrefixPolicy
 from .paged import CountingPagedPolicy, PagedPolicy, PagedPrefixPolicy, VirtualContiguousPolicy
 from .shared_prefix import SharedPrefixPolicy
+
+Factory = Callable[[RunSpec], Policy]
+
+# The two loops that schedule a sim run (a runs column, ``sim_path``).
+FAST = "fast"
+REFERENCE = "reference"
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyEntry:
+    """A policy as the simulator builds it.
+
+    ``fast``: the fast scheduler (``FastScheduler``) may drive the reference policy; it then
+    keeps the reference's records exactly (harness/sim/README.md, "What the fast path assumes").
+    ``counting``: a fast twin keeping counts, no block ids (used only on the fast path);
+    ``counting_unshared``: one more, exact only where no two sequences share a block."""
+
+    reference: Factory
+    fast: bool
+    counting: Factory | None = None
+    counting_unshared: Factory | None = None
+
+    def __post_init__(self) -> None:
+        if not self.fast and (self.counting or self.counting_unshared):
+            raise ValueError("a policy off the fast path has no fast twin to use")
+
+    def build(self, spec: RunSpec, block_ids: bool, shared: bool) -> Policy:
+        """The policy for a run: the reference, or (``block_ids=False``) a fast twin where one exists."""
+        factory = self.reference
+        if not block_ids:
+            twin = self.counting_unshared if not shared and self.counting_unshared else self.counting
+            factory = twin or factory
+        policy = factory(spec)
+        assert isinstance(policy, Policy)
+        return policy
 
 
 def page_tokens(spec: RunSpec) -> int:
@@ -31,50 +76,76 @@ def page_tokens(spec: RunSpec) -> int:
     return tokens
 
 
-POLICIES: dict[str, Callable[[RunSpec], Policy]] = {
-    "contiguous-max": lambda s: ContiguousMax(s.budget_positions, s.memory.max_model_len, s.arena, s.block_size),
-    "contiguous-pow2": lambda s: ContiguousPow2(s.budget_positions, s.memory.max_model_len, s.arena, s.block_size),
-    "contiguous-oracle": lambda s: ContiguousOracle(s.budget_positions, s.memory.max_model_len, s.arena, s.block_size),
-    "paged": lambda s: PagedPolicy(s.budget_positions, s.block_size),
-    "paged-prefix": lambda s: PagedPrefixPolicy(s.budget_positions, s.block_size),
-    "virtual-contiguous": lambda s: VirtualContiguousPolicy(s.budget_positions, page_tokens(s)),
+def _contiguous(kind: type[ContiguousPolicy]) -> Factory:
+    return lambda s: kind(s.budget_positions, s.memory.max_model_len, s.arena, s.block_size)
+
+
+# A model of full attention only.
+POLICIES: dict[str, PolicyEntry] = {
+    "contiguous-max": PolicyEntry(_contiguous(ContiguousMax), fast=True),
+    "contiguous-pow2": PolicyEntry(_contiguous(ContiguousPow2), fast=True),
+    "contiguous-oracle": PolicyEntry(_contiguous(ContiguousOracle), fast=True),
+    "paged": PolicyEntry(
+        lambda s: PagedPolicy(s.budget_positions, s.block_size),
+        fast=True,
+        counting=lambda s: CountingPagedPolicy(s.budget_positions, s.block_size),
+    ),
+    "paged-prefix": PolicyEntry(
+        lambda s: PagedPrefixPolicy(s.budget_positions, s.block_size),
+        fast=True,
+        counting=lambda s: SharedPrefixPolicy(s.budget_positions, s.block_size),
+        counting_unshared=lambda s: CountingPrefixPolicy(s.budget_positions, s.block_size),
+    ),
+    "virtual-contiguous": PolicyEntry(
+        lambda s: VirtualContiguousPolicy(s.budget_positions, page_tokens(s)),
+        fast=True,
+        counting=lambda s: CountingPagedPolicy(s.budget_positions, page_tokens(s), "virtual-contiguous"),
+    ),
 }
 assert tuple(POLICIES) == capabilities.POLICIES, "harness/spec/capabilities.py and the policy registry disagree"
 assert tuple(ARENA_TYPES) == ARENAS, "harness/spec/specs.py's ARENAS and the arena registry disagree"
 
 
-# Variants without block ids, for callers that never read them (the sim's fast path): block counts,
-# and prefix caching as counts and content keys.
-COUNTING: dict[str, Callable[[RunSpec], Policy]] = {
-    "paged": lambda s: CountingPagedPolicy(s.budget_positions, s.block_size),
-    "paged-prefix": lambda s: SharedPrefixPolicy(s.budget_positions, s.block_size),
-    "virtual-contiguous": lambda s: CountingPagedPolicy(s.budget_positions, page_tokens(s), "virtual-contiguous"),
+def _grouped_contiguous(s: RunSpec) -> Policy:
+    return GroupedContiguousPolicy(s.kv_use, s.memory.max_model_len, s.policy, s.arena)
+
+
+# A model whose layers are not all full attention: vLLM's KV cache groups (``RunSpec`` admits
+# ``capabilities.LAYOUT_POLICIES`` there). The contiguous policies run a reservation per group,
+# on the reference loop only.
+GROUPED: dict[str, PolicyEntry] = {
+    "paged": PolicyEntry(
+        lambda s: GroupedPagedPolicy(s.kv_use, s.memory.max_model_len),
+        fast=True,
+        counting=lambda s: CountingGroupedPolicy(s.kv_use, s.memory.max_model_len),
+    ),
+    "paged-prefix": PolicyEntry(
+        lambda s: GroupedPrefixPolicy(s.kv_use, s.memory.max_model_len),
+        fast=True,
+        counting=lambda s: CountingGroupedPrefixPolicy(s.kv_use, s.memory.max_model_len),
+    ),
+    **{
+        p: PolicyEntry(_grouped_contiguous, fast=False)
+        for p in capabilities.LAYOUT_POLICIES
+        if p not in ("paged", "paged-prefix")
+    },
 }
-# … and those exact only where no two sequences share a block (no shared prefixes, one sample each).
-COUNTING_UNSHARED: dict[str, Callable[[RunSpec], Policy]] = {
-    "paged-prefix": lambda s: CountingPrefixPolicy(s.budget_positions, s.block_size),
-}
+assert tuple(sorted(GROUPED)) == tuple(sorted(capabilities.LAYOUT_POLICIES)), (
+    "the grouped registry and LAYOUT_POLICIES disagree"
+)
+
+
+def policy_entry(spec: RunSpec) -> PolicyEntry:
+    """The registry entry of the spec's policy, over the spec's layout."""
+    table = POLICIES if spec.geometry.is_uniform_full else GROUPED
+    try:
+        return table[spec.policy]
+    except KeyError:
+        raise KvbenchError(f"unknown policy {spec.policy!r} (known: {', '.join(table)})") from None
 
 
 def make_policy(spec: RunSpec, block_ids: bool = True, shared: bool = True) -> Policy:
-    """The spec's policy; ``block_ids=False`` allows a variant that keeps only counts, and
+    """The spec's policy; ``block_ids=False`` allows a fast twin that keeps only counts, and
     ``shared=False`` (no two sequences of the workload share a block) one more. A model whose
-    layers are not all full attention gets vLLM's KV cache groups (``GroupedPagedPolicy``; with
-    prefix caching ``GroupedPrefixPolicy``; a run per group: ``GroupedContiguousPolicy``)."""
-    if not spec.geometry.is_uniform_full:  # vLLM's KV cache groups (RunSpec admits LAYOUT_POLICIES)
-        if capabilities.is_contiguous(spec.policy):
-            return GroupedContiguousPolicy(spec.kv_use, spec.memory.max_model_len, spec.policy, spec.arena)
-        kind = GroupedPrefixPolicy if spec.policy == "paged-prefix" else GroupedPagedPolicy
-        grouped: Policy = kind(spec.kv_use, spec.memory.max_model_len)
-        assert isinstance(grouped, Policy)
-        return grouped
-    try:
-        factory = POLICIES[spec.policy]
-    except KeyError:
-        raise KvbenchError(f"unknown policy {spec.policy!r} (known: {', '.join(POLICIES)})") from None
-    if not block_ids:
-        counting = COUNTING if shared else {**COUNTING, **COUNTING_UNSHARED}
-        factory = counting.get(spec.policy, factory)
-    policy = factory(spec)
-    assert isinstance(policy, Policy)
-    return policy
+    layers are not all full attention gets vLLM's KV cache groups (``GROUPED``)."""
+    return policy_entry(spec).build(spec, block_ids, shared)
