@@ -300,3 +300,47 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = kvbench("import", DATA / "vllm_bench_serve_detailed.json", "--out", out)
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+def import_holding_infinity(out: Path) -> None:
+    """vllm bench serve's summary-only result imported into ``out``, its run's ttft_p99_s then made
+    infinite: a statistic that came in as infinity before import refused it."""
+    import pyarrow.parquet as pq
+
+    proc = kvbench("import", DATA / "vllm_bench_serve_summary.json", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    (rid,) = store.existing_run_ids(out)
+    path = store.partition_dir(out, "runs", rid) / store.PART
+    table = pq.read_table(path)
+    frame = table.to_pandas()
+    frame["ttft_p99_s"] = float("inf")
+    pq.write_table(table.from_pandas(frame, schema=table.schema, preserve_index=False), path)
+
+
+# -- a served run: the serve runner's attach mode on the stand-in server of tests/streamkit.py -----
+
+# What the stand-in server says it runs (its /metrics' vllm:cache_config_info).
+SERVED_CACHE_CONFIG = {"block_size": "16", "enable_prefix_caching": "False", "num_gpu_blocks": "512"}
+# Issue #45's stream: chunks at 0.10 s (1 token), 0.15 s (2) and 0.20 s (2).
+SERVED_CHUNKS = ((0.10, 1), (0.15, 2), (0.20, 2))
+
+
+def run_attached(folder: Path, url: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``serve_suite(url)`` run into ``folder``/out: that path, and the finished command."""
+    suite = folder / "serve.toml"
+    suite.write_text(serve_suite(url))
+    out = folder / "out"
+    return out, kvbench("run", suite, "--out", out, "--quiet", "--no-report", timeout=300)
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results directory with one attach-mode serve run on the stand-in server streaming
+    ``SERVED_CHUNKS``."""
+    pytest.importorskip("aiohttp")
+    from tests.streamkit import Script, stand_in_server  # aiohttp at import
+
+    with stand_in_server(Script(chunks=SERVED_CHUNKS, cache_config=SERVED_CACHE_CONFIG)) as url:
+        out, proc = run_attached(tmp_path_factory.mktemp("served"), url)
+    assert proc.returncode == 0, proc.stderr
+    return out

@@ -8,6 +8,9 @@ write; the FAIL_AT-th fails with ENOSPC after leaving a truncated file behind, a
 disk does, and so does every later one (MODE ``full``: a disk that stays full) or none (MODE
 ``once``: space freed a moment later, another process's file deleted, say). FAIL_AT 0 fails
 nothing and only logs each write (its number, what and where) to LOG, so a test can aim.
+
+``damage_run`` leaves one run's records incomplete, as a crash or a hand's edit would: what the
+readers must refuse by name (``test_bad_input.py``) and a rerun must redo (``test_faults.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -89,6 +93,40 @@ def tmpfs(path: Path, size_bytes: int) -> Iterator[Tmpfs]:
         yield fs
     finally:
         fs.unmount()
+
+
+# -- records left incomplete ------------------------------------------------------------------
+
+# How a run's records can be incomplete: a partition or its file missing, another run's file in its
+# place (of another length: the run row's count tells them apart), a file cut short.
+DAMAGE = ["steps-missing", "requests-missing", "steps-file-missing", "steps-of-another-run", "steps-truncated"]
+
+
+def damage_run(out: Path, how: str) -> str:
+    """Make the second run of results directory ``out`` incomplete in the way ``how`` (one of
+    ``DAMAGE``) names; return its run id."""
+    # imported here, not at the top: the seam's process (main) loads kvbench only once its writers are patched
+    import pyarrow.parquet as pq
+    from kvbench.harness.records.store import PART
+
+    runs = sorted(p.name.split("=", 1)[1] for p in (out / "runs").glob("run_id=*"))
+    victim = runs[1]
+    steps = out / "steps" / f"run_id={victim}" / PART
+    if how == "steps-missing":
+        shutil.rmtree(steps.parent)
+    elif how == "requests-missing":
+        shutil.rmtree(out / "requests" / f"run_id={victim}")
+    elif how == "steps-file-missing":
+        steps.unlink()
+    elif how == "steps-of-another-run":
+        rows = {r: pq.read_metadata(out / "steps" / f"run_id={r}" / PART).num_rows for r in runs}
+        source = next(r for r in runs if rows[r] != rows[victim])
+        shutil.copy(out / "steps" / f"run_id={source}" / PART, steps)
+    elif how == "steps-truncated":
+        steps.write_bytes(steps.read_bytes()[:100])
+    else:
+        raise AssertionError(how)
+    return victim
 
 
 # -- the seam: a writer that fails on the Nth write ------------------------------------

@@ -37,12 +37,12 @@ def test_workload_names_that_look_like_paths_stay_inside_the_results_directory(t
     cwd = tmp_path / "a" / "b"
     cwd.mkdir(parents=True)
     names = ["../../escape", "/tmp/kvbench-escape-w", "a\x00b", "y" * 300]
-    tables = "".join(
-        f'[workloads.{json.dumps(n)}]\nsource = "fixed"\nprompt_len = {10 + i}\noutput_len = 10\nnum_requests = 5\n'
+    workloads = {  # each name quoted (JSON's escapes are TOML's): a bare key holds none of these
+        json.dumps(n): {"source": "fixed", "prompt_len": 10 + i, "output_len": 10, "num_requests": 5}
         for i, n in enumerate(names)
-    )
+    }
     suite = cwd / "suite.toml"
-    suite.write_text('name = "paths"\n[model]\npreset = "tiny"\n[memory]\nkv_budget = "1MiB"\n' + tables)
+    suite.write_text(suite_toml("paths", model={"preset": "tiny"}, memory={"kv_budget": "1MiB"}, workloads=workloads))
     proc = kvbench("run", str(suite), "--quiet", "--no-report", cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     written = _tree(tmp_path) - {"a", "a/b", "a/b/suite.toml"}

@@ -2,16 +2,20 @@
 kvbench command there as a real subprocess, and must get one clear line on stderr naming the
 input and the problem, the row's exit code, no traceback, and an unchanged tree (every entry
 under the folder, links, FIFOs and file contents included, before and after): nothing written,
-nothing of the user's touched. Inputs kvbench accepts at the same edges are in
-``test_accepted_input.py``."""
+nothing of the user's touched; and the row's own ``check`` where it asserts more. Inputs kvbench
+accepts at the same edges are in ``test_accepted_input.py``; faults of the environment, what kvbench
+promises about the user's data, and everything else that is not a one-line refusal, in
+``test_faults.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
 import os
 import shutil
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +29,12 @@ from tests.conftest import (
     EXAMPLE,
     LLAMA_CONFIG,
     ROOT,
+    SERVED_CACHE_CONFIG,
+    SERVED_CHUNKS,
     SMALL,
     assert_one_line_error,
     copy_of,
+    import_holding_infinity,
     kvbench,
     plant_link,
     serve_suite,
@@ -35,10 +42,12 @@ from tests.conftest import (
     suite_toml,
     tree,
 )
+from tests.faultkit import DAMAGE, damage_run
 
 REFUSED = 2  # bad input
 IO_ERROR = 74  # an output that cannot be made
 Setup = Callable[[Path, pytest.FixtureRequest], dict[str, str]]
+Check = Callable[[Path, subprocess.CompletedProcess[str]], None]
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class Case:
     absent: tuple[str, ...] = ()  # text stderr must not hold
     gone: tuple[str, ...] = ()  # paths outside the folder that must not exist afterwards
     timeout: float = 300  # a FIFO must not block, an unreachable address must fail at once
+    check: Check | None = None  # the row's own assertion beyond these, given its folder and the command
 
 
 def fill(text: str, names: dict[str, str]) -> str:
@@ -1101,6 +1111,29 @@ CASES.update(
         for what in LINKED
     }
 )
+
+
+def incomplete(how: str) -> Setup:
+    """A copy of the small suite's results at out with one run's records made incomplete
+    (``faultkit.damage_run``), as ``{victim}``, and a whole copy at base. That a rerun completes
+    it is ``test_faults.py``'s."""
+
+    def setup(tmp: Path, request: pytest.FixtureRequest) -> dict[str, str]:
+        _, out = copy_of(request.getfixturevalue("recorded"), tmp)
+        copy_of(request.getfixturevalue("recorded"), tmp, "base")
+        return {"victim": damage_run(out, how)}
+
+    return setup
+
+
+INCOMPLETE_READERS = {
+    "report": ("report", "{tmp}/out"),
+    "compare": ("compare", "{tmp}/base", "{tmp}/out"),
+    "diverge": ("diverge", "{tmp}/out", "{victim}", "{victim}"),
+}
+for _how in DAMAGE:
+    for _reader, _argv in INCOMPLETE_READERS.items():
+        CASES[f"results-incomplete-{_how}-{_reader}"] = Case(_argv, ("{victim}", "incomplete"), incomplete(_how))
 _PHOTOS = files({"photos/cat.jpg": b"\xff\xd8"})
 CASES.update(
     {
@@ -1134,6 +1167,16 @@ CASES["ray-unreachable-address-fails-at-once"] = Case(
     else ("cannot start or reach Ray at 127.0.0.1:1",),
     files({"suite.toml": SMALL}),
     timeout=60,
+)
+
+# -- export ---------------------------------------------------------------------------------------
+
+# vLLM writes its result with json.dump, so an infinity would be `Infinity`, not JSON. (The
+# pytorch-oss records write it "inf", as vLLM's InfEncoder does: test_faults.py.)
+CASES["export-vllm_bench-a_run_holding_infinity"] = Case(
+    ("export", "{tmp}/R", "--format", "vllm-bench", "--out", "{tmp}/x.json"),
+    ("p99_ttft_ms is inf", "finite numbers"),
+    lambda tmp, request: import_holding_infinity(tmp / "R") or {},
 )
 
 # -- import ---------------------------------------------------------------------------------------
@@ -1189,6 +1232,11 @@ CASES["import-summary-nan_latency"] = Case(
     IMPORT,
     ("latencies[1] (request 1)", "finite"),
     edited_result(_set("latencies", [0.1, math.nan]), DATA / "vllm_bench_serve_summary.json"),
+)
+CASES["import-like-none_input_len"] = Case(  # checked against a served run's cells
+    ("import", "{tmp}/bad.json", "--like", "{served}", "--out", "{tmp}/R"),
+    ("bad.json", "input_lens[0] (request 0)", "None"),
+    both(edited_result(_entry("input_lens", 0, None)), fixture("served")),
 )
 for _kind, _words in (("fifo", "FIFO"), ("device", "character device"), ("directory", "directory")):
     _path = "/dev/zero" if _kind == "device" else "{tmp}/result.json"  # /dev/zero never ends
@@ -1282,6 +1330,35 @@ CASES["serve-two_policies_against_one_attached_server"] = Case(
     ("{tmp}/suite.toml", "2 policies against one server", "contiguous-max", "paged"),
     files({"suite.toml": serve_suite("http://127.0.0.1:9", ["contiguous-max", "paged"])}),  # never asked
 )
+
+
+def attached_server(policies: list[str]) -> tuple[Setup, Check]:
+    """A stand-in server (tests/streamkit.py) running paged with block size 16, up for the row's
+    command, as ``{url}``, with a suite attaching to it with ``policies``; and the check that it
+    was sent no request (only asked what it runs)."""
+    scripts: dict[Path, Any] = {}
+
+    def setup(tmp: Path, request: pytest.FixtureRequest) -> dict[str, str]:
+        pytest.importorskip("aiohttp")
+        from tests.streamkit import Script, stand_in_server  # aiohttp at import
+
+        scripts[tmp] = script = Script(chunks=SERVED_CHUNKS, cache_config=SERVED_CACHE_CONFIG)
+        server = contextlib.ExitStack()
+        request.addfinalizer(server.close)
+        url = server.enter_context(stand_in_server(script))
+        (tmp / "suite.toml").write_text(serve_suite(url, policies), encoding="utf-8")
+        return {"url": url}
+
+    def nothing_sent(tmp: Path, proc: subprocess.CompletedProcess[str]) -> None:
+        assert scripts.pop(tmp).requests == []
+
+    return setup, nothing_sent
+
+
+_setup, _check = attached_server(["contiguous-max"])
+CASES["serve-a_policy_the_attached_server_does_not_run"] = Case(
+    SLO_RUN, ("{url}", "runs policy paged with block size 16", "not contiguous-max"), _setup, check=_check
+)
 CASES["runners-prefix_caching_as_a_setting"] = Case(
     SLO_RUN,
     ("enable_prefix_caching", 'the policy "paged-prefix"'),
@@ -1306,3 +1383,5 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, request: pytes
     assert tree(tmp_path) == before, "a refused command changed the tree"
     for path in row.gone:
         assert not Path(path).exists(), path
+    if row.check:
+        row.check(tmp_path, proc)

@@ -14,40 +14,10 @@ from pathlib import Path
 import pytest
 from kvbench.harness.sim import FORM, compiled
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, suite_toml
 
-# Every compiled module at work: paged and prefix caching under preemption, every contiguous policy
-# on both arenas, and KV cache groups (hybrid on and off, MLA).
-SUITE = """
-name = "forms"
-
-[model]
-kv_dtype = "bf16"
-
-[memory]
-max_model_len = 4096
-
-[workload]
-source = "uniform"
-prompt_min = 100
-prompt_max = 1500
-output_min = 40
-output_max = 300
-num_requests = 60
-n = 2
-prefix_groups = 4
-prefix_len = 192
-arrival = "poisson"
-rate = 20.0
-seed = 3
-
-[scheduler]
-max_num_seqs = 32
-max_num_batched_tokens = 1024
-clock = "roofline"
-gpu = "A100-80GB"
-
-[grid]
+# [grid] as text: its `together` is a list of inline tables, which a section's mapping does not write.
+GRID = """
 runner = ["sim"]
 policy = ["paged", "paged-prefix", "contiguous-max", "contiguous-pow2", "contiguous-oracle"]
 arena = ["first-fit", "buddy"]
@@ -59,6 +29,29 @@ together = [
     { preset = "deepseek-v3", kv_budget = "384MiB" },
 ]
 """
+# Every compiled module at work: paged and prefix caching under preemption, every contiguous policy
+# on both arenas, and KV cache groups (hybrid on and off, MLA).
+SUITE = suite_toml(
+    "forms",
+    model={"kv_dtype": "bf16"},
+    memory={"max_model_len": 4096},
+    workload={
+        "source": "uniform",
+        "prompt_min": 100,
+        "prompt_max": 1500,
+        "output_min": 40,
+        "output_max": 300,
+        "num_requests": 60,
+        "n": 2,
+        "prefix_groups": 4,
+        "prefix_len": 192,
+        "arrival": "poisson",
+        "rate": 20.0,
+        "seed": 3,
+    },
+    scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 1024, "clock": "roofline", "gpu": "A100-80GB"},
+    grid=GRID,
+)
 # Runs the CLI after saying which form the process loaded.
 CLI = "import sys\nfrom kvbench.harness.sim import FORM\nprint('form:', FORM.name, file=sys.stderr)\n" + (
     "from kvbench.app.cli import entry\nentry()"
