@@ -3,7 +3,8 @@
 Night 1 has no baseline and becomes it; night 2 on the same code passes the
 gate; a baseline that was better than tonight (its records edited the way a
 real regression would show) fails the gate with exit 1, keeps the baseline,
-and ``--accept`` moves it.
+and ``--accept`` moves it. After the gate the job runs the long paper checks (the tests
+marked ``nightly``, which the default test command leaves out); their failure fails the night.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ SUITE = suite_toml(
 )
 
 
-def nightly(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+def nightly(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", **(env or {}))
     return subprocess.run(
         ["bash", str(NIGHTLY), "--no-install", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
     )
@@ -51,25 +52,25 @@ def test_nightly_gates_on_the_previous_night(tmp_path: Path) -> None:
     suite.write_text(SUITE)
     results = tmp_path / "nights"
 
-    first = nightly(str(suite), "--results", str(results), cwd=tmp_path)
+    first = nightly(str(suite), "--results", str(results), "--no-checks", cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "first night" in first.stdout
     baseline = (results / "latest").resolve()
     assert (baseline / "runs").is_dir()
 
-    second = nightly(str(suite), "--results", str(results), cwd=tmp_path)
+    second = nightly(str(suite), "--results", str(results), "--no-checks", cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "gate passed" in second.stdout
     tonight = (results / "latest").resolve()
     assert tonight != baseline and (tonight / "compare.md").is_file()
 
     improve_baseline(tonight)
-    third = nightly(str(suite), "--results", str(results), cwd=tmp_path)
+    third = nightly(str(suite), "--results", str(results), "--no-checks", cwd=tmp_path)
     assert third.returncode == 1, third.stdout + third.stderr
     assert "REGRESSION" in third.stdout and "mean_running" in third.stdout
     assert (results / "latest").resolve() == tonight  # a failing night does not become the baseline
 
-    accepted = nightly(str(suite), "--results", str(results), "--accept", cwd=tmp_path)
+    accepted = nightly(str(suite), "--results", str(results), "--accept", "--no-checks", cwd=tmp_path)
     assert accepted.returncode == 1
     assert (results / "latest").resolve() != tonight
 
@@ -82,3 +83,57 @@ def test_nightly_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("nightly: "), (args, proc.stderr)
+
+
+CHECKS = """
+import pytest
+
+
+@pytest.mark.nightly
+def test_a_long_check():
+    assert {ok}
+
+
+def test_a_ci_test_the_night_leaves_out():
+    assert False
+"""
+
+
+def test_the_long_checks_run_after_the_gate_and_fail_the_night(tmp_path: Path) -> None:
+    suite = tmp_path / "nightly.toml"
+    suite.write_text(SUITE)
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    (checks / "pytest.ini").write_text("[pytest]\nmarkers =\n    nightly: long\n")
+    for night, ok in enumerate((True, False)):
+        (checks / "test_long.py").write_text(CHECKS.format(ok=ok))
+        proc = nightly(
+            str(suite), "--results", str(tmp_path / "nights"), cwd=tmp_path, env={"KVBENCH_NIGHTLY_TESTS": str(checks)}
+        )
+        tonight = (tmp_path / "nights" / "latest").resolve()
+        log = (tonight / "checks.log").read_text()
+        assert "1 passed, 1 deselected" in log if ok else "1 failed, 1 deselected" in log, log
+        if ok:
+            assert proc.returncode == 0 and "the long checks passed" in proc.stdout, proc.stdout + proc.stderr
+        else:  # the gate passed (the same code), the checks did not
+            assert "gate passed" in proc.stdout and "THE LONG CHECKS FAILED" in proc.stdout
+            assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert night == 0 or "gate passed" in proc.stdout
+
+
+def test_the_default_test_command_leaves_the_long_checks_to_the_night() -> None:
+    def collected(*args: str) -> set[str]:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n0", "-p", "no:cacheprovider", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+        )
+        return {line for line in proc.stdout.splitlines() if "::" in line}
+
+    capacity = "tests/reports/test_capacity.py"
+    figure_12 = f"{capacity}::test_the_figure_12_suite_reproduces_the_papers_capacity_ranges"
+    assert figure_12 in collected("-m", "nightly", capacity)
+    default = collected(capacity)
+    assert figure_12 not in default and default

@@ -168,6 +168,7 @@ def test_bad_slo_and_sweep_input_is_one_line(tmp_path: Path, case: str) -> None:
     assert not (out / "runs").exists()
 
 
+@pytest.mark.nightly  # 24 cells and their bisection: about two minutes on two cores
 def test_the_figure_12_suite_reproduces_the_papers_capacity_ranges(tmp_path: Path) -> None:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

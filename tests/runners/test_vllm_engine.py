@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -107,6 +108,24 @@ def run_all(tmp_path: Path, **kw: object) -> dict[str, dict]:
     for runner, row in rows.items():
         assert row["status"] == "ok", (runner, row.get("error"))
     return rows
+
+
+CaseRuns = Callable[[str], tuple[Path, dict[str, dict]]]  # a case's results directory and its rows by runner
+
+
+@pytest.fixture(scope="module")
+def case_runs(tmp_path_factory: pytest.TempPathFactory) -> CaseRuns:
+    """Each agreement case's runs (sim, vllm-sched, vllm), run once for every test that reads
+    them: the engine's cells cost the most of this file."""
+    done: dict[str, tuple[Path, dict[str, dict]]] = {}
+
+    def runs(case: str) -> tuple[Path, dict[str, dict]]:
+        if case not in done:
+            out = tmp_path_factory.mktemp(case)
+            done[case] = (out, run_all(out, **CASES[case]))
+        return done[case]
+
+    return runs
 
 
 def steps_of(out: Path, row: dict) -> pd.DataFrame:
@@ -239,9 +258,8 @@ def test_engine_args_size_the_kv_space_from_the_budget(tmp_path: Path, device: s
 
 @needs_engine
 @pytest.mark.parametrize("case", list(CASES))
-def test_engine_agrees_with_sim_and_vllm_sched_on_every_step(tmp_path: Path, case: str) -> None:
-    kw = dict(CASES[case])
-    rows = run_all(tmp_path, **kw)
+def test_engine_agrees_with_sim_and_vllm_sched_on_every_step(case_runs: CaseRuns, case: str) -> None:
+    tmp_path, rows = case_runs(case)
     sim = rows["sim"]
     base_steps, base_reqs = steps_of(tmp_path, sim), requests_of(tmp_path, sim)
     for runner in ("vllm-sched", "vllm"):
@@ -317,8 +335,8 @@ def test_engine_hosts_contiguous_reservations_step_for_step(tmp_path: Path, case
 
 
 @needs_engine
-def test_engine_row_holds_measured_steps_and_provenance(tmp_path: Path) -> None:
-    rows = run_all(tmp_path, runners='["vllm"]', **CASES["preempting-batch"])
+def test_engine_row_holds_measured_steps_and_provenance(case_runs: CaseRuns) -> None:
+    tmp_path, rows = case_runs("preempting-batch")  # the agreement case's own engine run
     row = rows["vllm"]
     assert BUILD is not None and row["vllm_version"] == BUILD.label
     steps = steps_of(tmp_path, row)
@@ -333,7 +351,7 @@ def test_engine_row_holds_measured_steps_and_provenance(tmp_path: Path) -> None:
 
 
 @needs_engine
-def test_engine_on_the_measured_clock_times_its_own_steps(tmp_path: Path) -> None:
+def test_engine_on_the_measured_clock_times_its_own_steps(tmp_path: Path, case_runs: CaseRuns) -> None:
     """clock = "measured": dt_s is each step's wall time, arrivals are released against it, and the
     step's work is recorded beside it (what `kvbench calibrate` fits); on batch arrivals the
     schedule is still sim's, step for step."""
@@ -349,9 +367,10 @@ def test_engine_on_the_measured_clock_times_its_own_steps(tmp_path: Path) -> Non
     assert work.notna().all().all() and (steps["scheduled_seqs"] > 0).all()
     assert (steps["attention_pairs"] >= steps["context_tokens"]).all()
     assert 0 < row["ttft_p50_s"] <= row["latency_p50_s"] <= row["latency_p90_s"]
-    sim = run_all(tmp_path / "sim", runners='["sim"]', **CASES["preempting-batch"])["sim"]
+    sim_out, sim_rows = case_runs("preempting-batch")
+    sim_steps = steps_of(sim_out, sim_rows["sim"])
     for column in ("running", "allocated_blocks", "preempted", "scheduled_tokens"):
-        assert steps[column].tolist() == steps_of(tmp_path / "sim", sim)[column].tolist(), column
+        assert steps[column].tolist() == sim_steps[column].tolist(), column
 
 
 # vLLM's CPU build stores an fp8 KV cache only with AVX-512 or AMX ("FP8 KV cache on CPU requires
