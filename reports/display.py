@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -369,11 +370,24 @@ DECOMP_NOTE = (
 NO_BASELINE = "No contiguous policy has an ok run, so there are no ratios."
 
 
-def failure(row: dict[str, Any]) -> str:
-    """'sim/contiguous-max infeasible: …' (without repeating the status when the error starts with it)."""
+def failure(row: dict[str, Any], cell: str | None = None) -> str:
+    """'sim/contiguous-max infeasible: …' (without repeating the status when the error starts with it);
+    ``cell`` names the cell otherwise than runner/policy."""
     error, status = str(row["error"]), str(row["status"])
-    cell = f"{row['runner']}/{row['policy']}"
+    cell = cell or f"{row['runner']}/{row['policy']}"
     return f"{cell} {error}" if error.startswith(status) else f"{cell} {status}: {error}"
+
+
+def throughput_unit(clocks: set[Any]) -> str:
+    """How tokens_per_s reads: per step under the steps clock, else per second of the run's clock."""
+    return "tokens/step" if clocks == {"steps"} else "tokens/s"
+
+
+def amounts(*values: float) -> list[str]:
+    """Counts or rates set side by side in a sentence, alike: one decimal where all are below 1,000,
+    else whole and grouped ('1,441 vs 202', not '1,441 vs 202.4')."""
+    kind = "f1" if all(abs(v) < 1000 for v in values) else "f0"
+    return [fmt(kind, v) for v in values]
 
 
 def format_time(value: float, clock: object = None) -> str:
@@ -479,9 +493,259 @@ def rows(columns: Sequence[Column], table: pd.DataFrame) -> list[list[str]]:
 def cell_columns(table: pd.DataFrame, runners: set[str]) -> list[Column]:
     """The per-cell columns for one group's table; throughput reads 'tokens/step' under the steps clock."""
     cols = visible(CELL_COLUMNS, table, runners)
-    if set(table["clock"]) == {"steps"}:
-        cols = [
-            (k, h.replace("tokens/s", "tokens/step") if k in ("tokens_per_s", "tokens_per_s_x") else h, kind)
-            for k, h, kind in cols
-        ]
-    return cols
+    unit = throughput_unit(set(table["clock"]))
+    return [
+        (k, h.replace("tokens/s", unit) if k in ("tokens_per_s", "tokens_per_s_x") else h, kind) for k, h, kind in cols
+    ]
+
+
+# -- fitting a table to the page ---------------------------------------------------
+#
+# A table wider than a laptop screen scrolls sideways and hides the columns that answer. So each
+# table is laid out for a 1280 px window: key columns whose value is the same in every row are
+# said once above it, and the remaining columns are split into narrower tables at the named sets
+# (then wherever the estimated width runs out), each repeating the key columns. The estimate is
+# deliberately coarse; tests/reports/test_report_browser.py measures the real page in Chromium.
+
+TABLE_PX = 1200  # a table's width budget: a 1280 px window's content (1233 px beside a scroll bar) less a margin
+HEAD_CHAR_PX = 8.8  # a character of a header (bold, 0.85em system-ui)
+BODY_CHAR_PX = 7.4  # a character of a cell (0.85em system-ui, digits and words)
+CELL_PAD_PX = 15  # 7 px of padding either side and a border
+HEADER_CHARS = 9  # headers wrap at spaces where the table is tight: counted at about this many characters
+LONG_TEXT = 28  # a text cell longer than this wraps (html: class "long"), at a minimum width of
+LONG_TEXT_CHARS = 22  # … about this many characters (12em)
+NOTE_CHARS = 29  # a note column's minimum width (td.note: 16em)
+# Headers that only mean something beside the column before them ("peak running on | off").
+GLUED_HEADERS = ("off", "min", "max", "(lowest)", "")
+
+ColumnSet = tuple[str, tuple[str, ...]]  # (title, the keys of the columns it holds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One table of a laid-out section: a title (empty for a section shown whole) and its columns."""
+
+    title: str
+    columns: tuple[Column, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A section's tables: ``fixed`` are (header, value) of the key columns constant over its rows."""
+
+    fixed: tuple[tuple[str, str], ...]
+    parts: tuple[Part, ...]
+
+
+def is_long(kind: str, value: str) -> bool:
+    """A text cell long enough to be allowed to wrap."""
+    return kind in TEXT_KINDS and kind != "note" and len(value) > LONG_TEXT
+
+
+def column_px(column: Column, values: Sequence[str]) -> float:
+    """The estimated width of a column whose cells read ``values``, its header wrapped where it can be."""
+    _, header, kind = column
+    words = [len(w) for w in header.split()] or [0]
+    head = max(max(words), min(len(header), HEADER_CHARS)) * HEAD_CHAR_PX
+    if kind == "note":
+        body = NOTE_CHARS
+    elif any(is_long(kind, v) for v in values):
+        body = LONG_TEXT_CHARS
+    else:
+        body = max((len(v) for v in values), default=0)
+    return max(head, body * BODY_CHAR_PX) + CELL_PAD_PX
+
+
+def layout(
+    columns: Sequence[Column],
+    table: pd.DataFrame,
+    keys: Sequence[str] = (),
+    sets: Sequence[ColumnSet] = (),
+    split: bool = False,
+    once: Sequence[str] = (),
+) -> Layout:
+    """``columns`` of ``table`` as one or more tables that each fit ``TABLE_PX``.
+
+    ``keys`` identify a row: in a table of two or more rows, those with one value throughout go to
+    ``fixed``; the others lead every part. Columns in ``once`` go to ``fixed`` on the same terms but
+    otherwise stay where they are. The remaining columns are split at ``sets`` (always with
+    ``split``, else only when they do not fit together; columns in no set form a last one), and a
+    set that still does not fit is cut where the width runs out (never before a glued header)."""
+    records = table.to_dict("records")
+    text = {c[0]: [fmt(c[2], r.get(c[0]), r) for r in records] for c in columns}
+    fixed: list[tuple[str, str]] = []
+    shown: list[Column] = []
+    for col in columns:
+        values = set(text[col[0]])
+        if (col[0] in keys or col[0] in once) and len(records) > 1 and len(values) == 1:
+            value = values.pop()
+            if value != "-":  # a missing value said once says nothing
+                fixed.append((col[1] or col[0], value))
+            continue
+        shown.append(col)
+    lead = [c for c in shown if c[0] in keys]
+    rest = [c for c in shown if c[0] not in keys]
+    px = {c[0]: column_px(c, text[c[0]]) for c in shown}
+    room = TABLE_PX - sum(px[c[0]] for c in lead)
+    named = {k for _, members in sets for k in members}
+    groups = [(title, [c for c in rest if c[0] in members]) for title, members in sets]
+    groups.append(("", [c for c in rest if c[0] not in named]))
+    groups = [(title, cols) for title, cols in groups if cols]
+    if not split and sum(px[c[0]] for c in rest) <= room:
+        groups = [("", rest)]
+    parts: list[Part] = []
+    for title, cols in groups:
+        chunk: list[Column] = []
+        used = 0.0
+        for col in cols:
+            if chunk and used + px[col[0]] > room and col[1] not in GLUED_HEADERS:
+                parts.append(Part(title, (*lead, *chunk)))
+                chunk, used = [], 0.0
+            chunk.append(col)
+            used += px[col[0]]
+        parts.append(Part(title, (*lead, *chunk)))
+    return Layout(tuple(fixed), tuple(parts) or (Part("", tuple(lead)),))
+
+
+def fixed_text(fixed: Sequence[tuple[str, str]]) -> str:
+    """'Every row: runner sim · status ok' (empty when nothing is fixed)."""
+    return "Every row: " + " · ".join(f"{h} {v}" for h, v in fixed) + "." if fixed else ""
+
+
+CELL_TABLE_KEYS: tuple[str, ...] = ("runner", "policy", "block_size", *VARYING_ONLY, "status")
+CONCURRENCY_KEYS: tuple[str, ...] = (
+    "mean_running",
+    "peak_running",
+    "preemptions",
+    "tokens_per_s",
+    "wall_tokens_per_s",
+    "mean_running_x",
+    "peak_running_x",
+    "tokens_per_s_x",
+    "repeats",
+)
+MEMORY_KEYS: tuple[str, ...] = ("token_states_frac", "reservation_frac", "internal_frag_frac", "external_frag_frac")
+LATENCY_KEYS: tuple[str, ...] = ("ttft_p50_s", "latency_p50_s", "latency_p90_s")
+
+
+def cell_sets(columns: Sequence[Column]) -> tuple[ColumnSet, ...]:
+    """A group's cell table in two: concurrency and throughput (the answer), then memory and latency
+    (titled by which of the two its columns hold)."""
+    shown = {k for k, _, _ in columns}
+    words = [
+        w
+        for w, keys in (("Memory (share of the KV budget)", MEMORY_KEYS), ("latency", LATENCY_KEYS))
+        if shown & set(keys)
+    ]
+    rest = " and ".join(words)
+    return (("Concurrency and throughput", CONCURRENCY_KEYS), (rest[:1].upper() + rest[1:], MEMORY_KEYS + LATENCY_KEYS))
+
+
+GEOMEAN_KEYS: tuple[str, ...] = ("runner", "policy", "block_size", *VARYING_ONLY)
+DECOMP_KEYS: tuple[str, ...] = ("workload_id", "kv_dtype", "budget_bytes", "block_size", "baseline", "metric")
+DECOMP_ONCE: tuple[str, ...] = ("torch_contiguous_unit", "vllm_contiguous_unit")
+DECOMP_SETS: tuple[ColumnSet, ...] = (
+    ("Factors", ("naive", "allocation", "vllm_allocation", "allocation_gap", "runtime", "serving", "sim_allocation")),
+    (
+        "The runs' values",
+        (
+            "torch_contiguous",
+            "torch_paged",
+            "vllm_contiguous",
+            "vllm_paged",
+            "serve_paged",
+            "vllm_sched_paged",
+            "torch_contiguous_unit",
+            "vllm_contiguous_unit",
+        ),
+    ),
+    (
+        "Preemptions",
+        (
+            "sim_paged_preemptions",
+            "sim_contiguous_preemptions",
+            "vllm_sched_paged_preemptions",
+            "vllm_contiguous_preemptions",
+            "serve_paged_preemptions",
+        ),
+    ),
+)
+HYBRID_KEYS: tuple[str, ...] = ("model", "workload", "runner", "policy", "budget_bytes")
+HYBRID_SETS: tuple[ColumnSet, ...] = (
+    (
+        "Running, preemptions and throughput",
+        (
+            "peak_running_on",
+            "peak_running_off",
+            "mean_running_on",
+            "mean_running_off",
+            "preemptions_on",
+            "preemptions_off",
+            "tokens_per_s_ratio",
+            "contiguous",
+            "paging_on",
+            "paging_off",
+        ),
+    ),
+    ("KV cache groups and their waste", ("kv_groups_on", "waste_on", "waste_off")),
+)
+PREDICTION_KEYS: tuple[str, ...] = ("workload", "policy", "engine")
+PREDICTION_SETS: tuple[ColumnSet, ...] = (
+    (
+        "Total and per-step time",
+        (
+            "repeats",
+            "measured_total_s",
+            "measured_min_s",
+            "measured_max_s",
+            "predicted_total_s",
+            "total_err",
+            "step_median_err",
+            "step_p90_err",
+            "step_sum_err",
+            "disturbed_frac",
+        ),
+    ),
+    ("Latency", ("ttft_p50_s_err", "ttft_p90_s_err", "latency_p50_s_err", "latency_p90_s_err")),
+)
+REFERENCE_KEYS: tuple[str, ...] = ("item", "policy", "block_size", "metric")
+CAPACITY_KEYS: tuple[str, ...] = ("setup", "family_label", "runner", "policy", "block_size")
+PREFIX_REUSE_KEYS: tuple[str, ...] = ("workload", "runner", "block_size", "budget_bytes")
+PREFIX_REUSE_SETS: tuple[ColumnSet, ...] = (
+    (
+        "Reuse",
+        (
+            "prefix_hit_rate",
+            "session_hit_rate_mean",
+            "session_hit_rate_min",
+            "recomputed_hit_tokens",
+            "evictions",
+            "reuse_distance_p50_s",
+        ),
+    ),
+    (
+        "Throughput against the budget",
+        ("tokens_per_s", "prefix_over_paged", "contiguous_budget_bytes", "contiguous_note"),
+    ),
+)
+SERVE_CHECK_KEYS: tuple[str, ...] = ("workload", "policy", "block_size")
+SERVE_CHECK_SETS: tuple[ColumnSet, ...] = (
+    (
+        "Scrapes against the steps",
+        (
+            "scrapes",
+            "idle_scrapes",
+            "blocks_exact",
+            "blocks_agree_frac",
+            "blocks_max_diff",
+            "running_agree_frac",
+            "waiting_agree_frac",
+            "verdict",
+        ),
+    ),
+    (
+        "Preemptions",
+        ("preemptions_steps", "preemptions_metrics", "preemptions_run", "preemptions_lag_max", "note"),
+    ),
+)
+CLOCK_KEYS: tuple[str, ...] = ("runner", "clock")

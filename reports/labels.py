@@ -249,6 +249,40 @@ def group_label(row: Mapping[str, Any]) -> str:
     return text + "; " + ", ".join(e for e in extras if e)
 
 
+def group_title(row: Mapping[str, Any]) -> str:
+    """A comparison group in a few words: 'opt-13b / sharegpt (ee9db82e) at 12.0 GiB' (', 4 req/s' where
+    its requests arrive at a rate: the groups of a rate sweep differ by it)."""
+    budget = row.get("budget_bytes")
+    shown = format_bytes(budget) if budget is not None and budget == budget else "-"
+    rate = row.get("rate")
+    at = f", {rate:g} req/s" if isinstance(rate, (int, float)) and rate == rate else ""
+    return f"{row.get('model')} / {workload_tag(row)} at {shown}{at}"
+
+
+def group_titles(cells: pd.DataFrame) -> dict[int, str]:
+    """``group_title`` per group number of a ``tables.summary`` frame, with the KV precision,
+    max_model_len or scheduler settings added where two groups would otherwise read the same."""
+    firsts = cells.drop_duplicates("group").to_dict("records") if len(cells) else []
+    titles = {int(r["group"]): group_title(r) for r in firsts}
+    for title in {t for t in titles.values() if list(titles.values()).count(t) > 1}:
+        same = [r for r in firsts if titles[int(r["group"])] == title]
+        settings = {int(r["group"]): scheduler_settings(r.get("scheduler")) for r in same}
+        for r in same:
+            extra = [
+                f"{label} {r.get(col)}"
+                for col, label in (("kv_dtype", "KV"), ("max_model_len", "max_model_len"))
+                if len({str(s.get(col)) for s in same}) > 1
+            ]
+            mine = settings[int(r["group"])]
+            extra += [
+                f"{k} {mine.get(k)}"
+                for k in sorted({k for s in settings.values() for k in s})
+                if len({str(s.get(k)) for s in settings.values()}) > 1
+            ]
+            titles[int(r["group"])] = title + (f", {', '.join(extra)}" if extra else "")
+    return titles
+
+
 def time_axis_label(clock: Any) -> str:
     if clock == "steps":
         return "scheduler step (steps clock: 1 step = 1 s)"

@@ -15,6 +15,8 @@ from . import display
 from .contents import ReportTables
 from .display import Column
 from .figures import Plot
+from .findings import FINDINGS_NOTE, NO_FINDINGS, Finding, findings
+from .labels import group_titles
 
 
 def table(columns: Sequence[Column], frame: pd.DataFrame) -> list[str]:
@@ -45,7 +47,39 @@ def provenance(runs: pd.DataFrame) -> str:
     )
 
 
+def laid_out(
+    columns: Sequence[Column],
+    frame: pd.DataFrame,
+    keys: Sequence[str] = (),
+    sets: Sequence[display.ColumnSet] = (),
+    split: bool = False,
+    once: Sequence[str] = (),
+) -> list[str]:
+    """A section's table as ``display.layout`` fits it to the page (the same parts as index.html)."""
+    lay = display.layout(columns, frame, keys, sets, split, once)
+    out = [display.fixed_text(lay.fixed), ""] if lay.fixed else []
+    for part in lay.parts:
+        out += ([f"*{part.title}*", ""] if part.title else []) + table(part.columns, frame) + [""]
+    return out
+
+
+def findings_section(found: Sequence[Finding]) -> list[str]:
+    items = [f"- **Group {f.group + 1} · {f.title}.** {' '.join(f.sentences)}" for f in found]
+    return ["## Findings", "", FINDINGS_NOTE, "", *(items or [NO_FINDINGS]), ""]
+
+
+def figures_section(plots: Sequence[Plot]) -> list[str]:
+    if not plots:
+        return []
+    out = ["## Figures", "", "In `report/` next to this file (open `index.html`):", ""]
+    out += [
+        f"- `{p.stem}.png` — {p.title}" if p.figure is not None else f"- {p.title}: not drawn — {p.note}" for p in plots
+    ]
+    return [*out, ""]
+
+
 def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ()) -> str:
+    """summary.md, led as index.html is: title, warnings, findings, figures, then the tables."""
     cells = tables.cells
     runners = set(runs["runner"])
     suites = ", ".join(sorted({str(s) for s in runs["suite"].dropna()})) or "?"
@@ -59,6 +93,8 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     ]
     for w in tables.warnings:
         out += warning(w)
+    out += findings_section(findings(tables))
+    out += figures_section(plots)
     base = tables.baseline
     out += [
         display.GROUPS_NOTE
@@ -66,16 +102,19 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
         + (f"Ratios (×) are to **{base}** of the same runner in the same group." if base else display.NO_BASELINE),
         "",
     ]
+    titles = group_titles(cells)
     for g, sub in cells.groupby("group", sort=True):
-        out += [f"## Group {g + 1}: {sub['group_label'].iloc[0]}", ""]
-        out += table(display.cell_columns(sub, runners), sub)
+        out += [f"## Group {g + 1}: {titles[int(g)]}", "", str(sub["group_label"].iloc[0]), ""]
+        columns = display.cell_columns(sub, runners)
+        out += laid_out(columns, sub, display.CELL_TABLE_KEYS, display.cell_sets(columns), True)
         errors = [f"- {display.failure(r)}" for r in sub.to_dict("records") if r["status"] != OK and r["error"]]
-        out += ([""] + errors if errors else []) + [""]
+        out += errors + [""] if errors else []
     if len(tables.geomean) and n_groups > 1:
         out += [f"## Across all {n_groups} groups: geometric mean of the ratios to {base}", ""]
-        out += table(display.visible(display.GEOMEAN_COLUMNS, tables.geomean, runners), tables.geomean)
+        out += laid_out(
+            display.visible(display.GEOMEAN_COLUMNS, tables.geomean, runners), tables.geomean, display.GEOMEAN_KEYS
+        )
         out += [
-            "",
             "The geometric mean, not the arithmetic mean: 2× in one group and 0.5× in another average to 1×. "
             "`groups` counts the groups where the ratio exists.",
             "",
@@ -84,52 +123,55 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
     if len(decomp):
         out += ["## Decomposition: naive = allocation × runtime", "", display.DECOMP_NOTE, ""]
         out += [tables.decomposition_gap, ""]
-        out += table(display.decomp_columns(decomp, runners), decomp) + [""]
+        out += laid_out(
+            display.decomp_columns(decomp, runners),
+            decomp,
+            display.DECOMP_KEYS,
+            display.DECOMP_SETS,
+            once=display.DECOMP_ONCE,
+        )
     if len(tables.prediction):
         out += ["## Predicted vs measured", "", display.PREDICTION_NOTE, ""]
-        out += table(display.PREDICTION_COLUMNS, tables.prediction) + [""]
+        out += laid_out(display.PREDICTION_COLUMNS, tables.prediction, display.PREDICTION_KEYS, display.PREDICTION_SETS)
         if tables.drift is not None:
             out += [display.DRIFT_NOTE, ""]
-            out += table(display.DRIFT_ROUND_COLUMNS, tables.drift.rounds) + [""]
-            out += table(display.DRIFT_WORKLOAD_COLUMNS, tables.drift.workloads) + [""]
+            out += laid_out(display.DRIFT_ROUND_COLUMNS, tables.drift.rounds)
+            out += laid_out(display.DRIFT_WORKLOAD_COLUMNS, tables.drift.workloads)
     if tables.reference is not None:
         out += ["## Published vs reproduced", ""]
-        out += table(display.REFERENCE_COLUMNS, tables.reference) + [""]
+        out += laid_out(display.REFERENCE_COLUMNS, tables.reference, display.REFERENCE_KEYS)
     if len(tables.capacity):
         out += ["## Capacity at the SLO", "", display.capacity_note(tables.capacity), ""]
-        out += table(display.with_setup(display.CAPACITY_COLUMNS, tables.capacity), tables.capacity) + [""]
-        if len(tables.capacity_ratios):
-            out += table(
-                display.with_setup(display.CAPACITY_RATIO_COLUMNS, tables.capacity_ratios), tables.capacity_ratios
-            ) + [""]
-        if len(tables.capacity_published):
-            out += table(
-                display.with_setup(display.CAPACITY_PUBLISHED_COLUMNS, tables.capacity_published),
-                tables.capacity_published,
-            ) + [""]
+        for frame, spec in (
+            (tables.capacity, display.CAPACITY_COLUMNS),
+            (tables.capacity_ratios, display.CAPACITY_RATIO_COLUMNS),
+            (tables.capacity_published, display.CAPACITY_PUBLISHED_COLUMNS),
+        ):
+            if len(frame):
+                out += laid_out(display.with_setup(spec, frame), frame, display.CAPACITY_KEYS)
         if len(tables.goodput):
             out += ["### Goodput per run", "", display.GOODPUT_NOTE, ""]
-            out += table(display.GOODPUT_COLUMNS, tables.goodput) + [""]
+            out += laid_out(display.GOODPUT_COLUMNS, tables.goodput, display.CAPACITY_KEYS)
     if len(tables.prefix_reuse):
         out += ["## Prefix reuse against KV budget", "", display.PREFIX_REUSE_NOTE, ""]
-        out += table(display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse) + [""]
+        out += laid_out(
+            display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse, display.PREFIX_REUSE_KEYS, display.PREFIX_REUSE_SETS
+        )
     if len(tables.hybrid):
         out += ["## Hybrid KV cache manager", "", display.HYBRID_NOTE, ""]
-        out += table(display.HYBRID_COLUMNS, tables.hybrid) + [""]
+        out += laid_out(display.HYBRID_COLUMNS, tables.hybrid, display.HYBRID_KEYS, display.HYBRID_SETS)
     if len(tables.serve_check):
         out += ["## Server: steps against /metrics", "", display.SERVE_CHECK_NOTE, ""]
-        out += table(display.visible(display.SERVE_CHECK_COLUMNS, tables.serve_check, runners), tables.serve_check)
-        out += ["", *(f"- **{name}**: {text}" for name, text in display.SERVE_CHECK_DEFINITIONS), ""]
+        out += laid_out(
+            display.visible(display.SERVE_CHECK_COLUMNS, tables.serve_check, runners),
+            tables.serve_check,
+            display.SERVE_CHECK_KEYS,
+            display.SERVE_CHECK_SETS,
+        )
+        out += [*(f"- **{name}**: {text}" for name, text in display.SERVE_CHECK_DEFINITIONS), ""]
     if len(tables.clocks):
         out += ["## Clocks", "", display.CLOCKS_NOTE, ""]
-        out += table(display.CLOCK_COLUMNS, tables.clocks) + [""]
-    if plots:
-        out += ["## Figures", "", "In `report/` next to this file (open `index.html`):", ""]
-        for p in plots:
-            out.append(
-                f"- `{p.stem}.png` — {p.title}" if p.figure is not None else f"- {p.title}: not drawn — {p.note}"
-            )
-        out.append("")
+        out += laid_out(display.CLOCK_COLUMNS, tables.clocks, display.CLOCK_KEYS)
     out += ["<details><summary>Column definitions</summary>", ""]
     out += [f"- **{name}**: {text}" for name, text in display.GLOSSARY]
     out += ["", "</details>", ""]

@@ -108,6 +108,7 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
         row = dict(zip(keys, key))
         row.update(
             workload=first["workload"],
+            workload_name=first.get("workload_name"),  # the suite's name for it: findings and titles say it
             family=first["family"],
             family_label=first["family_label"],
             rate=first.get("rate"),

@@ -220,8 +220,10 @@ def test_the_report_shows_the_check(tmp_path: Path) -> None:
     page = write_report(out).read_text()
     md = (out / "report" / "summary.md").read_text()
     assert f"<h2>{SECTION}</h2>" in page and f"## {SECTION}" in md
-    line = next(ln for ln in md.splitlines() if ln.startswith("| fixed prompt"))
-    assert "| paged | 16 | 4 | 1 | 3 | 100.0 | 0 | 100.0 | 100.0 | 1 | 1 | 1 | 1 | agree |" in line
+    # two tables, each led by the run's workload, policy and block: the scrapes, then the preemption totals
+    scrapes, preemptions = [ln for ln in md.splitlines() if ln.startswith("| fixed prompt")]
+    assert "| paged | 16 | 4 | 1 | 3 | 100.0 | 0 | 100.0 | 100.0 | agree |" in scrapes
+    assert "| paged | 16 | 1 | 1 | 1 | 1 | every scrape (4) reads the state after the step before it |" in preemptions
 
 
 def test_the_report_says_why_an_attached_run_has_no_allocation(tmp_path: Path) -> None:
