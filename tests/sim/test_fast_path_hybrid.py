@@ -151,48 +151,40 @@ def test_fast_path_with_prefix_caching_on_kv_cache_groups_is_the_reference_byte_
     assert all(r["prefix_hit_rate"] > 0.3 for r in rows)
 
 
-CONVERSATIONS = """
-name = "fast-hybrid-conversations"
-[model]
-preset = "gpt-oss-20b"
-kv_dtype = "bf16"
-hybrid_kv = {hybrid}
-[memory]
-kv_budget = "{budget}"
-max_model_len = 2048
-[workload]
-source = "sessions"
-num_sessions = 24
-turns = 6
-think_time_s = 0.5
-lengths = "uniform"
-prompt_min = 50
-prompt_max = 300
-message_min = 10
-message_max = 100
-output_min = 20
-output_max = 200
-arrival = "poisson"
-rate = 4.0
-seed = 7
-[scheduler]
-max_num_seqs = 32
-max_num_batched_tokens = 256
-clock = "roofline"
-[grid]
-runner = ["sim"]
-policy = ["paged-prefix"]
-block_size = [16]
-"""
+def conversations(hybrid: bool, budget: str) -> str:
+    """Multi-turn sessions of uniform lengths on gpt-oss-20b, ``paged-prefix`` on sim."""
+    return suite_toml(
+        "fast-hybrid-conversations",
+        model={"preset": "gpt-oss-20b", "kv_dtype": "bf16", "hybrid_kv": hybrid},
+        memory={"kv_budget": budget, "max_model_len": 2048},
+        workload={
+            "source": "sessions",
+            "num_sessions": 24,
+            "turns": 6,
+            "think_time_s": 0.5,
+            "lengths": "uniform",
+            "prompt_min": 50,
+            "prompt_max": 300,
+            "message_min": 10,
+            "message_max": 100,
+            "output_min": 20,
+            "output_max": 200,
+            "arrival": "poisson",
+            "rate": 4.0,
+            "seed": 7,
+        },
+        scheduler={"max_num_seqs": 32, "max_num_batched_tokens": 256, "clock": "roofline"},
+        grid={"runner": ["sim"], "policy": ["paged-prefix"], "block_size": [16]},
+    )
 
 
-@pytest.mark.parametrize(("hybrid", "budget"), [("true", "512MiB"), ("false", "400MiB")])
+@pytest.mark.parametrize(("hybrid", "budget"), [(True, "512MiB"), (False, "400MiB")])
 def test_fast_path_with_prefix_caching_on_conversations_is_the_reference_byte_for_byte(
-    tmp_path: Path, hybrid: str, budget: str
+    tmp_path: Path, hybrid: bool, budget: str
 ) -> None:
     """Conversations over the groups: a turn arrives when the one before it finishes (inside a
     stretch) and hits that turn's blocks."""
-    a, b, cell = _run_both(tmp_path, CONVERSATIONS.format(hybrid=hybrid, budget=budget))
+    a, b, cell = _run_both(tmp_path, conversations(hybrid, budget))
     assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
     for table in ("steps", "requests", "kv_groups"):
         assert _part(tmp_path / "fast", table, cell.run_id) == _part(tmp_path / "ref", table, cell.run_id), table
