@@ -17,7 +17,7 @@ import pandas as pd
 from ..harness.errors import storage_error
 from ..harness.records.atomic import temp_folder
 from ..harness.records.schema import OK
-from . import display, markdown
+from . import display, layout, markdown
 from .contents import ReportTables, report_tables
 from .display import Column
 from .figures import Plot, all_plots
@@ -84,7 +84,7 @@ def table(columns: Sequence[Column], frame: pd.DataFrame, caption: str = "") -> 
     body = []
     for row in display.rows(columns, frame):
         tds = "".join(
-            f'<td class="{CELL_CLASS.get(kind, "num")}{" long" if display.is_long(kind, v) else ""}">{_e(v)}</td>'
+            f'<td class="{CELL_CLASS.get(kind, "num")}{" long" if layout.is_long(kind, v) else ""}">{_e(v)}</td>'
             for v, (_, _, kind) in zip(row, columns)
         )
         body.append(f"<tr>{tds}</tr>")
@@ -100,9 +100,9 @@ def laid_out(
     split: bool = False,
     once: Sequence[str] = (),
 ) -> list[str]:
-    """A section's table as ``display.layout`` fits it to the page: what every row shares, then its parts."""
-    lay = display.layout(columns, frame, keys, sets, split, once)
-    fixed = [f'<p class="fixed">{_e(display.fixed_text(lay.fixed))}</p>'] if lay.fixed else []
+    """A section's table as ``layout.layout`` fits it to the page: what every row shares, then its parts."""
+    lay = layout.layout(columns, frame, keys, sets, split, once)
+    fixed = [f'<p class="fixed">{_e(layout.fixed_text(lay.fixed))}</p>'] if lay.fixed else []
     return fixed + [table(p.columns, frame, p.title) for p in lay.parts]
 
 
@@ -152,7 +152,7 @@ def figures_section(plots: Sequence[Plot], pngs: dict[str, bytes]) -> list[str]:
 
 
 def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs: dict[str, bytes]) -> str:
-    """The page: title, warnings, findings, figures, then the tables (display.layout fits each to the page)."""
+    """The page: title, warnings, findings, figures, then the tables (layout.layout fits each to the page)."""
     cells, runners = tables.cells, set(runs["runner"])
     suites = ", ".join(sorted({str(s) for s in runs["suite"].dropna()})) or "?"
     parts = [

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..harness.records.schema import OK
-from . import display
+from . import display, layout
 from .contents import ReportTables
 from .display import Column
 from .figures import Plot
@@ -55,9 +55,9 @@ def laid_out(
     split: bool = False,
     once: Sequence[str] = (),
 ) -> list[str]:
-    """A section's table as ``display.layout`` fits it to the page (the same parts as index.html)."""
-    lay = display.layout(columns, frame, keys, sets, split, once)
-    out = [display.fixed_text(lay.fixed), ""] if lay.fixed else []
+    """A section's table as ``layout.layout`` fits it to the page (the same parts as index.html)."""
+    lay = layout.layout(columns, frame, keys, sets, split, once)
+    out = [layout.fixed_text(lay.fixed), ""] if lay.fixed else []
     for part in lay.parts:
         out += ([f"*{part.title}*", ""] if part.title else []) + table(part.columns, frame) + [""]
     return out
