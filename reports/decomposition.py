@@ -25,7 +25,7 @@ import pandas as pd
 from ..harness.records.schema import OK
 from ..harness.spec.capabilities import MEASURING_RUNNERS, is_contiguous
 from .labels import workload_tag
-from .tables import mismatches
+from .tables import mismatches, ratio_of
 
 KEYS: tuple[str, ...] = ("workload_id", "kv_dtype", "budget_bytes")
 THROUGHPUT: tuple[str, ...] = ("tokens_per_s", "wall_tokens_per_s")
@@ -94,12 +94,6 @@ def _value(records: list[dict[str, Any]], runner: str, policy: str, block_size: 
         if _ok(r, runner, policy, block_size) and r.get(metric) is not None and r[metric] == r[metric]
     ]
     return float(statistics.median(values)) if values else math.nan
-
-
-def _ratio(num: float, den: float) -> float:
-    if not (math.isfinite(num) and math.isfinite(den)) or den == 0:
-        return math.nan
-    return num / den
 
 
 def contiguous_block(records: list[dict[str, Any]], runner: str, policy: str, paged_block: int | None) -> int | None:
@@ -196,8 +190,8 @@ def _row(
 
     torch_c, torch_p = contiguous("torch"), paged("torch")
     vllm_c, vllm_p = contiguous("vllm"), paged("vllm")
-    allocation, vllm_allocation = _ratio(torch_p, torch_c), _ratio(vllm_p, vllm_c)
-    runtime = _ratio(vllm_p, torch_p)
+    allocation, vllm_allocation = ratio_of(torch_p, torch_c), ratio_of(vllm_p, vllm_c)
+    runtime = ratio_of(vllm_p, torch_p)
     capacity = metric in CAPACITY  # sim's and vllm-sched's throughput is a clock's, not a runtime's
     sim_c = contiguous("sim") if capacity else math.nan
     sim_p = paged("sim") if capacity else math.nan
@@ -213,11 +207,11 @@ def _row(
         "naive": allocation * runtime,
         "allocation": allocation,
         "vllm_allocation": vllm_allocation,
-        "allocation_gap": _ratio(vllm_allocation, allocation),
+        "allocation_gap": ratio_of(vllm_allocation, allocation),
         "runtime": runtime,
         "sim_contiguous": sim_c,
         "sim_paged": sim_p,
-        "sim_allocation": _ratio(sim_p, sim_c),
+        "sim_allocation": ratio_of(sim_p, sim_c),
         "vllm_sched_paged": paged("vllm-sched") if capacity else math.nan,
         "sim_contiguous_preemptions": contiguous("sim", "preemptions"),
         "sim_paged_preemptions": paged("sim", "preemptions"),
@@ -227,7 +221,7 @@ def _row(
         "vllm_contiguous_preemptions": contiguous("vllm", "preemptions"),
         "vllm_paged_preemptions": paged("vllm", "preemptions"),
         "serve_paged": paged("serve"),
-        "serving": _ratio(paged("serve"), vllm_p),
+        "serving": ratio_of(paged("serve"), vllm_p),
         "serve_paged_preemptions": paged("serve", "preemptions"),
     }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,12 +30,23 @@ def first_groups(cells: pd.DataFrame) -> tuple[list[tuple[int, pd.DataFrame]], i
     return groups[:MAX_GROUP_PANELS], max(0, len(groups) - MAX_GROUP_PANELS)
 
 
+def block_rank(block_size: Any) -> tuple[float, float]:
+    """How near a block size is to ``PREFERRED_BLOCK`` (by factors of two; the smaller first on a tie)."""
+    b = float(block_size) if block_size is not None and block_size == block_size else 1.0
+    return abs(float(np.log2(max(b, 1.0))) - float(np.log2(PREFERRED_BLOCK))), b
+
+
+def preferred_block(blocks: Sequence[Any]) -> int | None:
+    """Of ``blocks``, the one a figure or a sentence speaks of (``block_rank``); None for none."""
+    sizes = {int(b) for b in blocks if b is not None and b == b}
+    return min(sizes, key=block_rank) if sizes else None
+
+
 def one_block_size(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per (group, runner, policy), only the block size nearest ``PREFERRED_BLOCK`` (the smaller on a tie)."""
+    """Per (group, runner, policy), only the block size nearest ``PREFERRED_BLOCK`` (``block_rank``)."""
     if cells.empty:
         return cells
-    dist = (np.log2(cells["block_size"].clip(lower=1).astype(float)) - np.log2(PREFERRED_BLOCK)).abs()
-    ranked = cells.assign(_d=dist).sort_values(["_d", "block_size"], kind="stable")
+    ranked = cells.assign(_d=cells["block_size"].map(block_rank)).sort_values("_d", kind="stable")
     keep = ranked.drop_duplicates(["group", "runner", "policy"]).index
     return cells.loc[cells.index.isin(keep)]
 
@@ -316,7 +327,7 @@ def readable_lines(
         for line in lines:
             key = (_context_of(line, axis.column), _cell_part(line))
             held = best.get(key)
-            if held is None or _block_rank(line.iloc[0]["block_size"]) < _block_rank(held.iloc[0]["block_size"]):
+            if held is None or block_rank(line.iloc[0]["block_size"]) < block_rank(held.iloc[0]["block_size"]):
                 best[key] = line
         chosen = {id(b) for b in best.values()}
         lines = [line for line in lines if id(line) in chosen]
@@ -331,11 +342,6 @@ def readable_lines(
         shown += ctx
         kept += 1
     return Readable(shown, len(lines) - len(shown), len(contexts) - kept)
-
-
-def _block_rank(block_size: Any) -> tuple[float, float]:
-    b = float(block_size) if block_size is not None and block_size == block_size else 1.0
-    return abs(float(np.log2(max(b, 1.0))) - float(np.log2(PREFERRED_BLOCK))), b
 
 
 def _context_of(line: pd.DataFrame, axis: str) -> str:

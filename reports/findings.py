@@ -11,7 +11,6 @@ the renderers (html.py, markdown.py) only lay the sentences out.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -21,11 +20,11 @@ from ..harness.records.schema import OK
 from ..harness.spec.capabilities import is_contiguous
 from .contents import ReportTables
 from .display import amounts, failure, fmt, throughput_unit
+from .figdata import preferred_block
 from .labels import cell_label, group_titles
-from .tables import POLICY_ORDER
+from .tables import finite, policy_rank, ratio_of
 
 PAGED = "paged"
-PREFERRED_BLOCK = 16  # vLLM's default block size: the paged cell a sentence speaks of where several ran
 SIDE_KEYS: tuple[str, ...] = ("runner", "device", "hybrid_kv")  # ratios are within one of each
 FAILURES_NAMED = 3  # cells not ok named one by one; beyond, counted
 FINDINGS_NOTE = (
@@ -68,25 +67,6 @@ def findings(tables: ReportTables) -> list[Finding]:
 # -- paged against contiguous ------------------------------------------------------------
 
 
-def _finite(value: Any) -> bool:
-    try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
-def _ratio(num: Any, den: Any) -> float:
-    if not (_finite(num) and _finite(den)) or float(den) == 0:
-        return math.nan
-    return float(num) / float(den)
-
-
-def preferred_block(blocks: Sequence[Any]) -> int | None:
-    """The block size a sentence speaks of: 16 where it ran, else the nearest (the smaller on a tie)."""
-    sizes = sorted({int(b) for b in blocks if _finite(b)})
-    return min(sizes, key=lambda b: (abs(b - PREFERRED_BLOCK), b)) if sizes else None
-
-
 def _joined(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
@@ -95,7 +75,7 @@ def _baselines(contiguous: pd.DataFrame, block: Any) -> list[dict[str, Any]]:
     """Per contiguous policy, in the tables' order, the cell reserving whole blocks of ``block``
     where one ran, else token positions (as the decomposition pairs them)."""
     out = []
-    for policy in sorted(set(contiguous["policy"]), key=lambda p: (POLICY_ORDER + (p,)).index(p)):
+    for policy in sorted(set(contiguous["policy"]), key=policy_rank):
         cells = contiguous[contiguous["policy"] == policy]
         same = cells[cells["block_size"] == block]
         positions = cells[cells["block_size"] == 1]
@@ -109,16 +89,16 @@ def _against(paged: dict[str, Any], base: dict[str, Any], unit: str, first: bool
     (and without the policy, which the sentence names first)."""
     of = f" of {base['policy']}" if first else ""
     clauses = []
-    mean = _ratio(paged["mean_running"], base["mean_running"])
-    if _finite(mean):
+    mean = ratio_of(paged["mean_running"], base["mean_running"])
+    if finite(mean):
         mine, theirs = amounts(paged["mean_running"], base["mean_running"])
         numbers = f"{mine} vs {theirs}" if first else f"vs {theirs}"
-        if _finite(paged["peak_running"]) and _finite(base["peak_running"]):
+        if finite(paged["peak_running"]) and finite(base["peak_running"]):
             peak = fmt("int", base["peak_running"])
             numbers += f"; peak {fmt('int', paged['peak_running'])} vs {peak}" if first else f"; peak vs {peak}"
         clauses.append(f"{fmt('ratio', mean)} the mean concurrency{of} ({numbers})")
-    rate = _ratio(paged["tokens_per_s"], base["tokens_per_s"])
-    if _finite(rate):
+    rate = ratio_of(paged["tokens_per_s"], base["tokens_per_s"])
+    if finite(rate):
         mine, theirs = amounts(paged["tokens_per_s"], base["tokens_per_s"])
         numbers = f"{mine} vs {theirs}" if first else f"vs {theirs}"
         what = "its throughput" if clauses and first else f"the throughput{of}"
@@ -148,8 +128,10 @@ def _side_sentences(side: pd.DataFrame, unit: str) -> list[str]:
 
 def _block_span(paged: pd.DataFrame, base: dict[str, Any]) -> list[str]:
     """Where paged ran at several block sizes: the range of its mean-concurrency ratio to ``base``."""
-    ratios = [(int(r["block_size"]), _ratio(r["mean_running"], base["mean_running"])) for r in paged.to_dict("records")]
-    ratios = sorted((b, x) for b, x in ratios if _finite(x))
+    ratios = [
+        (int(r["block_size"]), ratio_of(r["mean_running"], base["mean_running"])) for r in paged.to_dict("records")
+    ]
+    ratios = sorted((b, x) for b, x in ratios if finite(x))
     if len(ratios) < 2:
         return []
     lo, hi = min(x for _, x in ratios), max(x for _, x in ratios)
@@ -218,14 +200,14 @@ def decomposition_sentences(sub: pd.DataFrame, decomp: pd.DataFrame) -> list[str
         & (decomp["budget_bytes"] == first["budget_bytes"])
         & decomp["models"].map(lambda m: str(first["model"]) in str(m).split(", "))
     ]
-    rows = rows[rows[["naive", "allocation", "runtime"]].map(_finite).all(axis=1)] if len(rows) else rows
+    rows = rows[rows[["naive", "allocation", "runtime"]].map(finite).all(axis=1)] if len(rows) else rows
     if rows.empty:
         return []
     metric = next(m for m in ("wall_tokens_per_s", "tokens_per_s", *rows["metric"]) if (rows["metric"] == m).any())
     rows = rows[rows["metric"] == metric]
     block = preferred_block(list(rows["block_size"]))
     rows = rows[rows["block_size"] == block] if block is not None else rows
-    rows = rows.assign(_o=rows["baseline"].map(lambda p: (POLICY_ORDER + (p,)).index(p))).sort_values("_o")
+    rows = rows.assign(_o=rows["baseline"].map(policy_rank)).sort_values("_o")
     unit = throughput_unit(set(sub["clock"]))
     parts = [
         f"{r['baseline']}{' is' if i == 0 else ','} "
@@ -239,7 +221,7 @@ def decomposition_sentences(sub: pd.DataFrame, decomp: pd.DataFrame) -> list[str
     ]
     where = f" (block {block})" if block is not None else ""
     out = [f"In {_words(metric, unit)}{where}, vllm/paged over torch/{'; over torch/'.join(parts)}."]
-    inside = [r for r in rows.to_dict("records") if _finite(r["vllm_allocation"])]
+    inside = [r for r in rows.to_dict("records") if finite(r["vllm_allocation"])]
     if inside:
         each = [f"{fmt('ratio', r['vllm_allocation'])} against {r['baseline']}" for r in inside]
         out.append(f"Inside vLLM alone (vllm/paged over vllm/contiguous), allocation gives {_joined(each)}.")
@@ -272,11 +254,11 @@ def hybrid_sentences(sub: pd.DataFrame, hybrid: pd.DataFrame) -> list[str]:
         parts = [
             f"{what} {' vs '.join(show(r[f'{key}_on'], r[f'{key}_off']))}"
             for key, what, show in HYBRID_COUNTS
-            if _finite(r[f"{key}_on"]) and _finite(r[f"{key}_off"])
+            if finite(r[f"{key}_on"]) and finite(r[f"{key}_off"])
         ]
-        if _finite(r["tokens_per_s_ratio"]):
+        if finite(r["tokens_per_s_ratio"]):
             parts.append(f"{fmt('ratio', r['tokens_per_s_ratio'])} the {unit}")
-        if _finite(r["paging_on"]) and _finite(r["paging_off"]):
+        if finite(r["paging_on"]) and finite(r["paging_off"]):
             on, off = fmt("ratio", r["paging_on"]), fmt("ratio", r["paging_off"])
             parts.append(f"paged's {unit} over {r['contiguous']}'s {on} on and {off} off")
         if parts:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -128,7 +129,7 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    table["_policy_order"] = table["policy"].map(_policy_rank)
+    table["_policy_order"] = table["policy"].map(policy_rank)
     table = table.sort_values(
         list(GROUP_ORDER) + ["runner", "_policy_order", "block_size", "device"], na_position="first"
     )
@@ -139,8 +140,24 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-def _policy_rank(policy: str) -> int:
+def policy_rank(policy: str) -> int:
+    """A policy's place in the tables' order (an unknown one last)."""
     return POLICY_ORDER.index(policy) if policy in POLICY_ORDER else len(POLICY_ORDER)
+
+
+def finite(value: Any) -> bool:
+    """A number that is neither NaN nor infinite (None, NA and text are not)."""
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def ratio_of(num: Any, den: Any) -> float:
+    """num ÷ den, NaN where either is not finite or den is 0."""
+    if not (finite(num) and finite(den)) or float(den) == 0:
+        return math.nan
+    return float(num) / float(den)
 
 
 def ratios(
@@ -188,7 +205,7 @@ def geomean(ratio_table: pd.DataFrame, metrics: Sequence[str] = RATIO_METRICS) -
     table = pd.DataFrame(rows)
     if table.empty:
         return table
-    table["_o"] = table["policy"].map(_policy_rank)
+    table["_o"] = table["policy"].map(policy_rank)
     return table.sort_values(["runner", "_o", "block_size"]).drop(columns="_o").reset_index(drop=True)
 
 

@@ -39,7 +39,9 @@ def _where(runner: str, reason: str | None) -> str:
 
 def _paths(table: Mapping[str, PolicyEntry]) -> str:
     """'fast: a, b; reference: c' for one layout's registry."""
-    by_path = {path: [n for n, e in table.items() if e.fast == (path == "fast")] for path in ("fast", "reference")}
+    from ...harness.sim.policies import FAST, REFERENCE
+
+    by_path = {path: [n for n, e in table.items() if e.fast == (path == FAST)] for path in (FAST, REFERENCE)}
     return "; ".join(f"{path}: {', '.join(names)}" for path, names in by_path.items() if names)
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pandas as pd
 from kvbench.reports.contents import report_tables
-from kvbench.reports.findings import Finding, findings, preferred_block
+from kvbench.reports.figdata import preferred_block
+from kvbench.reports.findings import Finding, findings
 from kvbench.reports.labels import group_titles
 from reportkit import W1, W2, golden_rows, run, runs_frame, workload, write_golden
 
@@ -91,9 +92,11 @@ def test_each_contiguous_baseline_and_the_spread_over_block_sizes() -> None:
     )
 
 
-def test_preferred_block_is_16_else_the_nearest() -> None:
+def test_preferred_block_is_16_else_the_nearest_by_factors_of_two() -> None:
+    # the figures' rule: the timelines and the sentences speak of the same paged cell
     assert preferred_block([8, 16, 32]) == 16
     assert preferred_block([8, 32]) == 8 and preferred_block([32, 64]) == 32
+    assert preferred_block([4, 32]) == 32  # 2 halvings against 1 doubling
     assert preferred_block([]) is None
 
 
