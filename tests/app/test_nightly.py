@@ -100,6 +100,24 @@ def test_nightly_gates_on_the_previous_night_then_runs_the_long_checks(tmp_path:
     assert (results / "latest").resolve() != tonight
 
 
+def test_long_checks_that_cannot_run_are_one_line_and_none_found_is_said(tmp_path: Path) -> None:
+    suite = tmp_path / "nightly.toml"
+    suite.write_text(SUITE)
+    results = str(tmp_path / "nights")
+    missing = nightly(str(suite), "--results", results, cwd=tmp_path, env={"KVBENCH_NIGHTLY_TESTS": "/no/such/tests"})
+    assert missing.returncode == 2, missing.stdout + missing.stderr
+    lines = [line for line in missing.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0] == "nightly: the long checks: /no/such/tests: no such test file or folder", (
+        missing.stderr
+    )
+    assert not (tmp_path / "nights").exists()  # refused before anything ran
+    empty = tmp_path / "no-checks"
+    empty.mkdir()
+    (empty / "pytest.ini").write_text("[pytest]\nmarkers =\n    nightly: long\n")
+    none = nightly(str(suite), "--results", results, cwd=tmp_path, env={"KVBENCH_NIGHTLY_TESTS": str(empty)})
+    assert none.returncode == 0 and "no test marked nightly" in none.stdout, none.stdout + none.stderr
+
+
 def test_nightly_bad_usage_is_one_line_and_exit_2(tmp_path: Path) -> None:
     for args in (["missing.toml"], ["--extra"], ["--bogus"], ["a.toml", "b.toml"]):
         if args == ["a.toml", "b.toml"]:
