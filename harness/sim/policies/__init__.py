@@ -127,7 +127,7 @@ GROUPED: dict[str, PolicyEntry] = {
     **{
         p: PolicyEntry(_grouped_contiguous, fast=False)
         for p in capabilities.LAYOUT_POLICIES
-        if p not in ("paged", "paged-prefix")
+        if capabilities.is_contiguous(p)
     },
 }
 assert tuple(sorted(GROUPED)) == tuple(sorted(capabilities.LAYOUT_POLICIES)), (
