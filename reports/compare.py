@@ -84,7 +84,7 @@ def standing_runner(row: dict[str, Any]) -> Any:
     return row.get("runner")
 
 
-def _key(row: dict[str, Any]) -> tuple[str, ...]:
+def cell_key(row: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(standing_runner(row) if k == "runner" else row.get(k)) for k in MATCH_KEYS)
 
 
@@ -93,7 +93,7 @@ def _cells(runs: pd.DataFrame) -> dict[tuple[str, ...], pd.DataFrame]:
     runs = with_keys(runs)
     groups: dict[tuple[str, ...], list[Any]] = {}
     for idx, row in zip(runs.index, runs.to_dict("records")):
-        groups.setdefault(_key(row), []).append(idx)
+        groups.setdefault(cell_key(row), []).append(idx)
     return {k: runs.loc[idx] for k, idx in groups.items()}
 
 
@@ -114,7 +114,7 @@ def change(metric: str, base: float, cand: float) -> float:
     return (cand - base) / denom
 
 
-def _worse(metric: str, delta: float) -> float:
+def worse(metric: str, delta: float) -> float:
     """How much worse (positive) or better (negative) a change is."""
     return -delta if metric in HIGHER_BETTER else delta
 
@@ -123,11 +123,11 @@ def judge(metric: str, clock: str, base: list[float], cand: list[float], toleran
     """(verdict, change, detail) for one metric of one matched cell on ``clock``."""
     b, c = float(pd.Series(base).median()), float(pd.Series(cand).median())
     delta = change(metric, b, c)
-    worse = _worse(metric, delta)
+    worse_by = worse(metric, delta)
     if is_timed(metric, clock):
         if min(len(base), len(cand)) < MIN_REPEATS:
             return TOO_FEW, delta, f"{len(base)} vs {len(cand)} repetitions; needs {MIN_REPEATS} per side"
-        if abs(worse) <= tolerance:
+        if abs(worse_by) <= tolerance:
             return WITHIN, delta, ""
         # Beyond the spread: every candidate repetition on the far side of every base one.
         apart = min(cand) > max(base) if delta > 0 else max(cand) < min(base)
@@ -137,10 +137,10 @@ def judge(metric: str, clock: str, base: list[float], cand: list[float], toleran
                 delta,
                 (f"base {min(base):.4g}..{max(base):.4g}, candidate {min(cand):.4g}..{max(cand):.4g} overlap"),
             )
-        return (REGRESSION if worse > 0 else IMPROVEMENT), delta, "beyond tolerance and spread"
-    if worse > tolerance:
+        return (REGRESSION if worse_by > 0 else IMPROVEMENT), delta, "beyond tolerance and spread"
+    if worse_by > tolerance:
         return REGRESSION, delta, ""
-    if worse < -tolerance:
+    if worse_by < -tolerance:
         return IMPROVEMENT, delta, ""
     return (SAME if delta == 0 else WITHIN), delta, ""
 
@@ -148,7 +148,7 @@ def judge(metric: str, clock: str, base: list[float], cand: list[float], toleran
 def compare(base_runs: pd.DataFrame, cand_runs: pd.DataFrame, tolerance: float) -> pd.DataFrame:
     """One row per (matched cell, metric), plus one per cell found on one side only."""
     b_by, c_by = _cells(base_runs), _cells(cand_runs)
-    labels = _labels([g.iloc[0].to_dict() for g in (*b_by.values(), *c_by.values())])
+    labels = cell_labels([g.iloc[0].to_dict() for g in (*b_by.values(), *c_by.values())])
     rows: list[dict[str, Any]] = []
     for key in sorted(set(b_by) | set(c_by)):
         b, c = b_by.get(key), c_by.get(key)
@@ -214,7 +214,7 @@ def _cell_rows(ident: dict[str, Any], b: pd.DataFrame, c: pd.DataFrame, toleranc
     return out
 
 
-def _labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
+def cell_labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
     """'sim/paged b16', plus whichever group keys vary among the compared cells."""
     varying = [k for k in MATCH_KEYS if k not in NAMED_KEYS and len({str(r.get(k)) for r in firsts}) > 1]
     out = {}
@@ -242,7 +242,7 @@ def _labels(firsts: list[dict[str, Any]]) -> dict[tuple[str, ...], str]:
                 )
             else:
                 parts.append(f"{k} {v}")
-        out[_key(r)] = " · ".join(parts)
+        out[cell_key(r)] = " · ".join(parts)
     return out
 
 

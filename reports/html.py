@@ -8,14 +8,11 @@ import base64
 import html
 import io
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from ..harness.errors import storage_error
-from ..harness.records.atomic import temp_folder
 from ..harness.records.schema import OK
 from . import display, layout, markdown
 from .contents import ReportTables, report_tables
@@ -24,7 +21,7 @@ from .figures import Plot, all_plots
 from .findings import FINDINGS_NOTE, NO_FINDINGS, Finding, findings
 from .labels import group_titles
 from .loading import load
-from .report_files import MANIFEST, check_replaceable, manifest_bytes, replace_report
+from .report_files import write_folder
 
 FIGURE_DPI = 110
 RATIO = re.compile(r"\d[\d,.]*×")  # a ratio in a finding, set in bold so the eye finds the answers
@@ -290,19 +287,7 @@ def write_report(out: Path) -> Path:
     files = {f"{name}.png": data for name, data in pngs.items()}
     files["summary.md"] = markdown.render(records.runs, tables, plots).encode("utf-8")
     files["index.html"] = render(records.runs, tables, plots, pngs).encode("utf-8")
-    files[MANIFEST] = manifest_bytes(files)
     dest = out / "report"
-    check_replaceable(dest)  # before drawing into the directory: a foreign folder is refused whole
-    # A new folder under a random name (store.clean_stale_temps knows the prefix): never one planted there.
-    tmp = temp_folder(out, ".report.tmp-")
-    name = ""
-    try:
-        for name, data in files.items():
-            (tmp / name).write_bytes(data)
-        name = ""
-        replace_report(tmp, dest)
-    except OSError as exc:
-        raise storage_error(dest / name if name else dest, exc) from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    # A new folder under a random name (store.clean_stale_temps knows the prefix), swapped in whole.
+    write_folder(dest, files, ".report.tmp-")
     return dest / "index.html"

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..harness.errors import KvbenchError
+from ..harness.errors import KvbenchError, storage_error
 from ..harness.records.atomic import temp_folder
 from ..harness.records.safe_paths import own_folder
 
@@ -80,6 +80,27 @@ def replace_report(tmp: Path, dest: Path) -> None:
     os.replace(tmp, dest)
     if aside is not None:
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def write_folder(dest: Path, files: Mapping[str, bytes], tmp_prefix: str) -> None:
+    """``dest`` replaced whole by a folder holding ``files`` and their manifest. They are written
+    into a new folder under a random name beside it (``tmp_prefix``; never a folder planted there)
+    and swapped in (``replace_report``), so a full disk or an interrupt leaves the old folder or
+    the new one, never half of one. Refused before anything is written: a ``dest`` kvbench may not
+    replace (``check_replaceable``). A refused write is a ``StorageError`` naming the file."""
+    check_replaceable(dest)
+    everything = {**files, MANIFEST: manifest_bytes(files)}
+    tmp = temp_folder(dest.parent, tmp_prefix)
+    name = ""
+    try:
+        for name, data in everything.items():
+            (tmp / name).write_bytes(data)
+        name = ""
+        replace_report(tmp, dest)
+    except OSError as exc:
+        raise storage_error(dest / name if name else dest, exc) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _sha256(path: Path) -> str:

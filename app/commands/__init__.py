@@ -13,6 +13,7 @@ MODULES: tuple[str, ...] = (
     "workload",
     "report",
     "compare",
+    "history",
     "export",
     "import_",
     "diverge",

@@ -75,6 +75,8 @@ def test_nightly_gates_on_the_previous_night_then_runs_the_long_checks(tmp_path:
     first = nightly(str(suite), "--results", str(results), cwd=tmp_path, env=with_checks)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "first night" in first.stdout and "the long checks passed" in first.stdout
+    assert "no regression across the nights" in first.stdout  # the history of one night: its page
+    assert (results / "history" / "index.html").is_file()
     baseline = (results / "latest").resolve()
     assert (baseline / "runs").is_dir()
     assert "1 passed, 1 deselected" in (baseline / "checks.log").read_text()  # only the nightly-marked test
@@ -86,18 +88,24 @@ def test_nightly_gates_on_the_previous_night_then_runs_the_long_checks(tmp_path:
     assert "gate passed" in second.stdout and "THE LONG CHECKS FAILED" in second.stdout
     tonight = (results / "latest").resolve()
     assert tonight != baseline and (tonight / "compare.md").is_file()
+    assert "no regression across the nights" in second.stdout and (tonight / "changes.json").is_file()
     assert "1 failed, 1 deselected" in (tonight / "checks.log").read_text()
 
     improve_baseline(tonight)
+    improve_baseline(baseline)  # the first night, the history's reference while none is accepted
     third = nightly(str(suite), "--results", str(results), "--no-checks", cwd=tmp_path)
     assert third.returncode == 1, third.stdout + third.stderr
-    assert "REGRESSION" in third.stdout and "mean_running" in third.stdout
+    assert "REGRESSION against" in third.stdout and "mean_running" in third.stdout
+    assert "REGRESSION across the nights" in third.stdout and "regressed against" in third.stderr
     assert "long checks" not in third.stdout  # --no-checks
     assert (results / "latest").resolve() == tonight  # a failing night does not become the baseline
 
     accepted = nightly(str(suite), "--results", str(results), "--accept", "--no-checks", cwd=tmp_path)
     assert accepted.returncode == 1
     assert (results / "latest").resolve() != tonight
+    # Accepted: the history's gate now judges against tonight.
+    assert (results / "accepted").read_text().split() == [(results / "latest").resolve().name]
+    assert "no regression across the nights" in accepted.stdout
 
 
 def test_long_checks_that_cannot_run_are_one_line_and_none_found_is_said(tmp_path: Path) -> None:

@@ -1,44 +1,22 @@
 """The report page in a real headless Chromium: every figure loads from disk, no console errors, and at
 a laptop's 1280 × 800 window the findings are on the first screen and nothing scrolls sideways.
 
-CI installs it with ``apt-get install -y chromium``; without it the test is skipped.
+Chromium comes from ``browserkit``; without it the test is skipped.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from browserkit import WINDOW, chromium, needs_chromium
 from conftest import kvbench, suite_toml
 from reportkit import write_golden
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 FIGURES = 7  # the golden records hold what every figure needs
-WINDOW = (1280, 800)  # a laptop's screen: the first screen a reader sees
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
-
-
-def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--enable-logging=stderr",
-        "--v=0",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
