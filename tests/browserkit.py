@@ -5,6 +5,7 @@ CI installs it with ``apt-get install -y chromium``; without it the tests that u
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,3 +36,30 @@ def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
         *args,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+
+
+# Measured once the page has loaded, written on <body> as data-* facts for --dump-dom to carry out.
+PROBE = """<script>
+window.addEventListener("load", function () {
+  var data = document.body.dataset, imgs = Array.prototype.slice.call(document.images);
+  data.imagesLoaded = imgs.every(function (i) { return i.complete && i.naturalWidth > 0; }) ? "yes" : "no";
+  data.imageCount = String(imgs.length);
+  data.changeRows = String(document.querySelectorAll("#changes tbody tr").length);
+  data.scrollWidth = String(document.documentElement.scrollWidth);
+  data.viewportWidth = String(window.innerWidth);
+});
+</script>"""
+
+
+def page_facts(profile: Path, page: Path) -> dict[str, str]:
+    """Open a copy of ``page`` (beside it, so its images resolve) with ``PROBE`` in its head, at
+    ``WINDOW``: what the probe measured."""
+    probe = page.with_name("probe.html")
+    probe.write_text(page.read_text(encoding="utf-8").replace("</head>", PROBE + "</head>", 1), encoding="utf-8")
+    done = chromium(
+        profile, f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = re.search(r"<body[^>]*>", done.stdout)
+    assert body, done.stdout[:500]
+    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(0)))

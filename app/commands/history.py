@@ -53,9 +53,12 @@ def describe(c: Change) -> str:
     if c.kind == "status":
         now = "back to ok" if c.direction == "improvement" else "no longer ok"
         return f"status   {where}: {now} at {c.first_night} ({since})"
+    if c.kind == "exact":  # deterministic: a change of the code (or the work), never noise
+        size = f"{_pct(c.ratio)} ({c.direction})"
+        return f"exact    {where}: changed at commit {c.commit}, {size}, {c.first_night} ({since})"
     size = f"{_pct(c.ratio)} over the nights to {c.last_night}" if c.kind == "drift" else _pct(c.ratio)
-    noise = f", noise ±{100 * c.noise:.1f}%" if c.noise is not None else ", exact"
-    return f"{c.kind:<8} {where}: {size} ({c.direction}) at {c.first_night} ({since}){noise}"
+    noise = f"noise ±{100 * c.noise:.1f}%" if c.noise is not None else "noise not estimated"
+    return f"{c.kind:<8} {where}: {size} ({c.direction}) at {c.first_night} ({since}), {noise}"
 
 
 def describe_regressed(r: Regressed) -> str:
@@ -123,11 +126,16 @@ def history(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-        print(
-            f"kvbench history: gate passed: {detection.latest_night} is not worse than "
-            f"{detection.reference_night} beyond {tol:g} in any followed series",
-            file=sys.stderr,
-        )
+        if detection.latest_night == detection.reference_night:
+            said = (
+                f"{detection.latest_night} is the reference night (the first, or the last accepted): nothing to judge"
+            )
+        else:
+            said = (
+                f"{detection.latest_night} is not worse than {detection.reference_night} beyond {tol:g} "
+                "in any followed series"
+            )
+        print(f"kvbench history: gate passed: {said}", file=sys.stderr)
     return 0
 
 

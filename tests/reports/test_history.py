@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from browserkit import CHROMIUM, WINDOW, page_facts
 from conftest import assert_one_line_error, kvbench
 from historykit import Plan, blip, cell, drift, make_nights, night_names, record, step
 
@@ -80,6 +81,12 @@ def test_history_finds_the_step_the_drift_and_the_code_change(records: Path, tmp
     assert "drift" in page and names[25] in page
     assert (tmp_path / "nights" / "history" / f"{THROUGHPUT}.png").is_file()
     assert len(nights) == 30 and str(tmp_path / "nights" / "history" / "index.html") in stdout
+    if CHROMIUM is not None:  # the page as a reader opens it: every graph loads, the changes listed
+        facts = page_facts(tmp_path / "profile", tmp_path / "nights" / "history" / "index.html")
+        graphs = len(list((tmp_path / "nights" / "history").glob("*.png")))
+        assert facts["images-loaded"] == "yes" and int(facts["image-count"]) == graphs > 10, facts
+        assert int(facts["change-rows"]) == len(changes) == 4, facts
+        assert int(facts["scroll-width"]) <= int(facts["viewport-width"]) <= WINDOW[0], facts
 
 
 def test_the_gate_passes_on_the_same_nights_without_the_step_and_the_drift(records: Path, tmp_path: Path) -> None:

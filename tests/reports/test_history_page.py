@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from browserkit import WINDOW, chromium, needs_chromium
+from browserkit import WINDOW, needs_chromium, page_facts
 from kvbench.reports.history.changes import DRIFT, EXACT, REGRESSION, STATUS, Change, Detection, Regressed
 from kvbench.reports.history.graphs import REGRESSION_COLOR, palette
 from kvbench.reports.history.nights import Night, Nights
@@ -335,17 +335,6 @@ def test_a_sparkline_holds_at_most_120_points() -> None:
 
 
 # A probe for the browser test only (the page itself runs no script): facts on <body data-…>.
-PROBE = """<script>
-window.addEventListener("load", function () {
-  var data = document.body.dataset, imgs = Array.prototype.slice.call(document.images);
-  data.imagesLoaded = imgs.every(function (i) { return i.complete && i.naturalWidth > 0; }) ? "yes" : "no";
-  data.imageCount = String(imgs.length);
-  data.scrollWidth = String(document.documentElement.scrollWidth);
-  data.viewportWidth = String(window.innerWidth);
-});
-</script>"""
-
-
 @needs_chromium
 def test_in_a_browser_the_graphs_load_and_nothing_scrolls_sideways(
     built: tuple[History, Detection, dict[str, bytes]], tmp_path: Path
@@ -355,19 +344,7 @@ def test_in_a_browser_the_graphs_load_and_nothing_scrolls_sideways(
     site.mkdir()
     for name, data in files.items():
         (site / name).write_bytes(data)
-    probe = site / "probe.html"
-    probe.write_text(page_of(files).replace("</head>", PROBE + "</head>", 1), encoding="utf-8")
-    done = chromium(
-        tmp_path / "profile",
-        f"--window-size={WINDOW[0]},{WINDOW[1]}",
-        "--virtual-time-budget=5000",
-        "--dump-dom",
-        probe.as_uri(),
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    body = re.search(r"<body[^>]*>", done.stdout)
-    assert body, done.stdout[:500]
-    facts = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(0)))
+    facts = page_facts(tmp_path / "profile", site / "index.html")
     assert facts["images-loaded"] == "yes", facts
     assert int(facts["image-count"]) == len(METRICS) == len([n for n in files if n.endswith(".png")])
     assert int(facts["viewport-width"]) <= WINDOW[0], facts
