@@ -346,7 +346,7 @@ def _changes(
         tuple[str, int, int, int, float, float]
     ] = []  # kind, previous, first, last (point indices), before, after
     if stretches is None:
-        for k in np.flatnonzero(s.values[1:] != s.values[:-1]) + 1:
+        for k in (np.flatnonzero(s.values[1:] != s.values[:-1]) + 1).tolist():
             found.append((EXACT, k - 1, k, k, float(s.values[k - 1]), float(s.values[k])))
     else:
         for n, st in enumerate(stretches):
@@ -433,7 +433,7 @@ def _status(history: History, where: _Where, ref_i: int) -> tuple[list[Change], 
         at = sub["at"].to_numpy(int)
         statuses = sub["status"].astype(str).tolist()
         cell = where.cells.loc[cell_id]
-        for k in np.flatnonzero(ok[1:] != ok[:-1]) + 1:
+        for k in (np.flatnonzero(ok[1:] != ok[:-1]) + 1).tolist():
             changes.append(
                 Change(
                     cell_id=int(cell_id),

@@ -239,7 +239,7 @@ def graph_figure(g: Graph, nights: Sequence[Night], labels: dict[int, str], colo
     if g.offset:
         names = ", ".join(labels.get(c, str(c)) for c in g.offset)
         notes.append(f"Median 0, drawn as 1 + value ÷ the largest value: {names}.")
-    key = "" if g.legend else color_key(g.cells, labels, colors)
+    key = "" if g.legend else ' Colours: <a href="#colours">the key above the graphs</a>.'
     return (
         f'<figure id="graph-{_e(g.metric)}"><div class="graph"><img src="{_e(g.metric)}.png" '
         f'width="{g.width}" height="{g.height}" alt="{_e(g.title)}" usemap="#map-{_e(g.metric)}"></div>'
@@ -255,6 +255,9 @@ def graphs_section(
     if not graphs:
         return [*parts, "<p>No metric has a value on any night.</p>", "</section>"]
     nights = history.nights.read
+    unnamed = sorted({c for g in graphs if not g.legend for c in g.cells})
+    if unnamed:  # once for every graph too crowded for a legend: each cell keeps its colour throughout
+        parts.append(f'<div id="colours">{color_key(unnamed, labels, colors)}</div>')
     return [*parts, *(graph_figure(g, nights, labels, colors) for g in graphs), "</section>"]
 
 

@@ -235,12 +235,14 @@ def many_cells(count: int) -> tuple[History, Detection]:
 def test_with_more_than_12_cells_the_page_lists_the_colours() -> None:
     history, detection = many_cells(14)
     text = unescape(page_of(render(history, detection)))
+    key = text[text.index('<div id="colours">') : text.index("<figure")]  # once, before the first graph
+    assert key.count('<span class="sw"') == 14 and "sim/paged b224" in key
     figure = text[text.index('id="graph-mean_running"') : text.index("</figure>")]
-    assert figure.count('<span class="sw"') == 14 and "sim/paged b224" in figure
+    assert '<span class="sw"' not in figure and 'href="#colours"' in figure
     assert "+25.0%) over 4 nights through " + history.nights.read[4].name in text and "±0.4%" in text
     assert "sim/paged b32</b>: ran ok on " + history.nights.read[0].name + ", failed tonight" in text
     few = unescape(page_of(render(*many_cells(12))))
-    assert '<ul class="key">' not in few  # the PNG's legend names them
+    assert '<ul class="key">' not in few and 'id="colours"' not in few  # the PNG's legend names them
 
 
 def test_a_history_without_points_has_no_graph() -> None:
