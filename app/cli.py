@@ -50,11 +50,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{command}: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as harness.signals raises it
-        message = getattr(exc, "message", None) or f"interrupted by {getattr(exc, 'signal_name', 'SIGINT')}"
-        print(f"{command}: {one_line(message)}", file=sys.stderr)
-        return getattr(exc, "exit_code", 130)
+        return stopped(command, exc)
+    except ImportError as exc:
+        # An interrupt that lands inside an extension's import (numpy's, while the parser imports
+        # the commands) surfaces as that import's ImportError: it is still the interrupt.
+        interrupt = interrupt_inside(exc)
+        if interrupt is None:
+            raise
+        return stopped(command, interrupt)
     except BrokenPipeError:
         return 0
+
+
+def stopped(command: str, exc: KeyboardInterrupt) -> int:
+    """Say in one line that a signal stopped ``command``; its exit code (128 + the signal)."""
+    message = getattr(exc, "message", None) or f"interrupted by {getattr(exc, 'signal_name', 'SIGINT')}"
+    print(f"{command}: {one_line(message)}", file=sys.stderr)
+    return int(getattr(exc, "exit_code", 130))
+
+
+def interrupt_inside(exc: BaseException) -> KeyboardInterrupt | None:
+    """The interrupt an exception was raised while handling (its context or cause), if any."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, KeyboardInterrupt):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None
 
 
 def entry() -> None:

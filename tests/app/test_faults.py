@@ -454,6 +454,33 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(
     assert not [p for p in tmp_path.rglob(".*tmp*")], "a temporary file was left"
 
 
+def test_an_interrupt_inside_an_extensions_import_is_the_interrupt(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while the parser imports the commands can land inside numpy's import, which then fails
+    with an ImportError raised while handling the interrupt (a run of the test above saw it): still
+    one line and exit 130. An ImportError of its own is not taken for one."""
+    from kvbench.app import cli
+    from kvbench.harness.errors import Interrupted
+
+    def interrupted_import(name: str, package: str | None = None) -> object:
+        try:
+            raise Interrupted(signal.SIGINT)
+        except Interrupted:
+            raise ImportError("numpy._core.multiarray failed to import") from None
+
+    def broken_import(name: str, package: str | None = None) -> object:
+        raise ImportError("no module named numpy")
+
+    monkeypatch.setattr(cli.importlib, "import_module", interrupted_import)
+    assert cli.main(["run"]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["kvbench: interrupted by SIGINT"], err
+    monkeypatch.setattr(cli.importlib, "import_module", broken_import)
+    with pytest.raises(ImportError, match="no module named numpy"):
+        cli.main(["run"])
+
+
 def test_an_interrupt_a_finalizer_drops_is_kept_and_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
     """A signal landing in a finalizer (a weakref callback of the import system, a ``__del__``): Python
     drops the exception; kvbench keeps it for the next cell boundary and hands it to no printer. Other
