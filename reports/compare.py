@@ -381,13 +381,15 @@ def to_markdown(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = (
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_json(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = ()) -> str:
-    def clean(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-        return v.item() if hasattr(v, "item") else v
+def json_value(v: Any) -> Any:
+    """A value as JSON holds it: NaN as null, infinities as "inf"/"-inf", numpy scalars as Python's."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return v.item() if hasattr(v, "item") else v
 
-    rows = [{k: clean(v) for k, v in r.items()} for r in result.to_dict("records")]
+
+def to_json(result: pd.DataFrame, tolerance: float, notes: Sequence[str] = ()) -> str:
+    rows = [{k: json_value(v) for k, v in r.items()} for r in result.to_dict("records")]
     reg = regressions(result)
     return json.dumps(
         {

@@ -51,15 +51,20 @@ window.addEventListener("load", function () {
 </script>"""
 
 
-def page_facts(profile: Path, page: Path) -> dict[str, str]:
-    """Open a copy of ``page`` (beside it, so its images resolve) with ``PROBE`` in its head, at
-    ``WINDOW``: what the probe measured."""
-    probe = page.with_name("probe.html")
-    probe.write_text(page.read_text(encoding="utf-8").replace("</head>", PROBE + "</head>", 1), encoding="utf-8")
+def body_facts(profile: Path, page: Path) -> dict[str, str]:
+    """``page`` opened at ``WINDOW``: the ``data-*`` facts its script wrote on <body>."""
     done = chromium(
-        profile, f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()
+        profile, f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()
     )
     assert done.returncode == 0, done.stderr[-2000:]
     body = re.search(r"<body[^>]*>", done.stdout)
     assert body, done.stdout[:500]
     return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(0)))
+
+
+def page_facts(profile: Path, page: Path) -> dict[str, str]:
+    """A page without a script of its own, measured by ``PROBE``: a copy of it beside it (so its
+    images resolve) with the probe in its head."""
+    probe = page.with_name("probe.html")
+    probe.write_text(page.read_text(encoding="utf-8").replace("</head>", PROBE + "</head>", 1), encoding="utf-8")
+    return body_facts(profile, probe)

@@ -95,13 +95,12 @@ class Regressed:
 
 @dataclass(frozen=True)
 class Detection:
-    """What ``detect`` found: the changes (in night order), each timed series' fit and noise
-    (``fits``: cell_id, metric, night_index, fit — in the metric's units; ``noise``: cell_id,
-    metric, noise), the reference night and the regressions tonight."""
+    """What ``detect`` found: the changes (in night order), each timed series' fit (``fits``:
+    cell_id, metric, night_index, fit, in the metric's units; its noise is on each change), the
+    reference night and the regressions tonight."""
 
     changes: tuple[Change, ...]
     fits: pd.DataFrame
-    noise: pd.DataFrame
     reference_night: str
     latest_night: str
     regressed: tuple[Regressed, ...]
@@ -226,6 +225,7 @@ class _Where:
     """What names a change: the read nights (names and commits, in order) and the cells."""
 
     names: list[str]
+    index: dict[str, int]  # name → place in ``names``
     commits: list[str]
     cells: pd.DataFrame  # indexed by cell_id
 
@@ -250,7 +250,7 @@ def detect(history: History, tolerance: float) -> Detection:
     """The changes of every followed cell across the nights, and the gate's verdict on the latest."""
     names = history.night_names
     reference = history.nights.accepted if history.nights.accepted in names else names[0]
-    ref_i, last_i = names.index(reference), len(names) - 1
+    ref_i, last_i = history.night_index[reference], len(names) - 1
     series = [
         _Series(
             int(c), str(m), sub["night_index"].to_numpy(int), sub["value"].to_numpy(float), bool(sub["timed"].iloc[0])
@@ -259,11 +259,10 @@ def detect(history: History, tolerance: float) -> Detection:
     ]
     fits = _fit_timed([s for s in series if s.timed and len(s.values) >= MIN_FIT])
     cells = history.cells.set_index("cell_id")
-    where = _Where(names, [n.commit for n in history.nights.read], cells)
+    where = _Where(names, history.night_index, [n.commit for n in history.nights.read], cells)
     found: list[Change] = []
     regressed: list[Regressed] = []
     fit_rows: list[pd.DataFrame] = []
-    noise_rows: list[tuple[int, str, float]] = []
     for s in series:
         if s.timed and (s.cell_id, s.metric) not in fits:
             continue  # too few nights to tell a change from the noise: `kvbench compare` judges pairs
@@ -274,10 +273,9 @@ def detect(history: History, tolerance: float) -> Detection:
             fit_rows.append(
                 pd.DataFrame({"cell_id": s.cell_id, "metric": s.metric, "night_index": s.nights, "fit": fit})
             )
-            noise_rows.append((s.cell_id, s.metric, float(sigma or 0.0)))
         verdict = _gate(s, fit, ref_i, last_i, tolerance)
         if verdict is not None:
-            since = _since([c for c in own if names.index(c.last_night) > ref_i])  # a drift may begin before
+            since = _since([c for c in own if where.index[c.last_night] > ref_i])  # a drift may begin before
             regressed.append(
                 Regressed(
                     s.cell_id,
@@ -294,11 +292,9 @@ def detect(history: History, tolerance: float) -> Detection:
     status_changes, status_regressed = _status(history, where, ref_i)
     found += status_changes
     regressed += status_regressed
-    order = {n: i for i, n in enumerate(names)}
     return Detection(
-        changes=tuple(sorted(found, key=lambda c: (order[c.first_night], c.cell, c.metric))),
+        changes=tuple(sorted(found, key=lambda c: (where.index[c.first_night], c.cell, c.metric))),
         fits=pd.concat(fit_rows, ignore_index=True) if fit_rows else pd.DataFrame(columns=FIT_COLUMNS),
-        noise=pd.DataFrame(noise_rows, columns=["cell_id", "metric", "noise"]),
         reference_night=reference,
         latest_night=names[last_i],
         regressed=tuple(sorted(regressed, key=lambda r: (r.cell, r.metric))),
@@ -342,9 +338,8 @@ def _changes(
 ) -> list[Change]:
     """A series' changes: between every two nights that differ (exact), or where its fitted
     stretches meet and along its lines, beyond the tolerance (timed)."""
-    found: list[
-        tuple[str, int, int, int, float, float]
-    ] = []  # kind, previous, first, last (point indices), before, after
+    # (kind, previous, first and last point of the change, value before, value after)
+    found: list[tuple[str, int, int, int, float, float]] = []
     if stretches is None:
         for k in (np.flatnonzero(s.values[1:] != s.values[:-1]) + 1).tolist():
             found.append((EXACT, k - 1, k, k, float(s.values[k - 1]), float(s.values[k])))
@@ -356,43 +351,53 @@ def _changes(
             if st.line and abs(change(s.metric, fit[b], fit[st.stop - 1])) > tolerance:
                 found.append((DRIFT, b - 1, b, st.stop - 1, float(fit[b]), float(fit[st.stop - 1])))
     return [
-        _change(where, s, kind, prev, first, last, before, after, sigma)
+        _change(
+            where,
+            s.cell_id,
+            s.metric,
+            kind,
+            _direction(s.metric, before, after),
+            (int(s.nights[prev]) if prev >= 0 else None, int(s.nights[first]), int(s.nights[last])),
+            (before, after),
+            sigma,
+        )
         for kind, prev, first, last, before, after in found
     ]
 
 
 def _change(
     where: _Where,
-    s: _Series,
+    cell_id: int,
+    metric: str,
     kind: str,
-    prev: int,
-    first: int,
-    last: int,
-    before: float,
-    after: float,
-    sigma: float | None,
+    direction: str,
+    nights: tuple[int | None, int, int],
+    values: tuple[float, float],
+    noise: float | None,
 ) -> Change:
-    cell = where.cells.loc[s.cell_id]
-    at, end = int(s.nights[first]), int(s.nights[last])
-    before_at = int(s.nights[prev]) if prev >= 0 else None
+    """A change of one cell, named: ``nights`` are the night before it (None: it began on the first),
+    its first night and its last, as places among the read nights; ``values``: before and after."""
+    cell = where.cells.loc[cell_id]
+    prev, first, last = nights
+    before, after = values
     return Change(
-        cell_id=s.cell_id,
+        cell_id=cell_id,
         cell=str(cell["cell"]),
         runner=str(cell["runner"]),
         policy=str(cell["policy"]),
         block_size=_int_or_none(cell["block_size"]),
-        metric=s.metric,
+        metric=metric,
         kind=kind,
-        direction=_direction(s.metric, before, after),
-        first_night=where.names[at],
-        commit=where.commits[at],
-        previous_night=where.names[before_at] if before_at is not None else None,
-        previous_commit=where.commits[before_at] if before_at is not None else None,
-        last_night=where.names[end],
+        direction=direction,
+        first_night=where.names[first],
+        commit=where.commits[first],
+        previous_night=where.names[prev] if prev is not None else None,
+        previous_commit=where.commits[prev] if prev is not None else None,
+        last_night=where.names[last],
         before=before,
         after=after,
         ratio=_ratio(before, after),
-        noise=sigma,
+        noise=noise,
     )
 
 
@@ -425,41 +430,22 @@ def _status(history: History, where: _Where, ref_i: int) -> tuple[list[Change], 
     reference night (or the last night before it they ran) and not ok tonight."""
     changes: list[Change] = []
     regressed: list[Regressed] = []
-    index = {n: i for i, n in enumerate(where.names)}
     last_i = len(where.names) - 1
-    status = history.status.assign(at=lambda f: f["night"].map(index)).sort_values(["cell_id", "at"])
+    status = history.status.assign(at=lambda f: f["night"].map(where.index)).sort_values(["cell_id", "at"])
     for cell_id, sub in status.groupby("cell_id", sort=True):
         ok = (sub["status"] == OK).to_numpy()
         at = sub["at"].to_numpy(int)
         statuses = sub["status"].astype(str).tolist()
         cell = where.cells.loc[cell_id]
         for k in (np.flatnonzero(ok[1:] != ok[:-1]) + 1).tolist():
-            changes.append(
-                Change(
-                    cell_id=int(cell_id),
-                    cell=str(cell["cell"]),
-                    runner=str(cell["runner"]),
-                    policy=str(cell["policy"]),
-                    block_size=_int_or_none(cell["block_size"]),
-                    metric=STATUS,
-                    kind=STATUS,
-                    direction=IMPROVEMENT if ok[k] else REGRESSION,
-                    first_night=where.names[at[k]],
-                    commit=where.commits[at[k]],
-                    previous_night=where.names[at[k - 1]],
-                    previous_commit=where.commits[at[k - 1]],
-                    last_night=where.names[at[k]],
-                    before=math.nan,
-                    after=math.nan,
-                    ratio=math.nan,
-                    noise=None,
-                )
-            )
+            direction = IMPROVEMENT if ok[k] else REGRESSION
+            nights = (int(at[k - 1]), int(at[k]), int(at[k]))
+            changes.append(_change(where, int(cell_id), STATUS, STATUS, direction, nights, (math.nan, math.nan), None))
         at_ref = np.flatnonzero(at <= ref_i)
         base_ok = bool(ok[at_ref[-1]] if len(at_ref) else ok[0])
         if at[-1] == last_i and ref_i < last_i and base_ok and not ok[-1]:
             since = next(
-                (where.names[at[k]] for k in range(len(at)) if at[k] > ref_i and not ok[k] and ok[k - 1]), None
+                (where.names[at[k]] for k in range(1, len(at)) if at[k] > ref_i and not ok[k] and ok[k - 1]), None
             )
             error = str(sub["error"].iloc[-1] or "")
             regressed.append(

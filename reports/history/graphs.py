@@ -329,25 +329,17 @@ def failure_marks(history: History) -> pd.DataFrame:
     status = history.status
     if not len(status):
         return pd.DataFrame({"cell_id": [], "night_index": []})
-    index = {name: i for i, name in enumerate(history.night_names)}
     bad = status[status["status"] != OK]
-    marks = pd.DataFrame({"cell_id": bad["cell_id"].astype(int), "night_index": bad["night"].map(index)})
+    marks = pd.DataFrame({"cell_id": bad["cell_id"].astype(int), "night_index": bad["night"].map(history.night_index)})
     return marks.dropna().astype({"night_index": int})
 
 
-def cell_ids(history: History) -> list[int]:
-    """Every cell id of the history: its cells and any its points name."""
-    ids = set(history.cells["cell_id"].astype(int)) | set(history.points["cell_id"].astype(int))
-    return sorted(ids)
-
-
-def draw_all(history: History, detection: Detection) -> list[Graph]:
-    """A graph per metric with at least one point, in ``metric_order``."""
+def draw_all(history: History, detection: Detection, labels: dict[int, str], colors: dict[int, str]) -> list[Graph]:
+    """A graph per metric with at least one point, in ``metric_order``; each cell by its label and
+    colour (``palette``), the same as the page's."""
     points = history.points
     if not len(points):
         return []
-    labels = {int(c): str(label) for c, label in zip(history.cells["cell_id"], history.cells["cell"])}
-    colors = palette(cell_ids(history))
     failures = failure_marks(history)
     by_metric = dict(tuple(points.groupby("metric", sort=False)))
     fits = detection.fits

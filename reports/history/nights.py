@@ -26,8 +26,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ...harness.errors import KvbenchError
-from ...harness.records.schema import RUNS, SCHEMA_VERSION, VERSION_KEY
-from ...harness.records.store import PART
+from ...harness.records.schema import RUNS
+from ...harness.records.store import PART, check_file
 from ..compare import METRICS
 
 NIGHT_NAME = re.compile(r"^(\d{8}T\d{6}Z)-([0-9A-Za-z._-]+)$")
@@ -180,16 +180,11 @@ def _night_files(night: Path) -> tuple[list[Path], str, str | None]:
 
 
 def _unreadable(path: Path) -> str | None:
+    """Why ``path`` is not a run file this kvbench reads (``store.check_file``), or None."""
     try:
-        meta = pq.read_metadata(path).metadata or {}
-    except (pa.ArrowInvalid, OSError) as exc:
-        return f"{path}: not a readable Parquet file ({str(exc).splitlines()[0]})"
-    version = meta.get(VERSION_KEY)
-    try:
-        if version is None or int(version) > SCHEMA_VERSION:
-            return f"{path}: not a kvbench file this version reads (schema version {version!r})"
-    except ValueError:
-        return f"{path}: bad kvbench.schema_version {version!r}"
+        check_file(path)
+    except KvbenchError as exc:
+        return str(exc)
     return None
 
 

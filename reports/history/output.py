@@ -4,13 +4,12 @@ is: ``report_files``) and the changes as JSON."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from ...harness.records.atomic import write_bytes
+from ..compare import json_value
 from ..report_files import write_folder
 from .changes import Detection
 
@@ -24,12 +23,6 @@ def write_page(root: Path, files: Mapping[str, bytes]) -> Path:
     return dest / "index.html"
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value.item() if hasattr(value, "item") else value
-
-
 def changes_json(detection: Detection) -> str:
     """The changes as a JSON list, one object per change (``Change``'s fields; ``ratio`` is
     after ÷ before, null where it has none, such as a status change), each with
@@ -37,7 +30,7 @@ def changes_json(detection: Detection) -> str:
     tonight = {(r.cell_id, r.metric) for r in detection.regressed}
     rows = [
         {
-            **{k: _plain(v) for k, v in asdict(c).items()},
+            **{k: json_value(v) for k, v in asdict(c).items()},
             "commit_range": f"{c.previous_commit}..{c.commit}" if c.previous_commit else c.commit,
             "regressed_tonight": (c.cell_id, c.metric) in tonight,
         }

@@ -20,7 +20,6 @@ import numpy as np
 from ..compare import SHARES
 from .changes import DRIFT, EXACT, REGRESSION, STATUS, Change, Detection, Regressed
 from .graphs import Graph, draw_all, palette
-from .graphs import cell_ids as all_cell_ids
 from .nights import Night
 from .series import History
 
@@ -136,10 +135,8 @@ def gate_section(history: History, detection: Detection) -> list[str]:
 
 
 def nights_between(history: History, first: str, last: str) -> int:
-    names = history.night_names
-    if first in names and last in names:
-        return names.index(last) - names.index(first) + 1
-    return 0
+    index = history.night_index
+    return index[last] - index[first] + 1 if first in index and last in index else 0
 
 
 def change_text(c: Change, history: History) -> str:
@@ -299,7 +296,7 @@ def cells_section(history: History, labels: dict[int, str], colors: dict[int, st
         (int(c), str(m)): (sub["night_index"].to_numpy(float), sub["value"].to_numpy(float))
         for (c, m), sub in headline.groupby(["cell_id", "metric"], sort=False)
     }
-    shown = [(head, ms) for head, ms in HEADLINE if any(m in wanted and (c, m) in series for c in labels for m in ms)]
+    shown = [(head, ms) for head, ms in HEADLINE if any((c, m) in series for c in labels for m in ms)]
     status = latest_status(history)
     rows = []
     for r in history.cells.to_dict("records"):
@@ -354,9 +351,9 @@ def nights_section(history: History) -> list[str]:
 def render(history: History, detection: Detection) -> dict[str, bytes]:
     """The page's files by name: ``index.html`` and ``<metric>.png`` for each metric with a point.
     Pure: draws in memory and writes nothing."""
-    graphs = draw_all(history, detection)
     labels = {int(c): str(label) for c, label in zip(history.cells["cell_id"], history.cells["cell"])}
-    colors = palette(all_cell_ids(history))
+    colors = palette(list(labels))
+    graphs = draw_all(history, detection, labels, colors)
     parts = [
         *header_section(history, detection),
         *gate_section(history, detection),

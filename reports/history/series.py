@@ -12,6 +12,7 @@ host; every other column is a function of the work and the code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import pandas as pd
 
@@ -44,6 +45,11 @@ class History:
     @property
     def night_names(self) -> list[str]:
         return [n.name for n in self.nights.read]
+
+    @cached_property
+    def night_index(self) -> dict[str, int]:
+        """A read night's place among the read nights (what ``points.night_index`` holds)."""
+        return {name: i for i, name in enumerate(self.night_names)}
 
 
 def build_history(nights: Nights) -> History:

@@ -108,7 +108,6 @@ def make_history(changes: bool = True) -> tuple[History, Detection]:
     detection = Detection(
         changes=(step,) if changes else (),
         fits=fits,
-        noise=pd.DataFrame({"cell_id": [2], "metric": ["tokens_per_s"], "noise": [0.01]}),
         reference_night=read[0].name,
         latest_night=read[-1].name,
         regressed=(regressed,) if changes else (),

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from browserkit import WINDOW, chromium, needs_chromium
+from browserkit import WINDOW, body_facts, chromium, needs_chromium
 from conftest import kvbench, suite_toml
 from reportkit import write_golden
 
@@ -52,17 +52,6 @@ def real_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "out" / "report" / "index.html"
 
 
-def laid_out(profile: Path, page: Path) -> dict[str, str]:
-    """What the page's script measured at ``WINDOW`` (its ``data-*`` facts on <body>)."""
-    done = chromium(
-        profile, f"--window-size={WINDOW[0]},{WINDOW[1]}", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    body = re.search(r"<body[^>]*>", done.stdout)
-    assert body, done.stdout[:500]
-    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(0)))
-
-
 def console_messages(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
@@ -99,7 +88,7 @@ def test_the_first_screen_holds_the_findings_and_nothing_scrolls_sideways(
     records: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     page = request.getfixturevalue("page" if records == "golden" else "real_page")
-    facts = laid_out(tmp_path / "profile", page)
+    facts = body_facts(tmp_path / "profile", page)
     assert int(facts["viewport-width"]) == WINDOW[0], facts
     assert 0 < int(facts["findings-top"]) < WINDOW[1], facts  # the answer is on the first screen
     assert int(facts["scroll-width"]) <= int(facts["viewport-width"]), facts  # no sideways scrolling
