@@ -235,6 +235,11 @@ def read_nights(
     if not root.is_dir():
         raise KvbenchError(f"{root}: not a directory")
     found = night_dirs(root)
+    if not found and (root / "runs").is_dir():
+        raise KvbenchError(
+            f"{root}: is one results directory, not a folder of nights: `kvbench report {root}` reads it; "
+            "history reads the folder .ci/nightly --results fills, one results directory a night"
+        )
     if not found:
         raise KvbenchError(
             f"{root}: holds no nights (folders named <UTC time>-<sha>, as .ci/nightly writes them, "

@@ -132,6 +132,8 @@ def test_an_empty_path_or_a_folder_without_nights_is_refused(tmp_path: Path) -> 
     done = kvbench("history", tmp_path / "empty")
     assert_one_line_error(done, "holds no nights")
     assert sorted(p.name for p in (tmp_path / "empty").iterdir()) == ["not-a-night"]
+    (tmp_path / "empty" / "runs").mkdir()  # one results directory, not nights
+    assert_one_line_error(kvbench("history", tmp_path / "empty"), "one results directory, not a folder of nights")
 
 
 def test_a_night_with_a_corrupt_or_missing_table_is_named_and_skipped(records: Path, tmp_path: Path) -> None:
