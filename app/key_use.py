@@ -40,6 +40,8 @@ def unread(spec: RunSpec) -> dict[str, str]:
             f"every layer of model {model} is full attention, where vLLM's hybrid KV cache manager changes "
             f"nothing (it is read for a model of sliding-window, MLA or state layers)"
         )
+    if not spec.memory.cpu_offload_bytes:
+        out["offload_policy"] = "the cell has no CPU tier (cpu_offload is 0), whose eviction policy it is"
     if clock != "roofline":
         for key in ("gpu", "roofline_scale"):
             out[key] = f'clock "{clock}" does not price steps on a GPU roofline (read with clock = "roofline")'

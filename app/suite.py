@@ -33,8 +33,18 @@ from ..harness.spec.capabilities import (
     contiguous_unit_default,
     is_contiguous,
 )
+from ..harness.spec.cpu_tier import parse_cpu_offload
 from ..harness.spec.names import path_component
-from ..harness.spec.specs import ARENAS, MemorySpec, ModelSpec, RunSpec, SchedulerSpec, check_arena
+from ..harness.spec.specs import (
+    ARENAS,
+    OFFLOAD_POLICIES,
+    MemorySpec,
+    ModelSpec,
+    RunSpec,
+    SchedulerSpec,
+    check_arena,
+    check_offload_policy,
+)
 from ..harness.spec.units import parse_size
 from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
 
@@ -42,7 +52,7 @@ if TYPE_CHECKING:
     from ..harness.records.slo import Slo
 
 MODEL_KEYS = ("preset", "config", "kv_dtype", "hybrid_kv")
-MEMORY_KEYS = ("kv_budget", "max_model_len")
+MEMORY_KEYS = ("kv_budget", "max_model_len", "cpu_offload", "offload_policy")
 # [parallel]: held by SchedulerSpec (its identity is the scheduler's), written in a table of its own.
 PARALLEL_KEYS = ("tensor_parallel_size", "pipeline_parallel_size", "num_gpus")
 SCHEDULER_KEYS = tuple(f.name for f in dataclasses.fields(SchedulerSpec) if f.name not in PARALLEL_KEYS)
@@ -205,11 +215,20 @@ class Suite:
                 config=s.get("config"),
                 kv_dtype=s.get("kv_dtype", ModelSpec.kv_dtype),
             )
+            cpu_offload = parse_cpu_offload(s.get("cpu_offload", 0))
+            offload_policy = s.get("offload_policy", MemorySpec.offload_policy)
+            check_offload_policy(offload_policy, "[memory]")  # a typo is an error whatever the cell's tier
+            if not cpu_offload:
+                # The eviction policy is the CPU tier's: without a tier it is ignored (the spec keeps
+                # the default, so no duplicate cells).
+                offload_policy = OFFLOAD_POLICIES[0]
             memory = MemorySpec(
                 kv_budget_bytes=parse_size(s["kv_budget"], "[memory] kv_budget")
                 if "kv_budget" in s
                 else MemorySpec.kv_budget_bytes,
                 max_model_len=s.get("max_model_len", MemorySpec.max_model_len),
+                cpu_offload_bytes=cpu_offload,
+                offload_policy=offload_policy,
             )
             sched = {k: s[k] for k in SCHEDULER_KEYS + PARALLEL_KEYS if k in s}
             if s["runner"] == "serve":

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from ..harness.errors import KvbenchError
 from ..harness.records.statuses import FAILURES
+from ..harness.spec.units import format_bytes
 from ..runners.base import Cell
 from .cell import run_cell
 from .resume import Resume, keep_workload, plan_resume
@@ -187,11 +188,14 @@ class Progress:
 
 
 def label(cell: Cell) -> str:
-    """'sim paged bs=16 opt-13b fp16 sharegpt': what a progress line names."""
+    """'sim paged bs=16 opt-13b fp16 sharegpt' ('… cpu=16.0 GiB/lru' with a CPU tier): what a
+    progress line names."""
     spec = cell.spec
     bs = "" if spec.block_size == 1 else f" bs={spec.block_size}"
     workload = f" {cell.workload_name}" if cell.workload_name else ""
-    return f"{spec.runner} {spec.policy}{bs} {spec.model.preset or 'config'} {spec.model.kv_dtype}{workload}"
+    memory = spec.memory
+    tier = f" cpu={format_bytes(memory.cpu_offload_bytes)}/{memory.offload_policy}" if memory.cpu_offload_bytes else ""
+    return f"{spec.runner} {spec.policy}{bs} {spec.model.preset or 'config'} {spec.model.kv_dtype}{tier}{workload}"
 
 
 def run_cells(

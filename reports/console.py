@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..harness.records.schema import OK
 from ..harness.spec.capabilities import is_contiguous
-from .labels import code_note, workload_tag
+from ..harness.spec.units import format_bytes
+from .labels import code_note, cpu_tier_key, workload_tag
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,17 +43,23 @@ def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
         return f"{value:.1f}"
     if key == "hybrid_kv":
         return "on" if value else "off"
+    if key == "cpu_offload_bytes":
+        return format_bytes(value) if value else "-"
     if key == "block_size" and is_contiguous(str(row.get("policy", ""))) and value == 1:
         return "-"  # one reservation per request, in positions: no block size
     return str(value)
 
 
 def _columns(members: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, str], ...]:
-    """COLUMNS, with the hybrid KV cache manager's setting after the block size where it varies
-    (otherwise two cells of one model would print as the same row)."""
-    if len({r.get("hybrid_kv") for r in members if r.get("hybrid_kv") is not None}) < 2:
-        return COLUMNS
-    return (*COLUMNS[:3], ("hybrid_kv", "hybrid"), *COLUMNS[3:])
+    """COLUMNS, with the hybrid KV cache manager's setting and the CPU tier (its size and eviction
+    policy) after the block size where they vary (otherwise two cells would print as the same row)."""
+    extra: list[tuple[str, str]] = []
+    if len({r.get("hybrid_kv") for r in members if r.get("hybrid_kv") is not None}) >= 2:
+        extra.append(("hybrid_kv", "hybrid"))
+    tiers = {(cpu_tier_key(r, "cpu_offload_bytes"), cpu_tier_key(r, "offload_policy")) for r in members}
+    if len(tiers) >= 2:
+        extra += [("cpu_offload_bytes", "cpu_tier"), ("offload_policy", "evict")]
+    return (*COLUMNS[:3], *extra, *COLUMNS[3:]) if extra else COLUMNS
 
 
 def render_rows(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -11,6 +11,7 @@ import pandas as pd
 from ..harness.records.schema import FAILURES, OK
 from ..harness.spec.capabilities import is_contiguous
 from .capacity import capacity_ratios, capacity_table, capacity_vs_published, goodput_table
+from .cpu_tier import CpuTier, cpu_tier
 from .decomposition import decompose, gap_sentence
 from .hybrid import hybrid_table
 from .labels import code_note, workload_tag
@@ -48,6 +49,7 @@ class ReportTables:
     prefix_reuse: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # paged-prefix against budget
     serve_check: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # serve: steps against /metrics
     hybrid: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)  # the hybrid KV cache manager on vs off
+    cpu_tier: CpuTier = dataclasses.field(default_factory=CpuTier)  # a CPU tier of KV memory against none
 
 
 def drift_to_show(table: pd.DataFrame) -> Drift | None:
@@ -81,6 +83,7 @@ def report_tables(
     slo: pd.DataFrame | None = None,
     metrics: pd.DataFrame | None = None,
     kv_groups: pd.DataFrame | None = None,
+    requests: pd.DataFrame | None = None,
 ) -> ReportTables:
     baseline = choose_baseline(runs)
     cells = summary(runs)
@@ -132,4 +135,5 @@ def report_tables(
         prefix_reuse=prefix_reuse_table(cells),
         serve_check=serve_check(runs, steps, metrics),
         hybrid=hybrid_table(runs, steps, kv_groups),
+        cpu_tier=cpu_tier(cells, runs, steps, requests),
     )

@@ -23,6 +23,8 @@ CELL_COLUMNS: tuple[Column, ...] = (
     ("device", "device", "text"),  # these two only where they differ (VARYING_ONLY)
     ("arena", "arena", "text"),
     ("hybrid_kv", "hybrid KV", "onoff"),
+    ("cpu_offload_bytes", "CPU tier", "bytes"),
+    ("offload_policy", "CPU tier policy", "text"),
     ("status", "status", "text"),
     ("token_states_frac", "token states %", "pct"),
     ("reservation_frac", "reservation %", "pct"),
@@ -48,6 +50,8 @@ GEOMEAN_COLUMNS: tuple[Column, ...] = (
     ("device", "device", "text"),  # these two only where they differ (VARYING_ONLY), as in the cell table
     ("arena", "arena", "text"),
     ("hybrid_kv", "hybrid KV", "onoff"),  # where it varies: cells of one model, manager on and off, are two rows
+    ("cpu_offload_bytes", "CPU tier", "bytes"),  # where it varies, as in the cell table
+    ("offload_policy", "CPU tier policy", "text"),
     ("mean_running_x", "× mean running", "ratio"),
     ("peak_running_x", "× peak running", "ratio"),
     ("tokens_per_s_x", "× tokens/s", "ratio"),
@@ -446,7 +450,8 @@ def fmt(kind: str, value: Any, row: dict[str, Any] | None = None) -> str:
     return str(value)
 
 
-VARYING_ONLY = ("device", "arena", "hybrid_kv")  # cell keys shown only in a table where they take two values
+# Cell keys shown only in a table where they take two values.
+VARYING_ONLY = ("device", "arena", "hybrid_kv", "cpu_offload_bytes", "offload_policy")
 
 
 def with_setup(columns: Sequence[Column], table: pd.DataFrame) -> list[Column]:

@@ -23,6 +23,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, NullLoc
 from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 from . import figdata
+from .cpu_tier import NO_TIER, cpu_tier_table
 from .decomposition import gap_sentence
 from .labels import figure_label, throughput_note, time_axis_label, workload_tag
 from .prefix_reuse import LINE_KEYS
@@ -65,11 +66,14 @@ FIGURES: tuple[str, ...] = (
     "goodput",
     "prefix-reuse",
 )
+# Figures drawn only where the records hold what they draw, after ``FIGURES`` (a report without it
+# lists none of them, not even as not drawn).
+OPTIONAL_FIGURES: tuple[str, ...] = ("cpu-tier",)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plot:
-    name: str  # what it draws (one of ``FIGURES``)
+    name: str  # what it draws (one of ``FIGURES`` or ``OPTIONAL_FIGURES``)
     title: str
     figure: Figure | None
     note: str  # a caption when drawn, the reason when not
@@ -77,7 +81,7 @@ class Plot:
     @property
     def number(self) -> int:
         """Its place in the report."""
-        return FIGURES.index(self.name) + 1
+        return (*FIGURES, *OPTIONAL_FIGURES).index(self.name) + 1
 
     @property
     def stem(self) -> str:
@@ -1013,6 +1017,54 @@ def prefix_budget_lines(cells: pd.DataFrame) -> list[pd.DataFrame]:
     ]
 
 
+# 12 ----------------------------------------------------------------------------
+GIB = 2**30
+
+
+def cpu_tier_hits(table: pd.DataFrame) -> Plot:
+    """GPU and CPU hit tokens against the CPU tier's size, one line per eviction policy (the run
+    without a tier at 0 on each), per runner and block size of each group with a tier (up to 3)."""
+    name, title = "cpu-tier", "Prefix hits by tier against the CPU tier's size"
+    paged = table[table["policy"] == "paged-prefix"] if len(table) else table
+    keys = ["group", "runner", "block_size"]
+    lines = [line for _, line in paged.groupby(keys, sort=True)] if len(paged) else []
+    lines = [line for line in lines if (line["cpu_offload_bytes"] > 0).any()]
+    if not lines:
+        return Plot(name, title, None, "no paged-prefix run with a CPU tier")
+    shown = lines[:3]
+    fig = Figure(figsize=(max(5.2 * len(shown) + 1, 8), 4.8), layout="constrained")
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:purple")
+    for ax, line in zip(axes, shown):
+        base = line[line["cpu_offload_bytes"] == 0]
+        tiered = line[line["cpu_offload_bytes"] > 0]
+        for i, (eviction, series) in enumerate(tiered.groupby("eviction", sort=True)):
+            series = pd.concat([base.iloc[:1], series]).sort_values("cpu_offload_bytes")
+            x = series["cpu_offload_bytes"].to_numpy(dtype=float) / GIB
+            kw = {"color": colors[i % len(colors)], "marker": "o"}
+            ax.plot(x, series["cpu_hit_tokens"], ls="-", label=f"{eviction}: CPU hit tokens", **kw)
+            ax.plot(x, series["gpu_hit_tokens"], ls="--", mfc="white", label=f"{eviction}: GPU hit tokens", **kw)
+        sizes = sorted(set(line["cpu_offload_bytes"]))
+        ax.set_xticks([b / GIB for b in sizes], [f"{b / GIB:g}" if b else f"0 ({NO_TIER})" for b in sizes], fontsize=8)
+        ax.set_xlabel("CPU tier size, GiB")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        first = line.iloc[0]
+        ax.set_title(_wrap(f"Group {int(first['group']) + 1} · {first['runner']}, block {first['block_size']}", 55))
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("hit tokens (all requests, all admissions)")
+    fig.suptitle("Tokens served from the GPU's prefix cache and from the CPU tier, by the tier's size", fontsize=11)
+    note = (
+        "Each point is one run (paged-prefix, first ok repetition); the point at 0 is the run without a CPU tier, "
+        "shared by every eviction policy's line. CPU hit tokens: loaded from the tier instead of computed; GPU hit "
+        "tokens: found in the GPU's prefix cache at any admission."
+    )
+    if len(lines) > len(shown):
+        note += f" {len(lines) - len(shown)} more line(s) with a CPU tier are in the table only."
+    return Plot(name, title, fig, note)
+
+
 def all_plots(
     cells: pd.DataFrame,
     runs: pd.DataFrame,
@@ -1020,8 +1072,12 @@ def all_plots(
     requests: pd.DataFrame,
     decomp: pd.DataFrame,
     slo: pd.DataFrame | None = None,
+    cpu_tier: pd.DataFrame | None = None,
 ) -> list[Plot]:
-    """Every figure of the report, in order (drawn or with the reason it is not)."""
+    """Every figure of the report, in order (drawn or with the reason it is not); the optional
+    ones only where drawn. ``cpu_tier``: ``cpu_tier.cpu_tier_table``'s (computed when not given)."""
+    tiers = cpu_tier if cpu_tier is not None else cpu_tier_table(cells, runs, steps, requests)
+    optional = [cpu_tier_hits(tiers)] if len(tiers) else []
     return [
         memory_breakdown(cells),
         last_block_waste(runs, requests),
@@ -1034,6 +1090,7 @@ def all_plots(
         slo_latency(cells, slo),
         goodput_curves(cells, slo),
         prefix_reuse_curves(cells),
+        *optional,
     ]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..harness.records.schema import OK
-from . import display, layout, markdown
+from . import cpu_tier, display, layout, markdown
 from .contents import ReportTables, report_tables
 from .display import Column
 from .figures import Plot, all_plots
@@ -148,6 +148,16 @@ def figures_section(plots: Sequence[Plot], pngs: dict[str, bytes]) -> list[str]:
     return [*parts, "</section>"]
 
 
+def cpu_tier_section(section: cpu_tier.CpuTier, titles: dict[int, str]) -> list[str]:
+    """Per comparison group with a CPU tier: its sentences (the answer), then its table."""
+    parts = [f'<h2 id="cpu-tier">{_e(cpu_tier.TITLE)}</h2>', f"<p>{_e(cpu_tier.NOTE)}</p>"]
+    for g, sentences, sub in cpu_tier.groups(section):
+        parts.append(f'<h3><a href="#group-{g + 1}">Group {g + 1}</a>: {_e(titles[g])}</h3>')
+        parts += [f'<p class="finding">{_e(" ".join(sentences))}</p>'] if sentences else []
+        parts += laid_out(cpu_tier.columns(sub), sub, cpu_tier.KEYS, cpu_tier.SETS)
+    return parts
+
+
 def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs: dict[str, bytes]) -> str:
     """The page: title, warnings, findings, figures, then the tables (layout.layout fits each to the page)."""
     cells, runners = tables.cells, set(runs["runner"])
@@ -232,6 +242,8 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot], pngs
         parts += laid_out(
             display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse, display.PREFIX_REUSE_KEYS, display.PREFIX_REUSE_SETS
         )
+    if len(tables.cpu_tier):
+        parts += cpu_tier_section(tables.cpu_tier, titles)
     if len(tables.hybrid):
         parts.append("<h2>Hybrid KV cache manager</h2>")
         parts.append(f"<p>{_e(display.HYBRID_NOTE)}</p>")
@@ -281,8 +293,17 @@ def write_report(out: Path) -> Path:
         records.slo,
         records.metrics,
         records.kv_groups,
+        records.requests,
     )
-    plots = all_plots(tables.cells, records.runs, records.steps, records.requests, tables.decomposition, records.slo)
+    plots = all_plots(
+        tables.cells,
+        records.runs,
+        records.steps,
+        records.requests,
+        tables.decomposition,
+        records.slo,
+        tables.cpu_tier.table,
+    )
     pngs = {p.stem: png_bytes(p) for p in plots if p.figure is not None}
     files = {f"{name}.png": data for name, data in pngs.items()}
     files["summary.md"] = markdown.render(records.runs, tables, plots).encode("utf-8")

@@ -89,8 +89,9 @@ def workload_family(row: Mapping[str, Any]) -> str:
 
 
 def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
-    """Runs plus the derived columns reports group by: ``scheduler``, ``page_bytes``, ``arena``, ``family``
-    (the workload spec without its rate), and the labels ``workload`` and ``family_label``."""
+    """Runs plus the derived columns reports group by: ``scheduler``, ``page_bytes``, ``arena``, the CPU
+    tier's ``cpu_offload_bytes`` and ``offload_policy`` (as identity sees them), ``family`` (the
+    workload spec without its rate), and the labels ``workload`` and ``family_label``."""
     runs = runs.copy()
     rows = runs.to_dict("records")
     runs["scheduler"] = [scheduler_key(r) for r in rows]
@@ -106,12 +107,28 @@ def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
         index=runs.index,
         dtype=object,
     )
+    # The CPU tier as identity sees it: its bytes and eviction policy where the run had one, None
+    # where it had none (0 bytes, and what rows from before the columns mean).
+    for col in ("cpu_offload_bytes", "offload_policy"):
+        runs[col] = pd.Series([cpu_tier_key(r, col) for r in rows], index=runs.index, dtype=object)
     runs["family"] = [workload_family(r) for r in rows]
     runs["workload"] = [workload_label(r) for r in rows]
     runs["family_label"] = [workload_label(r, rate=False) for r in rows]
     for col, values in paper_split(runs).items():
         runs[col] = values
     return runs
+
+
+def cpu_tier_key(row: Mapping[str, Any], column: str) -> Any:
+    """A run's CPU tier ``column`` (``cpu_offload_bytes`` or ``offload_policy``) as identity sees
+    it: None without a tier (0 bytes, or a row from before the columns), the bytes as an int."""
+    tier = _plain(row.get("cpu_offload_bytes"))
+    if tier is None or bool(pd.isna(tier)) or not tier:
+        return None
+    if column == "cpu_offload_bytes":
+        return int(tier)
+    value = _plain(row.get(column))
+    return None if value is None or bool(pd.isna(value)) else value
 
 
 def paper_split(runs: pd.DataFrame) -> dict[str, pd.Series]:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from ..harness.records.schema import OK
-from . import display, layout
+from . import cpu_tier, display, layout
 from .contents import ReportTables
 from .display import Column
 from .figures import Plot
@@ -76,6 +76,16 @@ def figures_section(plots: Sequence[Plot]) -> list[str]:
         f"- `{p.stem}.png` — {p.title}" if p.figure is not None else f"- {p.title}: not drawn — {p.note}" for p in plots
     ]
     return [*out, ""]
+
+
+def cpu_tier_section(section: cpu_tier.CpuTier, titles: dict[int, str]) -> list[str]:
+    """Per comparison group with a CPU tier: its sentences (the answer), then its table."""
+    out = [f"## {cpu_tier.TITLE}", "", cpu_tier.NOTE, ""]
+    for g, sentences, sub in cpu_tier.groups(section):
+        out += [f"### Group {g + 1}: {titles[g]}", ""]
+        out += [" ".join(sentences), ""] if sentences else []
+        out += laid_out(cpu_tier.columns(sub), sub, cpu_tier.KEYS, cpu_tier.SETS)
+    return out
 
 
 def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ()) -> str:
@@ -157,6 +167,8 @@ def render(runs: pd.DataFrame, tables: ReportTables, plots: Sequence[Plot] = ())
         out += laid_out(
             display.PREFIX_REUSE_COLUMNS, tables.prefix_reuse, display.PREFIX_REUSE_KEYS, display.PREFIX_REUSE_SETS
         )
+    if len(tables.cpu_tier):
+        out += cpu_tier_section(tables.cpu_tier, titles)
     if len(tables.hybrid):
         out += ["## Hybrid KV cache manager", "", display.HYBRID_NOTE, ""]
         out += laid_out(display.HYBRID_COLUMNS, tables.hybrid, display.HYBRID_KEYS, display.HYBRID_SETS)

@@ -1,8 +1,9 @@
 """Prefix reuse against KV budget: what content-addressed sharing buys at each budget.
 
 For every line of cells that differ only in budget and policy (same work otherwise, same
-runner), and every budget at which ``paged-prefix`` ran: its hit rate (first admissions
-only; a preempted request's hits on its own recomputation are counted apart), the
+runner, no CPU tier: ``cpu_tier`` reads those), and every budget at which ``paged-prefix``
+ran: its hit rate (first admissions only; a preempted request's hits on its own
+recomputation are counted apart), the
 conversations' hit rates, evictions, how long reused blocks waited, its throughput against
 ``paged`` at the same budget, and the smallest swept budget at which a contiguous policy (no
 sharing) reaches the same throughput. A pure function of the cell table; the renderers show it.
@@ -38,6 +39,8 @@ def prefix_reuse_table(cells: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for _, line in cells.groupby(keys, sort=False, dropna=False):
         ok = line[line["ok"] > 0]
+        if "cpu_offload_bytes" in ok:  # one tier, the GPU's: runs with a CPU tier have their own section
+            ok = ok[pd.to_numeric(ok["cpu_offload_bytes"], errors="coerce").fillna(0) == 0]
         contiguous = ok[[is_contiguous(str(p)) for p in ok["policy"]]]
         for r in ok[ok["policy"] == "paged-prefix"].to_dict("records"):
             budget = r["budget_bytes"]

@@ -10,6 +10,7 @@ import importlib
 
 from ..harness.errors import KvbenchError
 from ..harness.spec.capabilities import RUNNER_NAMES
+from ..harness.spec.specs import RunSpec
 from .base import Runner
 
 RUNNERS: dict[str, str] = {  # module relative to this package : class
@@ -41,3 +42,16 @@ def availability(name: str) -> str | None:
         return get_runner(name).unavailable()
     except KvbenchError as exc:
         return str(exc)
+
+
+def cell_skip(spec: RunSpec) -> str | None:
+    """Why an optional runner's cell cannot run here though the runner can (None: it can): a CPU
+    tier in vLLM's engine on its CPU build."""
+    if spec.runner in ("vllm", "serve") and spec.memory.cpu_offload_bytes and not spec.serve_url:
+        from .vllm import build
+        from .vllm.offload import NEEDS_GPU
+
+        installed = build.installed_build()
+        if installed is not None and installed.device == "cpu":
+            return NEEDS_GPU
+    return None

@@ -7,6 +7,7 @@ import datetime as _dt
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..harness.clock.clocks import LINK_CALL_LATENCY_S, Clock, make_clock
@@ -149,11 +150,23 @@ def base_row(cell: Cell, runner: str) -> dict[str, object]:
         "clock": spec.scheduler.clock,
         **clock_columns(spec),
         "repeat": spec.repeat,
+        **cpu_tier_columns(spec),
         "device": "cpu",
         "started_at": _dt.datetime.now(_dt.UTC),
         "spec_json": spec.to_json(),
         **provenance(),
         **layout_columns(spec),
+    }
+
+
+def cpu_tier_columns(spec: RunSpec) -> dict[str, object]:
+    """The run row's CPU tier columns: its bytes (0: none), eviction policy (null without a tier)
+    and capacity in blocks (0 without a tier)."""
+    tier = spec.memory.cpu_offload_bytes
+    return {
+        "cpu_offload_bytes": tier,
+        "offload_policy": spec.memory.offload_policy if tier else None,
+        "cpu_blocks": spec.cpu_blocks,
     }
 
 
@@ -212,9 +225,13 @@ def parallel_detail(spec: RunSpec) -> str:
     return out
 
 
-def requests_columns(seqs: list[Seq]) -> dict[str, list]:
+def requests_columns(seqs: list[Seq], cpu_hit_tokens: Mapping[int, int] | None = None) -> dict[str, list]:
+    """The requests table of ``seqs``; ``cpu_hit_tokens``: the tokens each sequence (by
+    ``Seq.index``) loaded from a CPU tier, over its admissions (None: no tier, the column null;
+    a sequence it does not name loaded none)."""
     cols: dict[str, list] = {name: [] for name in REQUESTS.names}
     for s in seqs:
+        cols["cpu_hit_tokens"].append(None if cpu_hit_tokens is None else cpu_hit_tokens.get(s.index, 0))
         cols["request_id"].append(s.request_id)
         cols["sample"].append(s.sample)
         cols["prompt_len"].append(s.prompt_len)

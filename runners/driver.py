@@ -139,4 +139,6 @@ def drive(cell: Cell, seqs: list[Seq], arrivals: Arrivals, engine: Engine, row: 
     row = complete_row(row, recorder, seqs, wall_s, engine.now)
     row.update(status=status, error=error)
     row.update(engine_columns)
-    return RunResult(cell.run_id, recorder.finish(requests_columns(seqs), row))
+    # A CPU tier: the tokens each request loaded from it rather than computed (the engine counts them).
+    cpu_hits = getattr(engine, "cpu_hit_tokens", None)
+    return RunResult(cell.run_id, recorder.finish(requests_columns(seqs, cpu_hits), row))

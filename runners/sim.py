@@ -15,9 +15,12 @@ from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.fast_scheduler import FastScheduler
 from ..harness.sim.latency import itl_summary
+from ..harness.sim.offload.rules import mirrored_rules
+from ..harness.sim.offload.scheduler import OffloadScheduler
+from ..harness.sim.offload.transfers import link_bytes_per_s
 from ..harness.sim.policies import FAST, REFERENCE, policy_entry
 from ..harness.sim.policies.grouped import GroupedPagedPolicy
-from ..harness.sim.policies.paged import reuse_distance_columns
+from ..harness.sim.policies.paged import PagedPolicy, reuse_distance_columns
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
 from ..harness.spec.feasibility import explain
@@ -53,6 +56,10 @@ class SimEngine:
         policy = sched.policy
         self._grouped = policy if isinstance(policy, GroupedPagedPolicy) else None
         self._group_rows: list[tuple[int, int, str, int, int]] = []
+        # A CPU tier: the scheduler's tokens loaded from it, by sequence (the requests' cpu_hit_tokens).
+        self.cpu_hit_tokens: dict[int, int] | None = (
+            sched.cpu_hit_tokens if isinstance(sched, OffloadScheduler) else None
+        )
 
     @property
     def now(self) -> float:
@@ -63,11 +70,10 @@ class SimEngine:
         self.sched.now = t_s
 
     def busy(self) -> bool:
-        sched = self.sched
-        return bool(sched.waiting or sched.running)
+        return self.sched.has_unfinished()
 
     def admit(self, seq: Seq) -> None:
-        self.sched.waiting.append(seq)
+        self.sched.add_request(seq)
 
     def record_quiet_steps(self, recorder: RunRecorder) -> int:
         return self._quiet(recorder) if self._quiet is not None else 0
@@ -78,6 +84,7 @@ class SimEngine:
         (running, waiting, blocks, allocated, used, reserved, internal, external, free, evicted, cached) = (
             sched.measure_values()
         )
+        offload = sched.offload_values() if self.cpu_hit_tokens is not None else None  # type: ignore[attr-defined]
         grouped = self._grouped
         if grouped is not None:
             self._group_rows = [
@@ -95,7 +102,7 @@ class SimEngine:
                     self._sampled[seq.index] = seq
         work = plan.work
         measured = wall is not None  # the step's work beside its measured time (calibrate's features)
-        return StepRow(
+        row = StepRow(
             step=plan.step,
             t_s=plan.t_s,
             dt_s=sched.now - plan.t_s,
@@ -122,6 +129,12 @@ class SimEngine:
             context_tokens=work.context_tokens if measured else None,
             attention_pairs=work.attention_pairs if measured else None,
         )
+        if offload is not None:
+            cpu_blocks, stored, loaded, load_waiting = offload
+            row = row._replace(
+                cpu_blocks=cpu_blocks, stored_blocks=stored, loaded_blocks=loaded, load_waiting=load_waiting
+            )
+        return row
 
     def take_kv_groups(self) -> list[tuple[int, int, str, int, int]]:
         """The last step's KV cache group rows (none for a model of full attention only)."""
@@ -161,8 +174,11 @@ def run_scheduler(
     assert executor is None or scheduler_cls is Scheduler, "an executor needs every scheduled request"
     spec = cell.spec
     entry = policy_entry(spec)
-    if not entry.fast:
-        scheduler_cls = Scheduler  # a policy off the fast path runs exact on the reference loop
+    offload = spec.memory.cpu_offload_bytes > 0
+    if not entry.fast or offload:
+        # A policy off the fast path runs exact on the reference loop; so does a CPU tier
+        # (harness.sim.offload: vLLM's connector sees every request of every step).
+        scheduler_cls = Scheduler
     seqs = expand_seqs(cell, scheduler_cls.seq_type)
     policy = entry.build(spec, block_ids=scheduler_cls.needs_block_ids, shared=shares_blocks(seqs))
     row = base_row(cell, runner)
@@ -173,7 +189,26 @@ def run_scheduler(
     clock = clock_for(spec.scheduler, spec.geometry, spec.kv_bytes_per_token)
     assert clock is not None or executor is not None, "a measured clock needs a runner that measures steps"
     arrivals = Arrivals(seqs)
-    sched = scheduler_cls(arrivals, policy, spec.scheduler, spec.memory.max_model_len, clock)
+    sched: Scheduler
+    if offload:
+        rules = mirrored_rules()
+        row["offload_rules"] = rules.release
+        assert isinstance(policy, PagedPolicy)
+        block_bytes = spec.block_size * spec.kv_bytes_per_token
+        sched = OffloadScheduler(
+            arrivals,
+            policy,
+            spec.scheduler,
+            spec.memory.max_model_len,
+            clock,
+            spec.cpu_blocks,
+            spec.memory.offload_policy,
+            block_bytes,
+            link_bytes_per_s(spec.scheduler),
+            rules,
+        )
+    else:
+        sched = scheduler_cls(arrivals, policy, spec.scheduler, spec.memory.max_model_len, clock)
     return drive(cell, seqs, arrivals, SimEngine(sched, executor), row)
 
 

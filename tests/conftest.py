@@ -20,6 +20,8 @@ from kvbench.app.suite import parse_suite
 from kvbench.app.sweep import build_cells, run_cell
 from kvbench.harness.records import store
 from kvbench.harness.spec.capabilities import is_contiguous
+from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
+from kvbench.harness.spec.workload_spec import WorkloadSpec
 from kvbench.reports.divergence import DEFAULT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,7 +126,8 @@ def one_workload_suite(**settings: object) -> str:
     return suite_toml(
         str(s["name"]),
         model=model,
-        memory={"kv_budget": s["budget"], "max_model_len": s["max_model_len"]},
+        memory={"kv_budget": s["budget"], "max_model_len": s["max_model_len"]}
+        | {k: s[k] for k in ("cpu_offload", "offload_policy") if k in s},
         workload=str(s["workload"]),
         scheduler={
             "max_num_seqs": s["max_num_seqs"],
@@ -344,3 +347,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
         out, proc = run_attached(tmp_path_factory.mktemp("served"), url)
     assert proc.returncode == 0, proc.stderr
     return out
+
+
+def run_spec(**changes: object) -> RunSpec:
+    """A ``RunSpec`` of sim/paged at block 16 over every default, with ``changes``."""
+    base: dict[str, object] = dict(
+        runner="sim",
+        policy="paged",
+        block_size=16,
+        model=ModelSpec(),
+        memory=MemorySpec(),
+        workload=WorkloadSpec(),
+        scheduler=SchedulerSpec(),
+    )
+    base.update(changes)
+    return RunSpec(**base)  # type: ignore[arg-type]

@@ -164,6 +164,11 @@ def steps_for(row: dict[str, Any], running: Iterable[int]) -> pd.DataFrame:
             "scheduled_seqs": [None] * n,
             "context_tokens": [None] * n,
             "attention_pairs": [None] * n,
+            # no CPU tier
+            "cpu_blocks": [None] * n,
+            "stored_blocks": [None] * n,
+            "loaded_blocks": [None] * n,
+            "load_waiting": [None] * n,
         }
     )
 
@@ -193,6 +198,7 @@ def requests_for(lengths: Iterable[tuple[int, int]]) -> pd.DataFrame:
             "sent_s": [None] * n,
             "token_times_s": [None] * n,
             "token_counts": [None] * n,
+            "cpu_hit_tokens": [None] * n,  # no CPU tier
         }
     )
 

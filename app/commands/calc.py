@@ -8,7 +8,9 @@ heads and of the layers) and the budget is one GPU's. A model whose layers are n
 all full attention (sliding window, chunked, MLA, state layers) also gets its bytes
 per token per layer kind, its state per request, the KV cache groups vLLM forms
 with its hybrid KV cache manager on, and what fits paged with the manager on and
-off (``harness/spec/kv_layout.py``).
+off (``harness/spec/kv_layout.py``). With ``--cpu-offload SIZE`` it also says how many of the
+model's blocks a CPU tier of KV memory of that size holds, as vLLM's KV offloading counts them
+(``harness/spec/cpu_tier.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_text
+from ...harness.spec.cpu_tier import PAGE_BYTES, cpu_block_bytes, cpu_tier_blocks, parse_cpu_offload
 from ...harness.spec.feasibility import levers
 from ...harness.spec.geometry import PRESETS, ModelGeometry, kv_dtype_bytes, resolve_model
 from ...harness.spec.kv_layout import KVLayout, kv_layout
@@ -79,6 +82,19 @@ def capacity(
     if not geometry.is_uniform_full:
         out.update(layout_fit(row, geometry, kv_dtype, budget_bytes, max_model_len, tp, pp))
     return out
+
+
+def cpu_tier(row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, cpu_bytes: int) -> dict[str, Any]:
+    """How many blocks of ``row``'s block size a CPU tier of ``cpu_bytes`` holds (vLLM's KV
+    offloading: each block rounded up to whole pages), and how many tokens that is."""
+    block = geometry.kv_bytes_per_token(kv_dtype) * row["block_size"]
+    blocks = cpu_tier_blocks(cpu_bytes, block)
+    return {
+        "cpu_offload_bytes": cpu_bytes,
+        "cpu_block_bytes": cpu_block_bytes(block),
+        "cpu_blocks": blocks,
+        "cpu_tokens": blocks * row["block_size"],
+    }
 
 
 def _paged_fit(layout: KVLayout, budget_bytes: int, tokens: int) -> int:
@@ -175,6 +191,12 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="what contiguous-max reserves per sequence (default: 2048, or the largest --tokens if longer)",
     )
     p.add_argument("--workload", type=nonempty_text, help="a workload Parquet file: does its raw KV fit the budget?")
+    p.add_argument(
+        "--cpu-offload",
+        metavar="SIZE",
+        help="a CPU tier of KV memory such as 16GiB (vLLM's --kv-offloading-size): how many of the model's "
+        "blocks it holds (with --model and --budget)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list of objects")
 
 
@@ -194,6 +216,17 @@ def run(args: argparse.Namespace) -> int:
             raise KvbenchError(f"{flag} must be a positive integer, got {value}")
     if (args.tp > 1 or args.pp > 1) and not args.model:
         raise KvbenchError("--tp and --pp need --model and --budget (they split a model's KV across GPUs)")
+    cpu = None
+    if args.cpu_offload is not None:
+        cpu = parse_cpu_offload(args.cpu_offload, "--cpu-offload")
+        if not cpu:
+            raise KvbenchError(f"--cpu-offload {args.cpu_offload} is no CPU tier; give a size such as 16GiB")
+        if not args.model:
+            raise KvbenchError("--cpu-offload needs --model and --budget (it counts the model's KV blocks)")
+        if args.tp > 1 or args.pp > 1:
+            raise KvbenchError(
+                "--cpu-offload is counted at --tp 1 and --pp 1 (kvbench mirrors vLLM's CPU tier of one rank)"
+            )
     if args.model or args.budget or args.workload:
         if not (args.model and args.budget):
             raise KvbenchError("--model and --budget go together (and --workload needs both)")
@@ -210,8 +243,16 @@ def run(args: argparse.Namespace) -> int:
             raise KvbenchError(
                 f"--tokens {longest} is longer than --max-model-len {args.max_model_len}: no such sequence is admitted"
             )
+        if cpu and not geometry.is_uniform_full:
+            raise KvbenchError(
+                f"--cpu-offload: model {geometry.name!r} is not all full attention; kvbench mirrors vLLM's "
+                f"offloading of one full-attention KV cache group (sliding-window and hybrid layouts are not "
+                f"mirrored yet)"
+            )
         for r in rows:
             r.update(capacity(r, geometry, args.kv_dtype, budget, args.max_model_len, args.tp, args.pp))
+            if cpu:
+                r.update(cpu_tier(r, geometry, args.kv_dtype, cpu))
         if args.workload:
             fit = workload_fit(args.workload, geometry, args.kv_dtype, budget, args.tp, args.pp)
     if args.json:
@@ -269,7 +310,19 @@ def render(rows: list[dict[str, Any]]) -> str:
             f"contiguous-max reserves {r['max_model_len']:,} positions per sequence",
             *(render_layout(r) if layout else []),
         ]
+    if "cpu_blocks" in r:
+        lines += render_cpu_tier(rows)
     return "\n".join(lines)
+
+
+def render_cpu_tier(rows: list[dict[str, Any]]) -> list[str]:
+    """A line per block size: the blocks and tokens a CPU tier holds."""
+    firsts = {r["block_size"]: r for r in rows}
+    return [
+        f"CPU tier {format_bytes(r['cpu_offload_bytes'])}: {r['cpu_blocks']:,} blocks of {bs:,} tokens "
+        f"({r['cpu_block_bytes']:,} B each, in whole {PAGE_BYTES:,}-B pages) = {r['cpu_tokens']:,} tokens"
+        for bs, r in firsts.items()
+    ]
 
 
 def render_layout(r: dict[str, Any]) -> list[str]:

@@ -174,6 +174,18 @@ def _probe_and_run(
 
     prepared = prepare_cells(suite, out, log)
     prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.spec.runner in wanted])
+    from ...runners import cell_skip
+
+    cant = {
+        c.run_id: (c.spec.runner, why)
+        for c in prepared.cells
+        if c.spec.runner in suite.optional_runners and (why := cell_skip(c.spec))
+    }
+    for runner, why in sorted(set(cant.values())):
+        count = sum(1 for r, _ in cant.values() if r == runner)
+        log(f"skipping {count} cell{'s' if count > 1 else ''} of optional runner {runner} with a CPU tier: {why}")
+    if cant:
+        prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.run_id not in cant])
     if any(c.spec.runner == "serve" and c.spec.serve_url for c in prepared.cells):
         from ...runners.serve.runner import check_attached_servers
 

@@ -52,6 +52,9 @@ class GpuPreset:
     # the same time, receives) per second; the ring all-reduce of a tensor-parallel step runs on it.
     # 0: no interconnect stated (a tensor-parallel roofline refuses the preset).
     link_bytes_s: float = 0.0
+    # Datasheet GPU-to-host bandwidth, one direction: what a CPU tier of KV (vLLM's native
+    # offloading) loads and stores over. 0: none stated (a transfer then lasts until the next step).
+    host_link_bytes_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in ("bandwidth_efficiency", "flops_efficiency"):
@@ -78,12 +81,19 @@ _VIDUR_H100 = "Vidur H100 linear-layer profiles"
 # figure; a ring all-reduce sends and receives at once, so its time is set by the one-way figure.
 _NVLINK3 = 300e9
 _NVLINK4 = 450e9
+# GPU to host, one direction, x16: PCIe 4.0 (A100) 16 GT/s and PCIe 5.0 (H100, H200) 32 GT/s a
+# lane, 128b/130b coded: 31.5 and 63 GB/s; NVLink-C2C (GH200): 900 GB/s bidirectional, 450 each way.
+_PCIE4 = 31.5e9
+_PCIE5 = 63e9
+_NVLINK_C2C = 450e9
 GPU_PRESETS: dict[str, GpuPreset] = {
     g.name: g
     for g in (
-        GpuPreset("A100-40GB", 40 * 10**9, 1.555e12, 312e12, 0.77, 0.74, f"{_VIDUR_A100}, same GA100 die", _NVLINK3),
-        GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12, 0.77, 0.74, _VIDUR_A100, _NVLINK3),
-        GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12, 0.85, 0.69, _VIDUR_H100, _NVLINK4),
+        GpuPreset(
+            "A100-40GB", 40 * 10**9, 1.555e12, 312e12, 0.77, 0.74, f"{_VIDUR_A100}, same GA100 die", _NVLINK3, _PCIE4
+        ),
+        GpuPreset("A100-80GB", 80 * 10**9, 2.039e12, 312e12, 0.77, 0.74, _VIDUR_A100, _NVLINK3, _PCIE4),
+        GpuPreset("H100", 80 * 10**9, 3.35e12, 989e12, 0.85, 0.69, _VIDUR_H100, _NVLINK4, _PCIE5),
         GpuPreset(
             "H200",
             141 * 10**9,
@@ -93,6 +103,18 @@ GPU_PRESETS: dict[str, GpuPreset] = {
             0.69,
             f"{_VIDUR_H100}, carried over: not measured on H200",
             _NVLINK4,
+            _PCIE5,
+        ),
+        GpuPreset(
+            "GH200",
+            96 * 10**9,
+            4.0e12,
+            989e12,
+            0.85,
+            0.69,
+            f"{_VIDUR_H100}, carried over: not measured on GH200",
+            _NVLINK4,
+            _NVLINK_C2C,
         ),
     )
 }

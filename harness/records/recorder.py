@@ -24,7 +24,18 @@ import pyarrow.parquet as pq
 
 from ..errors import StorageError, storage_error
 from . import store
-from .schema import KV_GROUPS, METRICS, OK, REQUESTS, RUNS, STATUSES, STEPS, StepRow, with_version
+from .schema import (
+    CPU_TIER_STEP_COLUMNS,
+    KV_GROUPS,
+    METRICS,
+    OK,
+    REQUESTS,
+    RUNS,
+    STATUSES,
+    STEPS,
+    StepRow,
+    with_version,
+)
 
 BATCH_ROWS = 16_384
 STEP_FIELDS: tuple[str, ...] = StepRow._fields  # STEPS's columns (checked where StepRow is declared)
@@ -33,6 +44,9 @@ _FLOAT = [pa.types.is_floating(f.type) for f in STEPS]
 _EXACT = float(2**53)
 # Null unless a runner measures steps (integers held in the float64 buffer are exact below 2**53).
 MEASURED_FIELDS = ("kv_bytes_allocated", "step_wall_s", "scheduled_seqs", "context_tokens", "attention_pairs")
+# The columns a step row leaves null unless given: the measured ones and a CPU tier's (null for a
+# run without a tier).
+NULL_FIELDS: tuple[str, ...] = (*MEASURED_FIELDS, *CPU_TIER_STEP_COLUMNS)
 _RUNS_NAMES = frozenset(RUNS.names)
 
 
@@ -205,7 +219,7 @@ class RunRecorder:
         self._background = _Background(self._writer)
         # Buffered steps, one row per step, one float64 column per field (NaN: null). Unused
         # rows hold the "nothing" row (0, nulls as NaN), so bulk writes skip such columns.
-        self._blank = np.array([math.nan if name in MEASURED_FIELDS else 0.0 for name in STEP_FIELDS])
+        self._blank = np.array([math.nan if name in NULL_FIELDS else 0.0 for name in STEP_FIELDS])
         self._buf = np.tile(self._blank, (2 * BATCH_ROWS, 1))
         self._n = 0
         self._summarized = 0  # rows of the buffer already in the summary

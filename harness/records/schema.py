@@ -48,14 +48,24 @@ STEPS = pa.schema(
         ("scheduled_seqs", pa.int32()),  # requests scheduled this step
         ("context_tokens", pa.int64()),  # Σ over them of their context after the step (KV positions attended)
         ("attention_pairs", pa.int64()),  # Σ new tokens × context (query-key pairs)
+        # A CPU tier of KV memory (vLLM's native KV offloading; null for runs without one): blocks it
+        # holds during the step, blocks whose store to it / load from it was issued this step, and
+        # requests waiting on a load from it.
+        ("cpu_blocks", pa.int64()),
+        ("stored_blocks", pa.int64()),
+        ("loaded_blocks", pa.int64()),
+        ("load_waiting", pa.int32()),
     ]
 )
+# The steps columns of a CPU tier: null in every row of a run without one.
+CPU_TIER_STEP_COLUMNS: tuple[str, ...] = ("cpu_blocks", "stored_blocks", "loaded_blocks", "load_waiting")
 
 
 class StepRow(NamedTuple):
     """One row of ``STEPS``, as every runner records it (``RunRecorder.add_step``). A NamedTuple,
     not a dataclass: the simulator builds one per step, and the recorder stores it as the tuple
-    it is. None is a null (the measured columns, for runners that measure nothing)."""
+    it is. None is a null (the measured columns, for runners that measure nothing; the CPU tier's,
+    trailing and None unless given, for runs without a tier)."""
 
     step: int
     t_s: float
@@ -82,6 +92,10 @@ class StepRow(NamedTuple):
     scheduled_seqs: int | None
     context_tokens: int | None
     attention_pairs: int | None
+    cpu_blocks: int | None = None
+    stored_blocks: int | None = None
+    loaded_blocks: int | None = None
+    load_waiting: int | None = None
 
 
 assert StepRow._fields == tuple(STEPS.names), "StepRow must name STEPS's columns, in their order"
@@ -120,6 +134,9 @@ REQUESTS = pa.schema(
         # How many tokens each entry of token_times_s carried (serve); null where each entry is one
         # token (the in-process runners) or the count was not kept (an import: vLLM's client keeps none).
         ("token_counts", pa.list_(pa.int32())),
+        # Tokens loaded from a CPU tier of KV memory rather than computed, summed over its admissions
+        # (null for runs without a tier).
+        ("cpu_hit_tokens", pa.int64()),
     ]
 )
 
@@ -272,6 +289,15 @@ RUNS = pa.schema(
         ("kv_bytes_per_block", pa.int64()),
         ("kv_groups", pa.string()),
         ("kv_groups_rows", pa.int64()),
+        # A CPU tier of KV memory (vLLM's native KV offloading, ``harness.spec.cpu_tier``): its bytes
+        # (0: none; null in results written before it, read as 0), its eviction policy (null without
+        # a tier) and its capacity in blocks of block_size (0 without a tier).
+        ("cpu_offload_bytes", pa.int64()),
+        ("offload_policy", pa.string()),
+        ("cpu_blocks", pa.int64()),
+        # Whose offloading rules ran the tier: vllm-sched, the installed vLLM's ("vllm 0.32"); sim, the
+        # release it mirrors (``harness.sim.offload.rules``); null without a tier or elsewhere.
+        ("offload_rules", pa.string()),
     ]
 )
 

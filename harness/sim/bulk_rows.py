@@ -1,8 +1,8 @@
 """The row-block builder: many steps' rows as one float64 block in the recorder's layout.
 
 The fast path records runs of steps at once (``RunRecorder.add_step_rows``): one column per
-``StepRow`` field, floats (integers are exact below 2**53), the measured columns null (NaN),
-as ``SimEngine.step`` would have recorded them one by one.
+``StepRow`` field, floats (integers are exact below 2**53), the measured columns and a CPU
+tier's null (NaN), as ``SimEngine.step`` would have recorded them one by one.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..records.recorder import MEASURED_FIELDS
+from ..records.recorder import NULL_FIELDS
 from ..records.schema import StepRow
 
 WIDTH = len(StepRow._fields)
@@ -39,8 +39,9 @@ BLOCKS, ALLOCATED, USED, RESERVED, INTERNAL, EXTERNAL, FREE, EVICTED, PREFIX_HIT
 )
 
 LEVEL = 8  # values per level (``StepLog.level``)
-# A step's row before its varying columns are filled in: zeros, the unmeasured columns null.
-_BLANK = np.array([math.nan if c in MEASURED_FIELDS else 0.0 for c in StepRow._fields])
+# A step's row before its varying columns are filled in: zeros, the unmeasured columns and the
+# CPU tier's null.
+_BLANK = np.array([math.nan if c in NULL_FIELDS else 0.0 for c in StepRow._fields])
 
 
 def step_rows(
@@ -54,7 +55,7 @@ def step_rows(
     end of the last (k + 1 values; ``dt_s`` is their difference); ``columns`` maps a column
     index to one value per step or one for all; ``events`` maps a column index to sparse
     (row, value) pairs over zeros (finishes, admissions, preemptions). Every column not named
-    is zero, or null where it is measured. Allocation columns derived from others
+    is zero, or null where it is measured or a CPU tier's. Allocation columns derived from others
     (positions from blocks, reserved, free) are the caller's: only it knows the block size."""
     rows = np.empty((k, WIDTH))
     rows[:] = _BLANK

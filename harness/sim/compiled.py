@@ -49,6 +49,10 @@ MODULES: tuple[str, ...] = (
     "policies.counting_grouped",
     "policies.grouped_prefix",
     "policies.counting_grouped_prefix",
+    "offload.eviction",
+    "offload.cpu_tier",
+    "offload.connector",
+    "offload.transfers",
 )
 STAMP = "compiled-sources.sha256"  # beside the modules: the digest of the sources a build compiled
 PURE_ENV = "KVBENCH_PURE"

@@ -131,6 +131,14 @@ class Scheduler(Generic[S]):
         self._measure_use: Callable[[], tuple[int, int]] | None = getattr(policy, "measure_use", None)
         self._evictions_seen = 0
 
+    def add_request(self, seq: S) -> None:
+        """A request handed over by the driver: it waits, last."""
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        """Whether a request handed over is unfinished."""
+        return bool(self.waiting or self.running)
+
     # -- the hooks -----------------------------------------------------------------------
     def preempt(self, seq: S) -> None:
         """Preempt ``seq`` (already out of ``running``): its memory freed, recompute forgets its

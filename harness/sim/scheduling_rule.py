@@ -72,6 +72,21 @@ def admission(policy: Policy, seq: Seq, budget: int, max_model_len: int) -> tupl
     return hit, target, admission_must_fit(seq.num_tokens, max_model_len)
 
 
+def join_running(seq: S, running: list[S], run_pos: int, now: float, hit: int) -> bool:
+    """``seq``, admitted at ``now`` with ``hit`` tokens it does not compute, joins the tail of
+    ``running`` at place ``run_pos``. True when it is a re-admission after a preemption: vLLM
+    counts those hits apart (``recomputed_hit_tokens``), never as prefix-cache hits."""
+    running.append(seq)
+    seq.status = RUNNING
+    seq.run_pos = run_pos
+    if seq.num_preemptions:
+        seq.recomputed_hit_tokens += hit
+        return True
+    seq.first_scheduled_s = now  # first admission
+    seq.prefix_hit_tokens += hit
+    return False
+
+
 def admit_waiting(
     waiting: deque[S],
     running: list[S],
@@ -98,20 +113,13 @@ def admit_waiting(
         computed = seq.num_computed + hit
         num_new = target - computed
         waiting.popleft()
-        running.append(seq)
-        seq.status = RUNNING
         admitted += 1
-        seq.run_pos = admissions + admitted
-        if seq.num_preemptions == 0:  # first admission
-            seq.first_scheduled_s = now
+        if join_running(seq, running, admissions + admitted, now, hit):
+            recomputed += hit
+        else:
+            hit_tokens += hit
         seq.num_computed = computed
         held += computed
-        if hit and seq.num_preemptions:
-            seq.recomputed_hit_tokens += hit
-            recomputed += hit
-        elif hit:
-            seq.prefix_hit_tokens += hit
-            hit_tokens += hit
         scheduled.append((seq, num_new))
         budget -= num_new
     return admitted, hit_tokens, recomputed, held

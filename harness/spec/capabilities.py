@@ -208,6 +208,10 @@ TOKEN_TIME_RUNNERS: tuple[str, ...] = ("vllm-sched", "vllm", "torch", "serve")
 # rank's KV (its share of the KV heads and layers) from one GPU's budget; vllm and serve pass the
 # sizes to the engine (on the CUDA build). torch computes on one device's tensors.
 PARALLEL_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm", "serve")
+# Runners where a cell may have a CPU tier of KV memory (``[memory] cpu_offload``: vLLM's native
+# KV offloading, ``harness.spec.cpu_tier``): the simulator mirrors it, vLLM's runners host it.
+# torch keeps its KV on one device.
+CPU_TIER_RUNNERS: tuple[str, ...] = ("sim", "vllm-sched", "vllm", "serve")
 # Runners and policies that hold vLLM's KV cache groups, so run models whose layers are not all
 # full attention (sliding window, chunked local, MLA, state layers: docs/models.md): sim's paged
 # policies (paged-prefix on full, MLA and sliding layers only: ``PREFIX_LAYOUT_KINDS``), vLLM's own

@@ -53,6 +53,10 @@ CELL: tuple[Key, ...] = (
     # vLLM's hybrid KV cache manager on or off: null (not counted) for a model whose layers are all
     # full attention, where it changes nothing.
     Key("hybrid_kv", "hybrid KV cache manager"),
+    # A CPU tier of KV memory (vLLM's native KV offloading): its bytes (0: none) and its eviction
+    # policy (null without a tier).
+    Key("cpu_offload_bytes", "CPU tier"),
+    Key("offload_policy", "CPU tier policy"),
 )
 REPEAT = Key("repeat", "repetition")  # in the run id (each repetition is a run), never in a cell
 RUN: tuple[Key, ...] = (*WORK, *CELL, REPEAT)
@@ -91,7 +95,13 @@ RUN_ID_NAMES: dict[str, str] = {"model": "geometry"}
 
 # Keys added to the identity after run ids were first written: their default is what every
 # earlier run did, so a key at its default is left out (the run id stays what it was).
-DEFAULTS: dict[str, object] = {"arena": "first-fit", "serve_url": None, "hybrid_kv": None}
+DEFAULTS: dict[str, object] = {
+    "arena": "first-fit",
+    "serve_url": None,
+    "hybrid_kv": None,
+    "cpu_offload_bytes": 0,
+    "offload_policy": None,
+}
 
 # Geometry fields added after run ids were first written (layer kinds, MLA's latent, a state),
 # left out of the model's identity at their default: every layer full attention, as every

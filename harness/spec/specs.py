@@ -19,6 +19,7 @@ from ..errors import KvbenchError
 from . import identity
 from .capabilities import (
     BLOCK_TABLE_POLICIES,
+    CPU_TIER_RUNNERS,
     LAYOUT_CONTIGUOUS_RUNNERS,
     LAYOUT_POLICIES,
     LAYOUT_RUNNERS,
@@ -30,6 +31,7 @@ from .capabilities import (
     block_bound,
     is_contiguous,
 )
+from .cpu_tier import PAGE_BYTES, cpu_block_bytes, cpu_tier_blocks
 from .geometry import KV_DTYPE_BYTES, ModelGeometry, resolve_model
 from .kv_layout import KVLayout, kv_layout
 from .kv_use import KVUse
@@ -46,6 +48,9 @@ CLOCKS = ("steps", "roofline", "profile", "measured")
 ARENAS = ("first-fit", "buddy")
 # Tensor or pipeline parallel ranks, and GPUs: far beyond any one serving deployment; more is a typo.
 MAX_PARALLEL = 4096
+# A CPU tier's eviction policies (vLLM's offloading ``CPUOffloadingManager``'s cache_policy,
+# ``harness.spec.cpu_tier``); the first is vLLM's default, and the spec's without a tier.
+OFFLOAD_POLICIES = ("lru", "arc")
 
 
 def _positive_int(owner: str, field: str, value: object, upper: int | None = None) -> None:
@@ -58,6 +63,11 @@ def _positive_int(owner: str, field: str, value: object, upper: int | None = Non
 def check_arena(value: object, owner: str) -> None:
     if value not in ARENAS:
         raise KvbenchError(f"{owner}: unknown arena {value!r} (known: {', '.join(ARENAS)})")
+
+
+def check_offload_policy(value: object, owner: str) -> None:
+    if value not in OFFLOAD_POLICIES:
+        raise KvbenchError(f"{owner} unknown offload_policy {value!r} (known: {', '.join(OFFLOAD_POLICIES)})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +89,22 @@ class ModelSpec:
 class MemorySpec:
     kv_budget_bytes: int = 12 * 2**30
     max_model_len: int = 2048
+    # A CPU tier of KV memory (vLLM's native KV offloading, ``harness.spec.cpu_tier``): its bytes
+    # (0: no tier) and its eviction policy (read only with a tier; the default without one).
+    cpu_offload_bytes: int = 0
+    offload_policy: str = OFFLOAD_POLICIES[0]
 
     def __post_init__(self) -> None:
         _positive_int("[memory]", "kv_budget", self.kv_budget_bytes, upper=2**50)  # 1 PiB: beyond any machine
         _positive_int("[memory]", "max_model_len", self.max_model_len, upper=10**8)
+        cpu = self.cpu_offload_bytes
+        if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu < 0:
+            raise KvbenchError(
+                f"[memory] cpu_offload must be 0 (no CPU tier) or a positive number of bytes, got {cpu!r}"
+            )
+        if cpu > 2**50:
+            raise KvbenchError(f"[memory] cpu_offload = {format_bytes(cpu)} is absurdly large (at most 1.0 PiB)")
+        check_offload_policy(self.offload_policy, "[memory]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +242,8 @@ class RunSpec:
         self.geometry.check_parallel(tp, pp)
         if not isinstance(self.hybrid_kv, bool):
             raise KvbenchError(f"cell: hybrid_kv must be true or false, got {self.hybrid_kv!r}")
+        if self.memory.cpu_offload_bytes:
+            self._check_cpu_tier()
         if not self.geometry.is_uniform_full:
             self._check_layout()
         if tp * pp > 1 and self.runner not in PARALLEL_RUNNERS:
@@ -259,6 +283,55 @@ class RunSpec:
                 f"kv_budget {format_bytes(self.memory.kv_budget_bytes)} holds {blocks:,} blocks of {size} tokens, "
                 f"more than {who} can hold (at most {bound.max_blocks:,} blocks: {bound.why}); give it "
                 f"a smaller kv_budget or a larger block_size"
+            )
+
+    def _check_cpu_tier(self) -> None:
+        """A CPU tier (``memory.cpu_offload_bytes`` > 0) where kvbench mirrors vLLM's offloading:
+        prefix caching on one full-attention KV cache group, one rank, recompute preemption, a
+        runner that hosts it, and room for at least one block."""
+        tier = f"cpu_offload {format_bytes(self.memory.cpu_offload_bytes)}"
+        if self.policy != "paged-prefix":
+            raise KvbenchError(
+                f"{tier}: vLLM's offloading connector keys the blocks it stores by their prefix-cache hashes, "
+                f'so a CPU tier needs policy "paged-prefix" (the cell\'s policy is {self.policy})'
+            )
+        if self.runner not in CPU_TIER_RUNNERS:
+            raise KvbenchError(
+                f"{tier}: runner {self.runner} does not host a CPU tier of KV memory "
+                f"(runners that do: {', '.join(CPU_TIER_RUNNERS)})"
+            )
+        if self.scheduler.preemption != "recompute":
+            raise KvbenchError(
+                f'{tier}: preemption "{self.scheduler.preemption}" beside a CPU tier is not modelled (vLLM\'s v1 '
+                f"preempts by recompute, and its offloading connector is what keeps KV in host memory); give "
+                f'preemption "recompute"'
+            )
+        g = self.geometry
+        if not g.is_uniform_full:
+            kinds = ", ".join(f"{g.layer_count(k)} {k}" for k in g.kinds)
+            raise KvbenchError(
+                f"{tier}: model {g.name!r} ({kinds} layers): kvbench mirrors vLLM's offloading of one "
+                f"full-attention KV cache group; sliding-window and hybrid layouts are not mirrored yet"
+            )
+        if self.runner in ("vllm", "serve") and self.device == "cpu":
+            raise KvbenchError(
+                f"{tier}: runner {self.runner} on device cpu: the worker half of vLLM's offloading connector "
+                f"(CPUOffloadingSpec.get_worker) copies blocks on CUDA or XPU streams only; run the cell on a "
+                f"CUDA device, or use vllm-sched, whose scheduler half runs on CPU"
+            )
+        tp, pp = self.scheduler.tensor_parallel_size, self.scheduler.pipeline_parallel_size
+        if tp * pp > 1:
+            raise KvbenchError(
+                f"{tier}: tensor_parallel_size {tp} × pipeline_parallel_size {pp}: kvbench mirrors vLLM's CPU tier "
+                f"of one rank (vLLM keeps a copy per worker); run the tier at tensor and pipeline parallel size 1"
+            )
+        if self.cpu_blocks == 0:
+            block = self.block_size * self.kv_bytes_per_token
+            raise KvbenchError(
+                f"cpu_offload {self.memory.cpu_offload_bytes:,} B holds no block: one block of {self.block_size} "
+                f"tokens is {block:,} B "
+                f"({cpu_block_bytes(block):,} B in whole {PAGE_BYTES:,}-B pages, as vLLM stores it); give "
+                f"cpu_offload at least that, or 0 for no CPU tier"
             )
 
     def _check_layout(self) -> None:
@@ -352,6 +425,14 @@ class RunSpec:
         )
 
     @property
+    def cpu_blocks(self) -> int:
+        """The CPU tier's capacity in blocks of ``block_size`` (0 without a tier), as vLLM's
+        ``CPUOffloadingSpec`` counts them (``harness.spec.cpu_tier.cpu_tier_blocks``)."""
+        if not self.memory.cpu_offload_bytes:
+            return 0
+        return cpu_tier_blocks(self.memory.cpu_offload_bytes, self.block_size * self.kv_bytes_per_token)
+
+    @property
     def budget_positions(self) -> int:
         return self.memory.kv_budget_bytes // self.kv_bytes_per_token
 
@@ -388,6 +469,9 @@ class RunSpec:
                 "page_bytes": self.page_bytes,
                 "arena": self.arena,
                 "hybrid_kv": None if self.geometry.is_uniform_full else self.hybrid_kv,
+                "cpu_offload_bytes": self.memory.cpu_offload_bytes,
+                # the tier's eviction policy: none without a tier (the run row's null)
+                "offload_policy": self.memory.offload_policy if self.memory.cpu_offload_bytes else None,
                 "repeat": self.repeat,
                 "serve_url": self.serve_url,
             }

@@ -62,6 +62,8 @@ COLUMNS: tuple[str, ...] = (
     "error",
     "device",
     "hybrid_kv",
+    "cpu_offload_bytes",
+    "offload_policy",
     "git_sha",
     "kvbench_version",
     "code_digest",

@@ -50,6 +50,7 @@ from ..common import (
 from ..prompts import PromptIds
 from ..vllm import build as vllm_build
 from ..vllm import engine as vllm_engine
+from ..vllm import offload
 from ..vllm.readings import Occupancy, StepOut, VllmStep
 from ..vllm.steps import VllmStepEngine
 from . import scheduler as serve_scheduler
@@ -195,6 +196,7 @@ def server_command(spec: Any, model: Path, port: int, device: str) -> list[str]:
         "--scheduler-cls",
         SCHEDULER_CLS,
     ]
+    cmd += offload.server_flags(spec)  # a CPU tier: vLLM's native offloading (a GPU only)
     if device == "cpu":
         kv_bytes = vllm_engine.num_gpu_blocks(spec) * spec.block_size * spec.kv_bytes_per_token
         cmd += ["--kv-cache-memory-bytes", str(kv_bytes), "--enforce-eager"]
@@ -479,6 +481,8 @@ class ServeRunner:
         build = vllm_build.installed_build()
         assert build is not None
         device = build.device
+        if spec.memory.cpu_offload_bytes and device == "cpu":
+            raise KvbenchError(f"the serve runner with a CPU tier: {offload.NEEDS_GPU}")
         vllm_engine.check_spec(spec, device)
         self._check_clock(spec)
         row = base_row(cell, self.name)

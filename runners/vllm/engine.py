@@ -49,6 +49,7 @@ from ..common import base_row, expand_seqs, host_available_bytes, shortfall, wri
 from ..driver import drive
 from ..oom import is_oom
 from . import build as vllm_build
+from . import offload
 from .grouped_contiguous import GroupedReservations
 from .kv_specs import groups_of
 from .readings import (
@@ -407,6 +408,7 @@ def engine_args(
         seed=ENGINE_SEED,
         **per_device,
         **({} if spec.geometry.is_uniform_full else {"disable_hybrid_kv_cache_manager": not spec.hybrid_kv}),
+        **offload.engine_settings(spec),  # a CPU tier: vLLM's native offloading, for real (a GPU only)
     )
 
 
@@ -635,6 +637,8 @@ class VllmRunner:
         if build is None:
             raise KvbenchError(vllm_build.NOT_INSTALLED)
         device = device_for(build)
+        if spec.memory.cpu_offload_bytes and device.kind == "cpu":
+            raise KvbenchError(f"the vllm runner with a CPU tier: {offload.NEEDS_GPU}")
         check_spec(spec, device.kind)
         if not spec.geometry.is_uniform_full:
             check_layout(spec, device.kind)

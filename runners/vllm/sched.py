@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...harness.errors import KvbenchError, one_line
+from ...harness.sim.offload.rules import installed_release
 from ...harness.sim.policies import make_policy
 from ...harness.sim.scheduler import Arrivals
 from ...harness.spec.capabilities import is_contiguous
@@ -31,6 +32,7 @@ from .contiguous import ContiguousReservations
 from .grouped_contiguous import GroupedReservations
 from .kv_specs import groups_of, layer_specs
 from .kv_specs import kv_cache_config as planned_kv_cache_config
+from .offload import StandInWorker, configure, offload_settings
 from .readings import (
     CacheWatcher,
     GroupTables,
@@ -125,7 +127,9 @@ class VllmScheduler:
                     max_model_len=spec.memory.max_model_len,
                     dtype=model_dtype,
                 )
-                cache_config = CacheConfig(block_size=bs, cache_dtype=cache_dtype, enable_prefix_caching=self.caching)
+                cache_config = CacheConfig(
+                    block_size=bs, cache_dtype=cache_dtype, enable_prefix_caching=self.caching, **offload_settings(spec)
+                )
                 scheduler_config = SchedulerConfig(
                     max_num_seqs=sched.max_num_seqs,
                     max_num_batched_tokens=sched.max_num_batched_tokens,
@@ -141,6 +145,7 @@ class VllmScheduler:
                     scheduler_config=scheduler_config,
                     device_config=DeviceConfig(device="cpu"),
                 )
+                configure(spec, vllm_config)
                 # One rank's KV cache, as a tensor / pipeline parallel engine's scheduler sees it:
                 # its KV heads and its stage's layers (the whole model's at 1 and 1).
                 layer_spec = FullAttentionSpec(
@@ -181,6 +186,11 @@ class VllmScheduler:
             except Exception as exc:  # pydantic ValidationError, ValueError, ...
                 raise KvbenchError(f"vLLM rejected the configuration: {one_line(str(exc))}") from None
 
+        # A CPU tier: vLLM's connector as built, its worker half stood in for.
+        self.offload = StandInWorker(self.sched, spec) if spec.memory.cpu_offload_bytes else None
+        self.offload_values: tuple[int, int, int, int] | None = None  # the last step's CPU-tier columns
+        self.now = 0.0  # the run's clock at the step's start (the engine sets it): transfers take time on it
+        self.step_index = 0
         self.kv_dtype = layer_spec.dtype  # what vLLM's KV cache spec holds
         self.cache_dtype = self.sched.cache_config.cache_dtype
         manager = self.sched.kv_cache_manager
@@ -248,7 +258,10 @@ class VllmScheduler:
 
     # -- one step --------------------------------------------------------------
     def schedule(self) -> StepOut:
-        return read_schedule(self.sched.schedule(), self.requests, self._req_blocks, int, self.reservations)
+        out = self.sched.schedule()
+        if self.offload is not None:
+            self.offload_values = self.offload.read(out)
+        return read_schedule(out, self.requests, self._req_blocks, int, self.reservations)
 
     def occupancy(self) -> Occupancy:
         res = self.reservations
@@ -291,8 +304,16 @@ class VllmScheduler:
                 got.append(idx)
             else:
                 sampled.append([])
+        kv_out = self.offload.step(self.step_index, self.now, out) if self.offload is not None else None
+        self.step_index += 1
         self.sched.update_from_output(
-            out, self._Output(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled)
+            out,
+            self._Output(
+                req_ids=ids,
+                req_id_to_index={r: i for i, r in enumerate(ids)},
+                sampled_token_ids=sampled,
+                kv_connector_output=kv_out,
+            ),
         )
         finished = []
         for rid in self.sched.finished_req_ids:
@@ -323,5 +344,7 @@ class VllmSchedRunner:
             return write_status_only(cell, row, "infeasible", explain(short, spec.geometry, spec.model.kv_dtype))
         with tempfile.TemporaryDirectory(prefix="kvbench-vllm-sched-") as tmp:
             sched = VllmScheduler(spec, Path(tmp) / "model")
+            if sched.offload is not None:
+                row["offload_rules"] = f"vllm {installed_release()}"  # vLLM's own connector ran the tier
             arrivals = Arrivals(seqs)
             return drive(cell, seqs, arrivals, VllmStepEngine(cell, seqs, sched, arrivals), row)

@@ -819,6 +819,18 @@ CALC = {
         ("--pp",),
     ),
     "tp_without_model": (["--block-size", "16", "--tokens", "35", "--tp", "2"], ("--tp", "--model")),
+    "cpu_offload_unparsable": (
+        ["--block-size", "16", "--tokens", "35", "--model", "opt-13b", "--budget", "1GiB", "--cpu-offload", "lots"],
+        ("--cpu-offload", "lots"),
+    ),
+    "cpu_offload_negative": (
+        ["--block-size", "16", "--tokens", "35", "--model", "opt-13b", "--budget", "1GiB", "--cpu-offload=-1GiB"],
+        ("--cpu-offload", "negative"),
+    ),
+    "cpu_offload_without_model": (
+        ["--block-size", "16", "--tokens", "35", "--cpu-offload", "16GiB"],
+        ("--cpu-offload", "--model"),
+    ),
     "missing_workload": (
         [
             "--block-size",

@@ -16,31 +16,19 @@ from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import code_identity, store
 from kvbench.harness.records.schema import RUNS
 from kvbench.harness.spec import identity
-from kvbench.harness.spec.specs import MemorySpec, ModelSpec, RunSpec, SchedulerSpec
-from kvbench.harness.spec.workload_spec import WorkloadSpec
+from kvbench.harness.spec.specs import ModelSpec, SchedulerSpec
 from kvbench.reports.compare import BASE_ONLY, CAND_ONLY, SAME, code_notes, compare, to_json, to_markdown
 from kvbench.reports.labels import GROUP_KEYS, code_note, work_differences
 from kvbench.reports.tables import mismatches, summary
 from reportkit import SCHED, run, runs_frame, write_records
 
-from tests.conftest import DATA, run_suite_text, suite_toml
+from tests.conftest import DATA, run_spec, run_suite_text, suite_toml
 
 PROFILE = DATA / "profile-opt-13b-fp16-b16.json"
 TOL = 0.02
 
 
-def spec(**changes: object) -> RunSpec:
-    base: dict[str, object] = dict(
-        runner="sim",
-        policy="paged",
-        block_size=16,
-        model=ModelSpec(),
-        memory=MemorySpec(),
-        workload=WorkloadSpec(),
-        scheduler=SchedulerSpec(),
-    )
-    base.update(changes)
-    return RunSpec(**base)  # type: ignore[arg-type]
+spec = run_spec
 
 
 # -- run ids -----------------------------------------------------------------------------------
@@ -62,12 +50,15 @@ def test_run_ids_of_existing_specs_did_not_change() -> None:
 def test_run_id_hashes_every_identity_key_and_only_where_it_applies() -> None:
     canon = spec(runner="torch", policy="virtual-contiguous").canonical("w")
     # Every key but the arena (contiguous policies only, and only when not first-fit), the
-    # server URL (the serve runner only, and only when it attaches) and the hybrid KV cache
-    # manager (models whose layers are not all full attention only).
+    # server URL (the serve runner only, and only when it attaches), the hybrid KV cache
+    # manager (models whose layers are not all full attention only) and the CPU tier (only
+    # with one).
     assert set(canon) == {identity.RUN_ID_NAMES.get(k.column, k.column) for k in identity.RUN} - {
         "arena",
         "serve_url",
         "hybrid_kv",
+        "cpu_offload_bytes",
+        "offload_policy",
     }
     assert "device" not in spec().canonical("w") and "page_bytes" not in spec().canonical("w")
     # The device counts for torch, not for sim; the page size for virtual-contiguous only.

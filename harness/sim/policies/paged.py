@@ -184,7 +184,9 @@ class PagedPolicy(PagedBase):
         """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
         return self._new_blocks(seq, num_tokens, must_fit) >= 0
 
-    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0, cache_blocks: bool = True) -> bool:
+        """``cache_blocks`` False: the new blocks are not cached yet (vLLM's ``delay_cache_blocks``: their
+        content arrives by a load from the CPU tier, ``harness.sim.offload``)."""
         new = self._new_blocks(seq, num_tokens, must_fit)
         if new < 0:
             return False
@@ -229,7 +231,7 @@ class PagedPolicy(PagedBase):
         if seq.allocated > seq.peak_allocated:
             seq.peak_allocated = seq.allocated
         self.internal_positions += internal_of(seq.allocated, seq.final_len) - old_internal
-        if self.enable_caching:
+        if self.enable_caching and cache_blocks:
             self.cache_full_blocks(seq, min(num_tokens, seq.num_tokens))
         return True
 

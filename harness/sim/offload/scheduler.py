@@ -1,0 +1,245 @@
+"""vLLM's scheduler with a CPU tier: the reference ``Scheduler`` plus what vLLM's ``Scheduler`` does
+when its KV connector is the offloading connector (``vllm/v1/core/sched/scheduler.py``, 0.32/0.33).
+
+Beside the rules of ``harness.sim.scheduler``:
+
+- a waiting request's admission asks the connector for a CPU-tier hit after its GPU hit; a hit
+  allocates its blocks (not cached yet), starts a load and parks the request, holding them, until
+  the worker reports the load (``WAITING_FOR_REMOTE_KVS``); a request the connector cannot answer
+  yet is skipped for the step and keeps its place;
+- requests that hold blocks while waiting (a finished load) sit in a queue of their own that is
+  admitted before the waiting queue (vLLM's ``kv_holding_waiting``); a finished load caches its
+  blocks when its request comes up, and a request whose whole sequence was loaded recomputes its
+  last token (to sample the next);
+- a load is admitted only if it leaves free the blocks the prefills in flight still need
+  (``reserved_blocks``);
+- after scheduling, the connector issues the step's stores and flushes; after the step, the
+  worker's completions (``transfers.TransferQueue``) make stores readable and release loads.
+
+The step row reads the allocation state as ``vllm-sched`` reads vLLM's: ``used`` and ``internal``
+over running requests only (a request waiting on a load holds blocks it has not computed into).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic
+
+from ...clock.clocks import Clock
+from ...spec.specs import SchedulerSpec
+from ..policies.paged import PagedPolicy, cdiv, internal_of
+from ..scheduler import Arrivals, Scheduler, StepPlan
+from ..scheduling_rule import S, admission_chunk, admission_must_fit, join_running
+from ..sequence import Seq
+from .connector import OffloadConnector, StepMeta
+from .cpu_tier import CpuTier
+from .rules import OffloadRules, mirrored_rules
+from .transfers import TransferQueue
+
+
+class OffloadScheduler(Scheduler[S], Generic[S]):
+    """The reference scheduler over a paged prefix-caching policy and a CPU tier of
+    ``cpu_blocks`` blocks evicted in ``offload_policy`` order."""
+
+    def __init__(
+        self,
+        arrivals: Arrivals[S],
+        policy: PagedPolicy,
+        config: SchedulerSpec,
+        max_model_len: int,
+        clock: Clock | None,
+        cpu_blocks: int,
+        offload_policy: str,
+        block_bytes: int,
+        bytes_per_s: float | None = None,
+        rules: OffloadRules | None = None,
+    ) -> None:
+        super().__init__(arrivals, policy, config, max_model_len, clock)
+        assert isinstance(policy, PagedPolicy) and policy.enable_caching, "a CPU tier needs paged-prefix"
+        self.paged = policy
+        self.block_bytes = block_bytes
+        self.rules = rules or mirrored_rules()
+        self.connector = OffloadConnector(
+            CpuTier(cpu_blocks, offload_policy, self.rules), policy.block_size, self.rules
+        )
+        self.transfers: TransferQueue[Seq] = TransferQueue(bytes_per_s)
+        self.holding: deque[S] = deque()  # waiting while holding blocks (vLLM's kv_holding_waiting)
+        self.loading: set[int] = set()  # requests waiting for a load (WAITING_FOR_REMOTE_KVS)
+        self.received: set[int] = set()  # … whose load the worker reported done
+        self.inflight: dict[int, S] = {}  # prefills in flight (vLLM's _inflight_prefills)
+        self.cpu_hit_tokens: dict[int, int] = {}  # by Seq.index: tokens loaded from the CPU tier
+        self._finished: list[S] = []  # finished in the last step: their last stores come next
+        self._meta: StepMeta | None = None
+
+    def add_request(self, seq: S) -> None:
+        self.connector.on_new_request(seq)
+        super().add_request(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self.holding)
+
+    # -- the hooks -----------------------------------------------------------------------
+    def preempt(self, seq: S) -> None:
+        self.inflight.pop(seq.index, None)
+        super().preempt(seq)
+
+    def _retire(self, done: list[S]) -> None:
+        for seq in done:
+            self.connector.request_finished(seq)  # before its blocks are freed
+            self.inflight.pop(seq.index, None)
+        super()._retire(done)
+        self._finished.extend(done)
+
+    # -- scheduling ----------------------------------------------------------------------
+    def schedule(self) -> StepPlan[S]:
+        """The reference step (running requests, then ``admit_waiting``: vLLM's waiting loop with
+        the connector), then what vLLM does after scheduling: prefills that completed leave the
+        in-flight set, and the connector issues the step's stores and flushes."""
+        plan = super().schedule()
+        for seq, _ in plan.scheduled:
+            if seq.num_computed >= seq.num_tokens:
+                self.inflight.pop(seq.index, None)
+        self._meta = self.connector.build_meta([s for s, _ in plan.scheduled], plan.preempted, self._finished)
+        self._finished = []
+        return plan
+
+    def _reserved_blocks(self) -> int:
+        """Blocks the prefills in flight still need to hold their whole sequence."""
+        bs, mml = self.paged.block_size, self.max_model_len
+        total = 0
+        for seq in self.inflight.values():
+            need = cdiv(min(seq.num_tokens, mml), bs) - len(seq.blocks)
+            if need > 0:
+                total += need
+        return total
+
+    def _fits_load(self, seq: S, target: int, must_fit: int) -> bool:
+        """Whether a load admission of ``seq`` backing ``target`` positions fits while leaving the
+        in-flight prefills their blocks (vLLM's ``reserved_blocks``)."""
+        policy = self.paged
+        new = policy._new_blocks(seq, target, must_fit)
+        if new < 0:
+            return False
+        evictable = sum(1 for b in seq.pending_hits if policy.ref[b] == 0)
+        return new + evictable <= policy.free_blocks() - self._reserved_blocks()
+
+    def admit_waiting(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
+        """vLLM's waiting loop with a connector (module docstring); returns (admitted, hit tokens at
+        first admissions, hit tokens at re-admissions)."""
+        policy, connector = self.paged, self.connector
+        skipped_holding: list[S] = []
+        skipped_waiting: list[S] = []
+        admitted = hit_tokens = recomputed = 0
+        max_seqs, mml = self.config.max_num_seqs, self.max_model_len
+        while budget > 0:
+            queue = self.holding if self.holding else self.waiting
+            if not queue or len(self.running) >= max_seqs:
+                break
+            seq = queue[0]
+            if seq.index in self.loading:
+                if seq.index not in self.received:
+                    skipped_holding.append(queue.popleft())
+                    continue
+                self.loading.discard(seq.index)
+                self.received.discard(seq.index)
+                policy.cache_full_blocks(seq, seq.num_computed)  # the loaded blocks are cached now
+                if seq.num_computed == seq.num_tokens:
+                    seq.num_computed -= 1  # the last token is recomputed, to sample the next
+            external = 0
+            if seq.num_computed == 0:
+                hit = policy.prefix_hit(seq)
+                found = connector.matched_tokens(seq, hit)
+                if found is None:
+                    seq.pending_hits = []
+                    skipped_waiting.append(queue.popleft())
+                    continue
+                external = found
+                computed = hit + external
+            else:
+                seq.pending_hits = []
+                computed = seq.num_computed
+            must_fit = admission_must_fit(seq.num_tokens, mml)
+            if external:
+                if not self._fits_load(seq, computed, must_fit):
+                    break
+                policy.allocate(seq, computed, must_fit, cache_blocks=False)
+                connector.after_alloc(seq, external)
+                seq.num_computed = computed
+                self.loading.add(seq.index)
+                self.inflight[seq.index] = seq
+                self.cpu_hit_tokens[seq.index] = self.cpu_hit_tokens.get(seq.index, 0) + external
+                skipped_holding.append(queue.popleft())
+                continue
+            num_new = admission_chunk(seq.num_tokens, computed, budget)
+            if not policy.allocate(seq, computed + num_new, must_fit):
+                break
+            queue.popleft()
+            admitted += 1
+            # What vLLM reports at admission: every token not computed now (GPU hits, CPU loads).
+            if join_running(seq, self.running, self.admissions + admitted, self.now, computed):
+                recomputed += computed
+            else:
+                hit_tokens += computed
+            seq.num_computed = computed
+            self.used_positions += computed
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            if computed + num_new < seq.num_tokens:
+                self.inflight[seq.index] = seq
+        self.admissions += admitted
+        self.holding.extendleft(reversed(skipped_holding))
+        self.waiting.extendleft(reversed(skipped_waiting))
+        return admitted, hit_tokens, recomputed
+
+    # -- after the step ------------------------------------------------------------------
+    def finish_step(self, plan: StepPlan[S], measured_s: float | None = None) -> list[S]:
+        done = super().finish_step(plan, measured_s)
+        meta = self._meta
+        assert meta is not None
+        bb = self.block_bytes
+        jobs = self.connector.jobs
+        completed, received = self.transfers.step(
+            plan.step,
+            plan.t_s,
+            meta.flush,
+            [(j, len(jobs[j].blocks) * bb) for j in meta.stores],
+            [(j, len(jobs[j].blocks) * bb, seq) for j, seq in meta.loads],
+        )
+        self.connector.update_output(completed)
+        self.received.update(seq.index for seq in received)
+        if not plan.scheduled:
+            self.now = self.transfers.wait(self.now)
+        return done
+
+    def offload_values(self) -> tuple[int, int, int, int]:
+        """The step's CPU-tier columns, read after scheduling: blocks held in the tier, blocks whose
+        store and load were issued this step, requests waiting for a load."""
+        meta = self._meta
+        assert meta is not None
+        return len(self.connector.tier), meta.stored_blocks, meta.loaded_blocks, len(self.loading)
+
+    def measure_values(self) -> tuple[int, ...]:
+        policy = self.paged
+        bs = policy.block_size
+        blocks = policy.allocated_blocks()
+        computed = held = internal = 0
+        for seq in self.running:
+            computed += seq.num_computed
+            held += len(seq.blocks)
+            internal += internal_of(len(seq.blocks) * bs, seq.final_len)
+        allocated = blocks * bs
+        used = computed - max(0, held - blocks) * bs
+        head = self.holding[0] if self.holding else (self.waiting[0] if self.waiting else None)
+        return (
+            len(self.running),
+            len(self.waiting) + len(self.holding),
+            blocks,
+            allocated,
+            used,
+            allocated - used - internal,
+            internal,
+            policy.external_frag(head),
+            policy.budget_positions - allocated,
+            self.take_evictions(),
+            policy.cached_free_blocks(),
+        )

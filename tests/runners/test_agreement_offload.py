@@ -1,0 +1,93 @@
+"""sim against vLLM's scheduler with a CPU tier: vLLM's own ``OffloadingConnectorScheduler`` and
+``CPUOffloadingManager`` (LRU, ARC), its worker half stood in for (``runners.vllm.offload``),
+against ``harness.sim.offload`` — every step column (the CPU tier's included) and the whole
+requests table identical.
+
+The cases make every part of the connector work: a tier smaller than the work's blocks (CPU
+evictions), a GPU budget that preempts (resumed requests load their blocks back), conversations
+(each turn's earlier turns come back from the CPU tier once the GPU has evicted them), and
+arrivals on the roofline clock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvbench.harness.records import store  # noqa: E402
+
+from tests.agreekit import assert_agree, run_pair  # noqa: E402
+from tests.conftest import ROOT  # noqa: E402
+
+MOONCAKE = ROOT / "suites" / "data" / "mooncake-reuse.jsonl"
+TIER_COLUMNS = ("cpu_blocks", "stored_blocks", "loaded_blocks", "load_waiting")
+
+
+def trace(limit: int) -> str:
+    return (
+        f'source = "trace"\npath = "{MOONCAKE}"\nlimit = {limit}\nhash_block_size = 512\n'
+        'arrival = "trace"\ntime_scale = 0.05'
+    )
+
+
+# Llama-3-8B at fp16: 2 MiB a 16-token block, so a 2 GiB tier holds 1,024 blocks.
+CASES: dict[str, dict[str, object]] = {
+    "lru-tier-evicts": dict(workload=trace(40), budget="1GiB", cpu_offload="2GiB", offload_policy="lru"),
+    "arc-tier-evicts": dict(workload=trace(40), budget="1GiB", cpu_offload="2GiB", offload_policy="arc"),
+    "preempting-loads-back": dict(
+        workload=trace(60), budget="1GiB", cpu_offload="8GiB", offload_policy="lru", clock="roofline"
+    ),
+}
+
+
+# Each turn's prompt holds its conversation so far; a GPU budget too small to keep it leaves the
+# CPU tier to serve the earlier turns.
+CONVERSATIONS: dict[str, object] = dict(
+    workload='source = "sessions"\nnum_sessions = 16\nturns = 5\nthink_time_s = 0.5\nlengths = "uniform"\n'
+    "prompt_min = 200\nprompt_max = 600\nmessage_min = 20\nmessage_max = 120\noutput_min = 10\n"
+    'output_max = 80\narrival = "poisson"\nrate = 4.0\nseed = 3',
+    budget="256MiB",
+    cpu_offload="1GiB",
+    offload_policy="arc",
+    max_model_len=2048,
+    max_num_seqs=16,
+    max_num_batched_tokens=512,
+)
+SETTINGS: dict[str, object] = dict(
+    max_model_len=8192, max_num_seqs=32, max_num_batched_tokens=2048, policy="paged-prefix"
+)
+
+
+def check(tmp_path: Path, **kw: object) -> tuple[dict, object, object]:
+    settings = dict(SETTINGS, **kw)
+    sim, vllm = run_pair(tmp_path, **settings)
+    steps, reqs = assert_agree(tmp_path, sim, vllm)
+    both = store.read_table(tmp_path, "steps", {sim["run_id"], vllm["run_id"]})
+    a = both[both["run_id"] == sim["run_id"]][list(TIER_COLUMNS)].reset_index(drop=True)
+    b = both[both["run_id"] == vllm["run_id"]][list(TIER_COLUMNS)].reset_index(drop=True)
+    assert a.notna().all().all()
+    assert a.equals(b)
+    assert sim["offload_rules"] == vllm["offload_rules"]  # the rules of the vLLM installed here
+    return sim, steps, reqs
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_offload_agrees_step_for_step(tmp_path: Path, case: str) -> None:
+    sim, steps, reqs = check(tmp_path, **CASES[case])
+    capacity = sim["cpu_blocks"]
+    assert steps["loaded_blocks"].sum() > 0 and reqs["cpu_hit_tokens"].sum() > 0
+    if case.endswith("tier-evicts"):
+        # The tier fills and keeps storing: every later store evicts.
+        assert steps["cpu_blocks"].max() == capacity < steps["stored_blocks"].sum()
+    else:
+        resumed = reqs[reqs["num_preemptions"] > 0]
+        assert len(resumed) > 0 and (resumed["cpu_hit_tokens"] > 0).any()  # preempted, loaded back
+
+
+def test_offload_agrees_on_conversations(tmp_path: Path) -> None:
+    sim, steps, reqs = check(tmp_path, **CONVERSATIONS)
+    later = reqs[reqs["turn"] > 0]
+    assert (later["cpu_hit_tokens"] > 0).sum() > len(later) // 4
