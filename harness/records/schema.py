@@ -318,6 +318,12 @@ METRICS = pa.schema(
         ("num_preemptions", pa.float64()),  # cumulative (a counter)
         ("prefix_cache_queries", pa.float64()),  # cumulative tokens queried
         ("prefix_cache_hits", pa.float64()),  # cumulative tokens hit
+        # A CPU tier (vLLM's offloading connector; null where the server exports none): the external
+        # prefix cache's tokens queried and hit, and the bytes its worker loaded and stored (cumulative).
+        ("external_prefix_cache_queries", pa.float64()),
+        ("external_prefix_cache_hits", pa.float64()),
+        ("kv_offload_load_bytes", pa.float64()),
+        ("kv_offload_store_bytes", pa.float64()),
     ]
 )
 

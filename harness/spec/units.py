@@ -21,6 +21,7 @@ _UNITS = {
     "tib": 2**40,
     "pib": 2**50,
 }
+_LARGEST = 2.0**80  # a size beyond this (a yobibyte) is a typo, and past float's range an error
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -29,8 +30,10 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
     if isinstance(value, bool):
         raise KvbenchError(f"{what}: expected a size such as '12GiB', got {value!r}")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value != int(value):
+        if isinstance(value, float) and not math.isfinite(value) or value != int(value):
             raise KvbenchError(f"{what}: expected a whole number of bytes, got {value!r}")
+        if value > _LARGEST:
+            raise KvbenchError(f"{what}: a size of {len(str(value))} digits is beyond any machine")
         number, unit = float(value), ""
     else:
         m = _SIZE_RE.match(str(value))
@@ -40,6 +43,10 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
         if unit not in _UNITS:
             known = ", ".join(u for u in ("B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB"))
             raise KvbenchError(f"{what}: unknown unit {m.group(2)!r} in {value!r} (known: {known})")
+        if number * _UNITS[unit] > _LARGEST:  # "1e400" is inf: no byte count
+            raise KvbenchError(f"{what}: {value!r} is beyond any machine")
+        if _UNITS[unit] == 1 and number != int(number):
+            raise KvbenchError(f"{what}: expected a whole number of bytes, got {value!r}")
     nbytes = int(number * _UNITS[unit])
     if nbytes <= 0:
         raise KvbenchError(f"{what}: must be positive, got {value!r}")

@@ -4,7 +4,9 @@ Read (``harness.records.schema.METRICS``): ``vllm:kv_cache_usage_perc`` (a fract
 pool's usable blocks, despite its name), ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, and the counters ``vllm:num_preemptions``,
 ``vllm:prefix_cache_queries`` and ``vllm:prefix_cache_hits`` (cumulative; Prometheus client
-libraries add ``_total``). Values of several label sets (engines) are summed; a family the server
+libraries add ``_total``), and with a CPU tier ``vllm:external_prefix_cache_queries``,
+``vllm:external_prefix_cache_hits``, ``vllm:kv_offload_load_bytes`` and
+``vllm:kv_offload_store_bytes`` (counters too). Values of several label sets (engines) are summed; a family the server
 does not export is a null (another engine behind an attached URL).
 """
 
@@ -27,6 +29,11 @@ FAMILIES: dict[str, str] = {
     "num_preemptions": "vllm:num_preemptions",
     "prefix_cache_queries": "vllm:prefix_cache_queries",
     "prefix_cache_hits": "vllm:prefix_cache_hits",
+    # A CPU tier: vLLM's connector prefix-cache counters and its offloading worker's bytes.
+    "external_prefix_cache_queries": "vllm:external_prefix_cache_queries",
+    "external_prefix_cache_hits": "vllm:external_prefix_cache_hits",
+    "kv_offload_load_bytes": "vllm:kv_offload_load_bytes",
+    "kv_offload_store_bytes": "vllm:kv_offload_store_bytes",
 }
 
 assert set(FAMILIES) <= set(METRICS.names)

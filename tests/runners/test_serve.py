@@ -137,6 +137,7 @@ def test_metrics_parser_reads_vllm_families() -> None:
         ]
     )
     got = parse_metrics(text)
+    tier = ("external_prefix_cache_queries", "external_prefix_cache_hits", "kv_offload_load_bytes")
     assert got == {
         "kv_cache_usage_frac": 0.25,
         "num_requests_running": 3.0,
@@ -144,6 +145,24 @@ def test_metrics_parser_reads_vllm_families() -> None:
         "num_preemptions": 7.0,
         "prefix_cache_queries": 100.0,
         "prefix_cache_hits": 40.0,
+        **dict.fromkeys(tier, None),
+        "kv_offload_store_bytes": None,
+    }
+    offload = "\n".join(  # a server with a CPU tier: its connector's counters, summed over label sets
+        [
+            'vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 60.0',
+            'vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 32.0',
+            'vllm:kv_offload_load_bytes_total{engine="0",model_name="m",transfer_type="CPU_to_GPU"} 4096.0',
+            'vllm:kv_offload_store_bytes_total{engine="0",model_name="m",transfer_type="GPU_to_CPU"} 2048.0',
+            'vllm:kv_offload_store_bytes_total{engine="1",model_name="m",transfer_type="GPU_to_CPU"} 1024.0',
+            'vllm:kv_offload_load_size_bucket{engine="0",le="1.0"} 3.0',
+        ]
+    )
+    assert {k: v for k, v in parse_metrics(offload).items() if v is not None} == {
+        "external_prefix_cache_queries": 60.0,
+        "external_prefix_cache_hits": 32.0,
+        "kv_offload_load_bytes": 4096.0,
+        "kv_offload_store_bytes": 3072.0,
     }
     assert num_gpu_blocks(text) == 65
     assert parse_metrics("other_metric 1\n")["kv_cache_usage_frac"] is None
