@@ -76,17 +76,18 @@ def steps_table(rows: list[tuple[float, ...]] = STEP_ROWS) -> pd.DataFrame:
 
 
 def metrics_table(rows: list[tuple[float, ...]] = SCRAPES, usable: int = USABLE) -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "t_s": [r[0] for r in rows],
-            "kv_cache_usage_frac": [r[1] / usable for r in rows],
-            "num_requests_running": [float(r[2]) for r in rows],
-            "num_requests_waiting": [float(r[3]) for r in rows],
-            "num_preemptions": [float(r[4]) for r in rows],
-            "prefix_cache_queries": [0.0] * len(rows),
-            "prefix_cache_hits": [0.0] * len(rows),
-        }
-    )
+    cols: dict[str, list[float | None]] = {
+        "t_s": [r[0] for r in rows],
+        "kv_cache_usage_frac": [r[1] / usable for r in rows],
+        "num_requests_running": [float(r[2]) for r in rows],
+        "num_requests_waiting": [float(r[3]) for r in rows],
+        "num_preemptions": [float(r[4]) for r in rows],
+        "prefix_cache_queries": [0.0] * len(rows),
+        "prefix_cache_hits": [0.0] * len(rows),
+    }
+    for name in METRICS.names:  # the families a server without a CPU tier does not export: null
+        cols.setdefault(name, [None] * len(rows))
+    return pd.DataFrame(cols)
 
 
 def check(

@@ -11,6 +11,7 @@ arrivals on the roofline clock.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,39 @@ def test_offload_agrees_on_conversations(tmp_path: Path) -> None:
     sim, steps, reqs = check(tmp_path, **CONVERSATIONS)
     later = reqs[reqs["turn"] > 0]
     assert (later["cpu_hit_tokens"] > 0).sum() > len(later) // 4
+
+
+def random_case(seed: int) -> dict[str, object]:
+    """Settings drawn at random: shared-prefix samples or conversations, small GPU budgets and
+    tiers (a tier so small that stores are refused included), block sizes 8 to 32, either clock."""
+    r = random.Random(seed)
+    if r.random() < 0.5:
+        workload = (
+            f'source = "uniform"\nprompt_min = 16\nprompt_max = {r.randint(100, 700)}\noutput_min = 1\n'
+            f"output_max = {r.randint(20, 200)}\nnum_requests = {r.randint(20, 60)}\nn = {r.randint(1, 3)}\n"
+            f"prefix_groups = {r.randint(1, 5)}\nprefix_len = {r.choice([16, 64, 200])}\n"
+            f'arrival = "batch"\nseed = {seed}'
+        )
+    else:
+        workload = (
+            f'source = "sessions"\nnum_sessions = {r.randint(4, 12)}\nturns = {r.randint(2, 5)}\nthink_time_s = 0.5\n'
+            'lengths = "uniform"\nprompt_min = 50\nprompt_max = 400\nmessage_min = 10\nmessage_max = 80\n'
+            f'output_min = 5\noutput_max = 60\narrival = "poisson"\nrate = 4.0\nseed = {seed}'
+        )
+    return dict(
+        workload=workload,
+        budget=r.choice(["64MiB", "128MiB", "256MiB"]),
+        max_model_len=2048,
+        max_num_seqs=r.choice([4, 16, 32]),
+        max_num_batched_tokens=r.choice([64, 256, 2048]),
+        clock=r.choice(["steps", "roofline"]),
+        block_size=r.choice([8, 16, 32]),
+        cpu_offload=r.choice(["16MiB", "64MiB", "256MiB"]),
+        offload_policy=r.choice(["lru", "arc"]),
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 2, 6, 7])  # seeds whose runs load from the tier
+def test_offload_agrees_on_random_settings(tmp_path: Path, seed: int) -> None:
+    _, steps, _ = check(tmp_path, **random_case(seed))
+    assert steps["loaded_blocks"].sum() > 0

@@ -97,15 +97,6 @@ class OffloadConnector:
     def on_new_request(self, seq: Seq) -> None:
         self.states[seq.index] = ReqState(seq)
 
-    def busy(self, seq: Seq) -> bool:
-        """Whether ``seq`` has a transfer in flight."""
-        state = self.states.get(seq.index)
-        return state is not None and bool(state.jobs)
-
-    def pending(self) -> bool:
-        """Transfers in flight (vLLM keeps stepping while there are: ``has_pending_push_work``)."""
-        return bool(self.jobs)
-
     # -- admission ----------------------------------------------------------------------
     def matched_tokens(self, seq: Seq, local_computed: int) -> int | None:
         """Tokens past ``local_computed`` (the GPU hit, whole blocks) the CPU tier can load; None

@@ -116,12 +116,7 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
     def _fits_load(self, seq: S, target: int, must_fit: int) -> bool:
         """Whether a load admission of ``seq`` backing ``target`` positions fits while leaving the
         in-flight prefills their blocks (vLLM's ``reserved_blocks``)."""
-        policy = self.paged
-        new = policy._new_blocks(seq, target, must_fit)
-        if new < 0:
-            return False
-        evictable = sum(1 for b in seq.pending_hits if policy.ref[b] == 0)
-        return new + evictable <= policy.free_blocks() - self._reserved_blocks()
+        return self.paged.fits_leaving(seq, target, must_fit, self._reserved_blocks())
 
     def admit_waiting(self, budget: int, scheduled: list[tuple[S, int]]) -> tuple[int, int, int]:
         """vLLM's waiting loop with a connector (module docstring); returns (admitted, hit tokens at

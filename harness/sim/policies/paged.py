@@ -184,6 +184,15 @@ class PagedPolicy(PagedBase):
         """What ``allocate(seq, num_tokens, must_fit)`` would return, changing nothing."""
         return self._new_blocks(seq, num_tokens, must_fit) >= 0
 
+    def fits_leaving(self, seq: Seq, num_tokens: int, must_fit: int, reserved: int) -> bool:
+        """``can_allocate`` with ``reserved`` free blocks left for others (vLLM's ``reserved_blocks``,
+        which gates a load from a CPU tier: ``harness.sim.offload``)."""
+        new = self._new_blocks(seq, num_tokens, must_fit)
+        if new < 0:
+            return False
+        evictable = sum(1 for b in seq.pending_hits if self.ref[b] == 0)
+        return new + evictable <= self.free_blocks() - reserved
+
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0, cache_blocks: bool = True) -> bool:
         """``cache_blocks`` False: the new blocks are not cached yet (vLLM's ``delay_cache_blocks``: their
         content arrives by a load from the CPU tier, ``harness.sim.offload``)."""
