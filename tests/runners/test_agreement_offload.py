@@ -128,3 +128,22 @@ def random_case(seed: int) -> dict[str, object]:
 def test_offload_agrees_on_random_settings(tmp_path: Path, seed: int) -> None:
     _, steps, _ = check(tmp_path, **random_case(seed))
     assert steps["loaded_blocks"].sum() > 0
+
+
+def test_engine_cells_with_a_tier_are_skipped_on_the_cpu_build() -> None:
+    """vLLM's engine on its CPU build cannot run the connector's worker half: an optional
+    runner's cells with a tier are skipped with vLLM's reason (``kvbench run`` says so)."""
+    from kvbench.harness.spec.specs import MemorySpec
+    from kvbench.runners import cell_skip
+    from kvbench.runners.vllm import build
+
+    from tests.conftest import run_spec
+
+    installed = build.installed_build()
+    if installed is None or installed.device != "cpu":
+        pytest.skip("vLLM's CPU build only")
+    tier = MemorySpec(cpu_offload_bytes=2**30)
+    why = cell_skip(run_spec(runner="vllm", policy="paged-prefix", memory=tier))
+    assert why is not None and "CUDA or XPU" in why and "\n" not in why
+    assert cell_skip(run_spec(runner="vllm", policy="paged-prefix")) is None
+    assert cell_skip(run_spec(runner="vllm-sched", policy="paged-prefix", memory=tier)) is None
