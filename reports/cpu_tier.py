@@ -27,7 +27,7 @@ import pandas as pd
 from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
 from .display import Column, ColumnSet, format_time, throughput_unit
-from .labels import CELL_KEYS
+from .labels import CELL_KEYS, tier_bytes
 from .tables import finite, policy_rank
 
 TITLE = "CPU tier"
@@ -89,11 +89,6 @@ class CpuTier:
 
     def __len__(self) -> int:
         return len(self.table)
-
-
-def tier_bytes(value: Any) -> int:
-    """A run's tier in bytes: 0 without one (0, null, or a row from before the column)."""
-    return int(value) if finite(value) and float(value) > 0 else 0
 
 
 def eviction_name(tier: int, policy: Any) -> str:
@@ -162,7 +157,7 @@ def cpu_tier_table(
                 "offload_policy": cell.get("offload_policy") if cell["tier_bytes"] else None,
                 "tier": format_bytes(cell["tier_bytes"]) if cell["tier_bytes"] else NO_TIER,
                 "eviction": eviction_name(cell["tier_bytes"], cell.get("offload_policy")),
-                "cpu_blocks": tier_bytes(run.get("cpu_blocks")),
+                "cpu_blocks": int(run["cpu_blocks"]) if finite(run.get("cpu_blocks")) else 0,
                 "block_bytes": block_bytes,
                 "preemptions": float(run["preemptions"]),
                 "recomputed_tokens": recomputed if has and not sums.at[rid, "unfinished"] else math.nan,

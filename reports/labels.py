@@ -119,14 +119,21 @@ def with_keys(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+def tier_bytes(value: Any) -> int:
+    """A run's ``cpu_offload_bytes`` as an int: 0 without a CPU tier (0, null, or a row from
+    before the column)."""
+    tier = _plain(value)
+    return 0 if tier is None or bool(pd.isna(tier)) or not tier else int(tier)
+
+
 def cpu_tier_key(row: Mapping[str, Any], column: str) -> Any:
     """A run's CPU tier ``column`` (``cpu_offload_bytes`` or ``offload_policy``) as identity sees
-    it: None without a tier (0 bytes, or a row from before the columns), the bytes as an int."""
-    tier = _plain(row.get("cpu_offload_bytes"))
-    if tier is None or bool(pd.isna(tier)) or not tier:
+    it: None without a tier (``tier_bytes`` 0), the bytes as an int."""
+    tier = tier_bytes(row.get("cpu_offload_bytes"))
+    if not tier:
         return None
     if column == "cpu_offload_bytes":
-        return int(tier)
+        return tier
     value = _plain(row.get(column))
     return None if value is None or bool(pd.isna(value)) else value
 

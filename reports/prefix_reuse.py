@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..harness.spec.capabilities import is_contiguous
 from ..harness.spec.units import format_bytes
-from .labels import GROUP_KEYS
+from .labels import GROUP_KEYS, tier_bytes
 
 # Everything that makes two cells the same work but the budget (a budget sweep is one line).
 LINE_KEYS: tuple[str, ...] = (*(k for k in GROUP_KEYS if k != "budget_bytes"), "runner")
@@ -40,7 +40,7 @@ def prefix_reuse_table(cells: pd.DataFrame) -> pd.DataFrame:
     for _, line in cells.groupby(keys, sort=False, dropna=False):
         ok = line[line["ok"] > 0]
         if "cpu_offload_bytes" in ok:  # one tier, the GPU's: runs with a CPU tier have their own section
-            ok = ok[pd.to_numeric(ok["cpu_offload_bytes"], errors="coerce").fillna(0) == 0]
+            ok = ok[ok["cpu_offload_bytes"].map(tier_bytes) == 0]
         contiguous = ok[[is_contiguous(str(p)) for p in ok["policy"]]]
         for r in ok[ok["policy"] == "paged-prefix"].to_dict("records"):
             budget = r["budget_bytes"]

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -176,16 +177,20 @@ def _probe_and_run(
     prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.spec.runner in wanted])
     from ...runners import cell_skip
 
-    cant = {
-        c.run_id: (c.spec.runner, why)
-        for c in prepared.cells
-        if c.spec.runner in suite.optional_runners and (why := cell_skip(c.spec))
-    }
-    for runner, why in sorted(set(cant.values())):
-        count = sum(1 for r, _ in cant.values() if r == runner)
+    # Cells a runner available here still cannot run (a CPU tier in vLLM's engine on its CPU build):
+    # an optional runner's are skipped, a required runner's refused before anything is written.
+    kept, tier_skips = [], Counter[tuple[str, str]]()
+    for c in prepared.cells:
+        why = cell_skip(c.spec)
+        if why is None:
+            kept.append(c)
+        elif c.spec.runner in suite.optional_runners:
+            tier_skips[(c.spec.runner, why)] += 1
+        else:
+            raise KvbenchError(f"runner {c.spec.runner} with a CPU tier: {why}")
+    for (runner, why), count in sorted(tier_skips.items()):
         log(f"skipping {count} cell{'s' if count > 1 else ''} of optional runner {runner} with a CPU tier: {why}")
-    if cant:
-        prepared = dataclasses.replace(prepared, cells=[c for c in prepared.cells if c.run_id not in cant])
+    prepared = dataclasses.replace(prepared, cells=kept)
     if any(c.spec.runner == "serve" and c.spec.serve_url for c in prepared.cells):
         from ...runners.serve.runner import check_attached_servers
 

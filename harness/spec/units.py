@@ -25,10 +25,13 @@ _LARGEST = 2.0**80  # a size beyond this (a yobibyte) is a typo, and past float'
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(value: str | int | float, what: str = "size") -> int:
-    """Parse ``"12GiB"``, ``"40GB"``, ``"1.5 MiB"`` or a plain byte count into bytes."""
+def parse_size(value: str | int | float, what: str = "size", zero_ok: bool = False) -> int:
+    """Parse ``"12GiB"``, ``"40GB"``, ``"1.5 MiB"`` or a plain byte count into bytes; a size of
+    zero is refused unless ``zero_ok`` (a CPU tier's 0: none)."""
     if isinstance(value, bool):
         raise KvbenchError(f"{what}: expected a size such as '12GiB', got {value!r}")
+    if isinstance(value, (int, float)) and value < 0 or isinstance(value, str) and value.strip().startswith("-"):
+        raise KvbenchError(f"{what}: must not be negative, got {value!r}")
     if isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value) or value != int(value):
             raise KvbenchError(f"{what}: expected a whole number of bytes, got {value!r}")
@@ -48,7 +51,7 @@ def parse_size(value: str | int | float, what: str = "size") -> int:
         if _UNITS[unit] == 1 and number != int(number):
             raise KvbenchError(f"{what}: expected a whole number of bytes, got {value!r}")
     nbytes = int(number * _UNITS[unit])
-    if nbytes <= 0:
+    if nbytes <= 0 and not (zero_ok and number == 0):
         raise KvbenchError(f"{what}: must be positive, got {value!r}")
     return nbytes
 

@@ -94,6 +94,9 @@ class StandInWorker:
             )
         self.block_bytes = spec.block_size * spec.kv_bytes_per_token
         self.queue: TransferQueue[str] = TransferQueue(link_bytes_per_s(spec.scheduler))
+        self.now = 0.0  # the run's clock at the step's start (the driving engine sets it)
+        self.steps = 0  # steps run so far
+        self.values = (0, 0, 0, 0)  # the last step's CPU-tier columns (``read``)
         self.cpu_hit_tokens: dict[int, int] = {}  # by request index: tokens vLLM asked the tier to load
         original = connector.update_state_after_alloc
 
@@ -105,9 +108,9 @@ class StandInWorker:
 
         connector.update_state_after_alloc = counted  # measurement only: it calls vLLM's own
 
-    def read(self, out: Any) -> tuple[int, int, int, int]:
-        """The step's CPU-tier columns, right after ``schedule()``: blocks held in the tier, blocks
-        whose store and load were issued this step, requests waiting for a load."""
+    def read(self, out: Any) -> None:
+        """The step's CPU-tier columns (``values``), right after ``schedule()``: blocks held in the
+        tier, blocks whose store and load were issued this step, requests waiting for a load."""
         meta = out.kv_connector_metadata
         manager = self.manager
         held = manager._num_allocated_chunks - len(manager._free_list)
@@ -115,19 +118,21 @@ class StandInWorker:
         loaded = sum(len(job.dst_spec.block_ids) for job in meta.load_jobs.values())
         waiting_status = self._waiting.WAITING_FOR_REMOTE_KVS
         waiting = sum(1 for r in self.sched.kv_holding_waiting if r.status == waiting_status)
-        return held, stored, loaded, waiting
+        self.values = (held, stored, loaded, waiting)
 
-    def step(self, step: int, t_s: float, out: Any) -> Any:
-        """The worker's ``KVConnectorOutput`` for this step's ``SchedulerOutput``."""
+    def step(self, out: Any) -> Any:
+        """The worker's ``KVConnectorOutput`` for this step's ``SchedulerOutput`` (the step began
+        at ``now``)."""
         meta = out.kv_connector_metadata
         bb = self.block_bytes
         done, received = self.queue.step(
-            step,
-            t_s,
+            self.steps,
+            self.now,
             meta.jobs_to_flush or (),
             [(jid, len(job.src_spec.block_ids) * bb) for jid, job in meta.store_jobs.items()],
             [(jid, len(job.dst_spec.block_ids) * bb, job.req_id) for jid, job in meta.load_jobs.items()],
         )
+        self.steps += 1
         worker_meta = self._Meta()
         for jid in done:
             worker_meta.mark_completed(jid)

@@ -188,9 +188,6 @@ class VllmScheduler:
 
         # A CPU tier: vLLM's connector as built, its worker half stood in for.
         self.offload = StandInWorker(self.sched, spec) if spec.memory.cpu_offload_bytes else None
-        self.offload_values: tuple[int, int, int, int] | None = None  # the last step's CPU-tier columns
-        self.now = 0.0  # the run's clock at the step's start (the engine sets it): transfers take time on it
-        self.step_index = 0
         self.kv_dtype = layer_spec.dtype  # what vLLM's KV cache spec holds
         self.cache_dtype = self.sched.cache_config.cache_dtype
         manager = self.sched.kv_cache_manager
@@ -260,7 +257,7 @@ class VllmScheduler:
     def schedule(self) -> StepOut:
         out = self.sched.schedule()
         if self.offload is not None:
-            self.offload_values = self.offload.read(out)
+            self.offload.read(out)
         return read_schedule(out, self.requests, self._req_blocks, int, self.reservations)
 
     def occupancy(self) -> Occupancy:
@@ -304,8 +301,7 @@ class VllmScheduler:
                 got.append(idx)
             else:
                 sampled.append([])
-        kv_out = self.offload.step(self.step_index, self.now, out) if self.offload is not None else None
-        self.step_index += 1
+        kv_out = self.offload.step(out) if self.offload is not None else None
         self.sched.update_from_output(
             out,
             self._Output(

@@ -37,6 +37,7 @@ from ...harness.sim.sequence import FINISHED, Seq
 from ..base import Cell
 from ..block_content import SequenceTokens
 from ..common import clock_for
+from .offload import StandInWorker
 from .readings import CacheWatcher, VllmStep
 
 
@@ -86,7 +87,8 @@ class VllmStepEngine:
         self.evictions_seen = 0
         self.measured_s = 0.0
         self.token_times: defaultdict[int, list[float]] = defaultdict(list)  # by Seq.index: each token's step end
-        self.offload = bool(spec.memory.cpu_offload_bytes)  # a CPU tier (vllm-sched: runners.vllm.offload)
+        # A CPU tier: vllm-sched's stand-in for the offloading connector's worker (runners.vllm.offload).
+        self.worker: StandInWorker | None = getattr(source, "offload", None)
 
     def busy(self) -> bool:
         return self.source.has_unfinished()
@@ -108,8 +110,8 @@ class VllmStepEngine:
         t_s = self.now
         if self.source.cache is not None:
             self.source.cache.now = (self.step_index, t_s)
-        if self.offload:
-            self.source.now = t_s  # type: ignore[attr-defined]  # a CPU tier's transfers take time on this clock
+        if self.worker is not None:
+            self.worker.now = t_s  # a CPU tier's transfers take time on this clock
         done = self.source.step()
         if done is None:  # nothing scheduled: no step, no time
             return None
@@ -141,8 +143,8 @@ class VllmStepEngine:
         else:  # measured: RunSpec allows it only for runners that time their steps
             assert done.wall_s is not None, "a measured clock needs the step's measured time"
             now = t_s + done.wall_s
-        if self.offload and out.scheduled_tokens == 0:
-            now = self.source.offload.queue.wait(now)  # type: ignore[attr-defined]  # waiting on transfers only
+        if self.worker is not None and out.scheduled_tokens == 0:
+            now = self.worker.queue.wait(now)  # waiting on transfers only
         self.now = now
         for idx in done.got:
             seq = seqs[idx]
@@ -201,8 +203,8 @@ class VllmStepEngine:
             context_tokens=work.context_tokens if measured else None,
             attention_pairs=work.attention_pairs if measured else None,
         )
-        if self.offload:
-            cpu_blocks, stored, loaded, load_waiting = self.source.offload_values  # type: ignore[attr-defined]
+        if self.worker is not None:
+            cpu_blocks, stored, loaded, load_waiting = self.worker.values
             row = row._replace(
                 cpu_blocks=cpu_blocks, stored_blocks=stored, loaded_blocks=loaded, load_waiting=load_waiting
             )
@@ -212,8 +214,7 @@ class VllmStepEngine:
     @property
     def cpu_hit_tokens(self) -> dict[int, int] | None:
         """A CPU tier: the tokens vLLM loaded from it per sequence (None: no tier)."""
-        offload = getattr(self.source, "offload", None)
-        return offload.cpu_hit_tokens if offload is not None else None
+        return self.worker.cpu_hit_tokens if self.worker is not None else None
 
     def take_kv_groups(self) -> list[tuple[int, int, str, int, int]]:
         """The last step's KV cache group rows (none for a model of full attention only)."""

@@ -28,7 +28,7 @@ def test_sizes(value: object, expected: int) -> None:
         (True, "expected a size"),
         ("0", "must be positive"),
         ("12 parsecs", "unknown unit"),
-        ("-1GiB", "cannot parse"),
+        ("-1GiB", "must not be negative"),
     ],
 )
 def test_bad_sizes_are_one_line(value: object, needle: str) -> None:

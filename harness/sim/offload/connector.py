@@ -131,11 +131,11 @@ class OffloadConnector:
             return None
         return num_hit
 
-    def after_alloc(self, seq: Seq, external: int) -> int:
+    def after_alloc(self, seq: Seq, external: int) -> None:
         """``seq`` was allocated with ``external`` tokens to load: its load job (the blocks past its
-        GPU hit). Returns the blocks it loads."""
+        GPU hit)."""
         if external == 0:
-            return 0
+            return
         self.batch_allocated.update(seq.blocks)
         state = self.states[seq.index]
         bs = self.block_size
@@ -152,7 +152,6 @@ class OffloadConnector:
         self._being_loaded.update(keys)
         state.next_stored = end  # the hit chunks are in the tier already (vLLM's chunk-level policy)
         self.loaded_blocks += end - first
-        return end - first
 
     # -- one step -----------------------------------------------------------------------
     def build_meta(self, scheduled: Iterable[Seq], preempted: Iterable[Seq], finished: Iterable[Seq]) -> StepMeta:

@@ -42,8 +42,6 @@ class TransferQueue(Generic[R]):
     def __init__(self, bytes_per_s: float | None = None) -> None:
         self.bytes_per_s = bytes_per_s  # None: every transfer lasts until the next step
         self._pending: list[tuple[int, float, int, R | None]] = []  # (earliest step, ready at, job, load's request)
-        self.stored_bytes = 0
-        self.loaded_bytes = 0
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -74,11 +72,9 @@ class TransferQueue(Generic[R]):
             self._pending = [p for p in self._pending if p[2] not in flushed]
             done.extend(sorted(flushed))
         for jid, nbytes in stores:
-            self.stored_bytes += nbytes
             if jid not in flushed:
                 self._pending.append((step + 1, self._ready_at(t_s, nbytes), jid, None))
         for jid, nbytes, req in loads:
-            self.loaded_bytes += nbytes
             self._pending.append((step + 1, self._ready_at(t_s, nbytes), jid, req))
         received: list[R] = []
         keep = []
