@@ -4,7 +4,8 @@ Each sentence states numbers of ``ReportTables`` (the per-cell table, the decomp
 hybrid table) and nothing else: paged against each contiguous baseline of the same runner in
 concurrency (mean and peak running requests) and throughput (tokens_per_s on the run's clock);
 where torch and vLLM both ran, how the naive difference splits into allocation × runtime; what
-vLLM's hybrid KV cache manager changed; and which cells did not run ok, and why. A pure function:
+vLLM's hybrid KV cache manager changed; what a CPU tier changed (``cpu_tier``'s sentences); and
+which cells did not run ok, and why. A pure function:
 the renderers (html.py, markdown.py) only lay the sentences out.
 """
 
@@ -58,6 +59,7 @@ def findings(tables: ReportTables) -> list[Finding]:
             *paged_against_contiguous(sub),
             *decomposition_sentences(sub, tables.decomposition),
             *hybrid_sentences(sub, tables.hybrid),
+            *tables.cpu_tier.answers.get(int(g), ()),  # what a CPU tier changed (the "CPU tier" section's)
             *failure_sentences(sub),
         ]
         out.append(Finding(int(g), titles[int(g)], tuple(sentences)))

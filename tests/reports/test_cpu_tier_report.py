@@ -133,6 +133,7 @@ def test_the_sentence_names_the_largest_tier_and_its_cut(tiered: Path) -> None:
     assert f"({base['computed_tokens']:,.0f} → {best['computed_tokens']:,.0f};" in section
     html = (tiered / "report" / "index.html").read_text()
     assert '<h2 id="cpu-tier">CPU tier</h2>' in html and sentence in html
+    assert sentence in md[md.index("## Findings") : md.index("## Figures")]  # the report leads with it
 
 
 def test_the_figure_is_a_png_of_hits_by_tier(tiered: Path) -> None:
