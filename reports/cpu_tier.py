@@ -9,8 +9,8 @@ null where a request did not finish); GPU hit tokens (Σ ``prefix_hit_tokens`` +
 ``recomputed_hit_tokens`` − ``cpu_hit_tokens``: every admission's, as vLLM counts hits) and CPU hit
 tokens (Σ ``cpu_hit_tokens``); ``computed_tokens`` and its change against the ``paged-prefix``
 cell without a tier of the same runner and block size; the bytes stored to and loaded from the
-tier (Σ ``stored_blocks`` and ``loaded_blocks`` over steps × ``block_size`` ×
-``kv_bytes_per_token``); ``tokens_per_s`` and ``ttft_p50_s`` on the run's clock. ``answer``
+tier (Σ ``stored_blocks`` and ``loaded_blocks`` over steps × one block's bytes: ``block_size`` ×
+``kv_bytes_per_token``, over KV cache groups ``kv_bytes_per_block``); ``tokens_per_s`` and ``ttft_p50_s`` on the run's clock. ``answer``
 says what the largest tier did, and where CPU hit tokens do not rise with the tier's size.
 A pure function of the records; html.py, markdown.py and figures.py show it.
 """
@@ -146,7 +146,11 @@ def cpu_tier_table(
     for cell in shown.to_dict("records"):
         rid = cell["run_id"]
         run = by_id.loc[rid]
-        block_bytes = float(run["block_size"]) * float(run["kv_bytes_per_token"])
+        # A block moved is one block id's bytes: over KV cache groups one group's (``kv_bytes_per_block``).
+        per_block = run.get("kv_bytes_per_block")
+        block_bytes = (
+            float(per_block) if finite(per_block) else float(run["block_size"]) * float(run["kv_bytes_per_token"])
+        )
         computed = float(run["computed_tokens"])
         has = rid in sums.index
         recomputed = computed - float(sums.at[rid, "once_tokens"]) if has else math.nan

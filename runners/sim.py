@@ -20,6 +20,7 @@ from ..harness.sim.offload.scheduler import OffloadScheduler
 from ..harness.sim.offload.transfers import link_bytes_per_s
 from ..harness.sim.policies import FAST, REFERENCE, policy_entry
 from ..harness.sim.policies.grouped import GroupedPagedPolicy
+from ..harness.sim.policies.grouped_prefix import GroupedPrefixPolicy
 from ..harness.sim.policies.paged import PagedPolicy, reuse_distance_columns
 from ..harness.sim.scheduler import Arrivals, Scheduler, StepPlan
 from ..harness.sim.sequence import Seq
@@ -193,8 +194,8 @@ def run_scheduler(
     if offload:
         rules = mirrored_rules()
         row["offload_rules"] = rules.release
-        assert isinstance(policy, PagedPolicy)
-        block_bytes = spec.block_size * spec.kv_bytes_per_token
+        assert isinstance(policy, (PagedPolicy, GroupedPrefixPolicy))
+        block_bytes = spec.block_bytes
         sched = OffloadScheduler(
             arrivals,
             policy,

@@ -84,16 +84,26 @@ def capacity(
     return out
 
 
-def cpu_tier(row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, cpu_bytes: int) -> dict[str, Any]:
+def cpu_tier(
+    row: dict[str, Any], geometry: ModelGeometry, kv_dtype: str, cpu_bytes: int, max_model_len: int
+) -> dict[str, Any]:
     """How many blocks of ``row``'s block size a CPU tier of ``cpu_bytes`` holds (vLLM's KV
-    offloading: each block rounded up to whole pages), and how many tokens that is."""
-    block = geometry.kv_bytes_per_token(kv_dtype) * row["block_size"]
+    offloading: each block rounded up to whole pages), and how many tokens of every layer that
+    is. Over vLLM's KV cache groups (its hybrid manager on) a block is one group's (each group
+    stores its own), so a token position takes a block per group."""
+    bs = row["block_size"]
+    groups = 1
+    block = geometry.kv_bytes_per_token(kv_dtype) * bs
+    if not geometry.is_uniform_full:
+        layout = kv_layout(geometry, kv_dtype, bs, max_model_len=max_model_len, prefix_caching=True)
+        groups, block = len(layout.groups), layout.bytes_per_block
     blocks = cpu_tier_blocks(cpu_bytes, block)
     return {
         "cpu_offload_bytes": cpu_bytes,
         "cpu_block_bytes": cpu_block_bytes(block),
         "cpu_blocks": blocks,
-        "cpu_tokens": blocks * row["block_size"],
+        "cpu_groups": groups,
+        "cpu_tokens": blocks // groups * bs,
     }
 
 
@@ -243,16 +253,10 @@ def run(args: argparse.Namespace) -> int:
             raise KvbenchError(
                 f"--tokens {longest} is longer than --max-model-len {args.max_model_len}: no such sequence is admitted"
             )
-        if cpu and not geometry.is_uniform_full:
-            raise KvbenchError(
-                f"--cpu-offload: model {geometry.name!r} is not all full attention; kvbench mirrors vLLM's "
-                f"offloading of one full-attention KV cache group (sliding-window and hybrid layouts are not "
-                f"mirrored yet)"
-            )
         for r in rows:
             r.update(capacity(r, geometry, args.kv_dtype, budget, args.max_model_len, args.tp, args.pp))
             if cpu:
-                r.update(cpu_tier(r, geometry, args.kv_dtype, cpu))
+                r.update(cpu_tier(r, geometry, args.kv_dtype, cpu, args.max_model_len))
         if args.workload:
             fit = workload_fit(args.workload, geometry, args.kv_dtype, budget, args.tp, args.pp)
     if args.json:
@@ -318,11 +322,16 @@ def render(rows: list[dict[str, Any]]) -> str:
 def render_cpu_tier(rows: list[dict[str, Any]]) -> list[str]:
     """A line per block size: the blocks and tokens a CPU tier holds."""
     firsts = {r["block_size"]: r for r in rows}
-    return [
-        f"CPU tier {format_bytes(r['cpu_offload_bytes'])}: {r['cpu_blocks']:,} blocks of {bs:,} tokens "
-        f"({r['cpu_block_bytes']:,} B each, in whole {PAGE_BYTES:,}-B pages) = {r['cpu_tokens']:,} tokens"
-        for bs, r in firsts.items()
-    ]
+    lines = []
+    for bs, r in firsts.items():
+        groups = r["cpu_groups"]
+        each = f"one KV cache group's, {r['cpu_block_bytes']:,} B" if groups > 1 else f"{r['cpu_block_bytes']:,} B each"
+        per = f" ({groups} groups a token)" if groups > 1 else ""
+        lines.append(
+            f"CPU tier {format_bytes(r['cpu_offload_bytes'])}: {r['cpu_blocks']:,} blocks of {bs:,} tokens "
+            f"({each}, in whole {PAGE_BYTES:,}-B pages) = {r['cpu_tokens']:,} tokens{per}"
+        )
+    return lines
 
 
 def render_layout(r: dict[str, Any]) -> list[str]:

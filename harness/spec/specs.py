@@ -242,10 +242,10 @@ class RunSpec:
         self.geometry.check_parallel(tp, pp)
         if not isinstance(self.hybrid_kv, bool):
             raise KvbenchError(f"cell: hybrid_kv must be true or false, got {self.hybrid_kv!r}")
-        if self.memory.cpu_offload_bytes:
-            self._check_cpu_tier()
         if not self.geometry.is_uniform_full:
             self._check_layout()
+        if self.memory.cpu_offload_bytes:
+            self._check_cpu_tier()  # after the layout: a tier's blocks are the layout's
         if tp * pp > 1 and self.runner not in PARALLEL_RUNNERS:
             raise KvbenchError(
                 f"runner {self.runner}: computes on one device's tensors, so tensor_parallel_size {tp} × "
@@ -287,8 +287,8 @@ class RunSpec:
 
     def _check_cpu_tier(self) -> None:
         """A CPU tier (``memory.cpu_offload_bytes`` > 0) where kvbench mirrors vLLM's offloading:
-        prefix caching on one full-attention KV cache group, one rank, recompute preemption, a
-        runner that hosts it, and room for at least one block."""
+        prefix caching (over the KV cache groups paged-prefix takes: full attention, MLA, sliding
+        window), one rank, recompute preemption, a runner that hosts it, and room for a block."""
         tier = f"cpu_offload {format_bytes(self.memory.cpu_offload_bytes)}"
         if self.policy != "paged-prefix":
             raise KvbenchError(
@@ -306,13 +306,6 @@ class RunSpec:
                 f"preempts by recompute, and its offloading connector is what keeps KV in host memory); give "
                 f'preemption "recompute"'
             )
-        g = self.geometry
-        if not g.is_uniform_full:
-            kinds = ", ".join(f"{g.layer_count(k)} {k}" for k in g.kinds)
-            raise KvbenchError(
-                f"{tier}: model {g.name!r} ({kinds} layers): kvbench mirrors vLLM's offloading of one "
-                f"full-attention KV cache group; sliding-window and hybrid layouts are not mirrored yet"
-            )
         if self.runner in ("vllm", "serve") and self.device == "cpu":
             raise KvbenchError(
                 f"{tier}: runner {self.runner} on device cpu: the worker half of vLLM's offloading connector "
@@ -326,7 +319,7 @@ class RunSpec:
                 f"of one rank (vLLM keeps a copy per worker); run the tier at tensor and pipeline parallel size 1"
             )
         if self.cpu_blocks == 0:
-            block = self.block_size * self.kv_bytes_per_token
+            block = self.block_bytes
             raise KvbenchError(
                 f"cpu_offload {self.memory.cpu_offload_bytes:,} B holds no block: one block of {self.block_size} "
                 f"tokens is {block:,} B "
@@ -425,12 +418,21 @@ class RunSpec:
         )
 
     @property
+    def block_bytes(self) -> int:
+        """One block id's bytes: a block of every layer on a model of one KV cache group, a block of
+        one group's layers over vLLM's groups (the pool's page, ``KVLayout.bytes_per_block``)."""
+        if self.geometry.is_uniform_full:
+            return self.block_size * self.kv_bytes_per_token
+        return self.layout.bytes_per_block
+
+    @property
     def cpu_blocks(self) -> int:
-        """The CPU tier's capacity in blocks of ``block_size`` (0 without a tier), as vLLM's
-        ``CPUOffloadingSpec`` counts them (``harness.spec.cpu_tier.cpu_tier_blocks``)."""
+        """The CPU tier's capacity in blocks (0 without a tier), as vLLM's ``CPUOffloadingSpec``
+        counts them (``harness.spec.cpu_tier.cpu_tier_blocks``): over KV cache groups a block of
+        one group, whose offload keys are the group's own."""
         if not self.memory.cpu_offload_bytes:
             return 0
-        return cpu_tier_blocks(self.memory.cpu_offload_bytes, self.block_size * self.kv_bytes_per_token)
+        return cpu_tier_blocks(self.memory.cpu_offload_bytes, self.block_bytes)
 
     @property
     def budget_positions(self) -> int:

@@ -92,7 +92,7 @@ class StandInWorker:
                 f"vLLM's CPU tier holds {capacity:,} blocks where kvbench computes {spec.cpu_blocks:,}; "
                 "unsupported vLLM offloading layout"
             )
-        self.block_bytes = spec.block_size * spec.kv_bytes_per_token
+        self.block_bytes = spec.block_bytes
         self.queue: TransferQueue[str] = TransferQueue(link_bytes_per_s(spec.scheduler))
         self.now = 0.0  # the run's clock at the step's start (the driving engine sets it)
         self.steps = 0  # steps run so far

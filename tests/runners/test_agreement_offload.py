@@ -5,8 +5,10 @@ requests table identical.
 
 The cases make every part of the connector work: a tier smaller than the work's blocks (CPU
 evictions), a GPU budget that preempts (resumed requests load their blocks back), conversations
-(each turn's earlier turns come back from the CPU tier once the GPU has evicted them), and
-arrivals on the roofline clock.
+(each turn's earlier turns come back from the CPU tier once the GPU has evicted them), arrivals
+on the roofline clock, and models of vLLM's KV cache groups: sliding windows beside full
+attention (each group's blocks keyed, stored and loaded apart; a sliding group's only where a
+lookup can end, and only its window loaded), MLA, and the hybrid manager off (one group).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("vllm")
 
 from kvbench.harness.records import store  # noqa: E402
 
-from tests.agreekit import assert_agree, run_pair  # noqa: E402
+from tests.agreekit import HYBRID_CASES, assert_agree, run_pair  # noqa: E402
 from tests.conftest import ROOT  # noqa: E402
 
 MOONCAKE = ROOT / "suites" / "data" / "mooncake-reuse.jsonl"
@@ -62,6 +65,27 @@ SETTINGS: dict[str, object] = dict(
 )
 
 
+# Models of KV cache groups (``tests.agreekit.HYBRID_CASES``) under a tier: (case, workload, GPU
+# budget, tier, eviction policy). Shared prefixes past gpt-oss's 128-token window, and
+# conversations, whose later turns end a lookup where an earlier turn's prompt ended.
+SHARED_PREFIXES = (
+    'source = "uniform"\nprompt_min = 100\nprompt_max = 400\noutput_min = 40\noutput_max = 200\n'
+    'num_requests = 24\nn = 2\nprefix_groups = 4\nprefix_len = 192\narrival = "batch"\nseed = 3'
+)
+SESSIONS = (
+    'source = "sessions"\nnum_sessions = 8\nturns = 4\nthink_time_s = 0.5\nlengths = "uniform"\n'
+    "prompt_min = 100\nprompt_max = 300\nmessage_min = 20\nmessage_max = 80\noutput_min = 10\n"
+    'output_max = 60\narrival = "poisson"\nrate = 4.0\nseed = 3'
+)
+GROUP_CASES: dict[str, tuple[str, str, str, str, str]] = {
+    "gpt-oss-sliding": ("gpt-oss-20b-hybrid-on", SHARED_PREFIXES, "64MiB", "256MiB", "lru"),
+    "gpt-oss-sliding-tier-evicts": ("gpt-oss-20b-hybrid-on", SHARED_PREFIXES, "64MiB", "16MiB", "arc"),
+    "gemma3-like-sliding-conversations": ("gemma3-like-hybrid-on", SESSIONS, "1MiB", "1MiB", "lru"),
+    "gpt-oss-one-group": ("gpt-oss-20b-hybrid-off", SHARED_PREFIXES, "64MiB", "256MiB", "arc"),
+    "mla": ("mla-deepseek-v2-like", SHARED_PREFIXES, "2500KiB", "4MiB", "arc"),
+}
+
+
 def check(tmp_path: Path, **kw: object) -> tuple[dict, object, object]:
     settings = dict(SETTINGS, **kw)
     sim, vllm = run_pair(tmp_path, **settings)
@@ -92,6 +116,39 @@ def test_offload_agrees_on_conversations(tmp_path: Path) -> None:
     sim, steps, reqs = check(tmp_path, **CONVERSATIONS)
     later = reqs[reqs["turn"] > 0]
     assert (later["cpu_hit_tokens"] > 0).sum() > len(later) // 4
+
+
+def group_rows(tmp_path: Path, run_id: str) -> pd.DataFrame:
+    t = store.read_table(tmp_path, "kv_groups", {run_id}).drop(columns=["run_id"])
+    return t.sort_values(["step", "group"]).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("case", list(GROUP_CASES))
+def test_offload_over_kv_cache_groups_agrees_step_for_step(tmp_path: Path, case: str) -> None:
+    model, workload, budget, tier, policy = GROUP_CASES[case]
+    extra, _ = HYBRID_CASES[model]
+    sim, steps, reqs = check(
+        tmp_path,
+        preset="gpt-oss-20b",  # a [model] config takes its place where the case gives one
+        model_extra=extra,
+        kv_dtype="bf16",
+        workload=workload,
+        budget=budget,
+        max_model_len=1024,
+        max_num_seqs=64,
+        max_num_batched_tokens=256,
+        cpu_offload=tier,
+        offload_policy=policy,
+    )
+    a, b = (group_rows(tmp_path, rid) for rid in store.read_table(tmp_path, "runs")["run_id"])
+    assert a.equals(b)  # every KV cache group's row, step by step
+    loaded, hit_blocks = steps["loaded_blocks"].sum(), reqs["cpu_hit_tokens"].sum() // 16
+    assert hit_blocks > 0
+    if "sliding" in case:
+        # Loads fill the sliding groups' windows beside the full groups' blocks.
+        assert loaded > hit_blocks
+    if case.endswith("tier-evicts"):
+        assert steps["cpu_blocks"].max() == sim["cpu_blocks"] < steps["stored_blocks"].sum()
 
 
 def random_case(seed: int) -> dict[str, object]:

@@ -103,6 +103,26 @@ def test_run_spec_cpu_blocks_by_hand() -> None:
     assert spec().cpu_blocks == 0  # no tier
 
 
+def test_a_tier_over_kv_cache_groups_counts_one_groups_blocks() -> None:
+    # gpt-oss-20b, bf16: 24 layers of 8 KV heads × 64 × 2 (K and V) × 2 B = 2,048 B a layer a token. With
+    # vLLM's hybrid manager its 12 sliding and 12 full layers are two groups over one pool, whose block
+    # is one group's: 12 × 2,048 × 16 = 393,216 B (96 pages), and each group stores its own chunks, so
+    # 16 GiB holds ⌊17,179,869,184 ÷ 393,216⌋ = 43,690 blocks. Off, one group of every layer: 21,845.
+    oss = tier(model=ModelSpec(preset="gpt-oss-20b", kv_dtype="bf16"), block_size=16)
+    assert oss.block_bytes == 393_216 and oss.cpu_blocks == 43_690
+    assert oss.replace(hybrid_kv=False).cpu_blocks == 21_845  # the same as a model of one group
+    # The capacity vLLM's own connector computes is held against this at every vllm-sched start
+    # (tests/runners/test_agreement_offload.py, "over KV cache groups").
+
+
+def test_calc_counts_a_tier_over_kv_cache_groups() -> None:
+    args = ("calc", "--block-size", "16", "--tokens", "512", "--model", "gpt-oss-20b", "--budget", "8GiB")
+    proc = kvbench(*args, "--kv-dtype", "bf16", "--cpu-offload", "16GiB", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)[0]
+    assert (r["cpu_block_bytes"], r["cpu_blocks"], r["cpu_groups"], r["cpu_tokens"]) == (393_216, 43_690, 2, 349_520)
+
+
 # -- identity ------------------------------------------------------------------------------------
 
 
@@ -216,9 +236,9 @@ REFUSALS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("runner torch", "does not host a CPU tier", "sim, vllm-sched, vllm, serve"),
     ),
     "swap_preemption": (tier_suite(scheduler={"preemption": "swap"}), ('preemption "swap"', 'preemption "recompute"')),
-    "hybrid_model": (
-        tier_suite(model={"preset": "gpt-oss-20b", "kv_dtype": "bf16"}),
-        ("gpt-oss-20b", "one full-attention KV cache group", "sliding-window and hybrid layouts are not mirrored"),
+    "state_layers": (  # prefix caching (which a tier needs) does not run on them
+        tier_suite(model={"preset": "qwen3-next-80b", "kv_dtype": "bf16"}),
+        ("qwen3-next", "paged-prefix on gdn layers is not modelled"),
     ),
     "vllm_on_cpu": (
         tier_suite(grid={"runner": ["vllm"]}, run={"device": "cpu"}),

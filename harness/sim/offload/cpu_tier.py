@@ -24,10 +24,22 @@ class RequestAccess:
     """The keys one request looked at (stored, reused or missed), as vLLM's
     ``_RequestCacheAccess`` keeps them for the eviction order."""
 
-    __slots__ = ("keys", "_index", "rank", "seen", "seen_set", "inserted", "reused", "store_misses", "finished")
+    __slots__ = (
+        "keys",
+        "groups",
+        "_index",
+        "rank",
+        "seen",
+        "seen_set",
+        "inserted",
+        "reused",
+        "store_misses",
+        "finished",
+    )
 
-    def __init__(self, keys: Sequence[Key]) -> None:
+    def __init__(self, keys: Sequence[Key], groups: int = 1) -> None:
         self.keys = keys  # the request's block keys, head to tail
+        self.groups = groups  # KV cache groups: a group's offload key is ``key * groups + group``
         self._index: dict[Key, int] | None = None
         self.rank = 0  # its LRU rank while it runs (vLLM 0.33), 0: none yet
         self.seen: list[Key] = []
@@ -38,10 +50,10 @@ class RequestAccess:
         self.finished = False
 
     def position(self, key: Key) -> int:
-        """The key's block index in the request."""
+        """The key's block index in the request (every group's key of a block has its position)."""
         if self._index is None:
             self._index = {k: i for i, k in enumerate(self.keys)}
-        return self._index[key]
+        return self._index[key // self.groups]
 
     def record(self, keys: Sequence[Key], reused: Sequence[Key] = ()) -> list[Key]:
         """Note an access; the keys seen for the first time."""

@@ -23,7 +23,10 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-Key = int  # a block's content key (``harness.sim.block_keys``): vLLM's offload key of one chunk
+# vLLM's offload key of one chunk: a block's content key (``harness.sim.block_keys``) over one KV
+# cache group, ``key * groups + group`` (vLLM's key is the block hash with the group index after it,
+# so the keys of one block order by group, as these do).
+Key = int
 Rank = tuple[int, int]
 
 

@@ -16,6 +16,10 @@ Beside the rules of ``harness.sim.scheduler``:
 - after scheduling, the connector issues the step's stores and flushes; after the step, the
   worker's completions (``transfers.TransferQueue``) make stores readable and release loads.
 
+The policy is ``PagedPolicy`` with prefix caching (one full-attention KV cache group) or
+``GroupedPrefixPolicy`` (vLLM's KV cache groups: sliding windows beside full attention); the
+connector reads each request's tables per group from it (``tables_of``).
+
 The step row reads the allocation state as ``vllm-sched`` reads vLLM's: ``used`` and ``internal``
 over running requests only (a request waiting on a load holds blocks it has not computed into).
 """
@@ -26,8 +30,10 @@ from collections import deque
 from typing import Generic
 
 from ...clock.clocks import Clock
+from ...spec.kv_shared_use import NULL_BLOCK, measure_shared
 from ...spec.specs import SchedulerSpec
-from ..policies.paged import PagedPolicy, cdiv, internal_of
+from ..policies.grouped_prefix import GroupedPrefixPolicy
+from ..policies.paged import PagedPolicy, internal_of
 from ..scheduler import Arrivals, Scheduler, StepPlan
 from ..scheduling_rule import S, admission_chunk, admission_must_fit, join_running
 from ..sequence import Seq
@@ -36,15 +42,17 @@ from .cpu_tier import CpuTier
 from .rules import OffloadRules, mirrored_rules
 from .transfers import TransferQueue
 
+TierPolicy = PagedPolicy | GroupedPrefixPolicy
+
 
 class OffloadScheduler(Scheduler[S], Generic[S]):
-    """The reference scheduler over a paged prefix-caching policy and a CPU tier of
-    ``cpu_blocks`` blocks evicted in ``offload_policy`` order."""
+    """The reference scheduler over a paged prefix-caching policy (one group or vLLM's KV cache
+    groups) and a CPU tier of ``cpu_blocks`` blocks evicted in ``offload_policy`` order."""
 
     def __init__(
         self,
         arrivals: Arrivals[S],
-        policy: PagedPolicy,
+        policy: TierPolicy,
         config: SchedulerSpec,
         max_model_len: int,
         clock: Clock | None,
@@ -55,13 +63,23 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
         rules: OffloadRules | None = None,
     ) -> None:
         super().__init__(arrivals, policy, config, max_model_len, clock)
-        assert isinstance(policy, PagedPolicy) and policy.enable_caching, "a CPU tier needs paged-prefix"
         self.paged = policy
         self.block_bytes = block_bytes
         self.rules = rules or mirrored_rules()
-        self.connector = OffloadConnector(
-            CpuTier(cpu_blocks, offload_policy, self.rules), policy.block_size, self.rules
-        )
+        tier = CpuTier(cpu_blocks, offload_policy, self.rules)
+        if isinstance(policy, GroupedPrefixPolicy):
+            self.connector = OffloadConnector(
+                tier,
+                policy.bs,
+                self.rules,
+                policy.tables_of,
+                policy.window_of,
+                lambda seq: policy.boundary.get(seq.index, 0),
+                NULL_BLOCK,
+            )
+        else:
+            assert policy.enable_caching, "a CPU tier needs paged-prefix"
+            self.connector = OffloadConnector(tier, policy.block_size, self.rules, policy.tables_of)
         self.transfers: TransferQueue[Seq] = TransferQueue(bytes_per_s)
         self.holding: deque[S] = deque()  # waiting while holding blocks (vLLM's kv_holding_waiting)
         self.loading: set[int] = set()  # requests waiting for a load (WAITING_FOR_REMOTE_KVS)
@@ -105,13 +123,8 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
 
     def _reserved_blocks(self) -> int:
         """Blocks the prefills in flight still need to hold their whole sequence."""
-        bs, mml = self.paged.block_size, self.max_model_len
-        total = 0
-        for seq in self.inflight.values():
-            need = cdiv(min(seq.num_tokens, mml), bs) - len(seq.blocks)
-            if need > 0:
-                total += need
-        return total
+        mml = self.max_model_len
+        return sum(self.paged.remaining_blocks(seq, mml) for seq in self.inflight.values())
 
     def _fits_load(self, seq: S, target: int, must_fit: int) -> bool:
         """Whether a load admission of ``seq`` backing ``target`` positions fits while leaving the
@@ -215,15 +228,19 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
 
     def measure_values(self) -> tuple[int, ...]:
         policy = self.paged
-        bs = policy.block_size
-        blocks = policy.allocated_blocks()
-        computed = held = internal = 0
-        for seq in self.running:
-            computed += seq.num_computed
-            held += len(seq.blocks)
-            internal += internal_of(len(seq.blocks) * bs, seq.final_len)
-        allocated = blocks * bs
-        used = computed - max(0, held - blocks) * bs
+        if isinstance(policy, GroupedPrefixPolicy):
+            blocks, allocated = policy.allocated_blocks(), policy.allocated_positions
+            used, internal = self._groups_use(policy)
+        else:
+            bs = policy.block_size
+            blocks = policy.allocated_blocks()
+            computed = held = internal = 0
+            for seq in self.running:
+                computed += seq.num_computed
+                held += len(seq.blocks)
+                internal += internal_of(len(seq.blocks) * bs, seq.final_len)
+            allocated = blocks * bs
+            used = computed - max(0, held - blocks) * bs
         head = self.holding[0] if self.holding else (self.waiting[0] if self.waiting else None)
         return (
             len(self.running),
@@ -238,3 +255,15 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
             self.take_evictions(),
             policy.cached_free_blocks(),
         )
+
+    def _groups_use(self, policy: GroupedPrefixPolicy) -> tuple[int, int]:
+        """Used and internal positions over KV cache groups: the policy's running totals, or over
+        running requests only (``measure_shared``, as ``vllm-sched`` reads vLLM's tables) while a
+        waiting request holds blocks."""
+        if not any(s.index in policy.tables for s in self.holding):
+            return policy.measure_use()
+        tables, unit = policy.tables, policy.use.unit
+        used, internal, policy.last_groups = measure_shared(
+            policy.use, [(s.num_computed, s.final_len, tables[s.index]) for s in self.running]
+        )
+        return used // unit, internal // unit

@@ -162,13 +162,14 @@ class CountingGroupedPrefixPolicy(GroupedPrefixPolicy):
         with the hit ``prefix_hit`` remembered (``_admit``'s test)."""
         hits, hit = self._hit_of(seq)
         self.watch = {b for h in hits for b in h if b != NULL_BLOCK}
-        return self._need_to_admit(seq, num_tokens, must_fit, hits, hit)
+        return self._need_to_admit(num_tokens, must_fit, hits, seq.num_computed + hit)
 
     def measure_use(self) -> tuple[int, int]:
         return measure_sums(self)
 
     # -- allocation ------------------------------------------------------------------------
-    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0, cache_blocks: bool = True) -> bool:
+        assert cache_blocks, "a CPU tier runs on GroupedPrefixPolicy (harness.sim.offload)"
         ok = super().allocate(seq, num_tokens, must_fit)
         # Refused, a running request is freed or allocated again in the same step (preemption):
         # its line is drawn then, and the designations settled with it.

@@ -420,15 +420,19 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         if tables is not None:
             return self._grow_need(tables, num_tokens) <= self._free + self._skippable_in(seq, tables)
         hits, hit = self._hit_of(seq)
-        return self._need_to_admit(seq, num_tokens, must_fit, hits, hit) <= self._free
+        return self._need_to_admit(num_tokens, must_fit, hits, seq.num_computed + hit) <= self._free
 
-    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0) -> bool:
+    def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0, cache_blocks: bool = True) -> bool:
         """``allocate_slots``: the admission gate (with the hit), the skipped blocks freed, the new
-        blocks if they fit (the hit touched first), then the full blocks offered to the cache."""
+        blocks if they fit (the hit touched first), then the full blocks offered to the cache.
+        ``cache_blocks`` False: a waiting request's positions past its hit up to ``num_tokens``
+        arrive by a load from a CPU tier (``harness.sim.offload``): they count as computed (a
+        sliding group skips what they put outside its window) and are cached when it lands
+        (``cache_full_blocks``; vLLM's ``delay_cache_blocks``)."""
         idx = seq.index
         tables = self.tables.get(idx)
         if tables is None:
-            return self._admit(seq, num_tokens, must_fit)
+            return self._admit(seq, num_tokens, must_fit, cache_blocks)
         # Each step is taken only where something can move (each is a no-op otherwise).
         if seq.num_computed >= self.skip_from[idx]:
             self._skip_in(seq, tables)
@@ -443,36 +447,69 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         self._held(seq)
         return True
 
-    def _admit(self, seq: Seq, num_tokens: int, must_fit: int) -> bool:
+    def _admit(self, seq: Seq, num_tokens: int, must_fit: int, cache_blocks: bool = True) -> bool:
         """``allocate`` for a request without tables: the gate with its hit, then its tables.
         A refusal stands while the lookup and the asked stand and no block was freed: a block
         taken from the free queue is one less free, and one less to take back if it is a hit
         (an evicted hit makes a new lookup), so the blocks lacking never shrink."""
         hits, hit = self._hit_of(seq)
+        computed = seq.num_computed + hit if cache_blocks else num_tokens
         asked = (self.frees, hit, seq.num_computed, num_tokens, must_fit)
         refused = self.refused.get(seq.index)
-        if refused is not None and refused[0] is hits and refused[1] == asked:
+        if cache_blocks and refused is not None and refused[0] is hits and refused[1] == asked:
             return False
-        if self._need_to_admit(seq, num_tokens, must_fit, hits, hit) > self._free:
-            self.refused[seq.index] = (hits, asked)
+        if self._need_to_admit(num_tokens, must_fit, hits, computed) > self._free:
+            if cache_blocks:
+                self.refused[seq.index] = (hits, asked)
             return False
-        computed = seq.num_computed + hit
         slot = min(num_tokens, self.max_model_len)
         tables = self._open(seq, hits, min(computed, self.max_model_len))
         self._extend(seq, tables, slot)
-        self._cache(seq, min(num_tokens, seq.num_tokens))
+        if cache_blocks:
+            self._cache(seq, min(num_tokens, seq.num_tokens))
         self._held(seq)
         return True
+
+    # -- a CPU tier (``harness.sim.offload``) ----------------------------------------------------
+    def fits_leaving(self, seq: Seq, num_tokens: int, must_fit: int, reserved: int) -> bool:
+        """Whether a load admission of ``seq`` backing ``num_tokens`` positions (its hit and what the
+        load fills) fits with ``reserved`` free blocks left for others (vLLM's ``reserved_blocks``;
+        the whole-sequence gate reads every free block)."""
+        hits, _ = self._hit_of(seq)
+        mml = self.max_model_len
+        computed = min(num_tokens, mml)
+        if must_fit and self._new_need(must_fit, computed, hits, True) > self._free:
+            return False
+        return self._new_need(computed, computed, hits, False) <= self._free - reserved
+
+    def remaining_blocks(self, seq: Seq, max_model_len: int) -> int:
+        """The blocks ``seq`` (holding tables) still needs to hold its whole sequence, a sliding
+        group's capped as at admission (vLLM's ``_request_remaining_blocks``)."""
+        tables = self.tables[seq.index]
+        want = -(-min(seq.num_tokens, max_model_len) // self.bs)
+        total = 0
+        for g, t in zip(self.groups, tables):
+            need = want if g.admission_blocks is None else min(want, g.admission_blocks)
+            if need > len(t):
+                total += need - len(t)
+        return total
+
+    def cache_full_blocks(self, seq: Seq, num_tokens: int) -> None:
+        """Cache what a load filled, once it landed (``cache_blocks``)."""
+        self._cache(seq, min(num_tokens, seq.num_tokens))
+
+    def tables_of(self, seq: Seq) -> list[list[int]]:
+        return self.tables[seq.index]
 
     def _hit_of(self, seq: Seq) -> tuple[list[list[int]], int]:
         """The hit ``prefix_hit`` remembered for ``seq``: per group its blocks, and its tokens."""
         hits, hit = self.hits.get(seq.index, ([], 0))
         return (hits or [[] for _ in self.groups]), hit
 
-    def _need_to_admit(self, seq: Seq, num_tokens: int, must_fit: int, hits: list[list[int]], hit: int) -> int:
-        """The free blocks admitting ``seq`` to ``num_tokens`` with ``hits`` asks: its slot's and,
-        with ``must_fit``, its whole sequence's (vLLM's gate, a sliding group's capped), the larger."""
-        computed = seq.num_computed + hit
+    def _need_to_admit(self, num_tokens: int, must_fit: int, hits: list[list[int]], computed: int) -> int:
+        """The free blocks admitting a request to ``num_tokens`` with ``hits`` and ``computed`` tokens
+        asks: its slot's and, with ``must_fit``, its whole sequence's (vLLM's gate, a sliding
+        group's capped), the larger."""
         need = self._new_need(min(num_tokens, self.max_model_len), computed, hits, False)
         if must_fit:
             need = max(need, self._new_need(must_fit, min(computed, self.max_model_len), hits, True))

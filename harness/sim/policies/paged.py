@@ -193,6 +193,16 @@ class PagedPolicy(PagedBase):
         evictable = sum(1 for b in seq.pending_hits if self.ref[b] == 0)
         return new + evictable <= self.free_blocks() - reserved
 
+    def remaining_blocks(self, seq: Seq, max_model_len: int) -> int:
+        """The blocks ``seq`` (holding blocks) still needs to hold its whole sequence (vLLM's
+        ``_request_remaining_blocks``, which gates a load from a CPU tier)."""
+        need = cdiv(min(seq.num_tokens, max_model_len), self.block_size) - len(seq.blocks)
+        return need if need > 0 else 0
+
+    def tables_of(self, seq: Seq) -> list[list[int]]:
+        """``seq``'s block ids, as the one KV cache group's table."""
+        return [seq.blocks]
+
     def allocate(self, seq: Seq, num_tokens: int, must_fit: int = 0, cache_blocks: bool = True) -> bool:
         """``cache_blocks`` False: the new blocks are not cached yet (vLLM's ``delay_cache_blocks``: their
         content arrives by a load from the CPU tier, ``harness.sim.offload``)."""
