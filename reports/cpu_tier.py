@@ -10,7 +10,8 @@ null where a request did not finish); GPU hit tokens (Σ ``prefix_hit_tokens`` +
 tokens (Σ ``cpu_hit_tokens``); ``computed_tokens`` and its change against the ``paged-prefix``
 cell without a tier of the same runner and block size; the bytes stored to and loaded from the
 tier (Σ ``stored_blocks`` and ``loaded_blocks`` over steps × one block's bytes: ``block_size`` ×
-``kv_bytes_per_token``, over KV cache groups ``kv_bytes_per_block``); ``tokens_per_s`` and ``ttft_p50_s`` on the run's clock. ``answer``
+``kv_bytes_per_token``, over KV cache groups ``kv_bytes_per_block``); ``tokens_per_s`` and
+``ttft_p50_s`` on the run's clock. ``answer``
 says what the largest tier did, and where CPU hit tokens do not rise with the tier's size.
 A pure function of the records; html.py, markdown.py and figures.py show it.
 """

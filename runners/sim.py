@@ -9,12 +9,15 @@ executor computes each planned step for real.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import StepRow
 from ..harness.sim.fast_scheduler import FastScheduler
 from ..harness.sim.latency import itl_summary
+from ..harness.sim.offload import quiet
 from ..harness.sim.offload.rules import mirrored_rules
 from ..harness.sim.offload.scheduler import OffloadScheduler
 from ..harness.sim.offload.transfers import link_bytes_per_s
@@ -44,11 +47,18 @@ class SimEngine:
     """A ``Scheduler`` stepped by the driver: plan, measure, execute (when an executor is given),
     sample and free; the step's row from the plan and the allocation state while it computes."""
 
-    def __init__(self, sched: Scheduler, executor: StepExecutor | None = None) -> None:
+    def __init__(
+        self,
+        sched: Scheduler,
+        executor: StepExecutor | None = None,
+        quiet: Callable[[RunRecorder], int] | None = None,
+    ) -> None:
+        """``quiet``: what takes and records a run of steps at once, where the scheduler does not
+        itself (a CPU tier's quiet steps)."""
         self.sched = sched
         self.executor = executor
         # The fast path records stretches of steps in bulk; never with an executor, which needs every plan.
-        self._quiet = getattr(sched, "record_quiet_steps", None) if executor is None else None
+        self._quiet = (quiet or getattr(sched, "record_quiet_steps", None)) if executor is None else None
         # With an executor every plan lists every request it computes, so each token's time (its
         # step's end) is known: the gaps are the run's itl_* columns. The fast path's plans do not.
         self._token_times: dict[int, list[float]] | None = {} if executor is not None else None
@@ -210,7 +220,8 @@ def run_scheduler(
         )
     else:
         sched = scheduler_cls(arrivals, policy, spec.scheduler, spec.memory.max_model_len, clock)
-    return drive(cell, seqs, arrivals, SimEngine(sched, executor), row)
+    quiet_steps = partial(quiet.run, sched) if isinstance(sched, OffloadScheduler) else None
+    return drive(cell, seqs, arrivals, SimEngine(sched, executor, quiet_steps), row)
 
 
 class SimRunner:

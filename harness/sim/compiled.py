@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "offload.cpu_tier",
     "offload.connector",
     "offload.transfers",
+    "offload.quiet",
 )
 STAMP = "compiled-sources.sha256"  # beside the modules: the digest of the sources a build compiled
 PURE_ENV = "KVBENCH_PURE"

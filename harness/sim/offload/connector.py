@@ -63,7 +63,18 @@ class ReqState:
     """The connector's state of one request (vLLM's ``RequestOffloadState``): per group its keys,
     the next block index to store and the block ids it was shown (vLLM's ``block_ids``)."""
 
-    __slots__ = ("seq", "access", "keys", "next_stored", "block_ids", "jobs", "local_computed", "finished", "done")
+    __slots__ = (
+        "seq",
+        "access",
+        "keys",
+        "next_stored",
+        "block_ids",
+        "jobs",
+        "local_computed",
+        "finished",
+        "done",
+        "refused",
+    )
 
     def __init__(self, seq: Seq, groups: int) -> None:
         self.seq = seq
@@ -76,6 +87,8 @@ class ReqState:
         self.local_computed = 0  # its GPU prefix hit at the latest lookup
         self.finished = False  # the tier was told it finished
         self.done = False  # it finished (its blocks may be handed out again)
+        # Its last store refused (the tier full): (tier version, next block, blocks storable) then.
+        self.refused: tuple[int, int, int] | None = None
 
 
 def as_vllm_iterates(finished: list[Seq]) -> list[Seq]:
@@ -364,6 +377,11 @@ class OffloadConnector:
         bs, null = self.block_size, self.null
         offloadable = min(tokens_after, seq.num_tokens, seq.prompt_len)
         num_keys = len(seq.block_keys)
+        if state.refused is not None and self.groups == 1:
+            # The same offer to a tier that has not changed is refused again and changes nothing.
+            ids = state.block_ids[0]
+            if state.refused == (self.tier.version, state.next_stored[0], min(offloadable // bs, len(ids), num_keys)):
+                return 0
         ends: list[int] = []
         offered: list[Key] = []
         for g, ids in enumerate(state.block_ids):
@@ -379,6 +397,7 @@ class OffloadConnector:
             return 0
         to_store = self.tier.prepare_store(offered, state.access)
         if to_store is None:
+            state.refused = (self.tier.version, state.next_stored[0], ends[0])
             return 0  # no room in the tier now: offered again next step
         if not to_store:
             self._advance(state, ends)

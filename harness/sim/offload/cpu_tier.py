@@ -79,6 +79,9 @@ class CpuTier:
         self._free_slots: list[int] = []
         self.evictable = 0  # chunks stored and idle
         self.evicted = 0  # chunks evicted so far
+        # Moves whenever what decides a store changes (chunks held, readable or idle): a store
+        # refused at one version is refused again, doing nothing, at the same version.
+        self.version = 0
 
     def __len__(self) -> int:
         """Chunks held (stored or being stored)."""
@@ -107,6 +110,7 @@ class CpuTier:
         return end - start, pending
 
     def prepare_load(self, keys: Sequence[Key], access: RequestAccess) -> None:
+        self.version += 1
         order = self.order
         for key in keys:
             chunk = order.get(key)
@@ -123,6 +127,7 @@ class CpuTier:
             self.order.on_request_access(new, access)
 
     def complete_load(self, keys: Sequence[Key]) -> None:
+        self.version += 1
         order = self.order
         for key in keys:
             chunk = order.get(key)
@@ -163,6 +168,7 @@ class CpuTier:
             self.evictable -= len(evicted)
             self.evicted += len(evicted)
             self._free_slots.extend(chunk.slot for _, chunk in evicted)
+        self.version += 1
         for key in to_store:
             if self._next_slot < self.capacity:
                 slot = self._next_slot
@@ -174,6 +180,7 @@ class CpuTier:
         return to_store
 
     def complete_store(self, keys: Sequence[Key] | set[Key]) -> None:
+        self.version += 1
         order = self.order
         for key in keys:
             chunk = order.get(key)

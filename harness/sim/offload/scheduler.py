@@ -37,6 +37,7 @@ from ..policies.paged import PagedPolicy, internal_of
 from ..scheduler import Arrivals, Scheduler, StepPlan
 from ..scheduling_rule import S, admission_chunk, admission_must_fit, join_running
 from ..sequence import Seq
+from ..step_price import StepPrice
 from .connector import OffloadConnector, StepMeta
 from .cpu_tier import CpuTier
 from .rules import OffloadRules, mirrored_rules
@@ -88,6 +89,13 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
         self.cpu_hit_tokens: dict[int, int] = {}  # by Seq.index: tokens loaded from the CPU tier
         self._finished: list[S] = []  # finished in the last step: their last stores come next
         self._meta: StepMeta | None = None
+        # Whether the last step changed nothing its admission attempt read after it was made, and
+        # the head that attempt failed on (``quiet``: the steps after it may be taken at once).
+        self.settled = False
+        self.settled_head: S | None = None
+        self.price: StepPrice | None = None  # the clock's price, compiled (``quiet``)
+        self._attempted = False  # this step's admission attempt admitted and skipped nothing …
+        self._attempt_head: S | None = None  # … at this head (holding's first, else waiting's; None: none)
 
     def add_request(self, seq: S) -> None:
         self.connector.on_new_request(seq)
@@ -113,6 +121,7 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
         """The reference step (running requests, then ``admit_waiting``: vLLM's waiting loop with
         the connector), then what vLLM does after scheduling: prefills that completed leave the
         in-flight set, and the connector issues the step's stores and flushes."""
+        self._attempted = False
         plan = super().schedule()
         for seq, _ in plan.scheduled:
             if seq.num_computed >= seq.num_tokens:
@@ -197,6 +206,9 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
         self.admissions += admitted
         self.holding.extendleft(reversed(skipped_holding))
         self.waiting.extendleft(reversed(skipped_waiting))
+        if not (admitted or skipped_holding or skipped_waiting):
+            self._attempted = True
+            self._attempt_head = self.holding[0] if self.holding else (self.waiting[0] if self.waiting else None)
         return admitted, hit_tokens, recomputed
 
     # -- after the step ------------------------------------------------------------------
@@ -217,6 +229,10 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
         self.received.update(seq.index for seq in received)
         if not plan.scheduled:
             self.now = self.transfers.wait(self.now)
+        self.settled = self._attempted and not (
+            done or plan.preempted or completed or meta.stores or meta.loads or meta.flush
+        )
+        self.settled_head = self._attempt_head
         return done
 
     def offload_values(self) -> tuple[int, int, int, int]:

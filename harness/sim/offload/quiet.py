@@ -1,0 +1,225 @@
+"""Quiet steps of a run with a CPU tier, taken at once: the steps in which every running request
+decodes one token and nothing else can happen, with the reference's own calls and none of its
+no-ops.
+
+After a *settled* step (``OffloadScheduler.settled``: its admission attempt admitted and skipped
+nothing, and nothing it read changed after it: no finish, preemption, transfer issued or done),
+the next steps repeat that attempt on the same state and fail alike, so they skip it, and skip
+the connector's step (no transfer in flight, no store to offer: every prompt block of a decoder is
+stored or taken) while each of them:
+
+- allocates each decoder's next position through the policy, in running order (a block crossed
+  is taken, evicting a cached one if need be, and a block filled is cached, as the reference's
+  step does), its new blocks shown to the connector;
+- is priced by the clock, advances every decoder by one token and samples it.
+
+It stops before a step in which something could change what the attempt reads or anything beyond
+this: a decoder finishing, an arrival released, a crossing that finds no free block or would evict
+a block whose content the waiting head looks up, a block filled whose content it looks up. Equality with the step-by-
+step loop is tested record for record (``tests/sim/test_offload_quiet.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...clock.clocks import Clock
+from ...records.schema import StepRow
+from .. import bulk_rows as R
+from ..policies.paged import PagedPolicy, internal_of
+from ..step_price import StepPrice
+from .scheduler import OffloadScheduler
+
+if TYPE_CHECKING:
+    from ...records.recorder import RunRecorder
+
+MAX_STEPS = 4096  # steps per run taken at once (its rows are built at once)
+_TIER = [StepRow._fields.index(c) for c in ("cpu_blocks", "stored_blocks", "loaded_blocks", "load_waiting")]
+
+
+def _window(sched: OffloadScheduler, policy: PagedPolicy) -> int:
+    """How many quiet steps may follow now (0: the next goes step by step): the bound before a
+    decoder's finish, where the state allows any."""
+    if not sched.settled or sched.clock is None or sched.loading or len(sched.transfers):
+        return 0
+    holding, waiting = sched.holding, sched.waiting
+    if (holding[0] if holding else (waiting[0] if waiting else None)) is not sched.settled_head:
+        return 0  # an arrival released since the attempt is the head now
+    running = sched.running
+    if not running or len(running) > sched.config.max_num_batched_tokens:
+        return 0
+    mml = sched.max_model_len
+    states = sched.connector.states
+    tier = sched.connector.tier
+    bs = policy.block_size
+    steps = MAX_STEPS
+    for seq in running:
+        if seq.num_computed != seq.num_tokens - 1 or seq.num_output < 1:
+            return 0  # a prefill, or a request with no token sampled yet
+        state = states[seq.index]
+        storable = min(seq.prompt_len // bs, len(seq.block_keys))
+        if state.next_stored[0] < storable and state.refused != (tier.version, state.next_stored[0], storable):
+            return 0  # a prompt store to offer (a refused one is offered again, refused alike)
+        left = min(seq.output_len - seq.num_output, mml - seq.num_tokens) - 1
+        if left < steps:
+            steps = left
+    return max(steps, 0)
+
+
+def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
+    """Take and record the quiet steps that follow now (module docstring); how many."""
+    policy = sched.paged
+    if not isinstance(policy, PagedPolicy) or sched.connector.groups != 1:
+        return 0
+    limit = _window(sched, policy)
+    if limit <= 0:
+        return 0
+    clock = sched.clock
+    assert clock is not None
+    if sched.price is None:
+        sched.price = StepPrice(clock)
+    price = sched.price
+    takes = type(clock).take is not Clock.take  # a clock with memory (else it adds 0.0)
+    running = sched.running
+    n = len(running)
+    bs = policy.block_size
+    head = sched.settled_head
+    # A head with nothing computed looks its prefix up; one holding blocks (a load landed) asks
+    # only for free blocks, of which a quiet step leaves fewer.
+    head_keys = set(head.block_keys) if head is not None and head.num_computed == 0 else set()
+    pending = sched.pending
+    ids = [sched.connector.states[seq.index].block_ids[0] for seq in running]
+    computed = held = internal = 0
+    for seq in running:
+        computed += seq.num_computed
+        held += len(seq.blocks)
+        internal += internal_of(len(seq.blocks) * bs, seq.final_len)
+    step0 = step = sched.step_index
+    now = sched.now
+    ts: list[float] = []
+    blocks_at: list[int] = []
+    used_at: list[int] = []
+    internal_at: list[int] = []
+    evicted_at: list[int] = []
+    cached_at: list[int] = []
+    evictions = policy.evictions
+    cached = policy.cached_free_blocks()
+    ledger = sched.ledger
+    k = 0
+    while k < limit:
+        if pending and pending[0].arrival_s <= now:
+            break  # the driver would release it before this step
+        crossing = 0
+        for seq in running:
+            target = seq.num_computed + 1
+            if target > len(seq.blocks) * bs:
+                crossing += 1
+            elif target % bs == 0 and head_keys:
+                keys = seq.block_keys
+                if target // bs <= len(keys) and keys[target // bs - 1] in head_keys:
+                    crossing = -1  # a block the head looks up becomes cached
+                    break
+        if crossing < 0 or not _pops_spare(policy, crossing, head_keys):
+            break
+        if ledger is not None:
+            ledger.now = (step, now)
+        for seq, shown in zip(running, ids):
+            target = seq.num_computed + 1
+            had = len(seq.blocks)
+            # ``allocate`` does something only where a block is crossed or filled (then cached).
+            if target > had * bs or target % bs == 0:
+                ok = policy.allocate(seq, target)
+                assert ok, "a quiet step's crossings fit (``_pops_spare``)"
+                if len(seq.blocks) != had:
+                    shown.extend(seq.blocks[len(shown) :])
+                    held += len(seq.blocks) - had
+                    internal += internal_of(len(seq.blocks) * bs, seq.final_len) - internal_of(had * bs, seq.final_len)
+            seq.num_computed = target
+        computed += n
+        blocks = policy.allocated_blocks()
+        ts.append(now)
+        if policy.evictions != evictions:  # a crossing took a cached block
+            evictions = policy.evictions
+            evicted_at.append(sched.take_evictions())
+            cached = policy.cached_free_blocks()
+        else:
+            evicted_at.append(0)
+        cached_at.append(cached)
+        blocks_at.append(blocks)
+        used_at.append(computed - max(0, held - blocks) * bs)
+        internal_at.append(internal)
+        now += price.step(n, computed, computed, n)
+        if takes:
+            now += clock.take(n, n)
+        for seq in running:
+            seq.num_output += 1
+        step += 1
+        k += 1
+    sched.now = now
+    sched.step_index = step
+    sched.used_positions += n * k
+    if k:
+        _record(sched, policy, recorder, step0, k, ts, blocks_at, used_at, internal_at, evicted_at, cached_at)
+    return k
+
+
+def _pops_spare(policy: PagedPolicy, n: int, head_keys: set[int]) -> bool:
+    """Whether ``n`` blocks taken from the free queue now leave the head's lookup as it was: there
+    are ``n``, and the cached ones among them (evicted) hold no content the head looks up."""
+    spare = len(policy.front) + policy.num_blocks - policy.next_fresh
+    if n <= spare:
+        return True
+    queue = policy.free_queue
+    if n > spare + len(queue):
+        return False  # a crossing does not fit: a preemption
+    if not head_keys:
+        return True
+    block_key = policy.block_key
+    for i, b in enumerate(queue):
+        if i >= n - spare:
+            break
+        if block_key.get(b) in head_keys:
+            return False
+    return True
+
+
+def _record(
+    sched: OffloadScheduler,
+    policy: PagedPolicy,
+    recorder: RunRecorder,
+    step0: int,
+    k: int,
+    ts: list[float],
+    blocks_at: list[int],
+    used_at: list[int],
+    internal_at: list[int],
+    evicted_at: list[int],
+    cached_at: list[int],
+) -> None:
+    """The rows ``SimEngine.step`` would have written for the ``k`` steps taken."""
+    bs = policy.block_size
+    times = np.array([*ts, sched.now])
+    blocks = np.array(blocks_at, dtype=np.float64)
+    alloc = blocks * bs
+    used = np.array(used_at, dtype=np.float64)
+    internal = np.array(internal_at, dtype=np.float64)
+    head = sched.holding[0] if sched.holding else (sched.waiting[0] if sched.waiting else None)
+    columns: dict[int, np.ndarray | float] = {
+        R.RUNNING: float(len(sched.running)),
+        R.WAITING: float(len(sched.waiting) + len(sched.holding)),
+        R.SCHEDULED: float(len(sched.running)),
+        R.BLOCKS: blocks,
+        R.ALLOCATED: alloc,
+        R.USED: used,
+        R.RESERVED: alloc - used - internal,
+        R.INTERNAL: internal,
+        R.EXTERNAL: float(policy.external_frag(head)),
+        R.FREE: policy.budget_positions - alloc,
+        R.CACHED_FREE: np.array(cached_at, dtype=np.float64),
+        R.EVICTED: np.array(evicted_at, dtype=np.float64),
+    }
+    for col, value in zip(_TIER, (len(sched.connector.tier), 0, 0, 0)):
+        columns[col] = float(value)
+    recorder.add_step_rows(R.step_rows(step0, times, k, columns))
