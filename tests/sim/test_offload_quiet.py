@@ -70,3 +70,50 @@ def test_quiet_steps_taken_at_once_are_the_steps_one_by_one(
     pd.testing.assert_frame_equal(a_reqs.drop(columns=["run_id"]), b_reqs.drop(columns=["run_id"]))
     for key in ("steps", "computed_tokens", "preemptions", "tokens_per_s", "ttft_p50_s", "cpu_blocks"):
         assert fast[key] == plain[key], key
+
+
+@pytest.mark.parametrize("case", ["preempting-loads-back", "random-7"])
+def test_a_step_handed_back_to_the_engine_is_the_step_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """Where the head's repeated attempt would do something, the quiet run stops after the step's
+    allocations and the engine takes the step: every such step handed back gives the same records."""
+    kw = CASE_SETTINGS[case]
+    asked: list[bool] = []
+
+    def does_something(self: OffloadScheduler, budget: int) -> bool:
+        asked.append(True)
+        return False
+
+    monkeypatch.setattr(OffloadScheduler, "attempt_fails", does_something)
+    taken: list[int] = []
+    handed = run_sim(tmp_path / "handed-back", taken, **kw)
+    assert asked and sum(taken) > 0
+    monkeypatch.setattr(quiet, "run", lambda sched, recorder: 0)
+    plain = run_sim(tmp_path / "one-by-one", [], **kw)
+    for a, b in zip(tables(tmp_path / "handed-back", handed), tables(tmp_path / "one-by-one", plain)):
+        pd.testing.assert_frame_equal(a.drop(columns=["run_id"]), b.drop(columns=["run_id"]))
+
+
+@pytest.mark.parametrize("case", ["preempting-loads-back", "conversations", "random-6"])
+def test_attempt_fails_says_what_the_attempt_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """``attempt_fails`` (what the quiet steps ask) against ``admit_waiting`` on the same state, at
+    every step's admission: it says the attempt fails exactly where the attempt admits, loads and
+    skips nothing (where the head's own load landed it says only that it may not fail)."""
+    seen: list[tuple[bool, bool, bool]] = []
+    admit = OffloadScheduler.admit_waiting
+
+    def checked(self: OffloadScheduler, budget: int, scheduled: list) -> tuple[int, int, int]:
+        queue = self.holding if self.holding else self.waiting
+        landed = bool(queue) and queue[0].index in self.loading
+        predicted = self.attempt_fails(budget)  # its lookups are the attempt's own: repeated, the same
+        out = admit(self, budget, scheduled)
+        seen.append((predicted, self._attempted, landed))
+        return out
+
+    monkeypatch.setattr(OffloadScheduler, "admit_waiting", checked)
+    monkeypatch.setattr(quiet, "run", lambda sched, recorder: 0)
+    run_sim(tmp_path / "checked", [], **CASE_SETTINGS[case])
+    assert any(p for p, _, _ in seen) and any(not p for p, _, _ in seen)
+    for predicted, failed, landed in seen:
+        assert predicted == failed or (landed and not predicted), (predicted, failed, landed)

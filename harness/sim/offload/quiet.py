@@ -13,14 +13,18 @@ stored or taken) while each of them:
   step does), its new blocks shown to the connector;
 - is priced by the clock, advances every decoder by one token and samples it.
 
-It stops before a step in which something could change what the attempt reads or anything beyond
-this: a decoder finishing, an arrival released, a crossing that finds no free block or would evict
-a block whose content the waiting head looks up, a block filled whose content it looks up. Equality with the step-by-
-step loop is tested record for record (``tests/sim/test_offload_quiet.py``).
+A step whose allocations change what the waiting head looks up (a cached block of its prefix
+evicted, or one filled and cached) repeats the attempt through the scheduler's own check
+(``OffloadScheduler.attempt_fails``, the head's lookups and the fit) and stays quiet where it
+fails; where it would not, the engine takes that step (its allocations, done, are no-ops to it).
+The run stops before a step in which anything else could change: a decoder finishing, an arrival
+released, a crossing that finds no free block. Equality with the step-by-step loop is tested
+record for record (``tests/sim/test_offload_quiet.py``).
 """
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +33,7 @@ from ...clock.clocks import Clock
 from ...records.schema import StepRow
 from .. import bulk_rows as R
 from ..policies.paged import PagedPolicy, internal_of
+from ..sequence import Seq
 from ..step_price import StepPrice
 from .scheduler import OffloadScheduler
 
@@ -86,9 +91,12 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
     n = len(running)
     bs = policy.block_size
     head = sched.settled_head
-    # A head with nothing computed looks its prefix up; one holding blocks (a load landed) asks
-    # only for free blocks, of which a quiet step leaves fewer.
-    head_keys = set(head.block_keys) if head is not None and head.num_computed == 0 else set()
+    budget = sched.config.max_num_batched_tokens - n  # what the admission attempt has left
+    # A head with nothing computed looks its prefix up, if the attempt gets that far (a token left,
+    # a seat free); one holding blocks (a load landed) asks only for free blocks, of which a quiet
+    # step leaves fewer.
+    looks = head is not None and head.num_computed == 0 and budget > 0 and n < sched.config.max_num_seqs
+    head_keys = set(head.block_keys) if looks and head is not None else set()
     pending = sched.pending
     ids = [sched.connector.states[seq.index].block_ids[0] for seq in running]
     computed = held = internal = 0
@@ -111,7 +119,30 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
     while k < limit:
         if pending and pending[0].arrival_s <= now:
             break  # the driver would release it before this step
+        gap = 0 if takes else _plain_steps(running, bs, limit - k)
+        if gap:
+            # Steps in which no decoder's ``allocate`` does anything: priced and logged at once.
+            times = price.decode_run(now, n, computed, 1, gap)
+            if pending and pending[0].arrival_s <= times[gap - 1]:
+                gap = bisect.bisect_left(times, pending[0].arrival_s, 1, gap)  # the first step it precedes
+            blocks = policy.allocated_blocks()
+            base = computed - max(0, held - blocks) * bs
+            ts.extend(times[:gap])
+            blocks_at.extend([blocks] * gap)
+            used_at.extend(range(base + n, base + n * (gap + 1), n))
+            internal_at.extend([internal] * gap)
+            evicted_at.extend([0] * gap)
+            cached_at.extend([cached] * gap)
+            computed += n * gap
+            now = times[gap]
+            for seq in running:
+                seq.num_computed += gap
+                seq.num_output += gap
+            step += gap
+            k += gap
+            continue
         crossing = 0
+        touches = False  # the step changes what the head looks up
         for seq in running:
             target = seq.num_computed + 1
             if target > len(seq.blocks) * bs:
@@ -119,24 +150,35 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
             elif target % bs == 0 and head_keys:
                 keys = seq.block_keys
                 if target // bs <= len(keys) and keys[target // bs - 1] in head_keys:
-                    crossing = -1  # a block the head looks up becomes cached
-                    break
-        if crossing < 0 or not _pops_spare(policy, crossing, head_keys):
+                    touches = True  # a block the head looks up becomes cached
+        spare = _pops_spare(policy, crossing, head_keys)
+        if spare is None:
             break
+        touches = touches or spare
         if ledger is not None:
             ledger.now = (step, now)
-        for seq, shown in zip(running, ids):
+        # ``allocate`` does something only where a block is crossed or filled (then cached).
+        grew: list[tuple[int, int]] = []
+        for i, seq in enumerate(running):
             target = seq.num_computed + 1
             had = len(seq.blocks)
-            # ``allocate`` does something only where a block is crossed or filled (then cached).
             if target > had * bs or target % bs == 0:
                 ok = policy.allocate(seq, target)
                 assert ok, "a quiet step's crossings fit (``_pops_spare``)"
                 if len(seq.blocks) != had:
-                    shown.extend(seq.blocks[len(shown) :])
-                    held += len(seq.blocks) - had
-                    internal += internal_of(len(seq.blocks) * bs, seq.final_len) - internal_of(had * bs, seq.final_len)
-            seq.num_computed = target
+                    grew.append((i, had))
+        if touches and not sched.attempt_fails(budget):
+            # The attempt does something: the engine takes this step, whose allocations are done
+            # (``allocate`` again to the same position takes nothing, evicts and caches nothing).
+            sched.settled = False  # the next call takes no quiet step before it
+            break
+        for i, had in grew:
+            seq = running[i]
+            ids[i].extend(seq.blocks[len(ids[i]) :])
+            held += len(seq.blocks) - had
+            internal += internal_of(len(seq.blocks) * bs, seq.final_len) - internal_of(had * bs, seq.final_len)
+        for seq in running:
+            seq.num_computed += 1
         computed += n
         blocks = policy.allocated_blocks()
         ts.append(now)
@@ -165,24 +207,38 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
     return k
 
 
-def _pops_spare(policy: PagedPolicy, n: int, head_keys: set[int]) -> bool:
-    """Whether ``n`` blocks taken from the free queue now leave the head's lookup as it was: there
-    are ``n``, and the cached ones among them (evicted) hold no content the head looks up."""
+def _plain_steps(running: list[Seq], bs: int, most: int) -> int:
+    """How many of the next steps (at most ``most``) come before the first in which a decoder
+    crosses into a new block or fills one: a decoder at ``c`` computed positions holding ``L``
+    blocks does either at its next position past ``c`` that is a multiple of ``bs``, or at ``c + 1``
+    if ``c == L × bs``."""
+    gap = most
+    for seq in running:
+        c = seq.num_computed
+        d = 0 if c >= len(seq.blocks) * bs else bs - 1 - c % bs
+        if d < gap:
+            gap = d
+    return gap
+
+
+def _pops_spare(policy: PagedPolicy, n: int, head_keys: set[int]) -> bool | None:
+    """Whether ``n`` blocks taken from the free queue now evict a cached block whose content the
+    head looks up; None when there are not ``n`` (a crossing does not fit: a preemption)."""
     spare = len(policy.front) + policy.num_blocks - policy.next_fresh
     if n <= spare:
-        return True
+        return False
     queue = policy.free_queue
     if n > spare + len(queue):
-        return False  # a crossing does not fit: a preemption
+        return None
     if not head_keys:
-        return True
+        return False
     block_key = policy.block_key
     for i, b in enumerate(queue):
         if i >= n - spare:
             break
         if block_key.get(b) in head_keys:
-            return False
-    return True
+            return True
+    return False
 
 
 def _record(

@@ -162,19 +162,11 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
                 policy.cache_full_blocks(seq, seq.num_computed)  # the loaded blocks are cached now
                 if seq.num_computed == seq.num_tokens:
                     seq.num_computed -= 1  # the last token is recomputed, to sample the next
-            external = 0
-            if seq.num_computed == 0:
-                hit = policy.prefix_hit(seq)
-                found = connector.matched_tokens(seq, hit)
-                if found is None:
-                    seq.pending_hits = []
-                    skipped_waiting.append(queue.popleft())
-                    continue
-                external = found
-                computed = hit + external
-            else:
-                seq.pending_hits = []
-                computed = seq.num_computed
+            looked = self._look_up(seq)
+            if looked is None:
+                skipped_waiting.append(queue.popleft())
+                continue
+            computed, external = looked
             must_fit = admission_must_fit(seq.num_tokens, mml)
             if external:
                 if not self._fits_load(seq, computed, must_fit):
@@ -210,6 +202,39 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
             self._attempted = True
             self._attempt_head = self.holding[0] if self.holding else (self.waiting[0] if self.waiting else None)
         return admitted, hit_tokens, recomputed
+
+    def _look_up(self, seq: S) -> tuple[int, int] | None:
+        """The tokens ``seq`` has computed at its admission and how many of them the CPU tier loads
+        (its GPU prefix hit, then the connector's lookup past it); None when the connector cannot
+        answer yet (the request is skipped for the step)."""
+        if seq.num_computed:
+            seq.pending_hits = []
+            return seq.num_computed, 0
+        hit = self.paged.prefix_hit(seq)
+        found = self.connector.matched_tokens(seq, hit)
+        if found is None:
+            seq.pending_hits = []
+            return None
+        return hit + found, found
+
+    def attempt_fails(self, budget: int) -> bool:
+        """Whether ``admit_waiting`` with ``budget`` tokens left would admit, load and skip nothing now,
+        doing only what it does before it fails: the head's lookups. The quiet steps (``quiet``) ask
+        it after a step's allocations change what the head looks up."""
+        queue = self.holding if self.holding else self.waiting
+        if budget <= 0 or not queue or len(self.running) >= self.config.max_num_seqs:
+            return True
+        seq = queue[0]
+        if seq.index in self.loading:
+            return False  # its load lands or it is skipped: not a failed attempt
+        looked = self._look_up(seq)
+        if looked is None:
+            return False
+        computed, external = looked
+        must_fit = admission_must_fit(seq.num_tokens, self.max_model_len)
+        if external:
+            return not self._fits_load(seq, computed, must_fit)
+        return not self.paged.can_allocate(seq, computed + admission_chunk(seq.num_tokens, computed, budget), must_fit)
 
     # -- after the step ------------------------------------------------------------------
     def finish_step(self, plan: StepPlan[S], measured_s: float | None = None) -> list[S]:
