@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -50,6 +51,14 @@ needs_vllm = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed")
 DATA = ROOT / "tests" / "data"
 
 Section = Mapping[str, object] | str
+
+
+def interactive_signals() -> None:
+    """``preexec_fn`` of a kvbench child that a test interrupts: what a terminal's child gets, SIGINT
+    at its default. A test runner started in the background of a non-interactive shell (``cmd &``)
+    ignores SIGINT, an ignored disposition survives exec, and Python then installs no Ctrl-C
+    handler: the Ctrl-C cases would test the launcher, not kvbench."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def toml_value(value: object) -> str:

@@ -59,6 +59,7 @@ from tests.conftest import (
     assert_one_line_error,
     copy_of,
     import_holding_infinity,
+    interactive_signals,
     kvbench,
     run_attached,
     serve_suite,
@@ -439,6 +440,7 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interactive_signals,
     )
     deadline = time.monotonic() + 30
     while not _handles_sigterm(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
@@ -513,14 +515,6 @@ def test_an_interrupt_a_finalizer_drops_is_kept_and_not_printed(monkeypatch: pyt
     assert [type(e) for e in seen] == [ValueError]
 
 
-def _interactive_signals() -> None:
-    # What a terminal's child gets: SIGINT at its default. A test runner started in the
-    # background of a non-interactive shell (`cmd &`) ignores SIGINT, an ignored disposition
-    # survives exec, and Python then installs no Ctrl-C handler: the Ctrl-C cases would test
-    # the launcher, not kvbench.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _start(suite: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ)
     return subprocess.Popen(
@@ -542,7 +536,7 @@ def _start(suite: Path, out: Path, *extra: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=_interactive_signals,
+        preexec_fn=interactive_signals,
     )
 
 

@@ -37,7 +37,7 @@ from kvbench.runners.serve import runner as serve
 from kvbench.runners.serve import scheduler as serve_scheduler
 from kvbench.runners.serve.metrics import num_gpu_blocks, parse_metrics
 
-from tests.conftest import ROOT, suite_toml
+from tests.conftest import ROOT, interactive_signals, suite_toml
 from tests.enginekit import needs_engine
 
 API_SERVER = b"vllm.entrypoints.openai.api_server"
@@ -288,6 +288,7 @@ def _start_kvbench(tmp_path: Path) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=interactive_signals,
     )
 
 

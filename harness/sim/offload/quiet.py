@@ -6,7 +6,8 @@ After a *settled* step (``OffloadScheduler.settled``: its admission attempt admi
 nothing, and nothing it read changed after it: no finish, preemption, transfer issued or done),
 the next steps repeat that attempt on the same state and fail alike, so they skip it, and skip
 the connector's step (no transfer in flight, no store to offer: every prompt block of a decoder is
-stored or taken) while each of them:
+stored or taken; a request whose load landed may wait behind the head, untouched by an attempt
+that stops at the head) while each of them:
 
 - allocates each decoder's next position through the policy, in running order (a block crossed
   is taken, evicting a cached one if need be, and a block filled is cached, as the reference's
@@ -47,8 +48,10 @@ _TIER = [StepRow._fields.index(c) for c in ("cpu_blocks", "stored_blocks", "load
 def _window(sched: OffloadScheduler, policy: PagedPolicy) -> int:
     """How many quiet steps may follow now (0: the next goes step by step): the bound before a
     decoder's finish, where the state allows any."""
-    if not sched.settled or sched.clock is None or sched.loading or len(sched.transfers):
+    if not sched.settled or sched.clock is None or len(sched.transfers):
         return 0
+    if not sched.loading <= sched.received:
+        return 0  # a load not landed yet (one landed waits, untouched, behind the head)
     holding, waiting = sched.holding, sched.waiting
     if (holding[0] if holding else (waiting[0] if waiting else None)) is not sched.settled_head:
         return 0  # an arrival released since the attempt is the head now
@@ -276,6 +279,6 @@ def _record(
         R.CACHED_FREE: np.array(cached_at, dtype=np.float64),
         R.EVICTED: np.array(evicted_at, dtype=np.float64),
     }
-    for col, value in zip(_TIER, (len(sched.connector.tier), 0, 0, 0)):
+    for col, value in zip(_TIER, (len(sched.connector.tier), 0, 0, len(sched.loading))):
         columns[col] = float(value)
     recorder.add_step_rows(R.step_rows(step0, times, k, columns))
