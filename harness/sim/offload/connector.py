@@ -219,7 +219,7 @@ class OffloadConnector:
                 if max_hit - local_computed < bs:
                     return 0
                 num_chunks = min(cdiv(max_hit, bs), num_keys)
-                keys = self.states[seq.index].keys[g]
+                keys = state.keys[g]
                 found: int | None
                 if self.window_chunks[g]:
                     first = self._load_window(g, min(max_hit, num_chunks * bs))
@@ -370,22 +370,37 @@ class OffloadConnector:
         boundary = self.boundary_of(seq) // bs
         return boundary > 0 and boundary - need <= i < boundary
 
+    def _storable(self, seq: Seq, ids: list[int], tokens_after: int) -> int:
+        """The blocks of a group's table a store at ``tokens_after`` computed tokens may reach: whole
+        prompt blocks, shown and keyed."""
+        offloadable = min(tokens_after, seq.num_tokens, seq.prompt_len)
+        return min(offloadable // self.block_size, len(ids), len(seq.block_keys))
+
+    def _refused_again(self, state: ReqState, tokens_after: int) -> bool:
+        """Whether the store offered now is the one the tier refused at its present version (one
+        group): refused again, changing nothing."""
+        nxt = state.next_stored[0]
+        storable = self._storable(state.seq, state.block_ids[0], tokens_after)
+        return state.refused == (self.tier.version, nxt, storable)
+
+    def offers_store(self, state: ReqState) -> bool:
+        """Whether the request's store this step (one group, at its computed tokens) offers the tier
+        blocks: prompt blocks past the last stored, unless that same offer was refused at the
+        tier's present version (``quiet``)."""
+        storable = self._storable(state.seq, state.block_ids[0], state.seq.num_computed)
+        return state.next_stored[0] < storable and not self._refused_again(state, state.seq.num_computed)
+
     def _store(self, state: ReqState, tokens_after: int, stores: list[int]) -> int:
         """The store job of one request for this step, if any (appended to ``stores``); the blocks
         it stores."""
         seq = state.seq
-        bs, null = self.block_size, self.null
-        offloadable = min(tokens_after, seq.num_tokens, seq.prompt_len)
-        num_keys = len(seq.block_keys)
-        if state.refused is not None and self.groups == 1:
-            # The same offer to a tier that has not changed is refused again and changes nothing.
-            ids = state.block_ids[0]
-            if state.refused == (self.tier.version, state.next_stored[0], min(offloadable // bs, len(ids), num_keys)):
-                return 0
+        null = self.null
+        if state.refused is not None and self.groups == 1 and self._refused_again(state, tokens_after):
+            return 0
         ends: list[int] = []
         offered: list[Key] = []
         for g, ids in enumerate(state.block_ids):
-            storable = min(offloadable // bs, len(ids), num_keys)
+            storable = self._storable(seq, ids, tokens_after)
             ends.append(storable)
             keys = state.keys[g]
             sliding = self.window_chunks[g] > 0

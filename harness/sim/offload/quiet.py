@@ -45,31 +45,56 @@ MAX_STEPS = 4096  # steps per run taken at once (its rows are built at once)
 _TIER = [StepRow._fields.index(c) for c in ("cpu_blocks", "stored_blocks", "loaded_blocks", "load_waiting")]
 
 
-def _window(sched: OffloadScheduler, policy: PagedPolicy) -> int:
+class _Rows:
+    """The columns of the quiet steps taken, step by step, that vary (the rest are the run's)."""
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.blocks: list[int] = []
+        self.used: list[int] = []
+        self.internal: list[int] = []
+        self.evicted: list[int] = []
+        self.cached: list[int] = []
+
+    def add(self, start: float, blocks: int, used: int, internal: int, evicted: int, cached: int) -> None:
+        self.starts.append(start)
+        self.blocks.append(blocks)
+        self.used.append(used)
+        self.internal.append(internal)
+        self.evicted.append(evicted)
+        self.cached.append(cached)
+
+    def add_plain(self, starts: list[float], blocks: int, used_before: int, n: int, internal: int, cached: int) -> None:
+        """Steps in which ``n`` decoders each compute a token and nothing is allocated."""
+        m = len(starts)
+        self.starts.extend(starts)
+        self.blocks.extend([blocks] * m)
+        self.used.extend(range(used_before + n, used_before + n * (m + 1), n))
+        self.internal.extend([internal] * m)
+        self.evicted.extend([0] * m)
+        self.cached.extend([cached] * m)
+
+
+def _window(sched: OffloadScheduler) -> int:
     """How many quiet steps may follow now (0: the next goes step by step): the bound before a
     decoder's finish, where the state allows any."""
     if not sched.settled or sched.clock is None or len(sched.transfers):
         return 0
     if not sched.loading <= sched.received:
         return 0  # a load not landed yet (one landed waits, untouched, behind the head)
-    holding, waiting = sched.holding, sched.waiting
-    if (holding[0] if holding else (waiting[0] if waiting else None)) is not sched.settled_head:
+    if sched.head() is not sched.settled_head:
         return 0  # an arrival released since the attempt is the head now
     running = sched.running
     if not running or len(running) > sched.config.max_num_batched_tokens:
         return 0
     mml = sched.max_model_len
-    states = sched.connector.states
-    tier = sched.connector.tier
-    bs = policy.block_size
+    connector = sched.connector
     steps = MAX_STEPS
     for seq in running:
         if seq.num_computed != seq.num_tokens - 1 or seq.num_output < 1:
             return 0  # a prefill, or a request with no token sampled yet
-        state = states[seq.index]
-        storable = min(seq.prompt_len // bs, len(seq.block_keys))
-        if state.next_stored[0] < storable and state.refused != (tier.version, state.next_stored[0], storable):
-            return 0  # a prompt store to offer (a refused one is offered again, refused alike)
+        if connector.offers_store(connector.states[seq.index]):
+            return 0  # a prompt store to offer
         left = min(seq.output_len - seq.num_output, mml - seq.num_tokens) - 1
         if left < steps:
             steps = left
@@ -81,7 +106,7 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
     policy = sched.paged
     if not isinstance(policy, PagedPolicy) or sched.connector.groups != 1:
         return 0
-    limit = _window(sched, policy)
+    limit = _window(sched)
     if limit <= 0:
         return 0
     clock = sched.clock
@@ -109,12 +134,7 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
         internal += internal_of(len(seq.blocks) * bs, seq.final_len)
     step0 = step = sched.step_index
     now = sched.now
-    ts: list[float] = []
-    blocks_at: list[int] = []
-    used_at: list[int] = []
-    internal_at: list[int] = []
-    evicted_at: list[int] = []
-    cached_at: list[int] = []
+    rows = _Rows()
     evictions = policy.evictions
     cached = policy.cached_free_blocks()
     ledger = sched.ledger
@@ -129,13 +149,7 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
             if pending and pending[0].arrival_s <= times[gap - 1]:
                 gap = bisect.bisect_left(times, pending[0].arrival_s, 1, gap)  # the first step it precedes
             blocks = policy.allocated_blocks()
-            base = computed - max(0, held - blocks) * bs
-            ts.extend(times[:gap])
-            blocks_at.extend([blocks] * gap)
-            used_at.extend(range(base + n, base + n * (gap + 1), n))
-            internal_at.extend([internal] * gap)
-            evicted_at.extend([0] * gap)
-            cached_at.extend([cached] * gap)
+            rows.add_plain(times[:gap], blocks, computed - max(0, held - blocks) * bs, n, internal, cached)
             computed += n * gap
             now = times[gap]
             for seq in running:
@@ -184,17 +198,12 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
             seq.num_computed += 1
         computed += n
         blocks = policy.allocated_blocks()
-        ts.append(now)
+        evicted = 0
         if policy.evictions != evictions:  # a crossing took a cached block
             evictions = policy.evictions
-            evicted_at.append(sched.take_evictions())
+            evicted = sched.take_evictions()
             cached = policy.cached_free_blocks()
-        else:
-            evicted_at.append(0)
-        cached_at.append(cached)
-        blocks_at.append(blocks)
-        used_at.append(computed - max(0, held - blocks) * bs)
-        internal_at.append(internal)
+        rows.add(now, blocks, computed - max(0, held - blocks) * bs, internal, evicted, cached)
         now += price.step(n, computed, computed, n)
         if takes:
             now += clock.take(n, n)
@@ -206,7 +215,7 @@ def run(sched: OffloadScheduler, recorder: RunRecorder) -> int:
     sched.step_index = step
     sched.used_positions += n * k
     if k:
-        _record(sched, policy, recorder, step0, k, ts, blocks_at, used_at, internal_at, evicted_at, cached_at)
+        _record(sched, policy, recorder, step0, rows)
     return k
 
 
@@ -244,27 +253,15 @@ def _pops_spare(policy: PagedPolicy, n: int, head_keys: set[int]) -> bool | None
     return False
 
 
-def _record(
-    sched: OffloadScheduler,
-    policy: PagedPolicy,
-    recorder: RunRecorder,
-    step0: int,
-    k: int,
-    ts: list[float],
-    blocks_at: list[int],
-    used_at: list[int],
-    internal_at: list[int],
-    evicted_at: list[int],
-    cached_at: list[int],
-) -> None:
-    """The rows ``SimEngine.step`` would have written for the ``k`` steps taken."""
+def _record(sched: OffloadScheduler, policy: PagedPolicy, recorder: RunRecorder, step0: int, rows: _Rows) -> None:
+    """The rows ``SimEngine.step`` would have written for the steps taken."""
     bs = policy.block_size
-    times = np.array([*ts, sched.now])
-    blocks = np.array(blocks_at, dtype=np.float64)
+    times = np.array([*rows.starts, sched.now])
+    blocks = np.array(rows.blocks, dtype=np.float64)
     alloc = blocks * bs
-    used = np.array(used_at, dtype=np.float64)
-    internal = np.array(internal_at, dtype=np.float64)
-    head = sched.holding[0] if sched.holding else (sched.waiting[0] if sched.waiting else None)
+    used = np.array(rows.used, dtype=np.float64)
+    internal = np.array(rows.internal, dtype=np.float64)
+    head = sched.head()
     columns: dict[int, np.ndarray | float] = {
         R.RUNNING: float(len(sched.running)),
         R.WAITING: float(len(sched.waiting) + len(sched.holding)),
@@ -276,9 +273,9 @@ def _record(
         R.INTERNAL: internal,
         R.EXTERNAL: float(policy.external_frag(head)),
         R.FREE: policy.budget_positions - alloc,
-        R.CACHED_FREE: np.array(cached_at, dtype=np.float64),
-        R.EVICTED: np.array(evicted_at, dtype=np.float64),
+        R.CACHED_FREE: np.array(rows.cached, dtype=np.float64),
+        R.EVICTED: np.array(rows.evicted, dtype=np.float64),
     }
     for col, value in zip(_TIER, (len(sched.connector.tier), 0, 0, len(sched.loading))):
         columns[col] = float(value)
-    recorder.add_step_rows(R.step_rows(step0, times, k, columns))
+    recorder.add_step_rows(R.step_rows(step0, times, len(rows.starts), columns))

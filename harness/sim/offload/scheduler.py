@@ -200,8 +200,14 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
         self.waiting.extendleft(reversed(skipped_waiting))
         if not (admitted or skipped_holding or skipped_waiting):
             self._attempted = True
-            self._attempt_head = self.holding[0] if self.holding else (self.waiting[0] if self.waiting else None)
+            self._attempt_head = self.head()
         return admitted, hit_tokens, recomputed
+
+    def head(self) -> S | None:
+        """The request the next admission attempt starts at: holding's first, else waiting's."""
+        if self.holding:
+            return self.holding[0]
+        return self.waiting[0] if self.waiting else None
 
     def _look_up(self, seq: S) -> tuple[int, int] | None:
         """The tokens ``seq`` has computed at its admission and how many of them the CPU tier loads
@@ -282,7 +288,7 @@ class OffloadScheduler(Scheduler[S], Generic[S]):
                 internal += internal_of(len(seq.blocks) * bs, seq.final_len)
             allocated = blocks * bs
             used = computed - max(0, held - blocks) * bs
-        head = self.holding[0] if self.holding else (self.waiting[0] if self.waiting else None)
+        head = self.head()
         return (
             len(self.running),
             len(self.waiting) + len(self.holding),

@@ -486,7 +486,7 @@ class GroupedPrefixPolicy(GroupedPagedPolicy):
         """The blocks ``seq`` (holding tables) still needs to hold its whole sequence, a sliding
         group's capped as at admission (vLLM's ``_request_remaining_blocks``)."""
         tables = self.tables[seq.index]
-        want = -(-min(seq.num_tokens, max_model_len) // self.bs)
+        want = cdiv(min(seq.num_tokens, max_model_len), self.bs)
         total = 0
         for g, t in zip(self.groups, tables):
             need = want if g.admission_blocks is None else min(want, g.admission_blocks)
