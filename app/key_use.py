@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from ..harness.errors import KvbenchError
 from ..harness.spec import identity
 from ..harness.spec.capabilities import DEVICE_RUNNERS, PAGE_SIZED_POLICIES, POLICY_FACTS, is_contiguous
-from ..harness.spec.specs import RunSpec
+from ..harness.spec.specs import GPU_CLOCKS, RunSpec
 from ..harness.spec.workload_spec import FIELD_KINDS, WorkloadSpec
 
 
@@ -42,9 +42,9 @@ def unread(spec: RunSpec) -> dict[str, str]:
         )
     if not spec.memory.cpu_offload_bytes:
         out["offload_policy"] = "the cell has no CPU tier (cpu_offload is 0), whose eviction policy it is"
-    if clock != "roofline":
+    if clock not in GPU_CLOCKS:
         for key in ("gpu", "roofline_scale"):
-            out[key] = f'clock "{clock}" does not price steps on a GPU roofline (read with clock = "roofline")'
+            out[key] = f'clock "{clock}" does not price steps on a GPU (read with clock = "roofline" or "tables")'
     if clock != "profile":
         out["clock_profile"] = f'clock "{clock}" reads no profile (read with clock = "profile")'
     if runner == "serve" and spec.serve_url is not None:

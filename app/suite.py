@@ -37,6 +37,7 @@ from ..harness.spec.cpu_tier import parse_cpu_offload
 from ..harness.spec.names import path_component
 from ..harness.spec.specs import (
     ARENAS,
+    GPU_CLOCKS,
     OFFLOAD_POLICIES,
     MemorySpec,
     ModelSpec,
@@ -237,7 +238,7 @@ class Suite:
                 # A suite-wide profile does not concern a runner on another clock (an engine
                 # timing its own steps beside sim on the profile): not part of its spec.
                 sched.pop("clock_profile", None)
-            if sched.get("clock", SchedulerSpec.clock) != "roofline" and self.settings.get("clock") == "roofline":
+            if sched.get("clock", SchedulerSpec.clock) not in GPU_CLOCKS and self.settings.get("clock") in GPU_CLOCKS:
                 # Likewise a suite-wide roofline's factor, for a runner that overrides the clock
                 # (without a roofline anywhere, SchedulerSpec refuses it: a misplaced setting).
                 sched.pop("roofline_scale", None)

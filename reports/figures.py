@@ -539,6 +539,7 @@ LATENCY_COLUMN = "normalized_latency_mean_s"
 # Normalized latency (a request's latency ÷ its output tokens) in the units of the run's clock.
 LATENCY_UNITS = {
     "roofline": "simulated s per output token\n(roofline clock)",
+    "tables": "simulated s per output token\n(tables clock)",
     "profile": "simulated s per output token\n(profile clock)",
     "measured": "measured s per output token",
 }

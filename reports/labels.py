@@ -312,6 +312,8 @@ def time_axis_label(clock: Any) -> str:
         return "scheduler step (steps clock: 1 step = 1 s)"
     if clock == "roofline":
         return "simulated time, s (roofline clock)"
+    if clock == "tables":
+        return "simulated time, s (tables clock: measured GPU tables)"
     if clock == "profile":
         return "simulated time, s (profile clock: fitted to an engine's steps)"
     if clock == "measured":
@@ -325,6 +327,8 @@ def throughput_note(clocks: set[Any], runners: set[Any]) -> str:
         return "generated tokens per scheduler step (steps clock)"
     if clocks == {"roofline"}:
         return "generated tokens per simulated second (roofline clock)"
+    if clocks == {"tables"}:
+        return "generated tokens per simulated second (tables clock)"
     if clocks == {"profile"}:
         return "generated tokens per simulated second (profile clock, fitted to an engine)"
     if clocks == {"measured"}:

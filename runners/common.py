@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..harness.clock.clocks import LINK_CALL_LATENCY_S, Clock, make_clock
 from ..harness.clock.model import GPU_PRESETS
+from ..harness.clock.tables_clock import TablesClock, tables_clock
 from ..harness.records.provenance import provenance
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import REQUESTS
@@ -198,6 +199,10 @@ def clock_columns(spec: RunSpec) -> dict[str, object]:
             "clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}{parallel}{scaled}",
             "clock_profile": None,
         }
+    if sched.clock == "tables":
+        clock = clock_for(sched, spec.geometry, spec.kv_bytes_per_token)
+        assert isinstance(clock, TablesClock)
+        return {"clock_detail": clock.describe(), "clock_profile": None}
     if sched.clock == "measured":
         return {"clock_detail": "measured: each step's wall time", "clock_profile": None}
     return {"clock_detail": "steps: 1 step = 1 s", "clock_profile": None}
@@ -322,6 +327,15 @@ def write_status_only(cell: Cell, row: dict[str, object], status: str, error: st
 
 def clock_for(scheduler: SchedulerSpec, geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
     """The clock a cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
+    if scheduler.clock == "tables":
+        return tables_clock(
+            geometry,
+            kv_bytes_per_token,
+            scheduler.gpu,
+            float(scheduler.roofline_scale),
+            scheduler.tensor_parallel_size,
+            scheduler.pipeline_parallel_size,
+        )
     terms = scheduler.profile().terms if scheduler.clock == "profile" else None
     return make_clock(
         scheduler.clock,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from ...harness.errors import KvbenchError
 from ...harness.records.safe_paths import nonempty_text
 from ...harness.records.statuses import OK
+from ...harness.spec.specs import GPU_CLOCKS
 from .base import Command
 
 if TYPE_CHECKING:  # runners.base loads pandas: not while the CLI builds its parser
@@ -73,10 +74,10 @@ def choose_cell(
             + f": fit-roofline needs exactly one{hint}"
         )
     cell = sims[0]
-    if cell.spec.scheduler.clock != "roofline":
+    if cell.spec.scheduler.clock not in GPU_CLOCKS:
         raise KvbenchError(
-            f"{where}: the cell's clock is {cell.spec.scheduler.clock!r}; fit-roofline fits the "
-            'roofline clock\'s scale: set [scheduler] clock = "roofline"'
+            f"{where}: the cell's clock is {cell.spec.scheduler.clock!r}; fit-roofline fits a GPU "
+            'clock\'s scale: set [scheduler] clock = "roofline" or "tables"'
         )
     return cell
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from ...harness.clock.tables_clock import TablesClock
 from ...harness.errors import InfeasibleError, Interrupted, KvbenchError, StorageError, storage_error
 from ...harness.files import kind
 from ...harness.records.lock import ResultsLock
@@ -24,6 +25,7 @@ from ..third_party import Redirect, open_results_log, to_log
 from .base import Command
 
 if TYPE_CHECKING:
+    from ...harness.spec.specs import RunSpec
     from ...runners.base import Cell
     from ..suite import Suite
     from ..sweep import Prepared
@@ -146,6 +148,18 @@ def _run(args: argparse.Namespace, earlier: IO[bytes], redirect: Redirect | None
     return _probe_and_run(args, suite, out, wanted, log, earlier, redirect)
 
 
+def tables_fallbacks(specs: list[RunSpec]) -> list[str]:
+    """One line for each term a tables-clock cell takes from the roofline (or goes without), once."""
+    from ...runners.common import clock_for
+
+    lines: dict[str, None] = {}
+    for spec in specs:
+        if spec.scheduler.clock == "tables":
+            clock = clock_for(spec.scheduler, spec.geometry, spec.kv_bytes_per_token)
+            lines.update(dict.fromkeys(clock.fallbacks() if isinstance(clock, TablesClock) else []))
+    return list(lines)
+
+
 def _probe_and_run(
     args: argparse.Namespace,
     suite: Suite,
@@ -191,6 +205,8 @@ def _probe_and_run(
     for (runner, why), count in sorted(tier_skips.items()):
         log(f"skipping {count} cell{'s' if count > 1 else ''} of optional runner {runner} with a CPU tier: {why}")
     prepared = dataclasses.replace(prepared, cells=kept)
+    for line in tables_fallbacks([c.spec for c in prepared.cells]):
+        log(line)
     if any(c.spec.runner == "serve" and c.spec.serve_url for c in prepared.cells):
         from ...runners.serve.runner import check_attached_servers
 

@@ -105,6 +105,9 @@ GPU_PRESETS: dict[str, GpuPreset] = {
             _NVLINK4,
             _PCIE5,
         ),
+        # A40 (GA102, GDDR6, 48 GB): the datasheet's rates, no factors measured for the roofline. Its
+        # pair of GPUs is bridged by NVLink 3 at 112.5 GB/s both ways (56.25 each way); host PCIe 4.0.
+        GpuPreset("A40", 48 * 10**9, 696e9, 149.7e12, 1.0, 1.0, "datasheet", 56.25e9, _PCIE4),
         GpuPreset(
             "GH200",
             96 * 10**9,

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
     from ..clock.profile import ClockProfile
 
 PREEMPTION_MODES = ("recompute", "swap")
-CLOCKS = ("steps", "roofline", "profile", "measured")
+CLOCKS = ("steps", "roofline", "tables", "profile", "measured")
+# The clocks that price steps on a GPU preset (``gpu``) and read ``roofline_scale``.
+GPU_CLOCKS = ("roofline", "tables")
 # Where a contiguous policy places its reservations (harness/sim/policies/arena.py); the first is
 # the default, left out of run ids so that ids from before the choice existed stay the same.
 ARENAS = ("first-fit", "buddy")
@@ -166,9 +168,9 @@ class SchedulerSpec:
                 f"[scheduler] roofline_scale must be a number ≥ 1 (a roofline is the fastest a step "
                 f"can be: a scale below 1 prices steps faster than the hardware), got {scale!r}"
             )
-        if scale != 1.0 and self.clock != "roofline":
+        if scale != 1.0 and self.clock not in GPU_CLOCKS:
             raise KvbenchError(
-                f'[scheduler] roofline_scale is read only with clock = "roofline" (clock is {self.clock!r})'
+                f'[scheduler] roofline_scale is read only with clock = "roofline" or "tables" (clock is {self.clock!r})'
             )
 
     def profile(self) -> ClockProfile:

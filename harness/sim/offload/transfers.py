@@ -23,15 +23,15 @@ from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from ...clock.model import GPU_PRESETS
-from ...spec.specs import SchedulerSpec
+from ...spec.specs import GPU_CLOCKS, SchedulerSpec
 
 R = TypeVar("R")
 
 
 def link_bytes_per_s(scheduler: SchedulerSpec) -> float | None:
-    """The GPU-to-host bandwidth a run's transfers take: the GPU preset's on the roofline clock;
+    """The GPU-to-host bandwidth a run's transfers take: the GPU preset's on a GPU clock (roofline, tables);
     None (each transfer lasts until the next step) on every other clock."""
-    if scheduler.clock != "roofline":
+    if scheduler.clock not in GPU_CLOCKS:
         return None
     return GPU_PRESETS[scheduler.gpu].host_link_bytes_s or None
 

@@ -1,0 +1,162 @@
+"""A layer's operations priced from what they move and compute, with terms fitted on measured
+GPU tables: the model that carries Vidur's A100 and A40 profiles to GPUs and models they lack.
+
+Each operation of a layer (``gpu_tables.OPS``) moves bytes and does FLOPs that follow from the
+layer's shape, its tensor-parallel degree and the step's tokens (``op_work``). Its time is
+
+    GEMM:         t = ((c + bytes / (bandwidth × e_b))^k + (FLOPs / (peak × e_f))^k)^(1/k)
+    elementwise:  t =   c + bytes / (bandwidth × e_b)
+
+with bandwidth and peak a GPU's datasheet rates. ``c`` (a kernel's fixed latency), the achieved
+fractions ``e_b`` and ``e_f``, and ``k`` (how sharply a GEMM turns from memory-bound to
+compute-bound) are fitted per operation on the A100 and A40 tables at once, minimising the
+squared log error (``fit_op_terms``): a plain Levenberg–Marquardt in numpy, within bounds.
+This form was chosen over three others (no latency; a latency in bytes; a latency as a floor)
+by fitting on one of A100 and A40 and checking on the other. docs/clock.md has its errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from .gpu_tables import GEMM_OPS, OPS, LayerShape, OpTable
+from .model import GpuPreset
+
+DTYPE_BYTES = 2  # the tables were profiled in fp16
+
+
+@dataclasses.dataclass(frozen=True)
+class OpTerms:
+    """One operation's fitted terms (``latency_s`` is ``c``; GEMMs also use the last two)."""
+
+    latency_s: float
+    bandwidth_efficiency: float
+    flops_efficiency: float = 1.0
+    sharpness: float = 1.0
+
+
+def op_work(op: str, shape: LayerShape, tensor_parallel: int, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, FLOPs) of one operation at each token count, on one tensor-parallel rank."""
+    t = tokens.astype(np.float64)
+    tp = float(tensor_parallel)
+    h, d = float(shape.hidden), float(shape.head_dim)
+    q, kv = float(shape.heads), float(shape.kv_heads)
+    inter = float(shape.intermediate) / tp
+    if op in GEMM_OPS:
+        width_in, width_out = {
+            "attn_pre_proj": (h, (q + 2 * kv) * d / tp),
+            "attn_post_proj": (q * d / tp, h),
+            "mlp_up_proj": (h, inter * (2 if shape.gated else 1)),
+            "mlp_down_proj": (inter, h),
+        }[op]
+        weights = width_in * width_out
+        return DTYPE_BYTES * (weights + t * (width_in + width_out)), 2.0 * t * weights
+    elements = {
+        "emb": 2 * h,
+        "input_layernorm": 2 * h,
+        "post_attention_layernorm": 2 * h,
+        "attn_rope": 2 * (q + kv) * d / tp,
+        "mlp_act": inter * (3 if shape.gated else 2),
+        "add": 3 * h,
+    }[op]
+    return DTYPE_BYTES * t * elements, np.zeros_like(t)
+
+
+def op_time(
+    terms: OpTerms,
+    gemm: bool,
+    bytes_moved: np.ndarray,
+    flops: np.ndarray,
+    bandwidth: np.ndarray | float,
+    peak: np.ndarray | float,
+) -> np.ndarray:
+    """Seconds, under ``terms``, at the datasheet rates given (one per row, or one for all)."""
+    memory = terms.latency_s + bytes_moved / (bandwidth * terms.bandwidth_efficiency)
+    if not gemm:
+        return memory
+    k = terms.sharpness
+    compute = flops / (peak * terms.flops_efficiency)
+    return (memory**k + compute**k) ** (1.0 / k)
+
+
+def predict_op(op: str, terms: OpTerms, shape: LayerShape, tp: int, tokens: np.ndarray, gpu: GpuPreset) -> np.ndarray:
+    bytes_moved, flops = op_work(op, shape, tp, tokens)
+    return op_time(
+        terms, op in GEMM_OPS, bytes_moved, flops, np.float64(gpu.bandwidth_bytes_s), np.float64(gpu.peak_flops)
+    )
+
+
+# Parameters in the fit's units (µs for the latency), their start and their bounds.
+_START = {True: (5.0, 0.8, 0.7, 4.0), False: (3.0, 0.7)}
+_LOW = (0.0, 0.05, 0.05, 1.0)
+_HIGH = (100.0, 1.0, 1.0, 20.0)
+
+
+def _terms(x: np.ndarray) -> OpTerms:
+    return OpTerms(float(x[0]) * 1e-6, *(float(v) for v in x[1:]))
+
+
+def _levenberg_marquardt(residuals, x0: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """Least squares of ``residuals(x)`` within [low, high] (steps clipped to the bounds)."""
+    x = x0.copy()
+    r = residuals(x)
+    cost = float(r @ r)
+    damping = 1e-3
+    for _ in range(200):
+        jac = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            step = 1e-6 * max(1.0, abs(x[j]))
+            probe = x.copy()
+            probe[j] += step
+            jac[:, j] = (residuals(probe) - r) / step
+        a = jac.T @ jac
+        g = jac.T @ r
+        improved = False
+        while damping < 1e12:
+            try:
+                dx = np.linalg.solve(a + damping * np.diag(np.diag(a) + 1e-12), -g)
+            except np.linalg.LinAlgError:
+                damping *= 10
+                continue
+            trial = np.clip(x + dx, low, high)
+            r_trial = residuals(trial)
+            cost_trial = float(r_trial @ r_trial)
+            if cost_trial < cost:
+                improved = cost - cost_trial > 1e-12 * cost
+                x, r, cost = trial, r_trial, cost_trial
+                damping = max(damping / 3, 1e-9)
+                break
+            damping *= 4
+        if not improved:
+            break
+    return x
+
+
+def fit_op_terms(tables: Sequence[tuple[OpTable, GpuPreset]]) -> dict[str, OpTerms]:
+    """Each operation's terms, fitted on every row of ``tables`` (each with the preset of the GPU
+    it was measured on) where the operation took a time above 0."""
+    fitted = {}
+    for op in OPS:
+        gemm = op in GEMM_OPS
+        parts = [
+            (*op_work(op, t.shape, t.tensor_parallel, t.tokens), t.times[op], gpu) for t, gpu in tables if op in t.times
+        ]
+        b = np.concatenate([p[0] for p in parts])
+        f = np.concatenate([p[1] for p in parts])
+        y = np.concatenate([p[2] for p in parts])
+        bw = np.concatenate([np.full(len(p[2]), p[3].bandwidth_bytes_s) for p in parts])
+        pk = np.concatenate([np.full(len(p[2]), p[3].peak_flops) for p in parts])
+        keep = y > 0
+        b, f, y, bw, pk = b[keep], f[keep], y[keep], bw[keep], pk[keep]
+        log_y = np.log(y)
+        n = len(_START[gemm])
+
+        def residuals(x: np.ndarray, b=b, f=f, bw=bw, pk=pk, log_y=log_y, gemm=gemm) -> np.ndarray:  # type: ignore[no-untyped-def]
+            return np.log(op_time(_terms(x), gemm, b, f, bw, pk)) - log_y
+
+        x = _levenberg_marquardt(residuals, np.array(_START[gemm]), np.array(_LOW[:n]), np.array(_HIGH[:n]))
+        fitted[op] = _terms(x)
+    return fitted

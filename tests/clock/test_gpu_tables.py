@@ -1,0 +1,172 @@
+"""The tables clock: Vidur's measured tables read through one loader, the operation model fitted
+on A100 and A40 only, each term labelled measured / fitted / rooflined, the CPU work per request
+pinned to the table it came from, and bad tables or uncovered layouts said in one line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from kvbench.app import cli
+from kvbench.harness.clock.gpu_tables import (
+    FIT_GPUS,
+    GEMM_OPS,
+    OVERHEADS,
+    TABLES_DIR,
+    load_gpu_tables,
+    shipped_tables,
+)
+from kvbench.harness.clock.tables_clock import TablesClock, layer_shape, tables_clock
+from kvbench.harness.errors import KvbenchError
+from kvbench.harness.spec.geometry import PRESETS
+from kvbench.reports.loading import load
+
+ROOT = Path(__file__).resolve().parents[2]
+HELD_OUT = ROOT / "benchmarks" / "data" / "vidur-h100"
+
+
+def clock(model: str, gpu: str, tp: int = 1, pp: int = 1) -> TablesClock:
+    g = PRESETS[model]
+    return tables_clock(g, g.kv_bytes_per_token("fp16", tp, pp), gpu, 1.0, tp, pp)
+
+
+def test_only_a100_and_a40_tables_ship_with_the_clock_and_the_h100_ones_are_held_out() -> None:
+    assert sorted(p.name for p in TABLES_DIR.iterdir() if p.is_dir()) == sorted(FIT_GPUS) == ["a100", "a40"]
+    assert (TABLES_DIR / "VIDUR-LICENSE.txt").read_text().startswith("MIT License")
+    assert len(load_gpu_tables(HELD_OUT).ops) > 0 and (HELD_OUT / "VIDUR-LICENSE.txt").exists()
+    for folder in FIT_GPUS:
+        tables = shipped_tables(folder)
+        assert tables.ops and tables.overheads is not None
+        assert all(set(GEMM_OPS) <= set(t.times) for t in tables.ops)
+
+
+def test_terms_say_where_they_came_from() -> None:
+    own = clock("llama-2-7b", "A100-80GB").sources()
+    assert own["dense layers"].startswith("measured (a100/mlp meta-llama/Llama-2-7b-hf, TP 1)")
+    assert own["attention"] == "rooflined" and own["CPU overheads"].startswith("measured (a100/cpu_overheads.csv")
+    # An A100-40GB has less bandwidth than the A100-80GB Vidur profiled: fitted, not its tables.
+    assert clock("llama-2-7b", "A100-40GB").sources()["dense layers"].startswith("fitted")
+    tp = clock("opt-66b", "A100-40GB", tp=4).sources()
+    assert tp["dense layers"].startswith("fitted") and tp["all-reduce"] == "measured (a100/all_reduce.csv, 4 GPUs)"
+    h100 = clock("llama-2-7b", "H100")
+    assert h100.sources()["CPU overheads"].startswith("none")
+    assert h100.fallbacks() == [
+        "tables clock: no CPU-overhead table for H100's host; its steps carry none, as on the roofline"
+    ]
+
+
+def test_a_layout_the_operation_model_lacks_falls_back_to_the_roofline_in_one_line() -> None:
+    mla = clock("deepseek-v3", "A100-80GB")
+    assert layer_shape(PRESETS["deepseek-v3"]) is None
+    assert mla.sources()["dense layers"].startswith("rooflined")
+    assert len(mla.fallbacks()) == 1 and "fall back to the roofline" in mla.fallbacks()[0]
+    assert layer_shape(PRESETS["opt-13b"]).gated is False and layer_shape(PRESETS["llama-2-7b"]).gated is True
+
+
+@pytest.mark.parametrize(
+    "model,gpu,tp,pp",
+    [
+        ("llama-2-7b", "A100-80GB", 1, 1),
+        ("opt-13b", "H100", 1, 1),
+        ("opt-66b", "A100-40GB", 4, 2),
+        ("deepseek-v3", "A40", 1, 1),
+    ],
+)
+def test_step_times_are_price_bit_for_bit(model: str, gpu: str, tp: int, pp: int) -> None:
+    c = clock(model, gpu, tp, pp)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 9000, 200)
+    seqs = rng.integers(1, 600, 200)
+    ctx = rng.integers(0, 400_000, 200)
+    pairs = rng.integers(0, 4_000_000, 200)
+    each = [c.price(int(t), int(x), int(p), int(s)) for t, x, p, s in zip(tokens, ctx, pairs, seqs)]
+    assert c.step_times(tokens, ctx, pairs, seqs).tolist() == each
+    assert c.step_times(5, ctx, pairs, 3).tolist() == [c.price(5, int(x), int(p), 3) for x, p in zip(ctx, pairs)]
+
+
+def test_dense_layers_read_the_table_where_it_profiled_the_model() -> None:
+    c = clock("llama-2-7b", "A100-80GB")
+    table = c.table
+    assert table is not None
+    at = int(table.tokens[10])
+    measured = sum(table.times[op][10] for op in table.times if op != "emb") * 32 + table.times["emb"][10]
+    assert c._dense_of(np.array([at]))[0] == pytest.approx(measured, rel=1e-12)
+
+
+def _overhead_line(path: Path, model: str, tp: int) -> tuple[float, float]:
+    """The least-squares line of the table's CPU work (ms → s) against batch size, from the CSV."""
+    rows = pd.read_csv(path)
+    rows = rows[(rows["model"] == model) & (rows["tensor_parallel"] == tp)]
+    per_request, step = np.polyfit(rows["batch_size"], rows[list(OVERHEADS)].sum(axis=1) / 1e3, 1)
+    return step, per_request
+
+
+def test_the_per_request_overhead_is_the_tables_and_shows_in_short_request_batches(tmp_path: Path) -> None:
+    step_s, per_request_s = _overhead_line(TABLES_DIR / "a100" / "cpu_overheads.csv", "meta-llama/Llama-2-7b-hf", 1)
+    c = clock("llama-2-7b", "A100-80GB")
+    assert c.overheads is not None
+    assert (c.overheads.step_s, c.overheads.per_request_s) == pytest.approx((step_s, per_request_s), rel=1e-9)
+    assert 20e-6 < per_request_s < 80e-6  # tens of µs a request, as Vidur measured on its host
+    suite = tmp_path / "short.toml"
+    suite.write_text(
+        'name = "short"\n[model]\npreset = "llama-2-7b"\n[memory]\nkv_budget = "8GiB"\nmax_model_len = 256\n'
+        '[workloads.short]\nsource = "fixed"\nnum_requests = 600\nprompt_len = 8\noutput_len = 16\narrival = "batch"\n'
+        '[scheduler]\nmax_num_seqs = 256\nclock = "tables"\ngpu = "A100-80GB"\n'
+        '[grid]\nrunner = ["sim"]\npolicy = ["paged"]\nblock_size = [16]\n'
+    )
+    out = tmp_path / "out"
+    assert cli.main(["run", str(suite), "--out", str(out), "--quiet", "--no-report"]) == 0
+    steps = load(out).steps.set_index("step")
+    # The first wave: step 0 prefills 256 prompts of 8, steps 1-15 decode all 256 at once, each
+    # request's context after step j being 8 + j.
+    assert (steps.loc[1:15, "scheduled_tokens"] == 256).all() and (steps.loc[1:15, "running"] == 256).all()
+    bare = clock("llama-2-7b", "A100-80GB")
+    bare.overheads = None  # the same clock without its CPU work
+    bare._cpu = np.zeros(0)
+    for j in range(1, 16):
+        ctx = 256 * (8 + j)
+        extra = steps.loc[j, "dt_s"] - bare.price(256, ctx, ctx, 256)
+        assert extra == pytest.approx(step_s + per_request_s * 256, rel=1e-6)
+    # The per-request part is most of a short-request step's CPU work, and a third of the step.
+    assert per_request_s * 256 > 5 * step_s
+    assert per_request_s * 256 > 0.3 * steps.loc[1, "dt_s"]
+
+
+def test_a_corrupt_table_is_one_line_naming_its_file(tmp_path: Path) -> None:
+    copy = tmp_path / "a100"
+    shutil.copytree(TABLES_DIR / "a100", copy)
+    load_gpu_tables.cache_clear()
+    target = copy / "mlp" / "meta-llama__Llama-2-7b-hf.csv"
+    lines = target.read_text().splitlines()
+    lines[3] = lines[3].replace(",0.06,", ",-1,", 1) if ",0.06," in lines[3] else lines[3][:-5] + ",nan"
+    target.write_text("\n".join(lines) + "\n")
+    with pytest.raises(KvbenchError, match=r"^.*meta-llama__Llama-2-7b-hf\.csv: corrupt GPU table") as err:
+        load_gpu_tables(copy)
+    assert "\n" not in str(err.value)
+    target.write_text("n_head,n_kv_head\n1,2\n")
+    load_gpu_tables.cache_clear()
+    with pytest.raises(KvbenchError, match=r"corrupt GPU table \(no column 'n_embd'\)"):
+        load_gpu_tables(copy)
+    target.write_bytes(b"\x00\xff\x00garbage")
+    load_gpu_tables.cache_clear()
+    with pytest.raises(KvbenchError, match=r"meta-llama__Llama-2-7b-hf\.csv: corrupt GPU table"):
+        load_gpu_tables(copy)
+    load_gpu_tables.cache_clear()
+
+
+def test_kvbench_run_says_each_fallback_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    suite = tmp_path / "h100.toml"
+    suite.write_text(
+        'name = "h100"\n[model]\npreset = "llama-2-7b"\n[memory]\nkv_budget = "4GiB"\nmax_model_len = 256\n'
+        '[workloads.w]\nsource = "fixed"\nnum_requests = 8\nprompt_len = 8\noutput_len = 4\narrival = "batch"\n'
+        '[scheduler]\nclock = "tables"\ngpu = "H100"\n'
+        '[grid]\nrunner = ["sim"]\npolicy = ["paged", "contiguous-max"]\nblock_size = [16]\n'
+    )
+    assert cli.main(["run", str(suite), "--out", str(tmp_path / "out"), "--no-report"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("no CPU-overhead table for H100's host") == 1
+    detail = load(tmp_path / "out").runs["clock_detail"]
+    assert detail.str.startswith("tables on H100: dense layers: fitted").all()
