@@ -22,7 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from kvbench.harness.clock.gpu_tables import LAYER_OPS, OPS, OpTable, load_gpu_tables
+from kvbench.harness.clock.clocks import LINK_CALL_LATENCY_S
+from kvbench.harness.clock.gpu_tables import LAYER_OPS, OPS, GpuTables, OpTable, load_gpu_tables
 from kvbench.harness.clock.model import GPU_PRESETS
 from kvbench.harness.clock.op_model import op_work, predict_op
 from kvbench.harness.clock.tables_clock import fitted_op_terms
@@ -39,6 +40,21 @@ def roofline_op(op: str, table: OpTable) -> np.ndarray:
     return np.maximum(
         moved / (gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency), flops / (gpu.peak_flops * gpu.flops_efficiency)
     )
+
+
+def ring_vs_table(h100: GpuTables) -> None:
+    """The all-reduce the tables clock prices on H100 (the roofline's ring: no H100 table ships)
+    against the held-out H100 table, at the sizes of 1 to 4,096 tokens of a 4,096-wide model."""
+    if h100.all_reduce is None:
+        return
+    gpu = GPU_PRESETS["H100"]
+    print("\nall-reduce on H100 (rooflined ring vs the held-out table), 1–4,096 tokens × 4,096 × 2 B")
+    for n, (size, seconds) in sorted(h100.all_reduce.by_gpus.items()):
+        pick = (size >= 4096 * 2) & (size <= 4096 * 4096 * 2)
+        ring = 2.0 * (n - 1) / n * size[pick] / gpu.link_bytes_s + LINK_CALL_LATENCY_S
+        errors = np.abs(ring / seconds[pick] - 1)
+        table_us = np.median(seconds[pick]) * 1e6
+        print(f"  {n} GPUs: ring error median, p90 {stats(errors)}; the table's median {table_us:.0f} µs")
 
 
 def stats(errors: np.ndarray) -> str:
@@ -83,6 +99,7 @@ def main() -> int:
         every = np.concatenate([np.concatenate(v[0]) for v in by_model.values()])
         every_roof = np.concatenate([np.concatenate(v[1]) for v in by_model.values()])
         print(f"    {'all models':38s} tables {stats(every)}  roofline {stats(every_roof)}")
+    ring_vs_table(h100)
     print(f"\ngoal (median per-step error ≤ {GOAL:.0%}, each kind, each model): {'met' if met else 'not met'}")
     return 0
 

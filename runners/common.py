@@ -196,7 +196,8 @@ def clock_columns(spec: RunSpec) -> dict[str, object]:
         )
         parallel = parallel_detail(spec)
         return {
-            "clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}{parallel}{scaled}",
+            "clock_detail": f"roofline {GPU_PRESETS[sched.gpu].describe()}{parallel}{scaled}; "
+            'terms measured: none (clock = "tables" reads measured GPU tables)',
             "clock_profile": None,
         }
     if sched.clock == "tables":
