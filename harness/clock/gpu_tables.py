@@ -112,7 +112,9 @@ def _numbers(frame: pd.DataFrame, column: str, path: Path, allow_missing: bool =
     bad |= values < 0
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise _corrupt(path, f"{column} on row {row + 2} is {frame[column].iloc[row]!r}, not a number ≥ 0")
+        raw = frame[column].iloc[row]
+        shown = repr(raw) if isinstance(raw, str) else str(float(raw))
+        raise _corrupt(path, f"{column} on line {row + 2} is {shown}, not a number ≥ 0")
     return values
 
 
