@@ -266,7 +266,8 @@ CLOCKS_NOTE = (
     "steps: one step is one second; roofline: a GPU preset's bandwidth and FLOPs times measured "
     "efficiency factors (fitted to published kernel timings), and where a suite sets roofline_scale, "
     "every step time times that factor (fitted with `kvbench fit-roofline` to a number an engine "
-    "reports); profile: terms fitted by `kvbench "
+    "reports); tables: each operation's time from measured GPU tables (Vidur's), the roofline for "
+    "what they lack, each term's source in the row (docs/clock.md); profile: terms fitted by `kvbench "
     "calibrate` to an engine's measured steps; measured: the engine's own step times."
 )
 SERVE_CHECK_COLUMNS: tuple[Column, ...] = (
