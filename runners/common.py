@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..harness.clock.clocks import LINK_CALL_LATENCY_S, Clock, make_clock
 from ..harness.clock.model import GPU_PRESETS
-from ..harness.clock.tables_clock import TablesClock, tables_clock
+from ..harness.clock.tables_clock import TablesClock
 from ..harness.records.provenance import provenance
 from ..harness.records.recorder import RunRecorder
 from ..harness.records.schema import REQUESTS
@@ -329,10 +329,10 @@ def write_status_only(cell: Cell, row: dict[str, object], status: str, error: st
 def clock_for(scheduler: SchedulerSpec, geometry: ModelGeometry, kv_bytes_per_token: int) -> Clock | None:
     """The clock a cell's steps are priced by; None for ``measured`` (the runner's own step time)."""
     if scheduler.clock == "tables":
-        return tables_clock(
+        return TablesClock(
             geometry,
             kv_bytes_per_token,
-            scheduler.gpu,
+            GPU_PRESETS[scheduler.gpu],
             float(scheduler.roofline_scale),
             scheduler.tensor_parallel_size,
             scheduler.pipeline_parallel_size,

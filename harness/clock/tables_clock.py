@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .clocks import LINK_CALL_LATENCY_S, Clock, Counts, _floats
+from .clocks import Clock, Counts, RooflineClock, _floats
 from .gpu_tables import (
     ALL_REDUCE_OF_PRESET,
     FIT_GPUS,
@@ -80,11 +80,10 @@ def _own_table(tables: GpuTables | None, shape: LayerShape, tp: int) -> OpTable 
     return None
 
 
-def _interpolate(table: OpTable, op: str, tokens: np.ndarray) -> np.ndarray:
-    grid, times = table.tokens.astype(np.float64), table.times[op]
-    t = tokens.astype(np.float64)
-    inside = np.interp(t, grid, times)
-    return np.where(t > grid[-1], times[-1] * t / grid[-1], inside)
+def _interpolate(x: np.ndarray, grid: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` at ``x``: linear between the grid's points; beyond its last, in proportion."""
+    x, g = x.astype(np.float64), grid.astype(np.float64)
+    return np.where(x > g[-1], values[-1] * x / g[-1], np.interp(x, g, values))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,16 +99,16 @@ def fit_overheads(tables: GpuTables, model: str | None, tp: int) -> Overheads | 
     if tables.overheads is None:
         return None
     rows = tables.overheads.rows
-    for pick, said in (
-        ((rows["model"] == model) & (rows["tensor_parallel"] == tp), f"{model}, TP {tp}"),
-        (rows["tensor_parallel"] == tp, f"every model at TP {tp}"),
-        (rows["model"] == rows["model"], "every model and TP"),
+    at_tp = rows["tensor_parallel"] == tp
+    for chosen, said in (
+        (rows[at_tp & (rows["model"] == model)], f"{model}, TP {tp}"),
+        (rows[at_tp], f"every model at TP {tp}"),
+        (rows, "every model and TP"),
     ):
-        chosen = rows[pick]
         if chosen["batch_size"].nunique() >= 2:
             design = np.column_stack([np.ones(len(chosen)), chosen["batch_size"].to_numpy(np.float64)])
             (step_s, per_request_s), *_ = np.linalg.lstsq(design, chosen["seconds"].to_numpy(), rcond=None)
-            where = f"{tables.overheads.path.rsplit('/', 2)[-2]}/cpu_overheads.csv, {said}"
+            where = f"{tables.gpu}/cpu_overheads.csv, {said}"
             return Overheads(max(float(step_s), 0.0), max(float(per_request_s), 0.0), where)
     return None
 
@@ -131,7 +130,6 @@ class TablesClock(Clock):
         tp, pp = tensor_parallel_size, pipeline_parallel_size
         self.tp = tp
         self.layers = model.layers_per_stage(pp)
-        self.stages = model.num_layers / self.layers
         self.shape = layer_shape(model)
         own = TABLES_OF_PRESET.get(gpu.name)
         own_tables = shipped_tables(own) if own else None
@@ -146,50 +144,41 @@ class TablesClock(Clock):
         self.all_reduce = ar.by_gpus.get(tp) if ar is not None and tp > 1 else None
         self.all_reduce_source = f"{fabric}/all_reduce.csv, {tp} GPUs"
         self.hidden_bytes = float(model.hidden_size * 2)
-        # The roofline's terms for what no table holds: attention, the lm head, and (without a
-        # table of its operations) every dense weight.
-        self._bw = gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency
-        self._peak = gpu.peak_flops * gpu.flops_efficiency
-        self._kv = float(kv_bytes_per_token)
-        self._per_pair = 4.0 * self.layers * (model.num_attention_heads // tp) * model.head_dim
-        self._head_weights = float(model.vocab_size * model.hidden_size) / tp
-        share = self.layers / model.num_layers
-        self._weight_bytes = float(model.weight_bytes(2)) * share / tp
-        self._flops_per_token = 2.0 * model.num_params * share / tp
+        # What no table holds is the roofline's, read from one (its terms for one rank of the
+        # largest stage): attention, the lm head, pipeline sends, an all-reduce without a table,
+        # and, for a layout the operation model does not cover, every dense weight.
+        self.roof = roof = RooflineClock(
+            model, kv_bytes_per_token, gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp
+        )
+        # The lm head: its weights read once a step, its FLOPs for each request's last token.
+        head_weights = float(model.vocab_size * model.hidden_size) / tp
+        self._head_memory_s = head_weights * 2.0 / roof._bw
+        self._head_flops_per_seq = 2.0 * head_weights
         self._dense = np.zeros(0)
         self._cpu = np.zeros(0)
-        if (tp > 1 or pp > 1) and gpu.link_bytes_s <= 0:
-            raise ValueError(f"GPU preset {gpu.name}: no interconnect bandwidth for tensor or pipeline parallelism")
-        self._send_per_token = (pp - 1) * self.hidden_bytes / gpu.link_bytes_s if pp > 1 else 0.0
-        self._sends_s = (pp - 1) * LINK_CALL_LATENCY_S if pp > 1 else 0.0
 
     # ---- per-count prices, computed once for every count up to the largest asked
     def _dense_of(self, tokens: np.ndarray) -> np.ndarray:
         """One stage's dense work (and its all-reduces) at each token count; 0 tokens cost 0."""
-        if self.table is not None:
-            per_layer = sum(_interpolate(self.table, op, tokens) for op in LAYER_OPS if op in self.table.times)
-            emb = _interpolate(self.table, "emb", tokens) if "emb" in self.table.times else 0.0
+        table, roof = self.table, self.roof
+        if table is not None:
+            layer = sum(_interpolate(tokens, table.tokens, table.times[op]) for op in LAYER_OPS if op in table.times)
+            emb = _interpolate(tokens, table.tokens, table.times["emb"]) if "emb" in table.times else 0.0
+            dense = layer * self.layers + emb
         elif self.terms is not None and self.shape is not None:
-            per_layer = sum(predict_op(op, self.terms[op], self.shape, self.tp, tokens, self.gpu) for op in LAYER_OPS)
-            emb = predict_op("emb", self.terms["emb"], self.shape, self.tp, tokens, self.gpu)
+            layer = sum(predict_op(op, self.terms[op], self.shape, self.tp, tokens, self.gpu) for op in LAYER_OPS)
+            dense = layer * self.layers + predict_op("emb", self.terms["emb"], self.shape, self.tp, tokens, self.gpu)
         else:  # the roofline of every weight
-            t = tokens.astype(np.float64)
-            per_layer = np.maximum(self._weight_bytes / self._bw, t * self._flops_per_token / self._peak) / self.layers
-            emb = 0.0
-        dense = per_layer * self.layers + emb + self._all_reduces(tokens)
-        return np.where(tokens > 0, dense, 0.0)
+            dense = np.maximum(roof._weight_bytes / roof._bw, tokens * roof._flops_per_token / roof._peak)
+        return np.where(tokens > 0, dense + self._all_reduces(tokens), 0.0)
 
     def _all_reduces(self, tokens: np.ndarray) -> np.ndarray | float:
-        if self.tp == 1:
-            return 0.0
-        size = tokens.astype(np.float64) * self.hidden_bytes
-        if self.all_reduce is not None:
-            grid, seconds = self.all_reduce
-            g = grid.astype(np.float64)
-            one = np.where(size > g[-1], seconds[-1] * size / g[-1], np.interp(size, g, seconds))
-        else:
-            one = 2.0 * (self.tp - 1) / self.tp * size / self.gpu.link_bytes_s + LINK_CALL_LATENCY_S
-        return 2 * self.layers * one
+        """A stage's two all-reduces a layer: the table's time at the activations' bytes, else
+        the roofline's ring (0 at TP 1)."""
+        if self.all_reduce is None:
+            return tokens * self.roof._comm_per_token + self.roof._calls_s  # both 0 at TP 1
+        size = tokens * self.hidden_bytes
+        return 2 * self.layers * _interpolate(size, *self.all_reduce)
 
     def _grow(self, tokens: int, seqs: int) -> None:
         if tokens >= len(self._dense):
@@ -206,16 +195,17 @@ class TablesClock(Clock):
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         if scheduled_tokens >= len(self._dense) or scheduled_seqs >= len(self._cpu):
             self._grow(scheduled_tokens, scheduled_seqs)
-        memory = context_tokens * self._kv / self._bw
-        compute = attention_pairs * self._per_pair / self._peak
-        head_memory = self._head_weights * 2.0 / self._bw
-        head_compute = scheduled_seqs * 2.0 * self._head_weights / self._peak
+        roof = self.roof
+        memory = context_tokens * roof._kv_bytes_per_token / roof._bw
+        compute = attention_pairs * roof._attn_flops_per_pair / roof._peak
+        head_memory = self._head_memory_s
+        head_compute = scheduled_seqs * self._head_flops_per_seq / roof._peak
         stage = (
             self._dense_list[scheduled_tokens]
             + (memory if memory >= compute else compute)
             + (head_memory if head_memory >= head_compute else head_compute)
         )
-        step = stage * self.stages + scheduled_tokens * self._send_per_token + self._sends_s
+        step = stage * roof._stages + scheduled_tokens * roof._send_per_token + roof._sends_s
         return (step + self._cpu_list[scheduled_seqs]) * self.scale
 
     def step_times(
@@ -225,12 +215,12 @@ class TablesClock(Clock):
         tokens = np.asarray(scheduled_tokens, dtype=np.int64)
         seqs = np.asarray(scheduled_seqs, dtype=np.int64)
         self._grow(int(tokens.max(initial=0)), int(seqs.max(initial=0)))
-        memory = context_tokens * self._kv / self._bw
-        compute = attention_pairs * self._per_pair / self._peak
-        head_memory = self._head_weights * 2.0 / self._bw
-        head_compute = _floats(seqs) * 2.0 * self._head_weights / self._peak
-        stage = self._dense[tokens] + np.maximum(memory, compute) + np.maximum(head_memory, head_compute)
-        step = stage * self.stages + _floats(tokens) * self._send_per_token + self._sends_s
+        roof = self.roof
+        memory = context_tokens * roof._kv_bytes_per_token / roof._bw
+        compute = attention_pairs * roof._attn_flops_per_pair / roof._peak
+        head_compute = _floats(seqs) * self._head_flops_per_seq / roof._peak
+        stage = self._dense[tokens] + np.maximum(memory, compute) + np.maximum(self._head_memory_s, head_compute)
+        step = stage * roof._stages + _floats(tokens) * roof._send_per_token + roof._sends_s
         return (step + self._cpu[seqs]) * self.scale
 
     # ---- what priced each term
@@ -272,14 +262,3 @@ class TablesClock(Clock):
                 f"as on the roofline"
             )
         return lines
-
-
-def tables_clock(
-    model: DenseModel,
-    kv_bytes_per_token: int,
-    gpu: str,
-    scale: float = 1.0,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-) -> TablesClock:
-    return TablesClock(model, kv_bytes_per_token, GPU_PRESETS[gpu], scale, tensor_parallel_size, pipeline_parallel_size)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from kvbench.app import cli
+from kvbench.harness.clock.clocks import make_clock
 from kvbench.harness.clock.gpu_tables import (
     FIT_GPUS,
     GEMM_OPS,
@@ -19,7 +20,8 @@ from kvbench.harness.clock.gpu_tables import (
     load_gpu_tables,
     shipped_tables,
 )
-from kvbench.harness.clock.tables_clock import TablesClock, layer_shape, tables_clock
+from kvbench.harness.clock.model import GPU_PRESETS
+from kvbench.harness.clock.tables_clock import TablesClock, layer_shape
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.geometry import PRESETS
 from kvbench.reports.loading import load
@@ -30,7 +32,7 @@ HELD_OUT = ROOT / "benchmarks" / "data" / "vidur-h100"
 
 def clock(model: str, gpu: str, tp: int = 1, pp: int = 1) -> TablesClock:
     g = PRESETS[model]
-    return tables_clock(g, g.kv_bytes_per_token("fp16", tp, pp), gpu, 1.0, tp, pp)
+    return TablesClock(g, g.kv_bytes_per_token("fp16", tp, pp), GPU_PRESETS[gpu], 1.0, tp, pp)
 
 
 def test_only_a100_and_a40_tables_ship_with_the_clock_and_the_h100_ones_are_held_out() -> None:
@@ -87,12 +89,32 @@ def test_step_times_are_price_bit_for_bit(model: str, gpu: str, tp: int, pp: int
     assert c.step_times(5, ctx, pairs, 3).tolist() == [c.price(5, int(x), int(p), 3) for x, p in zip(ctx, pairs)]
 
 
+def test_rooflined_terms_are_the_roofline_clocks_own() -> None:
+    """Attention's KV reads and an all-reduce without a table (H100) price as the roofline
+    clock of the same model, GPU and parallel sizes prices them."""
+    g = PRESETS["opt-175b"]
+    kv = g.kv_bytes_per_token("fp16", 8)
+    c = clock("opt-175b", "H100", tp=8)
+    roof = make_clock("roofline", g, kv, "H100", None, 1.0, 8)
+    assert c.all_reduce is None and c.sources()["all-reduce"] == "rooflined"
+    # 1 and 64 tokens: both steps memory-bound on the roofline, where only the ring differs.
+    ring = roof.price(64, 0, 0, 1) - roof.price(1, 0, 0, 1)
+    reduces = c._all_reduces(np.array([1, 64]))
+    assert reduces[1] - reduces[0] == pytest.approx(ring, rel=1e-9)
+    # Two decode steps of one request whose context differs: the KV read is all that differs.
+    big, bigger = 10**7, 2 * 10**7
+    assert c.price(1, bigger, bigger, 1) - c.price(1, big, big, 1) == pytest.approx(
+        roof.price(1, bigger, bigger, 1) - roof.price(1, big, big, 1), rel=1e-9
+    )
+
+
 def test_dense_layers_read_the_table_where_it_profiled_the_model() -> None:
     c = clock("llama-2-7b", "A100-80GB")
     table = c.table
     assert table is not None
     at = int(table.tokens[10])
     measured = sum(table.times[op][10] for op in table.times if op != "emb") * 32 + table.times["emb"][10]
+    assert at > 1
     assert c._dense_of(np.array([at]))[0] == pytest.approx(measured, rel=1e-12)
 
 
