@@ -7,7 +7,11 @@ the H100 preset's rates. Per operation, and per step: a step's dense work is the
 operations (what the tables hold of a step; attention kernels and CPU work are not in the H100
 tables), split into decode-heavy steps (≤ 256 tokens) and prefill-heavy ones (≥ 1,024 tokens).
 Errors are |predicted ÷ measured − 1|; median and p90 over the tables' rows (every model, every
-tensor-parallel degree). Goal: median per-step error ≤ 10% for both kinds, every model.
+tensor-parallel degree). Goal (issue #63): median per-step error ≤ 10% for both kinds, in at
+least two models; the bench prints each model's verdict and how many meet it.
+
+First it prints the check the operation model's form was chosen by, on the fitted GPUs only:
+fitted on A100 and priced on A40, and the reverse, for each GEMM tile size it could take.
 
 Not a test (pytest does not collect ``benchmarks/``). From the repository root:
 
@@ -23,13 +27,23 @@ from pathlib import Path
 
 import numpy as np
 from kvbench.harness.clock.clocks import LINK_CALL_LATENCY_S
-from kvbench.harness.clock.gpu_tables import LAYER_OPS, OPS, GpuTables, OpTable, load_gpu_tables
-from kvbench.harness.clock.model import GPU_PRESETS
-from kvbench.harness.clock.op_model import op_work, predict_op
+from kvbench.harness.clock.gpu_tables import (
+    FIT_GPUS,
+    LAYER_OPS,
+    OPS,
+    GpuTables,
+    OpTable,
+    load_gpu_tables,
+    shipped_tables,
+)
+from kvbench.harness.clock.model import GPU_PRESETS, GpuPreset
+from kvbench.harness.clock.op_model import GEMM_TILE_TOKENS, OpTerms, fit_op_terms, op_work, predict_op
 from kvbench.harness.clock.tables_clock import fitted_op_terms
 
 HELD_OUT = Path(__file__).resolve().parent / "data" / "vidur-h100"
 GOAL = 0.10
+GOAL_MODELS = 2
+TILES = (1, 16, 32, 64, 128)
 KINDS = {"decode-heavy (≤ 256 tokens)": (1, 256), "prefill-heavy (≥ 1024 tokens)": (1024, 1 << 30)}
 
 
@@ -57,15 +71,48 @@ def ring_vs_table(h100: GpuTables) -> None:
         print(f"  {n} GPUs: ring error median, p90 {stats(errors)}; the table's median {table_us:.0f} µs")
 
 
+def step_errors(
+    terms: dict[str, OpTerms] | None, tables: list[tuple[OpTable, GpuPreset]], low: int, high: int
+) -> np.ndarray:
+    """|predicted ÷ measured − 1| of each step (a layer's operations summed) of low to high tokens,
+    priced by the operation model's ``terms``, or by the roofline where ``terms`` is None."""
+    out = []
+    for t, gpu in tables:
+        pick = (t.tokens >= low) & (t.tokens <= high)
+        ops = [op for op in LAYER_OPS if op in t.times]
+        measured = sum(t.times[op] for op in ops)[pick]
+        if terms is None:
+            priced = sum(roofline_op(op, t) for op in ops)
+        else:
+            priced = sum(predict_op(op, terms[op], t.shape, t.tensor_parallel, t.tokens, gpu) for op in ops)
+        out.append(np.abs(priced[pick] / measured - 1))
+    return np.concatenate(out)
+
+
+def form_check() -> None:
+    """The check the form was chosen by: fit on one fitted GPU, price the other (no H100 here)."""
+    tables = {f: [(t, GPU_PRESETS[FIT_GPUS[f]]) for t in shipped_tables(f).ops] for f in FIT_GPUS}
+    (a, b) = tables
+    print(f"form check on the fitted GPUs: median per-step error, {a} -> {b} and {b} -> {a}")
+    for tile in TILES:
+        cells = []
+        for fit, check in ((a, b), (b, a)):
+            terms = fit_op_terms(tables[fit], tile)
+            cells += [f"{np.median(step_errors(terms, tables[check], lo, hi)):6.1%}" for lo, hi in KINDS.values()]
+        chosen = "  (the clock's)" if tile == GEMM_TILE_TOKENS else ""
+        print(f"  GEMM tile {tile:3d} tokens: decode, prefill {cells[0]} {cells[1]} | {cells[2]} {cells[3]}{chosen}")
+
+
 def stats(errors: np.ndarray) -> str:
     return f"{np.median(errors):6.1%} {np.quantile(errors, 0.9):6.1%}"
 
 
 def main() -> int:
+    form_check()
     terms = fitted_op_terms()
     h100 = load_gpu_tables(HELD_OUT)
     gpu = GPU_PRESETS["H100"]
-    print(f"held-out tables: {HELD_OUT} ({len(h100.ops)} model × TP tables)")
+    print(f"\nheld-out tables: {HELD_OUT} ({len(h100.ops)} model × TP tables)")
     heads = f"{'median    p90':>14} {'median    p90':>14}"
     print(f"\nper operation, all rows     {'tables':>13}  {'roofline':>13}\n{'':28}{heads}")
     for op in OPS:
@@ -76,31 +123,32 @@ def main() -> int:
                 mine.append(np.abs(predict_op(op, terms[op], t.shape, t.tensor_parallel, t.tokens, gpu) / measured - 1))
                 roof.append(np.abs(roofline_op(op, t) / measured - 1))
         print(f"  {op:26s}{stats(np.concatenate(mine))}  {stats(np.concatenate(roof))}")
-    met = True
+    missed: set[str] = set()
     print("\nper step (a layer's operations summed), by model")
     for kind, (low, high) in KINDS.items():
         print(f"  {kind}")
-        by_model: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-        for t in h100.ops:
-            pick = (t.tokens >= low) & (t.tokens <= high)
-            ops = [op for op in LAYER_OPS if op in t.times]
-            measured = sum(t.times[op] for op in ops)[pick]
-            mine = sum(predict_op(op, terms[op], t.shape, t.tensor_parallel, t.tokens, gpu) for op in ops)[pick]
-            roof = sum(roofline_op(op, t) for op in ops)[pick]
-            entry = by_model.setdefault(t.model, ([], []))
-            entry[0].append(np.abs(mine / measured - 1))
-            entry[1].append(np.abs(roof / measured - 1))
-        for model, (mine, roof) in sorted(by_model.items()):
-            m = np.concatenate(mine)
-            ok = np.median(m) <= GOAL
-            met &= ok
+        every, every_roof = [], []
+        for model in sorted({t.model for t in h100.ops}):
+            tables = [(t, gpu) for t in h100.ops if t.model == model]
+            mine = step_errors(terms, tables, low, high)
+            roof = step_errors(None, tables, low, high)
+            every.append(mine)
+            every_roof.append(roof)
+            ok = np.median(mine) <= GOAL
+            if not ok:
+                missed.add(model)
             verdict = "met" if ok else "MISSED"
-            print(f"    {model:38s} tables {stats(m)}  roofline {stats(np.concatenate(roof))}  {verdict}")
-        every = np.concatenate([np.concatenate(v[0]) for v in by_model.values()])
-        every_roof = np.concatenate([np.concatenate(v[1]) for v in by_model.values()])
-        print(f"    {'all models':38s} tables {stats(every)}  roofline {stats(every_roof)}")
+            print(f"    {model:38s} tables {stats(mine)}  roofline {stats(roof)}  {verdict}")
+        mine, roof = np.concatenate(every), np.concatenate(every_roof)
+        print(f"    {'all models':38s} tables {stats(mine)}  roofline {stats(roof)}")
     ring_vs_table(h100)
-    print(f"\ngoal (median per-step error ≤ {GOAL:.0%}, each kind, each model): {'met' if met else 'not met'}")
+    models = sorted({t.model for t in h100.ops})
+    meeting = [m for m in models if m not in missed]
+    verdict = "met" if len(meeting) >= GOAL_MODELS else "not met"
+    print(
+        f"\ngoal (median per-step error ≤ {GOAL:.0%} for both kinds, in at least {GOAL_MODELS} models): {verdict}; "
+        f"{len(meeting)} of {len(models)} models meet it"
+    )
     return 0
 
 

@@ -4,15 +4,18 @@ GPU tables: the model that carries Vidur's A100 and A40 profiles to GPUs and mod
 Each operation of a layer (``gpu_tables.OPS``) moves bytes and does FLOPs that follow from the
 layer's shape, its tensor-parallel degree and the step's tokens (``op_work``). Its time is
 
-    GEMM:         t = ((c + bytes / (bandwidth × e_b))^k + (FLOPs / (peak × e_f))^k)^(1/k)
+    GEMM:         t = ((c + bytes / (bandwidth × e_b))^k + (tiled FLOPs / (peak × e_f))^k)^(1/k)
     elementwise:  t =   c + bytes / (bandwidth × e_b)
 
-with bandwidth and peak a GPU's datasheet rates. ``c`` (a kernel's fixed latency), the achieved
+with bandwidth and peak a GPU's datasheet rates. A GEMM computes whole tiles of
+``GEMM_TILE_TOKENS`` tokens, so its FLOPs are those of the token count rounded up to a tile
+(65 tokens cost what 128 do). ``c`` (a kernel's fixed latency), the achieved
 fractions ``e_b`` and ``e_f``, and ``k`` (how sharply a GEMM turns from memory-bound to
 compute-bound) are fitted per operation on the A100 and A40 tables at once, minimising the
 squared log error (``fit_op_terms``): a plain Levenberg–Marquardt in numpy, within bounds.
-This form was chosen over three others (no latency; a latency in bytes; a latency as a floor)
-by fitting on one of A100 and A40 and checking on the other. docs/clock.md has its errors.
+This form, the tile among 1, 16, 32, 64 and 128 tokens included, was chosen over others (no
+latency; a latency in bytes; a latency as a floor) by fitting on one of A100 and A40 and checking
+on the other (``benchmarks/bench_gpu_tables.py`` prints that check). docs/clock.md has its errors.
 """
 
 from __future__ import annotations
@@ -26,20 +29,27 @@ from .gpu_tables import GEMM_OPS, OPS, LayerShape, OpTable
 from .model import GpuPreset
 
 DTYPE_BYTES = 2  # the tables were profiled in fp16
+# Tokens per GEMM tile: the A100 tables' layer time is flat to 64 tokens, then steps up at 128 and
+# 192 as a new tile of tokens starts; 64 is the size the A100 <-> A40 check picks.
+GEMM_TILE_TOKENS = 64
 
 
 @dataclasses.dataclass(frozen=True)
 class OpTerms:
-    """One operation's fitted terms (``latency_s`` is ``c``; GEMMs also use the last two)."""
+    """One operation's fitted terms (``latency_s`` is ``c``; GEMMs also use the last three)."""
 
     latency_s: float
     bandwidth_efficiency: float
     flops_efficiency: float = 1.0
     sharpness: float = 1.0
+    tile_tokens: int = 1
 
 
-def op_work(op: str, shape: LayerShape, tensor_parallel: int, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes, FLOPs) of one operation at each token count, on one tensor-parallel rank."""
+def op_work(
+    op: str, shape: LayerShape, tensor_parallel: int, tokens: np.ndarray, tile: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes, FLOPs) of one operation at each token count, on one tensor-parallel rank; a GEMM's
+    FLOPs are those of the count rounded up to ``tile`` tokens (1: the FLOPs the math needs)."""
     t = tokens.astype(np.float64)
     tp = float(tensor_parallel)
     h, d = float(shape.hidden), float(shape.head_dim)
@@ -53,7 +63,8 @@ def op_work(op: str, shape: LayerShape, tensor_parallel: int, tokens: np.ndarray
             "mlp_down_proj": (inter, h),
         }[op]
         weights = width_in * width_out
-        return DTYPE_BYTES * (weights + t * (width_in + width_out)), 2.0 * t * weights
+        tiled = np.ceil(t / tile) * tile
+        return DTYPE_BYTES * (weights + t * (width_in + width_out)), 2.0 * tiled * weights
     elements = {
         "emb": 2 * h,
         "input_layernorm": 2 * h,
@@ -83,7 +94,7 @@ def op_time(
 
 
 def predict_op(op: str, terms: OpTerms, shape: LayerShape, tp: int, tokens: np.ndarray, gpu: GpuPreset) -> np.ndarray:
-    bytes_moved, flops = op_work(op, shape, tp, tokens)
+    bytes_moved, flops = op_work(op, shape, tp, tokens, terms.tile_tokens)
     return op_time(
         terms, op in GEMM_OPS, bytes_moved, flops, np.float64(gpu.bandwidth_bytes_s), np.float64(gpu.peak_flops)
     )
@@ -95,8 +106,11 @@ _LOW = (0.0, 0.05, 0.05, 1.0)
 _HIGH = (100.0, 1.0, 1.0, 20.0)
 
 
-def _terms(x: np.ndarray) -> OpTerms:
-    return OpTerms(float(x[0]) * 1e-6, *(float(v) for v in x[1:]))
+def _terms(x: np.ndarray, tile: int = 1) -> OpTerms:
+    latency_s, bandwidth = float(x[0]) * 1e-6, float(x[1])
+    if len(x) == 2:  # elementwise
+        return OpTerms(latency_s, bandwidth)
+    return OpTerms(latency_s, bandwidth, float(x[2]), float(x[3]), tile)
 
 
 def _levenberg_marquardt(residuals, x0: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -135,14 +149,16 @@ def _levenberg_marquardt(residuals, x0: np.ndarray, low: np.ndarray, high: np.nd
     return x
 
 
-def fit_op_terms(tables: Sequence[tuple[OpTable, GpuPreset]]) -> dict[str, OpTerms]:
+def fit_op_terms(tables: Sequence[tuple[OpTable, GpuPreset]], tile: int = GEMM_TILE_TOKENS) -> dict[str, OpTerms]:
     """Each operation's terms, fitted on every row of ``tables`` (each with the preset of the GPU
-    it was measured on) where the operation took a time above 0."""
+    it was measured on) where the operation took a time above 0; GEMMs in tiles of ``tile``."""
     fitted = {}
     for op in OPS:
         gemm = op in GEMM_OPS
         parts = [
-            (*op_work(op, t.shape, t.tensor_parallel, t.tokens), t.times[op], gpu) for t, gpu in tables if op in t.times
+            (*op_work(op, t.shape, t.tensor_parallel, t.tokens, tile if gemm else 1), t.times[op], gpu)
+            for t, gpu in tables
+            if op in t.times
         ]
         b = np.concatenate([p[0] for p in parts])
         f = np.concatenate([p[1] for p in parts])
@@ -158,5 +174,5 @@ def fit_op_terms(tables: Sequence[tuple[OpTable, GpuPreset]]) -> dict[str, OpTer
             return np.log(op_time(_terms(x), gemm, b, f, bw, pk)) - log_y
 
         x = _levenberg_marquardt(residuals, np.array(_START[gemm]), np.array(_LOW[:n]), np.array(_HIGH[:n]))
-        fitted[op] = _terms(x)
+        fitted[op] = _terms(x, tile)
     return fitted

@@ -21,7 +21,8 @@ from kvbench.harness.clock.gpu_tables import (
     shipped_tables,
 )
 from kvbench.harness.clock.model import GPU_PRESETS
-from kvbench.harness.clock.tables_clock import TablesClock, layer_shape
+from kvbench.harness.clock.op_model import GEMM_TILE_TOKENS, op_work
+from kvbench.harness.clock.tables_clock import TablesClock, fitted_op_terms, layer_shape
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.geometry import PRESETS
 from kvbench.reports.loading import load
@@ -43,6 +44,22 @@ def test_only_a100_and_a40_tables_ship_with_the_clock_and_the_h100_ones_are_held
         tables = shipped_tables(folder)
         assert tables.ops and tables.overheads is not None
         assert all(set(GEMM_OPS) <= set(t.times) for t in tables.ops)
+
+
+def test_a_gemm_is_priced_in_whole_tiles_of_tokens_and_the_fitted_terms_say_so() -> None:
+    shape = layer_shape(PRESETS["llama-2-7b"])
+    assert shape is not None
+    tokens = np.array([1, 63, 64, 65, 128, 129])
+    weights = shape.hidden * shape.intermediate
+    _, flops = op_work("mlp_down_proj", shape, 1, tokens, 64)
+    assert (flops / (2.0 * weights)).tolist() == [64, 64, 64, 128, 128, 192]
+    _, exact = op_work("mlp_down_proj", shape, 1, tokens)  # tile 1: the FLOPs the math needs
+    assert (exact / (2.0 * weights)).tolist() == tokens.tolist()
+    moved_tiled, _ = op_work("mlp_down_proj", shape, 1, tokens, 64)
+    assert np.array_equal(moved_tiled, op_work("mlp_down_proj", shape, 1, tokens)[0])  # bytes are not tiled
+    terms = fitted_op_terms()
+    assert {terms[op].tile_tokens for op in GEMM_OPS} == {GEMM_TILE_TOKENS}
+    assert {terms[op].tile_tokens for op in terms if op not in GEMM_OPS} == {1}
 
 
 def test_terms_say_where_they_came_from() -> None:
