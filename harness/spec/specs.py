@@ -164,10 +164,12 @@ class SchedulerSpec:
             )
         scale = self.roofline_scale
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1.0 <= scale < math.inf:
-            raise KvbenchError(
-                f"[scheduler] roofline_scale must be a number ≥ 1 (a roofline is the fastest a step "
-                f"can be: a scale below 1 prices steps faster than the hardware), got {scale!r}"
+            why = (
+                "the tables are measured times: a scale below 1 prices steps faster than they were measured"
+                if self.clock == "tables"
+                else "a roofline is the fastest a step can be: a scale below 1 prices steps faster than the hardware"
             )
+            raise KvbenchError(f"[scheduler] roofline_scale must be a number ≥ 1 ({why}), got {scale!r}")
         if scale != 1.0 and self.clock not in GPU_CLOCKS:
             raise KvbenchError(
                 f'[scheduler] roofline_scale is read only with clock = "roofline" or "tables" (clock is {self.clock!r})'

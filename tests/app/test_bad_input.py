@@ -186,6 +186,10 @@ SUITE_EDITS = {
         ("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\nroofline_scale = 0.5'),
         ("roofline_scale", "0.5"),
     ),
+    "roofline_scale_below_one_on_tables": (
+        ("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "tables"\nroofline_scale = 0.5'),
+        ("roofline_scale", "0.5", "measured times"),
+    ),
     "roofline_scale_text": (
         ("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\nroofline_scale = "fast"'),
         ("roofline_scale", "fast"),
