@@ -4,6 +4,7 @@ pinned to the table it came from, and bad tables or uncovered layouts said in on
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -70,6 +71,12 @@ def test_terms_say_where_they_came_from() -> None:
     assert clock("llama-2-7b", "A100-40GB").sources()["dense layers"].startswith("fitted")
     tp = clock("opt-66b", "A100-40GB", tp=4).sources()
     assert tp["dense layers"].startswith("fitted") and tp["all-reduce"] == "measured (a100/all_reduce.csv, 4 GPUs)"
+    # No host was profiled at TP 8: its CPU work is the nearest degree's (TP 4), whose work per step
+    # is the largest, not a line through every degree's rows.
+    tp8, tp4 = clock("opt-175b", "A100-80GB", tp=8), clock("opt-66b", "A100-40GB", tp=4)
+    assert "every model at TP 4, the nearest profiled to TP 8" in tp8.sources()["CPU overheads"]
+    assert tp8.overheads == dataclasses.replace(tp4.overheads, source=tp8.overheads.source)
+    assert tp4.overheads.step_s > clock("opt-13b", "A100-40GB").overheads.step_s
     h100 = clock("llama-2-7b", "H100")
     assert h100.sources()["CPU overheads"].startswith("none")
     assert h100.fallbacks() == [
