@@ -87,6 +87,24 @@ class Clock:
         """The first ``steps`` of what ``peek`` priced are taken: update the memory as ``take`` would."""
 
 
+@dataclasses.dataclass(frozen=True)
+class RoofParts:
+    """A roofline's per-unit terms for one rank of its largest stage (achieved rates, the preset's
+    efficiency factors in): what a clock that prices some terms itself reads of the roofline."""
+
+    bandwidth_bytes_s: float
+    peak_flops_s: float
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flops_per_token: float
+    attn_flops_per_pair: float
+    comm_s_per_token: float  # the stage's all-reduces (TP > 1), per scheduled token
+    calls_s: float  # their calls' fixed cost
+    stages: float  # layers ÷ the largest stage's layers
+    send_s_per_token: float  # the PP − 1 sends between stages, per scheduled token
+    sends_s: float  # their calls' fixed cost
+
+
 class RooflineClock(Clock):
     name = "roofline"
 
@@ -136,6 +154,19 @@ class RooflineClock(Clock):
             self._stages = geometry.num_layers / stage_layers
             self._send_per_token = (pp - 1) * bytes_per_token / gpu.link_bytes_s
             self._sends_s = (pp - 1) * LINK_CALL_LATENCY_S
+        self.parts = RoofParts(
+            self._bw,
+            self._peak,
+            self._weight_bytes,
+            self._kv_bytes_per_token,
+            self._flops_per_token,
+            self._attn_flops_per_pair,
+            self._comm_per_token,
+            self._calls_s,
+            self._stages,
+            self._send_per_token,
+            self._sends_s,
+        )
         # ``price``'s constants in one tuple: the fast path calls it every step.
         self._k = (
             self._weight_bytes,

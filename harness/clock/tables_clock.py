@@ -153,10 +153,10 @@ class TablesClock(Clock):
         # and, for a layout the operation model does not cover, every dense weight.
         self.roof = roof = RooflineClock(
             model, kv_bytes_per_token, gpu, tensor_parallel_size=tp, pipeline_parallel_size=pp
-        )
+        ).parts
         # The lm head: its weights read once a step, its FLOPs for each request's last token.
         head_weights = float(model.vocab_size * model.hidden_size) / tp
-        self._head_memory_s = head_weights * 2.0 / roof._bw
+        self._head_memory_s = head_weights * 2.0 / roof.bandwidth_bytes_s
         self._head_flops_per_seq = 2.0 * head_weights
         self._dense = np.zeros(0)
         self._cpu = np.zeros(0)
@@ -173,14 +173,16 @@ class TablesClock(Clock):
             layer = sum(predict_op(op, self.terms[op], self.shape, self.tp, tokens, self.gpu) for op in LAYER_OPS)
             dense = layer * self.layers + predict_op("emb", self.terms["emb"], self.shape, self.tp, tokens, self.gpu)
         else:  # the roofline of every weight
-            dense = np.maximum(roof._weight_bytes / roof._bw, tokens * roof._flops_per_token / roof._peak)
+            dense = np.maximum(
+                roof.weight_bytes / roof.bandwidth_bytes_s, tokens * roof.flops_per_token / roof.peak_flops_s
+            )
         return np.where(tokens > 0, dense + self._all_reduces(tokens), 0.0)
 
     def _all_reduces(self, tokens: np.ndarray) -> np.ndarray | float:
         """A stage's two all-reduces a layer: the table's time at the activations' bytes, else
         the roofline's ring (0 at TP 1)."""
         if self.all_reduce is None:
-            return tokens * self.roof._comm_per_token + self.roof._calls_s  # both 0 at TP 1
+            return tokens * self.roof.comm_s_per_token + self.roof.calls_s  # both 0 at TP 1
         size = tokens * self.hidden_bytes
         return 2 * self.layers * _interpolate(size, *self.all_reduce)
 
@@ -200,16 +202,16 @@ class TablesClock(Clock):
         if scheduled_tokens >= len(self._dense) or scheduled_seqs >= len(self._cpu):
             self._grow(scheduled_tokens, scheduled_seqs)
         roof = self.roof
-        memory = context_tokens * roof._kv_bytes_per_token / roof._bw
-        compute = attention_pairs * roof._attn_flops_per_pair / roof._peak
+        memory = context_tokens * roof.kv_bytes_per_token / roof.bandwidth_bytes_s
+        compute = attention_pairs * roof.attn_flops_per_pair / roof.peak_flops_s
         head_memory = self._head_memory_s
-        head_compute = scheduled_seqs * self._head_flops_per_seq / roof._peak
+        head_compute = scheduled_seqs * self._head_flops_per_seq / roof.peak_flops_s
         stage = (
             self._dense_list[scheduled_tokens]
             + (memory if memory >= compute else compute)
             + (head_memory if head_memory >= head_compute else head_compute)
         )
-        step = stage * roof._stages + scheduled_tokens * roof._send_per_token + roof._sends_s
+        step = stage * roof.stages + scheduled_tokens * roof.send_s_per_token + roof.sends_s
         return (step + self._cpu_list[scheduled_seqs]) * self.scale
 
     def step_times(
@@ -220,11 +222,11 @@ class TablesClock(Clock):
         seqs = np.asarray(scheduled_seqs, dtype=np.int64)
         self._grow(int(tokens.max(initial=0)), int(seqs.max(initial=0)))
         roof = self.roof
-        memory = context_tokens * roof._kv_bytes_per_token / roof._bw
-        compute = attention_pairs * roof._attn_flops_per_pair / roof._peak
-        head_compute = _floats(seqs) * self._head_flops_per_seq / roof._peak
+        memory = context_tokens * roof.kv_bytes_per_token / roof.bandwidth_bytes_s
+        compute = attention_pairs * roof.attn_flops_per_pair / roof.peak_flops_s
+        head_compute = _floats(seqs) * self._head_flops_per_seq / roof.peak_flops_s
         stage = self._dense[tokens] + np.maximum(memory, compute) + np.maximum(self._head_memory_s, head_compute)
-        step = stage * roof._stages + _floats(tokens) * roof._send_per_token + roof._sends_s
+        step = stage * roof.stages + _floats(tokens) * roof.send_s_per_token + roof.sends_s
         return (step + self._cpu[seqs]) * self.scale
 
     # ---- what priced each term

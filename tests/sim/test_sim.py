@@ -275,13 +275,13 @@ def test_gpu_presets_fold_measured_efficiency_into_the_roofline():
         assert 0.0 < gpu.bandwidth_efficiency <= 1.0 and 0.0 < gpu.flops_efficiency <= 1.0, gpu
         assert gpu.source and gpu.name in gpu.describe() and f"× {gpu.bandwidth_efficiency:.2f}" in gpu.describe()
         clock = RooflineClock(g, g.kv_bytes_per_token("fp16"), gpu)
-        assert clock._bw == gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency
-        assert clock._peak == gpu.peak_flops * gpu.flops_efficiency
+        assert clock.parts.bandwidth_bytes_s == gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency
+        assert clock.parts.peak_flops_s == gpu.peak_flops * gpu.flops_efficiency
     # Measured factors slow the roofline down; the datasheet (factors 1) is the old price.
     a100 = GPU_PRESETS["A100-40GB"]
     datasheet = dataclasses.replace(a100, bandwidth_efficiency=1.0, flops_efficiency=1.0)
-    assert RooflineClock(g, 819200, datasheet)._bw == 1.555e12
-    assert RooflineClock(g, 819200, a100)._bw < 1.555e12
+    assert RooflineClock(g, 819200, datasheet).parts.bandwidth_bytes_s == 1.555e12
+    assert RooflineClock(g, 819200, a100).parts.bandwidth_bytes_s < 1.555e12
     for bad in (0.0, -0.5, 1.01, float("nan"), True):
         with pytest.raises(ValueError, match="bandwidth_efficiency"):
             GpuPreset("X", 1, 1e12, 1e14, bandwidth_efficiency=bad)
