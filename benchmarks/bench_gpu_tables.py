@@ -23,6 +23,7 @@ The roofline's H100 factors (``GPU_PRESETS["H100"]``) were derived from these sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -47,9 +48,17 @@ TILES = (1, 16, 32, 64, 128)
 KINDS = {"decode-heavy (≤ 256 tokens)": (1, 256), "prefill-heavy (≥ 1024 tokens)": (1024, 1 << 30)}
 
 
-def roofline_op(op: str, table: OpTable) -> np.ndarray:
+# One operation's seconds at each of a table's token counts, on a GPU.
+Pricer = Callable[[str, OpTable, GpuPreset], np.ndarray]
+
+
+def model_pricer(terms: dict[str, OpTerms]) -> Pricer:
+    """The operation model under ``terms``."""
+    return lambda op, t, gpu: predict_op(op, terms[op], t.shape, t.tensor_parallel, t.tokens, gpu)
+
+
+def roofline_op(op: str, table: OpTable, gpu: GpuPreset) -> np.ndarray:
     """Today's roofline of one operation: max(bytes ÷ achieved bandwidth, FLOPs ÷ achieved peak)."""
-    gpu = GPU_PRESETS["H100"]
     moved, flops = op_work(op, table.shape, table.tensor_parallel, table.tokens)
     return np.maximum(
         moved / (gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency), flops / (gpu.peak_flops * gpu.flops_efficiency)
@@ -71,21 +80,15 @@ def ring_vs_table(h100: GpuTables) -> None:
         print(f"  {n} GPUs: ring error median, p90 {stats(errors)}; the table's median {table_us:.0f} µs")
 
 
-def step_errors(
-    terms: dict[str, OpTerms] | None, tables: list[tuple[OpTable, GpuPreset]], low: int, high: int
-) -> np.ndarray:
-    """|predicted ÷ measured − 1| of each step (a layer's operations summed) of low to high tokens,
-    priced by the operation model's ``terms``, or by the roofline where ``terms`` is None."""
+def step_errors(price: Pricer, tables: list[tuple[OpTable, GpuPreset]], low: int, high: int) -> np.ndarray:
+    """|priced ÷ measured − 1| of each step (a layer's operations summed) of low to high tokens."""
     out = []
     for t, gpu in tables:
         pick = (t.tokens >= low) & (t.tokens <= high)
         ops = [op for op in LAYER_OPS if op in t.times]
         measured = sum(t.times[op] for op in ops)[pick]
-        if terms is None:
-            priced = sum(roofline_op(op, t) for op in ops)
-        else:
-            priced = sum(predict_op(op, terms[op], t.shape, t.tensor_parallel, t.tokens, gpu) for op in ops)
-        out.append(np.abs(priced[pick] / measured - 1))
+        priced = sum(price(op, t, gpu) for op in ops)[pick]
+        out.append(np.abs(priced / measured - 1))
     return np.concatenate(out)
 
 
@@ -97,8 +100,8 @@ def form_check() -> None:
     for tile in TILES:
         cells = []
         for fit, check in ((a, b), (b, a)):
-            terms = fit_op_terms(tables[fit], tile)
-            cells += [f"{np.median(step_errors(terms, tables[check], lo, hi)):6.1%}" for lo, hi in KINDS.values()]
+            price = model_pricer(fit_op_terms(tables[fit], tile))
+            cells += [f"{np.median(step_errors(price, tables[check], lo, hi)):6.1%}" for lo, hi in KINDS.values()]
         chosen = "  (the clock's)" if tile == GEMM_TILE_TOKENS else ""
         print(f"  GEMM tile {tile:3d} tokens: decode, prefill {cells[0]} {cells[1]} | {cells[2]} {cells[3]}{chosen}")
 
@@ -109,7 +112,7 @@ def stats(errors: np.ndarray) -> str:
 
 def main() -> int:
     form_check()
-    terms = fitted_op_terms()
+    mine_of = model_pricer(fitted_op_terms())
     h100 = load_gpu_tables(HELD_OUT)
     gpu = GPU_PRESETS["H100"]
     print(f"\nheld-out tables: {HELD_OUT} ({len(h100.ops)} model × TP tables)")
@@ -119,9 +122,8 @@ def main() -> int:
         mine, roof = [], []
         for t in h100.ops:
             if op in t.times and (t.times[op] > 0).all():
-                measured = t.times[op]
-                mine.append(np.abs(predict_op(op, terms[op], t.shape, t.tensor_parallel, t.tokens, gpu) / measured - 1))
-                roof.append(np.abs(roofline_op(op, t) / measured - 1))
+                mine.append(np.abs(mine_of(op, t, gpu) / t.times[op] - 1))
+                roof.append(np.abs(roofline_op(op, t, gpu) / t.times[op] - 1))
         print(f"  {op:26s}{stats(np.concatenate(mine))}  {stats(np.concatenate(roof))}")
     missed: set[str] = set()
     print("\nper step (a layer's operations summed), by model")
@@ -130,8 +132,8 @@ def main() -> int:
         every, every_roof = [], []
         for model in sorted({t.model for t in h100.ops}):
             tables = [(t, gpu) for t in h100.ops if t.model == model]
-            mine = step_errors(terms, tables, low, high)
-            roof = step_errors(None, tables, low, high)
+            mine = step_errors(mine_of, tables, low, high)
+            roof = step_errors(roofline_op, tables, low, high)
             every.append(mine)
             every_roof.append(roof)
             ok = np.median(mine) <= GOAL

@@ -125,56 +125,49 @@ class RooflineClock(Clock):
         # One rank's share (``kv_bytes_per_token`` is one rank's already): the weights and FLOPs of
         # the largest pipeline stage's layers, split across the tensor-parallel ranks. At tensor and
         # pipeline parallel size 1 the share is 1.0 and the division by 1 exact: the same floats.
-        tp = tensor_parallel_size
-        stage_layers = geometry.layers_per_stage(pipeline_parallel_size)
+        tp, pp = tensor_parallel_size, pipeline_parallel_size
+        stage_layers = geometry.layers_per_stage(pp)
         share = stage_layers / geometry.num_layers
-        self._weight_bytes = float(geometry.weight_bytes(weight_dtype_bytes)) * share / tp
-        self._kv_bytes_per_token = float(kv_bytes_per_token)
-        # Achieved, not datasheet, rates: the preset's measured efficiency factors fold in here.
-        self._bw = gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency
-        self._peak = gpu.peak_flops * gpu.flops_efficiency
-        self._flops_per_token = 2.0 * geometry.num_params * share / tp
-        # QK^T and PV: 2 matmuls × 2 FLOPs × heads × head_dim per (query, key) pair per layer
-        self._attn_flops_per_pair = 4.0 * stage_layers * (geometry.num_attention_heads // tp) * geometry.head_dim
         # The parallel terms ``ParallelRooflineClock`` prices (none at tensor and pipeline parallel
         # size 1). Tensor parallelism: two ring all-reduces per layer of the stage, seconds per
         # scheduled token and the calls' fixed cost. Pipeline parallelism: the stages one batch goes
         # through in turn (layers ÷ the largest stage's, each stage's work being its layers' share),
         # and the PP − 1 sends of the batch's activations between them.
-        pp = pipeline_parallel_size
-        self._comm_per_token = self._calls_s = self._send_per_token = self._sends_s = 0.0
-        self._stages = 1.0
+        comm_per_token = calls_s = send_per_token = sends_s = 0.0
+        stages = 1.0
         if (tp > 1 or pp > 1) and gpu.link_bytes_s <= 0:
             raise ValueError(f"GPU preset {gpu.name}: no interconnect bandwidth for tensor or pipeline parallelism")
         bytes_per_token = geometry.hidden_size * weight_dtype_bytes
         if tp > 1:
-            self._comm_per_token = 2 * stage_layers * 2.0 * (tp - 1) / tp * bytes_per_token / gpu.link_bytes_s
-            self._calls_s = 2 * stage_layers * LINK_CALL_LATENCY_S
+            comm_per_token = 2 * stage_layers * 2.0 * (tp - 1) / tp * bytes_per_token / gpu.link_bytes_s
+            calls_s = 2 * stage_layers * LINK_CALL_LATENCY_S
         if pp > 1:
-            self._stages = geometry.num_layers / stage_layers
-            self._send_per_token = (pp - 1) * bytes_per_token / gpu.link_bytes_s
-            self._sends_s = (pp - 1) * LINK_CALL_LATENCY_S
-        self.parts = RoofParts(
-            self._bw,
-            self._peak,
-            self._weight_bytes,
-            self._kv_bytes_per_token,
-            self._flops_per_token,
-            self._attn_flops_per_pair,
-            self._comm_per_token,
-            self._calls_s,
-            self._stages,
-            self._send_per_token,
-            self._sends_s,
+            stages = geometry.num_layers / stage_layers
+            send_per_token = (pp - 1) * bytes_per_token / gpu.link_bytes_s
+            sends_s = (pp - 1) * LINK_CALL_LATENCY_S
+        self.parts = parts = RoofParts(
+            # Achieved, not datasheet, rates: the preset's measured efficiency factors fold in here.
+            bandwidth_bytes_s=gpu.bandwidth_bytes_s * gpu.bandwidth_efficiency,
+            peak_flops_s=gpu.peak_flops * gpu.flops_efficiency,
+            weight_bytes=float(geometry.weight_bytes(weight_dtype_bytes)) * share / tp,
+            kv_bytes_per_token=float(kv_bytes_per_token),
+            flops_per_token=2.0 * geometry.num_params * share / tp,
+            # QK^T and PV: 2 matmuls × 2 FLOPs × heads × head_dim per (query, key) pair per layer
+            attn_flops_per_pair=4.0 * stage_layers * (geometry.num_attention_heads // tp) * geometry.head_dim,
+            comm_s_per_token=comm_per_token,
+            calls_s=calls_s,
+            stages=stages,
+            send_s_per_token=send_per_token,
+            sends_s=sends_s,
         )
         # ``price``'s constants in one tuple: the fast path calls it every step.
         self._k = (
-            self._weight_bytes,
-            self._kv_bytes_per_token,
-            self._flops_per_token,
-            self._attn_flops_per_pair,
-            self._bw,
-            self._peak,
+            parts.weight_bytes,
+            parts.kv_bytes_per_token,
+            parts.flops_per_token,
+            parts.attn_flops_per_pair,
+            parts.bandwidth_bytes_s,
+            parts.peak_flops_s,
             self.scale,
         )
 
@@ -196,9 +189,10 @@ class RooflineClock(Clock):
 
     def _roofs(self, tokens: np.ndarray | float, context_tokens: np.ndarray, attention_pairs: np.ndarray) -> np.ndarray:
         """``price``'s max(memory, compute) of many steps, before the scale."""
-        bytes_moved = self._weight_bytes + context_tokens * self._kv_bytes_per_token
-        flops = tokens * self._flops_per_token + attention_pairs * self._attn_flops_per_pair
-        return np.maximum(bytes_moved / self._bw, flops / self._peak)
+        p = self.parts
+        bytes_moved = p.weight_bytes + context_tokens * p.kv_bytes_per_token
+        flops = tokens * p.flops_per_token + attention_pairs * p.attn_flops_per_pair
+        return np.maximum(bytes_moved / p.bandwidth_bytes_s, flops / p.peak_flops_s)
 
 
 class ParallelRooflineClock(RooflineClock):
@@ -219,22 +213,23 @@ class ParallelRooflineClock(RooflineClock):
     queue) only when requests are left over for them, so this is its latency per step, and a
     lower bound on its throughput where it fills the pipeline."""
 
-    # The terms are set by ``RooflineClock.__init__`` (0 and 1.0 where a size is 1, leaving those floats).
+    # The terms are ``RooflineClock.__init__``'s ``parts`` (0 and 1.0 where a size is 1, leaving those floats).
 
     def price(self, scheduled_tokens: int, context_tokens: int, attention_pairs: int, scheduled_seqs: int) -> float:
         weights, kv, per_token, per_pair, bw, peak, scale = self._k
+        p = self.parts
         memory = (weights + context_tokens * kv) / bw
         compute = (scheduled_tokens * per_token + attention_pairs * per_pair) / peak
-        stage = (memory if memory >= compute else compute) + scheduled_tokens * self._comm_per_token + self._calls_s
-        return (stage * self._stages + scheduled_tokens * self._send_per_token + self._sends_s) * scale
+        stage = (memory if memory >= compute else compute) + scheduled_tokens * p.comm_s_per_token + p.calls_s
+        return (stage * p.stages + scheduled_tokens * p.send_s_per_token + p.sends_s) * scale
 
     def step_times(
         self, scheduled_tokens: Counts, context_tokens: np.ndarray, attention_pairs: np.ndarray, scheduled_seqs: Counts
     ) -> np.ndarray:
         # The same IEEE operations in the same order as price.
-        tokens = _floats(scheduled_tokens)
-        stage = self._roofs(tokens, context_tokens, attention_pairs) + tokens * self._comm_per_token + self._calls_s
-        return (stage * self._stages + tokens * self._send_per_token + self._sends_s) * self.scale
+        tokens, p = _floats(scheduled_tokens), self.parts
+        stage = self._roofs(tokens, context_tokens, attention_pairs) + tokens * p.comm_s_per_token + p.calls_s
+        return (stage * p.stages + tokens * p.send_s_per_token + p.sends_s) * self.scale
 
 
 def _segments(values: int | np.ndarray, steps: int) -> list[tuple[int, int]]:
