@@ -250,7 +250,7 @@ class TablesClock(Clock):
         return out
 
     def describe(self) -> str:
-        scaled = f" × {self.scale:g}" if self.scale != 1.0 else ""
+        scaled = f" × {self.scale:g} (roofline_scale, fitted)" if self.scale != 1.0 else ""
         terms = "; ".join(f"{k}: {v}" for k, v in self.sources().items())
         return f"tables on {self.gpu.name}{scaled}: {terms}"
 

@@ -77,6 +77,9 @@ def test_terms_say_where_they_came_from() -> None:
     assert "every model at TP 4, the nearest profiled to TP 8" in tp8.sources()["CPU overheads"]
     assert tp8.overheads == dataclasses.replace(tp4.overheads, source=tp8.overheads.source)
     assert tp4.overheads.step_s > clock("opt-13b", "A100-40GB").overheads.step_s
+    g = PRESETS["opt-13b"]
+    scaled = TablesClock(g, g.kv_bytes_per_token("fp16"), GPU_PRESETS["A100-40GB"], 1.354)
+    assert scaled.describe().startswith("tables on A100-40GB × 1.354 (roofline_scale, fitted): dense layers: fitted")
     h100 = clock("llama-2-7b", "H100")
     assert h100.sources()["CPU overheads"].startswith("none")
     assert h100.fallbacks() == [
