@@ -146,7 +146,7 @@ class TablesClock(Clock):
         fabric = ALL_REDUCE_OF_PRESET.get(gpu.name)
         ar = shipped_tables(fabric).all_reduce if fabric else None
         self.all_reduce = ar.by_gpus.get(tp) if ar is not None and tp > 1 else None
-        self.all_reduce_source = f"{fabric}/all_reduce.csv, {tp} GPUs"
+        self.all_reduce_source = f"{fabric}/all_reduce.csv, {tp} GPUs" if self.all_reduce is not None else None
         self.hidden_bytes = float(model.hidden_size * 2)
         # What no table holds is the roofline's, read from one (its terms for one rank of the
         # largest stage): attention, the lm head, pipeline sends, an all-reduce without a table,
@@ -176,9 +176,9 @@ class TablesClock(Clock):
             dense = np.maximum(
                 roof.weight_bytes / roof.bandwidth_bytes_s, tokens * roof.flops_per_token / roof.peak_flops_s
             )
-        return np.where(tokens > 0, dense + self._all_reduces(tokens), 0.0)
+        return np.where(tokens > 0, dense + self.all_reduces(tokens), 0.0)
 
-    def _all_reduces(self, tokens: np.ndarray) -> np.ndarray | float:
+    def all_reduces(self, tokens: np.ndarray) -> np.ndarray | float:
         """A stage's two all-reduces a layer: the table's time at the activations' bytes, else
         the roofline's ring (0 at TP 1)."""
         if self.all_reduce is None:
@@ -240,7 +240,7 @@ class TablesClock(Clock):
             dense = "rooflined (a layout the operation model does not cover)"
         out = {"dense layers": dense, "attention": "rooflined", "logits": "rooflined"}
         if self.tp > 1:
-            out["all-reduce"] = f"measured ({self.all_reduce_source})" if self.all_reduce is not None else "rooflined"
+            out["all-reduce"] = f"measured ({self.all_reduce_source})" if self.all_reduce_source else "rooflined"
         o = self.overheads
         out["CPU overheads"] = (
             f"measured ({o.source}: {o.step_s * 1e3:.3g} ms/step + {o.per_request_s * 1e6:.3g} µs/request)"

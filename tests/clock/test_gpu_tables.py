@@ -126,7 +126,7 @@ def test_rooflined_terms_are_the_roofline_clocks_own() -> None:
     assert c.all_reduce is None and c.sources()["all-reduce"] == "rooflined"
     # 1 and 64 tokens: both steps memory-bound on the roofline, where only the ring differs.
     ring = roof.price(64, 0, 0, 1) - roof.price(1, 0, 0, 1)
-    reduces = c._all_reduces(np.array([1, 64]))
+    reduces = c.all_reduces(np.array([1, 64]))
     assert reduces[1] - reduces[0] == pytest.approx(ring, rel=1e-9)
     # Two decode steps of one request whose context differs: the KV read is all that differs.
     big, bigger = 10**7, 2 * 10**7
