@@ -21,10 +21,15 @@ on the other (``benchmarks/bench_gpu_tables.py`` prints that check). docs/clock.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
+from ..errors import KvbenchError
+from ..files import MIB, check_regular_input
 from .gpu_tables import GEMM_OPS, OPS, LayerShape, OpTable
 from .model import GpuPreset
 
@@ -177,3 +182,34 @@ def fit_op_terms(tables: Sequence[tuple[OpTable, GpuPreset]], tile: int = GEMM_T
         x = _levenberg_marquardt(residuals, np.array(_START[gemm]), np.array(_LOW[:n]), np.array(_HIGH[:n]))
         fitted[op] = _terms(x, tile)
     return fitted
+
+
+# What the fitted terms file says of itself (``write_op_terms``); its ``terms`` are read back.
+_TERMS_FILE_WHAT = (
+    "The operation model's terms (harness/clock/op_model.py), fitted on the A100 and A40 tables "
+    "beside this file; written by tools/fit_op_terms.py, checked against a fresh fit by "
+    "tests/clock/test_gpu_tables.py"
+)
+
+
+def write_op_terms(terms: dict[str, OpTerms], path: Path) -> None:
+    """``terms`` as JSON (floats as Python writes them, so they read back bit for bit)."""
+    body = {"what": _TERMS_FILE_WHAT, "terms": {op: dataclasses.asdict(t) for op, t in terms.items()}}
+    path.write_text(json.dumps(body, indent=1) + "\n")
+
+
+def read_op_terms(path: Path) -> dict[str, OpTerms]:
+    """The terms ``write_op_terms`` wrote: every operation of ``OPS``, each term a finite number
+    (the tile a whole one ≥ 1); anything else is one line naming the file."""
+    try:
+        check_regular_input(path, "fitted operation terms", MIB)
+        terms = json.loads(path.read_text())["terms"]
+        out = {op: OpTerms(**terms[op]) for op in OPS}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KvbenchError(f"{path}: corrupt fitted operation terms ({exc.__class__.__name__}: {exc})") from None
+    for op, t in out.items():
+        values = dataclasses.astuple(t)
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+        if not numbers or not isinstance(t.tile_tokens, int) or t.tile_tokens < 1:
+            raise KvbenchError(f"{path}: corrupt fitted operation terms ({op}: {values})")
+    return out

@@ -9,7 +9,8 @@ times, the roofline kept for what the tables lack, and every term labelled with 
 
 Dense operations are *measured* where the GPU's own table profiled the model at its
 tensor-parallel degree (interpolated in tokens; beyond the table's last count, in proportion),
-else *fitted*: ``op_model`` fitted on the A100 and A40 tables, at this GPU's datasheet rates.
+else *fitted*: ``op_model`` fitted on the A100 and A40 tables (its terms read from
+``OP_TERMS_FILE``), at this GPU's datasheet rates.
 The all-reduce is measured where the GPU has a table for that many GPUs, else rooflined. The CPU
 work is a line in requests fitted to the host's table (``OverheadTable``), or absent on a GPU
 whose host was not profiled. Prices are computed once per token and request count and kept, so
@@ -30,6 +31,7 @@ from .gpu_tables import (
     FIT_GPUS,
     LAYER_OPS,
     OVERHEADS_OF_PRESET,
+    TABLES_DIR,
     TABLES_OF_PRESET,
     GpuTables,
     LayerShape,
@@ -37,7 +39,7 @@ from .gpu_tables import (
     shipped_tables,
 )
 from .model import GPU_PRESETS, GpuPreset, ModelShape
-from .op_model import OpTerms, fit_op_terms, predict_op
+from .op_model import OpTerms, fit_op_terms, predict_op, read_op_terms
 
 
 class DenseModel(ModelShape, Protocol):
@@ -53,9 +55,20 @@ class DenseModel(ModelShape, Protocol):
     def is_uniform_full(self) -> bool: ...
 
 
+# The operation model's terms fitted on the shipped A100 and A40 tables, kept beside them: the fit
+# takes about a second, which every process pricing on this clock would pay again.
+OP_TERMS_FILE = TABLES_DIR / "op_terms.json"
+
+
 @functools.lru_cache(maxsize=1)
 def fitted_op_terms() -> dict[str, OpTerms]:
-    """The operation model's terms, fitted on the shipped A100 and A40 tables (once a process)."""
+    """The operation model's terms as fitted on the shipped A100 and A40 tables (``OP_TERMS_FILE``,
+    written by ``tools/fit_op_terms.py``; a test holds them to ``fit_shipped_op_terms``)."""
+    return read_op_terms(OP_TERMS_FILE)
+
+
+def fit_shipped_op_terms() -> dict[str, OpTerms]:
+    """The operation model fitted afresh on the shipped A100 and A40 tables."""
     return fit_op_terms([(t, GPU_PRESETS[FIT_GPUS[f]]) for f in FIT_GPUS for t in shipped_tables(f).ops])
 
 

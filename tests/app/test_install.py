@@ -1,5 +1,5 @@
 """What a plain install needs: every package folder mapped into the wheel, the suites shipped
-as package data and found by name from any directory."""
+as package data and found by name from any directory, the tables clock's files beside it."""
 
 from __future__ import annotations
 
@@ -41,3 +41,19 @@ def test_shipped_suites_load_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert load_suite("default").name == "default"
     with pytest.raises(KvbenchError, match="no such suite file .*shipped suites: .*default"):
         load_suite("no-such-suite")
+
+
+def test_the_tables_clocks_files_are_package_data() -> None:
+    """Every file under the clock's tables folder is matched by its package data (the fitted
+    operation terms among them), and the installed package reads them."""
+    from kvbench.harness.clock.gpu_tables import FIT_GPUS, shipped_tables
+    from kvbench.harness.clock.tables_clock import OP_TERMS_FILE, fitted_op_terms
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    clock = ROOT / "harness" / "clock"
+    shipped = [p for p in (clock / "tables").rglob("*") if p.is_file()]
+    assert shipped and all(
+        any(p.relative_to(clock).match(g) for g in patterns["kvbench.harness.clock"]) for p in shipped
+    )
+    assert OP_TERMS_FILE.is_file() and fitted_op_terms()
+    assert all(shipped_tables(folder).ops for folder in FIT_GPUS)

@@ -5,6 +5,7 @@ pinned to the table it came from, and bad tables or uncovered layouts said in on
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -22,8 +23,14 @@ from kvbench.harness.clock.gpu_tables import (
     shipped_tables,
 )
 from kvbench.harness.clock.model import GPU_PRESETS
-from kvbench.harness.clock.op_model import GEMM_TILE_TOKENS, op_work
-from kvbench.harness.clock.tables_clock import TablesClock, fitted_op_terms, layer_shape
+from kvbench.harness.clock.op_model import GEMM_TILE_TOKENS, op_work, read_op_terms
+from kvbench.harness.clock.tables_clock import (
+    OP_TERMS_FILE,
+    TablesClock,
+    fit_shipped_op_terms,
+    fitted_op_terms,
+    layer_shape,
+)
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.spec.geometry import PRESETS
 from kvbench.reports.loading import load
@@ -61,6 +68,39 @@ def test_a_gemm_is_priced_in_whole_tiles_of_tokens_and_the_fitted_terms_say_so()
     terms = fitted_op_terms()
     assert {terms[op].tile_tokens for op in GEMM_OPS} == {GEMM_TILE_TOKENS}
     assert {terms[op].tile_tokens for op in terms if op not in GEMM_OPS} == {1}
+
+
+def test_the_shipped_operation_terms_are_a_fresh_fit_of_the_shipped_tables() -> None:
+    """The clock reads its fitted terms from a file; it must hold what fitting the tables gives
+    now (after a change to the tables or the model's form: python tools/fit_op_terms.py)."""
+    shipped, fresh = fitted_op_terms(), fit_shipped_op_terms()
+    assert shipped.keys() == fresh.keys()
+    for op, terms in fresh.items():
+        got, want = dataclasses.astuple(shipped[op]), dataclasses.astuple(terms)
+        assert got == pytest.approx(want, rel=1e-9), f"{op}: run python tools/fit_op_terms.py"
+
+
+def test_a_corrupt_terms_file_is_one_line_naming_it(tmp_path: Path) -> None:
+    body = json.loads(OP_TERMS_FILE.read_text())
+    path = tmp_path / "op_terms.json"
+    cases = {
+        "missing op": lambda b: b["terms"].pop("mlp_act"),
+        "unknown term": lambda b: b["terms"]["emb"].update(speed=1.0),
+        "not a number": lambda b: b["terms"]["add"].update(latency_s="fast"),
+        "infinite": lambda b: b["terms"]["add"].update(bandwidth_efficiency=float("inf")),
+        "fractional tile": lambda b: b["terms"]["mlp_up_proj"].update(tile_tokens=6.4),
+    }
+    for name, spoil in cases.items():
+        broken = json.loads(json.dumps(body))
+        spoil(broken)
+        path.write_text(json.dumps(broken))
+        with pytest.raises(KvbenchError, match=r"op_terms\.json: corrupt fitted operation terms") as err:
+            read_op_terms(path)
+        assert "\n" not in str(err.value), name
+    path.write_bytes(b"\x00\xff{")
+    with pytest.raises(KvbenchError, match=r"op_terms\.json: corrupt fitted operation terms"):
+        read_op_terms(path)
+    assert read_op_terms(OP_TERMS_FILE) == fitted_op_terms()
 
 
 def test_terms_say_where_they_came_from() -> None:
