@@ -13,7 +13,8 @@ As vLLM's worker (``offloading/worker.py``) runs them:
 
 A transfer also takes its time over the link between the tiers: it is reported by the first step
 at least one after it was issued that starts after ``issue time + bytes ÷ bandwidth``, the GPU
-preset's host link on the roofline clock (``link_bytes_per_s``); on any other clock the next step.
+preset's host link on a GPU clock, roofline or tables (``link_bytes_per_s``); on any other clock the
+next step.
 A step that schedules nothing while transfers are in flight lasts until the soonest is done.
 """
 
