@@ -203,13 +203,27 @@ def read_op_terms(path: Path) -> dict[str, OpTerms]:
     (the tile a whole one ≥ 1); anything else is one line naming the file."""
     try:
         check_regular_input(path, "fitted operation terms", MIB)
-        terms = json.loads(path.read_text())["terms"]
-        out = {op: OpTerms(**terms[op]) for op in OPS}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise KvbenchError(f"{path}: corrupt fitted operation terms ({exc.__class__.__name__}: {exc})") from None
-    for op, t in out.items():
-        values = dataclasses.astuple(t)
+        body = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise KvbenchError(f"{path}: cannot read fitted operation terms ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise _corrupt_terms(path, f"not JSON: {exc}") from None
+    terms = body.get("terms") if isinstance(body, dict) else None
+    if not isinstance(terms, dict):
+        raise _corrupt_terms(path, "no 'terms' object")
+    fields = [f.name for f in dataclasses.fields(OpTerms)]
+    out = {}
+    for op in OPS:
+        given = terms.get(op)
+        if not isinstance(given, dict) or sorted(given) != sorted(fields):
+            raise _corrupt_terms(path, f"{op}: expected the terms {', '.join(fields)}")
+        values = [given[f] for f in fields]
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
-        if not numbers or not isinstance(t.tile_tokens, int) or t.tile_tokens < 1:
-            raise KvbenchError(f"{path}: corrupt fitted operation terms ({op}: {values})")
+        if not numbers or not isinstance(given["tile_tokens"], int) or given["tile_tokens"] < 1:
+            raise _corrupt_terms(path, f"{op}: {', '.join(f'{f} = {v!r}' for f, v in zip(fields, values))}")
+        out[op] = OpTerms(**given)
     return out
+
+
+def _corrupt_terms(path: Path, why: str) -> KvbenchError:
+    return KvbenchError(f"{path}: corrupt fitted operation terms ({why})")

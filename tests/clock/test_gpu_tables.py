@@ -94,12 +94,18 @@ def test_a_corrupt_terms_file_is_one_line_naming_it(tmp_path: Path) -> None:
         broken = json.loads(json.dumps(body))
         spoil(broken)
         path.write_text(json.dumps(broken))
-        with pytest.raises(KvbenchError, match=r"op_terms\.json: corrupt fitted operation terms") as err:
+        with pytest.raises(KvbenchError, match=r"op_terms\.json: corrupt fitted operation terms \(") as err:
             read_op_terms(path)
         assert "\n" not in str(err.value), name
+        assert name != "missing op" or "(mlp_act: expected the terms latency_s, " in str(err.value)
     path.write_bytes(b"\x00\xff{")
-    with pytest.raises(KvbenchError, match=r"op_terms\.json: corrupt fitted operation terms"):
+    with pytest.raises(KvbenchError, match=r"op_terms\.json: corrupt fitted operation terms \(not JSON"):
         read_op_terms(path)
+    path.write_text("[]")
+    with pytest.raises(KvbenchError, match=r"corrupt fitted operation terms \(no 'terms' object\)"):
+        read_op_terms(path)
+    with pytest.raises(KvbenchError, match=r"nowhere\.json: cannot read fitted operation terms"):
+        read_op_terms(tmp_path / "nowhere.json")
     assert read_op_terms(OP_TERMS_FILE) == fitted_op_terms()
 
 
