@@ -159,7 +159,6 @@ class TablesClock(Clock):
         fabric = ALL_REDUCE_OF_PRESET.get(gpu.name)
         ar = shipped_tables(fabric).all_reduce if fabric else None
         self.all_reduce = ar.by_gpus.get(tp) if ar is not None and tp > 1 else None
-        self.all_reduce_source = f"{fabric}/all_reduce.csv, {tp} GPUs" if self.all_reduce is not None else None
         self.hidden_bytes = float(model.hidden_size * 2)
         # What no table holds is the roofline's, read from one (its terms for one rank of the
         # largest stage): attention, the lm head, pipeline sends, an all-reduce without a table,
@@ -253,7 +252,9 @@ class TablesClock(Clock):
             dense = "rooflined (a layout the operation model does not cover)"
         out = {"dense layers": dense, "attention": "rooflined", "logits": "rooflined"}
         if self.tp > 1:
-            out["all-reduce"] = f"measured ({self.all_reduce_source})" if self.all_reduce_source else "rooflined"
+            fabric = ALL_REDUCE_OF_PRESET.get(self.gpu.name)
+            measured = f"measured ({fabric}/all_reduce.csv, {self.tp} GPUs)"
+            out["all-reduce"] = measured if self.all_reduce is not None else "rooflined"
         o = self.overheads
         out["CPU overheads"] = (
             f"measured ({o.source}: {o.step_s * 1e3:.3g} ms/step + {o.per_request_s * 1e6:.3g} µs/request)"
