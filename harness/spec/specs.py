@@ -163,7 +163,9 @@ class SchedulerSpec:
                 f'[scheduler] clock_profile is read only with clock = "profile" (clock is {self.clock!r})'
             )
         scale = self.roofline_scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1.0 <= scale < math.inf:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not -math.inf < scale < math.inf:
+            raise KvbenchError(f"[scheduler] roofline_scale must be a finite number ≥ 1, got {scale!r}")
+        if scale < 1.0:
             why = (
                 "the tables are measured times: a scale below 1 prices steps faster than they were measured"
                 if self.clock == "tables"

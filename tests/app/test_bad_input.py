@@ -192,7 +192,7 @@ SUITE_EDITS = {
     ),
     "roofline_scale_text": (
         ("max_num_batched_tokens = 2048", 'max_num_batched_tokens = 2048\nclock = "roofline"\nroofline_scale = "fast"'),
-        ("roofline_scale", "fast"),
+        ("roofline_scale", "finite number ≥ 1, got 'fast'"),
     ),
     "roofline_scale_without_roofline": (
         ("max_num_batched_tokens = 2048", "max_num_batched_tokens = 2048\nroofline_scale = 2.0"),
