@@ -355,6 +355,8 @@ def make_clock(
     if kind == "profile":
         assert terms is not None, "a profile clock needs the profile's terms"
         return ProfileClock(terms)
+    if kind != "roofline":  # the tables clock is built from its own module (tables_clock.py)
+        raise ValueError(f"make_clock builds steps, measured, profile and roofline clocks, not {kind!r}")
     cls = ParallelRooflineClock if tensor_parallel_size > 1 or pipeline_parallel_size > 1 else RooflineClock
     return cls(
         geometry,
