@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,7 +128,11 @@ def stats(e: np.ndarray) -> str:
 
 
 def main() -> int:
-    fits = read_fits()
+    try:
+        fits = read_fits()
+    except (OSError, ValueError, KeyError, TypeError) as e:  # missing, not JSON, or not DistServe's layout
+        print(f"bench_opt_steps: cannot read {MEASURED}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     print(f"measured: {MEASURED} (DistServe's engine, A100-80GB; {len(fits)} model × TP fits)")
     print("|priced ÷ measured − 1|, median and p90 over DistServe's profiling grid; both clocks at scale 1\n")
     heads = [f"{'tables':>12} {'roofline':>12}"] * 2 + [f"{'measured':>10} {'tables':>8} {'roofline':>9}"]
