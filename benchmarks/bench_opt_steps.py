@@ -57,14 +57,14 @@ class StepFit:
     prefill: tuple[float, float, float]
     decode_small: tuple[float, float, float]
     decode_large: tuple[float, float, float]
-    small_below: int  # decode_small up to and including this batch size
+    small_up_to: int  # decode_small up to and including this batch size
 
     def prefill_s(self, batch: int, input_len: int) -> float:
         a, b, c = self.prefill
         return (a + b * batch * input_len + c * batch * input_len**2) / 1e3
 
     def decode_s(self, batch: int, input_len: int) -> float:
-        a, b, c = self.decode_small if batch <= self.small_below else self.decode_large
+        a, b, c = self.decode_small if batch <= self.small_up_to else self.decode_large
         return (a + b * batch * input_len + c * batch) / 1e3
 
 
@@ -113,13 +113,13 @@ def errors(clock: Clock, fit: StepFit, points: list[tuple[int, int]], kind: str)
     return np.array([abs(price(clock, b, n) / measured(b, n) - 1) for b, n in points])
 
 
-def growth_cells(fit: StepFit, model: str, tp: int, points: list[tuple[int, int]]) -> str:
+def growth_cells(fit: StepFit, priced: dict[str, Clock], points: list[tuple[int, int]]) -> str:
     """The decode step's growth from 32 to 128 requests: measured, tables clock, roofline."""
     low, high, context = GROWTH
     if (high, context) not in points:
         return f"{'(not in the grid)':>29}"
     grown = [fit.decode_s(high, context) / fit.decode_s(low, context)]
-    grown += [decode_price(c, high, context) / decode_price(c, low, context) for c in clocks(model, tp).values()]
+    grown += [decode_price(c, high, context) / decode_price(c, low, context) for c in priced.values()]
     return f"{grown[0]:10.2f} {grown[1]:8.2f} {grown[2]:9.2f}"
 
 
@@ -140,14 +140,14 @@ def main() -> int:
     print(f"{'':16}{'  '.join(heads)}")
     every: dict[tuple[str, str], list[np.ndarray]] = {}
     for (model, tp), fit in sorted(fits.items()):
-        points = grid(model, tp)
+        points, priced = grid(model, tp), clocks(model, tp)
         cells = []
         for kind in ("decode", "prefill"):
-            for name, clock in clocks(model, tp).items():
+            for name, clock in priced.items():
                 e = errors(clock, fit, points, kind)
                 every.setdefault((kind, name), []).append(e)
                 cells.append(stats(e))
-        row = f"{cells[0]} {cells[1]}  {cells[2]} {cells[3]}  {growth_cells(fit, model, tp, points)}"
+        row = f"{cells[0]} {cells[1]}  {cells[2]} {cells[3]}  {growth_cells(fit, priced, points)}"
         print(f"  {f'{model} TP {tp}':12}  {row}")
     total = [stats(np.concatenate(e)) for e in every.values()]
     print(f"  {'all fits':12}  {total[0]} {total[1]}  {total[2]} {total[3]}")

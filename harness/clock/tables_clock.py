@@ -253,8 +253,8 @@ class TablesClock(Clock):
         out = {"dense layers": dense, "attention": "rooflined", "logits": "rooflined"}
         if self.tp > 1:
             fabric = ALL_REDUCE_OF_PRESET.get(self.gpu.name)
-            measured = f"measured ({fabric}/all_reduce.csv, {self.tp} GPUs)"
-            out["all-reduce"] = measured if self.all_reduce is not None else "rooflined"
+            table = f"{fabric}/all_reduce.csv, {self.tp} GPUs"
+            out["all-reduce"] = f"measured ({table})" if self.all_reduce is not None else "rooflined"
         o = self.overheads
         out["CPU overheads"] = (
             f"measured ({o.source}: {o.step_s * 1e3:.3g} ms/step + {o.per_request_s * 1e6:.3g} µs/request)"

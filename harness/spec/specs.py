@@ -163,7 +163,7 @@ class SchedulerSpec:
                 f'[scheduler] clock_profile is read only with clock = "profile" (clock is {self.clock!r})'
             )
         scale = self.roofline_scale
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not -math.inf < scale < math.inf:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise KvbenchError(f"[scheduler] roofline_scale must be a finite number ≥ 1, got {scale!r}")
         if scale < 1.0:
             why = (

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from kvbench.harness.clock.clocks import ProfileClock, StepWork
+from kvbench.harness.clock.clocks import ProfileClock, StepWork, make_clock
 from kvbench.harness.clock.fit import fit, fit_terms, misses, nnls, predict
 from kvbench.harness.clock.model import ClockTerms, RecentCounts, cache_misses
 from kvbench.harness.clock.profile import load_profile
 from kvbench.harness.errors import KvbenchError
 from kvbench.harness.records import store
+from kvbench.harness.spec.geometry import PRESETS
 
 from tests.conftest import DATA, Section, assert_one_line_error, kvbench, run_suite_text, suite_toml
 
@@ -565,3 +566,9 @@ def test_the_profile_clock_prices_a_step_as_the_terms_state_it():
         clock = ProfileClock(terms)
         tokens, context, pairs, seqs = (int(x) for x in rng.integers(0, 10_000, 4))
         assert clock.price(tokens, context, pairs, seqs) == terms.step_price(tokens, context, pairs, seqs)
+
+
+def test_make_clock_refuses_a_clock_it_does_not_build() -> None:
+    g = PRESETS["opt-13b"]
+    with pytest.raises(ValueError, match="not 'tables'"):
+        make_clock("tables", g, g.kv_bytes_per_token("fp16", 1, 1), "A100-80GB")

@@ -11,7 +11,6 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from kvbench.harness.clock.clocks import make_clock
 from kvbench.harness.clock.tables_clock import TablesClock
 from kvbench.harness.spec.geometry import PRESETS
 
@@ -65,9 +64,3 @@ def test_the_tables_clock_prices_opt_decode_steps_it_never_saw_within_docs_figur
         every["tables"].append(mine)
         every["roofline"].append(roof)
     assert np.median(np.concatenate(every["tables"])) <= 0.10 < np.median(np.concatenate(every["roofline"]))
-
-
-def test_make_clock_refuses_a_clock_it_does_not_build() -> None:
-    g = PRESETS["opt-13b"]
-    with pytest.raises(ValueError, match="not 'tables'"):
-        make_clock("tables", g, g.kv_bytes_per_token("fp16", 1, 1), "A100-80GB")
