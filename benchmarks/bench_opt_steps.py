@@ -130,8 +130,11 @@ def stats(e: np.ndarray) -> str:
 def main() -> int:
     try:
         fits = read_fits()
-    except (OSError, ValueError, KeyError, TypeError) as e:  # missing, not JSON, or not DistServe's layout
-        print(f"bench_opt_steps: cannot read {MEASURED}: {type(e).__name__}: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"bench_opt_steps: cannot read {MEASURED}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError, TypeError) as e:  # not JSON, or not DistServe's layout
+        print(f"bench_opt_steps: {MEASURED} is not DistServe's fits: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     print(f"measured: {MEASURED} (DistServe's engine, A100-80GB; {len(fits)} model × TP fits)")
     print("|priced ÷ measured − 1|, median and p90 over DistServe's profiling grid; both clocks at scale 1\n")
